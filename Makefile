@@ -1,0 +1,29 @@
+# tensorlift: every target installs what it needs first (scripts/setup.sh is
+# idempotent and quiet when all is present).
+.PHONY: all setup build test demo bench fuzz format clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+build: setup
+	@bash scripts/build.sh build
+
+test: setup
+	@bash scripts/test.sh
+
+demo: build
+	@bash scripts/demo.sh
+
+bench: build
+	@bash bench/run.sh
+
+fuzz: setup
+	@bash tests/fuzz/run.sh $${FUZZ_SECONDS:-600}
+
+format:
+	@clang-format -i $$(git ls-files '*.cc' '*.h')
+
+clean:
+	rm -rf build build-asan build-fuzz

@@ -1,0 +1,81 @@
+// A checkpoint: one safetensors file, or a sharded model described by
+// model.safetensors.index.json, or a directory of shards.
+//
+// Open() reads every shard's header and checks the index against them:
+//   - every file the index names exists and is a valid safetensors file;
+//   - every tensor the index names is in the shard it names;
+//   - no tensor is in more than one shard;
+// Tensors that a shard holds but the index does not name are not an error
+// (loaders following the index never see them); they are listed in
+// warnings(). A Checkpoint that exists passed all of this.
+//
+// Checkpoints are immutable values and may be shared between threads.
+#ifndef TENSORLIFT_CHECKPOINT_H_
+#define TENSORLIFT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensorlift/safetensors.h"
+#include "tensorlift/status.h"
+
+namespace tensorlift {
+
+// The limit on the size of an index file (real ones are well under 1 MB).
+inline constexpr uint64_t kMaxIndexSize = 256ull << 20;
+
+class Checkpoint {
+ public:
+  enum class Kind { kFile, kIndex, kDirectory };
+
+  struct Shard {
+    std::string path;  // As opened (directory joined with the file name).
+    Header header;
+  };
+  // Where a tensor lives.
+  struct Location {
+    uint32_t shard;  // Index into shards().
+    uint32_t index;  // Index into shards()[shard].header.tensors().
+  };
+
+  // `path` is a .safetensors file, an index JSON file, or a directory. A
+  // directory with model.safetensors.index.json (or exactly one
+  // *.safetensors.index.json) is opened through the index; otherwise all its
+  // *.safetensors files are the shards. Errors name the file concerned.
+  static Result<Checkpoint> Open(const std::string& path);
+
+  Kind kind() const { return kind_; }
+  const std::string& path() const { return path_; }
+  const std::vector<Shard>& shards() const { return shards_; }
+  // The index's "metadata" object, flattened to strings (numbers are kept as
+  // their JSON text); empty for a single file or a plain directory.
+  const Metadata& index_metadata() const { return index_metadata_; }
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
+  // All tensors of the checkpoint in name order (for an index: those it names).
+  const std::vector<Location>& tensors() const { return tensors_; }
+  // Looks up a tensor by name.
+  std::optional<Location> Find(std::string_view name) const;
+  const TensorInfo& info(Location loc) const {
+    return shards_[loc.shard].header.tensors()[loc.index];
+  }
+  // Sum of the shards' data sections (only indexed tensors for an index).
+  uint64_t total_bytes() const;
+
+ private:
+  Status ReadIndex(const std::string& index_path);
+  Status IndexAllTensors();
+  Kind kind_ = Kind::kFile;
+  std::string path_;
+  std::vector<Shard> shards_;
+  Metadata index_metadata_;
+  std::vector<std::string> warnings_;
+  std::vector<Location> tensors_;
+};
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_CHECKPOINT_H_

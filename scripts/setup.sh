@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what tensorlift's build, tests, demo and bench need, idempotently:
+# Debian packages through apt-get, PyPI packages into one virtual environment per
+# machine (under ~/.cache/tensorlift, keyed by requirements.txt and the Python
+# version), linked from the checkout as .venv. Quiet when everything is present.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+apt_pkgs=(cmake make g++ pkg-config libsimdjson-dev libcli11-dev libxxhash-dev
+          liburing-dev libgtest-dev libgmock-dev libbenchmark-dev clang
+          libclang-rt-14-dev python3 python3-venv)
+missing=()
+for p in "${apt_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# Python: the first interpreter on PATH that can make a venv.
+py=""
+for cand in python3 /usr/bin/python3; do
+  if command -v "$cand" >/dev/null && "$cand" -c 'import venv, ensurepip' 2>/dev/null; then py=$cand; break; fi
+done
+[ -n "$py" ] || { echo "setup: no python3 with venv support" >&2; exit 1; }
+pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+key=$( (cat "$root/requirements.txt"; echo "$pyver") | sha256sum | cut -c1-12)
+venv="${TENSORLIFT_VENV_CACHE:-$HOME/.cache/tensorlift}/venv-$key"
+if [ ! -f "$venv/.complete" ]; then
+  echo "setup: creating Python environment $venv"
+  rm -rf "$venv"
+  mkdir -p "$(dirname "$venv")"
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$root/requirements.txt"
+  touch "$venv/.complete"
+fi
+ln -sfn "$venv" "$root/.venv"

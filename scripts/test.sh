@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# make test: build, then run every test: C++ (ctest), the format tests again
+# under ASan+UBSan, Python (pytest, against the reference safetensors
+# package), and a bounded libFuzzer run over the header parser.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+echo "== build"
+bash scripts/build.sh build
+echo "== C++ tests"
+ctest --test-dir build --output-on-failure -j "$(nproc)"
+
+echo "== C++ format tests under ASan + UBSan"
+bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BENCH=OFF
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L format
+
+echo "== fuzz (bounded)"
+bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
+
+echo "== Python tests"
+TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python

@@ -1,0 +1,50 @@
+// Move-only RAII over a POSIX file descriptor, with reads that handle EINTR
+// and short reads, and errno converted to a Status in one place.
+//
+// Thread safety: ReadAt may be called concurrently (pread has no shared
+// offset); Close and move are not thread safe.
+#ifndef TENSORLIFT_COMMON_POSIX_FILE_H_
+#define TENSORLIFT_COMMON_POSIX_FILE_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tensorlift/status.h"
+
+namespace tensorlift {
+
+// Converts errno `err` from operation `what` into a Status with the matching
+// code (ENOENT -> NotFound, EACCES/EPERM -> PermissionDenied, else IOError).
+Status PosixError(std::string_view what, int err);
+
+class PosixFile {
+ public:
+  PosixFile() = default;
+  ~PosixFile();
+  PosixFile(PosixFile&& other) noexcept;
+  PosixFile& operator=(PosixFile&& other) noexcept;
+  PosixFile(const PosixFile&) = delete;
+  PosixFile& operator=(const PosixFile&) = delete;
+
+  // Opens `path` read-only (plus `extra_flags`). Errors do not repeat the path:
+  // the caller adds it once.
+  static Result<PosixFile> OpenForRead(const std::string& path, int extra_flags = 0);
+
+  int fd() const { return fd_; }
+  // The size from fstat.
+  Result<uint64_t> Size() const;
+  // Reads exactly `n` bytes at `offset`; a short file is OutOfRange.
+  Status ReadExactlyAt(uint64_t offset, void* buf, size_t n) const;
+  Status Close();
+
+ private:
+  explicit PosixFile(int fd) : fd_(fd) {}
+  int fd_ = -1;
+};
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_COMMON_POSIX_FILE_H_

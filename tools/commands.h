@@ -1,0 +1,20 @@
+// The verbs of the tensorlift CLI. Each returns the process exit code:
+// 0 ok, 1 invalid input (a bad file, a missing path), 2 usage.
+#ifndef TENSORLIFT_TOOLS_COMMANDS_H_
+#define TENSORLIFT_TOOLS_COMMANDS_H_
+
+#include <string>
+#include <vector>
+
+namespace tensorlift::cli {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitInvalid = 1;
+inline constexpr int kExitUsage = 2;
+
+int RunInspect(const std::string& path, bool json);
+int RunVerify(const std::vector<std::string>& paths, bool quiet);
+
+}  // namespace tensorlift::cli
+
+#endif  // TENSORLIFT_TOOLS_COMMANDS_H_
