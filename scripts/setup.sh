@@ -29,10 +29,12 @@ done
 pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 key=$( (cat "$root/requirements.txt"; echo "$pyver") | sha256sum | cut -c1-12)
 venv="${TENSORLIFT_VENV_CACHE:-$HOME/.cache/tensorlift}/venv-$key"
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9  # One creator at a time; the others wait and then find it complete.
 if [ ! -f "$venv/.complete" ]; then
-  echo "setup: creating Python environment $venv"
+  echo "setup: creating Python environment $venv (once per machine)"
   rm -rf "$venv"
-  mkdir -p "$(dirname "$venv")"
   "$py" -m venv "$venv"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
   "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$root/requirements.txt"

@@ -15,6 +15,19 @@ inline constexpr int kExitUsage = 2;
 int RunInspect(const std::string& path, bool json);
 int RunVerify(const std::vector<std::string>& paths, bool quiet);
 
+struct LoadArgs {
+  std::string path;
+  std::string filter;  // Regex; empty: all.
+  std::string mode = "auto";
+  std::string engine = "auto";
+  int threads = 0;
+  int queue_depth = 32;
+  uint64_t block_mib = 8;
+  bool checksum = false;
+  bool progress = true;  // Only drawn on a terminal.
+};
+int RunLoad(const LoadArgs& args);
+
 }  // namespace tensorlift::cli
 
 #endif  // TENSORLIFT_TOOLS_COMMANDS_H_

@@ -28,6 +28,30 @@ int main(int argc, char** argv) {
   verify->add_option("PATH", verify_paths, "Files, indexes or directories")->required();
   verify->add_flag("-q,--quiet", verify_quiet, "Print nothing for valid files");
 
+  LoadArgs load_args;
+  auto* load = app.add_subcommand(
+      "load", "Load tensors into memory and report bytes, time, GB/s and the mode per file");
+  load->add_option("PATH", load_args.path, "File, model.safetensors.index.json, or directory")
+      ->required();
+  load->add_option("--filter", load_args.filter, "Load only tensors whose name matches this regex");
+  load->add_option("--mode", load_args.mode, "I/O mode")
+      ->check(CLI::IsMember({"auto", "buffered", "direct", "mmap"}))
+      ->capture_default_str();
+  load->add_option("--engine", load_args.engine, "Read engine")
+      ->check(CLI::IsMember({"auto", "threads", "uring"}))
+      ->capture_default_str();
+  load->add_option("--threads", load_args.threads, "pread threads (0: automatic)")
+      ->check(CLI::Range(0, 1024));
+  load->add_option("--queue-depth", load_args.queue_depth, "io_uring reads in flight")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  load->add_option("--block-size", load_args.block_mib, "Largest single read, in MiB")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  load->add_flag("--checksum", load_args.checksum,
+                 "Print name<TAB>xxh3-64 of each tensor's bytes, sorted by name (summary to stderr)");
+  load->add_flag("!--no-progress", load_args.progress, "Never draw the progress bar");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -36,5 +60,6 @@ int main(int argc, char** argv) {
   }
   if (*inspect) return RunInspect(inspect_path, inspect_json);
   if (*verify) return RunVerify(verify_paths, verify_quiet);
+  if (*load) return RunLoad(load_args);
   return kExitUsage;
 }

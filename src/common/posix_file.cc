@@ -62,10 +62,14 @@ Result<uint64_t> PosixFile::Size() const {
 }
 
 Status PosixFile::ReadExactlyAt(uint64_t offset, void* buf, size_t n) const {
+  return PreadFully(fd_, buf, n, offset);
+}
+
+Status PreadFully(int fd, void* buf, size_t n, uint64_t offset) {
   auto* p = static_cast<char*>(buf);
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::pread(fd_, p + done, n - done, static_cast<off_t>(offset + done));
+    ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return PosixError("read at offset " + std::to_string(offset + done), errno);

@@ -20,6 +20,10 @@ namespace tensorlift {
 // code (ENOENT -> NotFound, EACCES/EPERM -> PermissionDenied, else IOError).
 Status PosixError(std::string_view what, int err);
 
+// Reads exactly `n` bytes at `offset` with pread, retrying EINTR, EAGAIN and
+// short reads; a premature end of file is an OutOfRange error.
+Status PreadFully(int fd, void* buf, size_t n, uint64_t offset);
+
 class PosixFile {
  public:
   PosixFile() = default;
@@ -32,6 +36,9 @@ class PosixFile {
   // Opens `path` read-only (plus `extra_flags`). Errors do not repeat the path:
   // the caller adds it once.
   static Result<PosixFile> OpenForRead(const std::string& path, int extra_flags = 0);
+
+  // Takes ownership of an open descriptor.
+  static PosixFile Adopt(int fd) { return PosixFile(fd); }
 
   int fd() const { return fd_; }
   // The size from fstat.

@@ -1,0 +1,167 @@
+// Loading tensors into memory: plan the byte ranges from the headers, read
+// them in large parallel blocks straight into their final buffers, and hand
+// out views (and DLPack tensors) over those buffers without copies.
+//
+//   auto ckpt = tensorlift::Checkpoint::Open("model_dir");
+//   tensorlift::LoadOptions opts;                      // mode auto, defaults
+//   auto loaded = tensorlift::Load(*ckpt, opts);       // Result<LoadedCheckpoint>
+//   const tensorlift::LoadedTensor* w = loaded->Find("lm_head.weight");
+//
+// I/O modes (LoadOptions::mode), decided per file:
+//   buffered  pread/io_uring through the page cache.
+//   direct    O_DIRECT reads of 4 KiB-aligned blocks; the unaligned head and
+//             tail of each range go through a small bounce buffer. Falls back
+//             to buffered when the filesystem refuses O_DIRECT.
+//   mmap      views over a private mapping of the file: zero copies, but the
+//             bytes are read lazily, on first touch.
+//   auto      (default) mincore() on the bytes to load: buffered when at least
+//             half of them are in the page cache, direct otherwise.
+// Engines (LoadOptions::engine) for buffered and direct: a pool of pread
+// threads, or one io_uring with a queue depth; auto picks io_uring when the
+// kernel allows it.
+//
+// Alignment: every tensor's data is aligned to its element size (up to 8
+// bytes). Buffers mirror each file's data section modulo 4 KiB (buffered) or
+// the file itself modulo 4 KiB (direct, as O_DIRECT needs), so tensors that the
+// reference writer aligned stay aligned without copies whatever the header
+// size. A tensor that would still be misaligned is read on its own with a
+// buffered pread into its own aligned slot (no extra copy); in mmap mode it is
+// copied out of the mapping (one memcpy of its bytes).
+//
+// Ownership: a LoadedCheckpoint owns its buffers through reference counts.
+// Views are valid while the LoadedCheckpoint lives; DLPack tensors keep their
+// buffer alive on their own until their deleter runs. A failed load frees
+// everything it allocated and returns no tensors.
+//
+// Thread safety: Load may run concurrently on different checkpoints. A
+// LoadedCheckpoint is immutable; its methods may be called from any thread.
+#ifndef TENSORLIFT_LOADER_H_
+#define TENSORLIFT_LOADER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/dtype.h"
+#include "tensorlift/status.h"
+
+// DLPack's structures (dlpack/dlpack.h, version 1.x); declared here so the
+// public API needs only standard headers.
+struct DLManagedTensor;
+struct DLManagedTensorVersioned;
+
+namespace tensorlift {
+
+enum class IoMode : uint8_t { kAuto, kBuffered, kDirect, kMmap };
+enum class IoEngine : uint8_t { kAuto, kThreads, kUring };
+
+std::string_view IoModeName(IoMode mode);      // "auto", "buffered", ...
+std::string_view IoEngineName(IoEngine engine);  // "auto", "threads", "uring"
+Result<IoMode> ParseIoMode(std::string_view name);
+Result<IoEngine> ParseIoEngine(std::string_view name);
+
+// Which tensors to load. Default: all.
+class TensorFilter {
+ public:
+  TensorFilter() = default;
+  static TensorFilter Names(std::vector<std::string> names);
+  // ECMAScript regex, matched anywhere in the name (std::regex_search).
+  static Result<TensorFilter> Regex(const std::string& pattern);
+  static TensorFilter Predicate(std::function<bool(std::string_view)> pred);
+
+  bool Matches(std::string_view name) const { return !pred_ || pred_(name); }
+  bool all() const { return !pred_; }
+
+ private:
+  std::function<bool(std::string_view)> pred_;
+};
+
+struct Progress {
+  uint64_t bytes_done = 0;
+  uint64_t bytes_total = 0;
+  double seconds = 0;
+  double gbps() const { return seconds > 0 ? bytes_done / seconds / 1e9 : 0; }
+};
+// Called from the loading thread, at most every 100 ms and once at the end.
+using ProgressCallback = std::function<void(const Progress&)>;
+
+struct LoadOptions {
+  IoMode mode = IoMode::kAuto;
+  IoEngine engine = IoEngine::kAuto;
+  int threads = 0;                  // pread threads; 0: a default from the CPU count.
+  int queue_depth = 32;             // io_uring reads in flight.
+  uint64_t block_size = 8ull << 20; // The largest single read (rounded to 4 KiB).
+  TensorFilter filter;
+  ProgressCallback progress;
+};
+
+enum class DeviceType : uint8_t { kCpu };
+
+// A loaded tensor: a view over a buffer owned by its LoadedCheckpoint.
+struct LoadedTensor {
+  std::string name;
+  Dtype dtype = Dtype::kU8;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;  // In elements, row-major.
+  void* data = nullptr;          // Aligned to the element size (up to 8).
+  uint64_t nbytes = 0;
+  DeviceType device = DeviceType::kCpu;
+  int device_index = 0;
+};
+
+// What the loader did with one file.
+struct FileReport {
+  std::string path;
+  IoMode mode = IoMode::kBuffered;     // The mode used (never kAuto).
+  IoEngine engine = IoEngine::kThreads;
+  std::string reason;                   // Why this mode, e.g. "92% in page cache".
+  uint64_t bytes = 0;                   // Bytes of tensors loaded from it.
+  uint32_t tensors = 0;
+  uint32_t realigned = 0;               // Tensors read or copied on their own to align them.
+};
+
+class LoadedCheckpoint {
+ public:
+  LoadedCheckpoint();
+  ~LoadedCheckpoint();
+  LoadedCheckpoint(LoadedCheckpoint&&) noexcept;
+  LoadedCheckpoint& operator=(LoadedCheckpoint&&) noexcept;
+
+  // Tensors in name order.
+  const std::vector<LoadedTensor>& tensors() const { return tensors_; }
+  const LoadedTensor* Find(std::string_view name) const;
+  const std::vector<FileReport>& files() const { return files_; }
+  uint64_t total_bytes() const { return total_bytes_; }
+  double seconds() const { return seconds_; }
+
+  // New DLPack tensors over `name`'s bytes (no copy). The caller owns the
+  // result and must call its deleter; the buffer stays alive until then, even
+  // after this LoadedCheckpoint is gone.
+  Result<DLManagedTensorVersioned*> ToDLPackVersioned(std::string_view name) const;
+  Result<DLManagedTensor*> ToDLPack(std::string_view name) const;
+
+  // Bytes of host memory this checkpoint's buffers hold now.
+  uint64_t buffer_bytes() const;
+
+ private:
+  friend class LoaderImpl;
+  struct Owners;
+  std::vector<LoadedTensor> tensors_;
+  std::unique_ptr<Owners> owners_;  // One buffer owner per tensor, shared.
+  std::vector<FileReport> files_;
+  uint64_t total_bytes_ = 0;
+  double seconds_ = 0;
+};
+
+// Loads the tensors of `checkpoint` that pass options.filter into host memory.
+Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options = {});
+// Opens `path` (file, index or directory) and loads it.
+Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options = {});
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_LOADER_H_

@@ -1,0 +1,66 @@
+#include "device/host_buffer.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <new>
+
+#include "common/posix_file.h"
+
+namespace tensorlift {
+namespace {
+constexpr uint64_t kMmapThreshold = 1ull << 20;
+}  // namespace
+
+Result<std::shared_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
+  std::shared_ptr<HostBuffer> buf(new (std::nothrow) HostBuffer());
+  if (!buf) return ResourceExhaustedError("out of memory");
+  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
+  if (rounded >= kMmapThreshold) {
+    void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return ResourceExhaustedError("cannot allocate " + std::to_string(bytes) +
+                                    " bytes of host memory: " + PosixError("mmap", errno).message());
+    }
+    ::madvise(p, rounded, MADV_HUGEPAGE);  // Fewer page faults while reading; advisory.
+    buf->mapped_ = true;
+    buf->data_ = static_cast<std::byte*>(p);
+  } else {
+    void* p = std::aligned_alloc(kPageAlign, rounded);
+    if (p == nullptr) {
+      return ResourceExhaustedError("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+    }
+    buf->data_ = static_cast<std::byte*>(p);
+  }
+  buf->size_ = bytes;
+  return buf;
+}
+
+HostBuffer::~HostBuffer() {
+  if (data_ == nullptr) return;
+  if (mapped_) {
+    const uint64_t rounded = (std::max<uint64_t>(size_, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
+    ::munmap(data_, rounded);
+  } else {
+    std::free(data_);
+  }
+}
+
+Result<std::shared_ptr<FileMapping>> FileMapping::Map(int fd, uint64_t size) {
+  std::shared_ptr<FileMapping> m(new (std::nothrow) FileMapping());
+  if (!m) return ResourceExhaustedError("out of memory");
+  if (size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) return PosixError("mmap", errno);
+    m->data_ = static_cast<std::byte*>(p);
+  }
+  m->size_ = size;
+  return m;
+}
+
+FileMapping::~FileMapping() {
+  if (data_ != nullptr) ::munmap(data_, size_);
+}
+
+}  // namespace tensorlift

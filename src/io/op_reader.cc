@@ -1,0 +1,46 @@
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/posix_file.h"
+#include "io/read_op.h"
+
+namespace tensorlift {
+
+OpReader::~OpReader() { std::free(scratch_); }
+
+Status OpReader::Read(const ReadOp& op) {
+  if (!op.bounce) return PreadFully(op.fd, op.dest, op.length, op.offset);
+  // O_DIRECT: read the aligned span that covers the range, copy out the bytes.
+  const uint64_t a0 = op.offset / kDirectAlign * kDirectAlign;
+  const uint64_t a1 = (op.offset + op.length + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+  const uint64_t span = a1 - a0;
+  if (span > scratch_size_) {
+    std::free(scratch_);
+    scratch_size_ = 0;
+    scratch_ = static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, span));
+    if (scratch_ == nullptr) return ResourceExhaustedError("cannot allocate a bounce buffer");
+    scratch_size_ = span;
+  }
+  const uint64_t need = op.offset + op.length - a0;  // Bytes of the span we must get.
+  uint64_t done = 0;
+  while (done < need) {
+    ssize_t r = ::pread(op.fd, scratch_ + done, span - done, static_cast<off_t>(a0 + done));
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return PosixError("read at offset " + std::to_string(a0 + done), errno);
+    }
+    if (r == 0) {
+      return OutOfRangeError("unexpected end of file at offset " + std::to_string(a0 + done) +
+                             " (wanted bytes up to " + std::to_string(op.offset + op.length) + ")");
+    }
+    done += static_cast<uint64_t>(r);
+  }
+  std::memcpy(op.dest, scratch_ + (op.offset - a0), op.length);
+  return Status::Ok();
+}
+
+}  // namespace tensorlift

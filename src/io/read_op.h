@@ -1,0 +1,72 @@
+// The unit of work of the read engines, and the pieces they share.
+#ifndef TENSORLIFT_IO_READ_OP_H_
+#define TENSORLIFT_IO_READ_OP_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "tensorlift/status.h"
+
+namespace tensorlift {
+
+// O_DIRECT alignment used for offsets, lengths and buffer addresses.
+inline constexpr uint64_t kDirectAlign = 4096;
+
+// Read `length` bytes at `offset` of `fd` into `dest`.
+struct ReadOp {
+  int fd = -1;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::byte* dest = nullptr;
+  // For an O_DIRECT fd whose range or destination is not aligned: read the
+  // covering aligned span into a bounce buffer and copy the bytes out.
+  bool bounce = false;
+  const std::string* path = nullptr;  // For messages.
+};
+
+// Shared between the engine and whoever watches it.
+struct ReadProgress {
+  std::atomic<uint64_t> bytes_done{0};
+  // Called by the engine's calling thread now and then (and never
+  // concurrently); may be empty.
+  std::function<void()> tick;
+};
+
+// Executes ops. Implementations: a pool of pread threads, io_uring.
+class ReadEngine {
+ public:
+  virtual ~ReadEngine() = default;
+  // Reads every op; on the first error stops and returns it (prefixed with
+  // the op's path). Ops may complete in any order.
+  virtual Status Run(std::span<const ReadOp> ops, ReadProgress* progress) = 0;
+};
+
+std::unique_ptr<ReadEngine> MakeThreadPoolEngine(int threads);
+// Fails with Unimplemented when io_uring is not built in or the kernel
+// refuses it (e.g. disabled by sysctl or seccomp).
+Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth);
+bool UringBuiltIn();
+
+// Reads one op synchronously with pread (retrying EINTR/EAGAIN and short
+// reads); `scratch` is grown as needed for bounce ops (4 KiB aligned).
+class OpReader {
+ public:
+  OpReader() = default;
+  ~OpReader();
+  OpReader(const OpReader&) = delete;
+  OpReader& operator=(const OpReader&) = delete;
+  Status Read(const ReadOp& op);
+
+ private:
+  std::byte* scratch_ = nullptr;
+  uint64_t scratch_size_ = 0;
+};
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_IO_READ_OP_H_

@@ -1,0 +1,363 @@
+// The loader: per file, choose the mode, plan, allocate the arena, then run
+// every read of every file on one engine, check that no file changed, and
+// hand out views. See include/tensorlift/loader.h for the contract.
+#include "tensorlift/loader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <regex>
+#include <thread>
+#include <unordered_set>
+
+#include "common/posix_file.h"
+#include "device/host_buffer.h"
+#include "io/page_cache.h"
+#include "io/read_op.h"
+#include "load/owners.h"
+#include "load/planner.h"
+#include "tensorlift/text.h"
+
+namespace tensorlift {
+
+std::string_view IoModeName(IoMode mode) {
+  switch (mode) {
+    case IoMode::kAuto: return "auto";
+    case IoMode::kBuffered: return "buffered";
+    case IoMode::kDirect: return "direct";
+    case IoMode::kMmap: return "mmap";
+  }
+  return "?";
+}
+
+std::string_view IoEngineName(IoEngine engine) {
+  switch (engine) {
+    case IoEngine::kAuto: return "auto";
+    case IoEngine::kThreads: return "threads";
+    case IoEngine::kUring: return "uring";
+  }
+  return "?";
+}
+
+Result<IoMode> ParseIoMode(std::string_view name) {
+  for (IoMode m : {IoMode::kAuto, IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap}) {
+    if (IoModeName(m) == name) return m;
+  }
+  return InvalidArgumentError("unknown I/O mode " + QuoteName(name) +
+                              " (expected auto, buffered, direct or mmap)");
+}
+
+Result<IoEngine> ParseIoEngine(std::string_view name) {
+  for (IoEngine e : {IoEngine::kAuto, IoEngine::kThreads, IoEngine::kUring}) {
+    if (IoEngineName(e) == name) return e;
+  }
+  return InvalidArgumentError("unknown I/O engine " + QuoteName(name) +
+                              " (expected auto, threads or uring)");
+}
+
+TensorFilter TensorFilter::Names(std::vector<std::string> names) {
+  auto set = std::make_shared<std::unordered_set<std::string>>(names.begin(), names.end());
+  TensorFilter f;
+  f.pred_ = [set](std::string_view n) { return set->count(std::string(n)) > 0; };
+  return f;
+}
+
+Result<TensorFilter> TensorFilter::Regex(const std::string& pattern) {
+  std::shared_ptr<std::regex> re;
+  try {  // std::regex reports a bad pattern only by throwing.
+    re = std::make_shared<std::regex>(pattern, std::regex::ECMAScript | std::regex::optimize);
+  } catch (const std::regex_error& e) {
+    return InvalidArgumentError("invalid regular expression " + QuoteName(pattern) + ": " + e.what());
+  }
+  TensorFilter f;
+  f.pred_ = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
+  return f;
+}
+
+TensorFilter TensorFilter::Predicate(std::function<bool(std::string_view)> pred) {
+  TensorFilter f;
+  f.pred_ = std::move(pred);
+  return f;
+}
+
+LoadedCheckpoint::LoadedCheckpoint() : owners_(std::make_unique<Owners>()) {}
+LoadedCheckpoint::~LoadedCheckpoint() = default;
+LoadedCheckpoint::LoadedCheckpoint(LoadedCheckpoint&&) noexcept = default;
+LoadedCheckpoint& LoadedCheckpoint::operator=(LoadedCheckpoint&&) noexcept = default;
+
+const LoadedTensor* LoadedCheckpoint::Find(std::string_view name) const {
+  auto it = std::lower_bound(tensors_.begin(), tensors_.end(), name,
+                             [](const LoadedTensor& t, std::string_view n) { return t.name < n; });
+  if (it == tensors_.end() || it->name != name) return nullptr;
+  return &*it;
+}
+
+uint64_t LoadedCheckpoint::buffer_bytes() const {
+  std::unordered_set<const Buffer*> seen;
+  uint64_t total = 0;
+  for (const auto& b : owners_->buffers) {
+    if (b && seen.insert(b.get()).second) total += b->size();
+  }
+  return total;
+}
+
+namespace {
+
+int DefaultThreads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp<unsigned>(n == 0 ? 4 : n, 4, 16));
+}
+
+struct FileIdentity {
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  uint64_t dev = 0, ino = 0;
+};
+
+FileIdentity IdentityOf(const struct stat& st) {
+  return {static_cast<uint64_t>(st.st_size),
+          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
+          static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+// One file being loaded.
+struct FileJob {
+  const Checkpoint::Shard* shard = nullptr;
+  std::vector<uint32_t> wanted;
+  PosixFile buffered;
+  PosixFile direct;
+  FileIdentity identity;
+  FilePlan plan;
+  std::shared_ptr<Buffer> arena;
+  std::shared_ptr<Buffer> mapping;
+  FileReport report;
+};
+
+Status OpenJob(FileJob& job, const LoadOptions& options) {
+  const Header& h = job.shard->header;
+  TL_ASSIGN_OR_RETURN(job.buffered, PosixFile::OpenForRead(job.shard->path));
+  struct stat st;
+  if (::fstat(job.buffered.fd(), &st) != 0) return PosixError("fstat", errno);
+  job.identity = IdentityOf(st);
+  if (job.identity.size != h.file_size()) {
+    return CorruptionError("the file has " + std::to_string(job.identity.size) +
+                           " bytes but its header says " + std::to_string(h.file_size()) +
+                           ": it changed after its header was read");
+  }
+  IoMode mode = options.mode;
+  uint64_t first = 0, last = 0;
+  if (!job.wanted.empty()) {
+    first = h.tensors()[job.wanted.front()].begin;
+    last = h.tensors()[job.wanted.back()].end;
+  }
+  if (mode == IoMode::kAuto) {
+    TL_ASSIGN_OR_RETURN(double resident,
+                        ResidentFraction(job.buffered.fd(), h.data_offset() + first, last - first));
+    char pct[32];
+    std::snprintf(pct, sizeof pct, "%.0f%%", resident * 100);
+    if (resident >= 0.5) {
+      mode = IoMode::kBuffered;
+      job.report.reason = std::string(pct) + " in page cache";
+    } else {
+      mode = IoMode::kDirect;
+      job.report.reason = std::string(pct) + " in page cache";
+    }
+  }
+  if (mode == IoMode::kDirect) {
+    int fd;
+    do {
+      fd = ::open(job.shard->path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+    } while (fd < 0 && errno == EINTR);
+    if (fd >= 0) {
+      job.direct = PosixFile::Adopt(fd);
+    } else if (errno == EINVAL) {
+      // The filesystem (tmpfs, some FUSE) has no O_DIRECT.
+      mode = IoMode::kBuffered;
+      job.report.reason += (job.report.reason.empty() ? "" : "; ") +
+                           std::string("the filesystem refuses O_DIRECT, buffered instead");
+    } else {
+      return PosixError("cannot open with O_DIRECT", errno);
+    }
+  }
+  job.report.mode = mode;
+  job.report.path = job.shard->path;
+  const PlanMode pm = mode == IoMode::kDirect   ? PlanMode::kDirect
+                      : mode == IoMode::kMmap   ? PlanMode::kMmap
+                                                : PlanMode::kBuffered;
+  job.plan = PlanFile(h, job.wanted, pm, options.block_size);
+  job.report.bytes = job.plan.tensor_bytes;
+  job.report.tensors = static_cast<uint32_t>(job.wanted.size());
+  job.report.realigned = job.plan.realigned;
+
+  TL_ASSIGN_OR_RETURN(auto arena, HostBuffer::Allocate(job.plan.arena_bytes));
+  job.arena = std::move(arena);
+  if (pm == PlanMode::kMmap) {
+    TL_ASSIGN_OR_RETURN(auto mapping, FileMapping::Map(job.buffered.fd(), h.file_size()));
+    job.mapping = std::move(mapping);
+  }
+  return Status::Ok();
+}
+
+Status CheckUnchanged(const FileJob& job) {
+  struct stat st;
+  if (::fstat(job.buffered.fd(), &st) != 0) return PosixError("fstat", errno);
+  FileIdentity now = IdentityOf(st);
+  if (now.size != job.identity.size || now.mtime_ns != job.identity.mtime_ns) {
+    return IOError("the file was modified during the load (size " + std::to_string(job.identity.size) +
+                   " -> " + std::to_string(now.size) + ", or its modification time changed)");
+  }
+  if (::stat(job.shard->path.c_str(), &st) != 0) {
+    return PosixError("the file was removed during the load", errno);
+  }
+  now = IdentityOf(st);
+  if (now.dev != job.identity.dev || now.ino != job.identity.ino) {
+    return IOError("the file was replaced during the load");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<ReadEngine>> ChooseEngine(const LoadOptions& options, IoEngine* chosen) {
+  const int threads = options.threads > 0 ? options.threads : DefaultThreads();
+  if (options.engine == IoEngine::kThreads) {
+    *chosen = IoEngine::kThreads;
+    return MakeThreadPoolEngine(threads);
+  }
+  auto uring = MakeUringEngine(options.queue_depth > 0 ? options.queue_depth : 32);
+  if (uring.ok()) {
+    *chosen = IoEngine::kUring;
+    return std::move(uring).value();
+  }
+  if (options.engine == IoEngine::kUring) return uring.status();
+  *chosen = IoEngine::kThreads;
+  return MakeThreadPoolEngine(threads);
+}
+
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size());
+  int64_t s = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    strides[i] = s;
+    s *= shape[i];
+  }
+  return strides;
+}
+
+}  // namespace
+
+class LoaderImpl {
+ public:
+  static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options);
+};
+
+Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
+  if (options.block_size == 0) return InvalidArgumentError("block_size must be positive");
+
+  // Which tensors of which file.
+  std::vector<FileJob> jobs(ckpt.shards().size());
+  for (size_t s = 0; s < jobs.size(); ++s) jobs[s].shard = &ckpt.shards()[s];
+  std::vector<Checkpoint::Location> selected;
+  for (auto loc : ckpt.tensors()) {
+    if (!options.filter.Matches(ckpt.info(loc).name)) continue;
+    selected.push_back(loc);
+    jobs[loc.shard].wanted.push_back(loc.index);
+  }
+  for (auto& job : jobs) std::sort(job.wanted.begin(), job.wanted.end());
+
+  uint64_t total = 0;
+  for (auto& job : jobs) {
+    if (job.wanted.empty()) continue;
+    Status st = OpenJob(job, options);
+    if (!st.ok()) return st.WithContext(job.shard->path);
+    total += job.plan.tensor_bytes;
+  }
+
+  IoEngine engine_kind = IoEngine::kThreads;
+  std::vector<ReadOp> ops;
+  uint64_t read_bytes = 0;
+  for (auto& job : jobs) {
+    if (job.wanted.empty()) continue;
+    for (const PlannedRead& r : job.plan.reads) {
+      ops.push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset, r.length,
+                     job.arena->data() + r.arena_offset, r.bounce, &job.shard->path});
+      read_bytes += r.length;
+    }
+  }
+
+  ReadProgress progress;
+  auto last_tick = Clock::now();
+  auto report = [&](bool final_call) {
+    if (!options.progress) return;
+    const auto now = Clock::now();
+    if (!final_call && now - last_tick < std::chrono::milliseconds(100)) return;
+    last_tick = now;
+    Progress p;
+    p.bytes_done = progress.bytes_done.load(std::memory_order_relaxed);
+    p.bytes_total = read_bytes;
+    p.seconds = std::chrono::duration<double>(now - t0).count();
+    options.progress(p);
+  };
+  progress.tick = [&] { report(false); };
+  if (!ops.empty()) {
+    TL_ASSIGN_OR_RETURN(auto engine, ChooseEngine(options, &engine_kind));
+    TL_RETURN_IF_ERROR(engine->Run(ops, &progress));
+  }
+  for (auto& job : jobs) {
+    if (job.wanted.empty()) continue;
+    Status st = CheckUnchanged(job);
+    if (!st.ok()) return st.WithContext(job.shard->path);
+  }
+  report(true);
+
+  LoadedCheckpoint out;
+  out.tensors_.reserve(selected.size());
+  out.owners_->buffers.reserve(selected.size());
+  // Plans list tensors in file order; find each selected one's placement.
+  std::vector<std::vector<const PlannedTensor*>> placed(jobs.size());
+  for (size_t s = 0; s < jobs.size(); ++s) {
+    placed[s].assign(ckpt.shards()[s].header.tensors().size(), nullptr);
+    for (const auto& pt : jobs[s].plan.tensors) placed[s][pt.index] = &pt;
+  }
+  for (auto loc : selected) {
+    const FileJob& job = jobs[loc.shard];
+    const TensorInfo& info = ckpt.info(loc);
+    const PlannedTensor* pt = placed[loc.shard][loc.index];
+    LoadedTensor t;
+    t.name = info.name;
+    t.dtype = info.dtype;
+    t.shape.assign(info.shape.begin(), info.shape.end());
+    t.strides = RowMajorStrides(t.shape);
+    t.nbytes = info.nbytes();
+    if (pt->in_arena) {
+      t.data = job.arena->data() + pt->arena_offset;
+      out.owners_->buffers.push_back(job.arena);
+    } else {
+      t.data = job.mapping->data() + job.shard->header.data_offset() + info.begin;
+      out.owners_->buffers.push_back(job.mapping);
+    }
+    out.tensors_.push_back(std::move(t));
+    out.total_bytes_ += info.nbytes();
+  }
+  for (auto& job : jobs) {
+    if (job.wanted.empty()) continue;
+    job.report.engine = engine_kind;
+    out.files_.push_back(std::move(job.report));
+  }
+  out.seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
+  return out;
+}
+
+Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
+  return LoaderImpl::Run(checkpoint, options);
+}
+
+Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options) {
+  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(path));
+  return LoaderImpl::Run(ckpt, options);
+}
+
+}  // namespace tensorlift

@@ -1,0 +1,66 @@
+// The read planner: from a file's header and the tensors wanted, where each
+// tensor goes in the file's buffer (the "arena") and which reads fill it.
+// Pure: no I/O, no allocation beyond the plan itself.
+//
+// Placement. Contiguous wanted tensors form runs that are read as one range.
+// A run is placed in the arena at an offset congruent, modulo 4 KiB, to its
+// position in the data section (buffered) or in the file (direct: O_DIRECT
+// needs buffer and file offsets aligned alike). A tensor then sits at an
+// address congruent to its data offset (buffered) or file offset (direct), so
+// it is aligned to its element size exactly when that offset is. A tensor that
+// would be misaligned is left out of runs and read on its own, with buffered
+// I/O, into a 64-byte aligned slot ("realigned": no extra copy, only a read of
+// its own). The arena is at most the wanted bytes plus 4 KiB per run plus 64
+// bytes per realigned tensor.
+//
+// Reads. Buffered runs become reads of at most block_size bytes. Direct runs
+// become 4 KiB-aligned reads of at most block_size bytes, plus "bounce" reads
+// for the unaligned head and tail (and for whole runs under 64 KiB).
+#ifndef TENSORLIFT_LOAD_PLANNER_H_
+#define TENSORLIFT_LOAD_PLANNER_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tensorlift/safetensors.h"
+
+namespace tensorlift {
+
+enum class PlanMode { kBuffered, kDirect, kMmap };
+
+struct PlannedTensor {
+  uint32_t index = 0;         // Into header.tensors().
+  uint64_t arena_offset = 0;  // Where its first byte lands (unused for mmap views).
+  bool in_arena = true;       // False: an mmap view at data_offset + begin.
+};
+
+struct PlannedRead {
+  uint64_t file_offset = 0;
+  uint64_t length = 0;
+  uint64_t arena_offset = 0;
+  bool direct = false;  // On the O_DIRECT descriptor (else the buffered one).
+  bool bounce = false;  // Direct, but unaligned: through a bounce buffer.
+};
+
+struct FilePlan {
+  PlanMode mode = PlanMode::kBuffered;
+  uint64_t arena_bytes = 0;
+  uint64_t tensor_bytes = 0;
+  uint32_t realigned = 0;
+  std::vector<PlannedTensor> tensors;  // In file order.
+  std::vector<PlannedRead> reads;      // In file order.
+};
+
+// Element alignment: the element size for types of 8 bits or more, capped at
+// 8 bytes; 1 for sub-byte types.
+uint64_t ElementAlignment(Dtype dtype);
+
+// `wanted` are indices into header.tensors(), increasing (file order).
+// block_size is rounded up to a multiple of 4 KiB.
+FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, PlanMode mode,
+                  uint64_t block_size);
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_LOAD_PLANNER_H_

@@ -1,0 +1,77 @@
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "commands.h"
+#include "tensorlift/checksum.h"
+#include "tensorlift/loader.h"
+
+namespace tensorlift::cli {
+namespace {
+
+void DrawBar(const Progress& p) {
+  const double frac = p.bytes_total ? static_cast<double>(p.bytes_done) / p.bytes_total : 1.0;
+  const int width = 30;
+  const int filled = static_cast<int>(frac * width);
+  std::string bar(filled, '#');
+  bar.append(width - filled, '.');
+  std::fprintf(stderr, "\r[%s] %5.1f%%  %.2f GB/s  ", bar.c_str(), frac * 100, p.gbps());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int RunLoad(const LoadArgs& args) {
+  LoadOptions opts;
+  auto mode = ParseIoMode(args.mode);
+  auto engine = ParseIoEngine(args.engine);
+  if (!mode.ok() || !engine.ok()) {
+    std::fprintf(stderr, "%s\n", (!mode.ok() ? mode.status() : engine.status()).ToString().c_str());
+    return kExitUsage;
+  }
+  opts.mode = *mode;
+  opts.engine = *engine;
+  opts.threads = args.threads;
+  opts.queue_depth = args.queue_depth;
+  opts.block_size = args.block_mib << 20;
+  if (!args.filter.empty()) {
+    auto f = TensorFilter::Regex(args.filter);
+    if (!f.ok()) {
+      std::fprintf(stderr, "%s\n", f.status().ToString().c_str());
+      return kExitUsage;
+    }
+    opts.filter = std::move(f).value();
+  }
+  const bool bar = args.progress && ::isatty(STDERR_FILENO);
+  if (bar) opts.progress = DrawBar;
+
+  auto loaded = Load(args.path, opts);
+  if (bar) std::fprintf(stderr, "\r%60s\r", "");
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
+    return kExitInvalid;
+  }
+  // With --checksum, stdout holds only the checksum lines.
+  FILE* report = args.checksum ? stderr : stdout;
+  for (const FileReport& f : loaded->files()) {
+    const std::string how = f.mode == IoMode::kMmap
+                                ? "mmap (mapped, read on first touch)"
+                                : std::string(IoModeName(f.mode)) + " (" + std::string(IoEngineName(f.engine)) + ")";
+    std::fprintf(report, "%s: %u tensors, %llu bytes, %s%s%s\n", f.path.c_str(), f.tensors,
+                 static_cast<unsigned long long>(f.bytes), how.c_str(), f.reason.empty() ? "" : ": ",
+                 f.reason.c_str());
+  }
+  const double secs = loaded->seconds();
+  std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s\n", loaded->tensors().size(),
+               static_cast<unsigned long long>(loaded->total_bytes()), secs,
+               secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0);
+  if (args.checksum) {
+    for (const LoadedTensor& t : loaded->tensors()) {  // Name order.
+      std::printf("%s\t%s\n", t.name.c_str(), HexU64(Xxh3_64(t.data, t.nbytes)).c_str());
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace tensorlift::cli
