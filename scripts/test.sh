@@ -11,9 +11,9 @@ bash scripts/build.sh build
 echo "== C++ tests"
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
-echo "== C++ format tests under ASan + UBSan"
+echo "== C++ format and loader tests under ASan + UBSan (and LeakSanitizer)"
 bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BENCH=OFF
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L format
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load' 
 
 echo "== fuzz (bounded)"
 bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"

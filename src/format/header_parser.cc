@@ -17,8 +17,11 @@ namespace tensorlift {
 namespace {
 
 // serde_json's recursion limit lets 127 nested arrays/objects through
-// (measured against the reference package), so simdjson gets the same depth.
+// (measured against the reference package). We measure depth ourselves;
+// simdjson gets headroom (its limit counts a scalar inside the deepest
+// container as one more level).
 constexpr size_t kMaxJsonDepth = 127;
+constexpr size_t kSimdjsonDepth = kMaxJsonDepth + 2;
 
 uint64_t LoadLE64(const std::byte* p) {
   uint64_t v = 0;
@@ -37,28 +40,74 @@ Status JsonError(std::string detail) {
   return FormatError("InvalidHeaderDeserialization", std::move(detail));
 }
 
-// simdjson reads "-0" as the integer 0; serde_json (the reference) reads it as
-// the float -0.0 and so rejects it where an integer is required. Rewriting
-// each "-0" number token outside strings to "-1" keeps the document's validity
-// and makes our integer checks reject it as negative, exactly where the
-// reference would, while ignored fields stay ignored.
-void NeutralizeNegativeZero(char* p, size_t n) {
+// A lexical pass over the header (outside strings) that makes simdjson judge
+// numbers and nesting as serde_json, the reference's parser, does. It edits
+// number tokens in place, never changing their length, so the document stays
+// valid exactly when it was:
+//  - "-0" (bare): simdjson reads the integer 0, serde_json the float -0.0,
+//    which integer fields reject. It becomes "-1", which our integer checks
+//    reject as negative, while an ignored field stays ignored.
+//  - Integers outside [-2^63, 2^64): serde_json reads them as floats, simdjson
+//    refuses them. The last two digits become "e2", the same magnitude as a
+//    float token (so one beyond the double range is still refused, as serde
+//    refuses it).
+// It also returns the deepest nesting of arrays and objects, which the
+// reference limits to 127 levels whatever the innermost value is.
+size_t NormalizeNumbersAndMeasureDepth(char* p, size_t n) {
+  static constexpr std::string_view kU64Max = "18446744073709551615";
+  static constexpr std::string_view kI64MinAbs = "9223372036854775808";
+  auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  size_t depth = 0, max_depth = 0;
   bool in_string = false;
   for (size_t i = 0; i < n; ++i) {
-    char c = p[i];
+    const char c = p[i];
     if (in_string) {
       if (c == '\\') {
         ++i;
       } else if (c == '"') {
         in_string = false;
       }
-    } else if (c == '"') {
+      continue;
+    }
+    if (c == '"') {
       in_string = true;
-    } else if (c == '-' && i + 1 < n && p[i + 1] == '0' &&
-               (i + 2 >= n || p[i + 2] < '0' || p[i + 2] > '9')) {
-      p[i + 1] = '1';
+    } else if (c == '[' || c == '{') {
+      max_depth = std::max(max_depth, ++depth);
+    } else if (c == ']' || c == '}') {
+      if (depth > 0) --depth;
+    } else if (c == '-' || is_digit(c)) {
+      const size_t start = i;
+      const bool negative = c == '-';
+      size_t j = negative ? i + 1 : i;
+      const size_t digits_start = j;
+      while (j < n && is_digit(p[j])) ++j;
+      const size_t digits = j - digits_start;
+      const bool is_integer = digits > 0 && (j >= n || (p[j] != '.' && p[j] != 'e' && p[j] != 'E'));
+      const bool leading_zero = digits > 1 && p[digits_start] == '0';
+      if (is_integer && !leading_zero) {
+        const std::string_view mag(p + digits_start, digits);
+        const std::string_view limit = negative ? kI64MinAbs : kU64Max;
+        if (negative && mag == "0") {
+          p[digits_start] = '1';
+        } else if (digits > limit.size() || (digits == limit.size() && mag > limit)) {
+          p[j - 2] = 'e';
+          p[j - 1] = '2';
+        }
+      }
+      // Skip the rest of a float token (fraction, exponent) as one token.
+      if (j < n && p[j] == '.') {
+        ++j;
+        while (j < n && is_digit(p[j])) ++j;
+      }
+      if (j < n && (p[j] == 'e' || p[j] == 'E')) {
+        ++j;
+        if (j < n && (p[j] == '+' || p[j] == '-')) ++j;
+        while (j < n && is_digit(p[j])) ++j;
+      }
+      i = (j > start ? j : start + 1) - 1;
     }
   }
+  return max_depth;
 }
 
 // Typed views of an element whose type the caller has checked. (Binding the
@@ -206,9 +255,11 @@ Result<Header> HeaderParser::ParseJson(char* json, uint64_t n, uint64_t file_siz
                                             " bytes) is not valid UTF-8");
   }
   // Rule 5: JSON and schema.
-  NeutralizeNegativeZero(json, n);
+  if (NormalizeNumbersAndMeasureDepth(json, n) > kMaxJsonDepth) {
+    return JsonError("nesting deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+  }
   simdjson::dom::parser parser;
-  if (parser.allocate(std::max<size_t>(n, 64), kMaxJsonDepth) != simdjson::SUCCESS) {
+  if (parser.allocate(std::max<size_t>(n, 64), kSimdjsonDepth) != simdjson::SUCCESS) {
     return ResourceExhaustedError("cannot allocate a JSON parser for a header of " +
                                   std::to_string(n) + " bytes");
   }

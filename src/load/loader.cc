@@ -17,6 +17,7 @@
 #include "device/host_buffer.h"
 #include "io/page_cache.h"
 #include "io/read_op.h"
+#include "load/loader_internal.h"
 #include "load/owners.h"
 #include "load/planner.h"
 #include "tensorlift/text.h"
@@ -256,10 +257,12 @@ std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
 
 class LoaderImpl {
  public:
-  static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options);
+  static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options,
+                                      const EngineWrapper& wrap);
 };
 
-Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptions& options) {
+Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptions& options,
+                                         const EngineWrapper& wrap) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   if (options.block_size == 0) return InvalidArgumentError("block_size must be positive");
@@ -313,6 +316,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   for (int direct : {1, 0}) {
     if (ops[direct].empty()) continue;
     TL_ASSIGN_OR_RETURN(auto engine, MakeEngine(options, direct == 1, &engine_kind[direct]));
+    if (wrap) engine = wrap(std::move(engine));
     TL_RETURN_IF_ERROR(engine->Run(ops[direct], &progress));
   }
   for (auto& job : jobs) {
@@ -361,12 +365,17 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
 }
 
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
-  return LoaderImpl::Run(checkpoint, options);
+  return LoaderImpl::Run(checkpoint, options, nullptr);
 }
 
 Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options) {
   TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(path));
-  return LoaderImpl::Run(ckpt, options);
+  return LoaderImpl::Run(ckpt, options, nullptr);
+}
+
+Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint, const LoadOptions& options,
+                                               const EngineWrapper& wrap) {
+  return LoaderImpl::Run(checkpoint, options, wrap);
 }
 
 }  // namespace tensorlift

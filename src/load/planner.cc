@@ -73,7 +73,9 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, PlanMo
     PlannedTensor pt;
     pt.index = idx;
     if (mode == PlanMode::kMmap) {
-      if ((data_offset + t.begin) % ElementAlignment(t.dtype) == 0 || t.nbytes() == 0) {
+      if (t.nbytes() == 0) {
+        pt.arena_offset = 0;  // The arena's aligned base; nothing to read.
+      } else if ((data_offset + t.begin) % ElementAlignment(t.dtype) == 0) {
         pt.in_arena = false;
       } else {
         // Misaligned in the mapping: read on its own into an aligned slot.

@@ -1,0 +1,382 @@
+// Every mode and engine gives the bytes of a plain read, aligned, on odd
+// header sizes, misaligned tensors, zero-size tensors, filters and shards;
+// faults give clear errors and leak nothing (this suite also runs under ASan).
+#include <dlpack/dlpack.h>
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <map>
+
+#include "load/loader_internal.h"
+#include "load/planner.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/loader.h"
+#include "test_files.h"
+
+namespace tensorlift {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Random;
+using testing::RawTensor;
+using testing::TempDir;
+using testing::WriteRaw;
+
+// A mix that exercises runs, realignment and zero-size tensors.
+std::vector<RawTensor> MixedTensors(uint32_t seed) {
+  return {
+      Random("a.f32", Dtype::kF32, {33, 17}, seed + 1),
+      Random("b.u8_odd", Dtype::kU8, {3}, seed + 2),         // Leaves the next one misaligned.
+      Random("c.bf16", Dtype::kBF16, {5, 7}, seed + 3),
+      Random("d.empty", Dtype::kF64, {0, 4}, seed + 4),
+      Random("e.f64", Dtype::kF64, {9}, seed + 5),
+      Random("f.scalar", Dtype::kI32, {}, seed + 6),
+      Random("g.big", Dtype::kF16, {300, 1024}, seed + 7),  // 600 KiB: direct middle + bounce ends.
+      Random("h.f4", Dtype::kF4, {2, 6}, seed + 8),
+      Random("i.bool", Dtype::kBool, {5}, seed + 9),
+      Random("j.c64", Dtype::kC64, {2, 3}, seed + 10),
+  };
+}
+
+struct Combo {
+  IoMode mode;
+  IoEngine engine;
+  uint64_t block;
+};
+
+std::vector<Combo> AllCombos() {
+  std::vector<Combo> out;
+  for (IoMode m : {IoMode::kAuto, IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap}) {
+    for (IoEngine e : {IoEngine::kThreads, IoEngine::kUring}) {
+      for (uint64_t b : {uint64_t{4096}, uint64_t{8} << 20}) out.push_back({m, e, b});
+    }
+  }
+  return out;
+}
+
+std::string ComboName(const Combo& c) {
+  return std::string(IoModeName(c.mode)) + "/" + std::string(IoEngineName(c.engine)) + "/" +
+         std::to_string(c.block);
+}
+
+// Loads and compares each tensor with the file's bytes read plainly.
+void ExpectSameAsFile(const std::map<std::string, RawTensor>& want, const LoadedCheckpoint& got,
+                      const std::string& ctx) {
+  ASSERT_EQ(got.tensors().size(), want.size()) << ctx;
+  for (const LoadedTensor& t : got.tensors()) {
+    auto it = want.find(t.name);
+    ASSERT_NE(it, want.end()) << ctx << " " << t.name;
+    const RawTensor& w = it->second;
+    EXPECT_EQ(t.dtype, w.dtype) << ctx << " " << t.name;
+    ASSERT_EQ(t.nbytes, w.bytes.size()) << ctx << " " << t.name;
+    ASSERT_NE(t.data, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % ElementAlignment(t.dtype), 0u) << ctx << " " << t.name;
+    EXPECT_EQ(std::memcmp(t.data, w.bytes.data(), w.bytes.size()), 0) << ctx << " " << t.name;
+    ASSERT_EQ(t.shape.size(), w.shape.size());
+    int64_t stride = 1;
+    for (size_t d = t.shape.size(); d-- > 0;) {
+      EXPECT_EQ(t.shape[d], static_cast<int64_t>(w.shape[d]));
+      EXPECT_EQ(t.strides[d], stride);
+      stride *= t.shape[d];
+    }
+  }
+}
+
+class LoaderBytesTest : public ::testing::TestWithParam<size_t> {};
+
+// Header sizes 0..7 mod 8 shift the data section to every alignment.
+TEST_P(LoaderBytesTest, EveryModeEngineAndBlockSizeGivesThePlainBytes) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(static_cast<uint32_t>(GetParam()));
+  WriteRaw(path, tensors, GetParam());
+  std::map<std::string, RawTensor> want;
+  for (auto& t : tensors) want[t.name] = t;
+
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  for (const Combo& c : AllCombos()) {
+    LoadOptions opts;
+    opts.mode = c.mode;
+    opts.engine = c.engine;
+    opts.block_size = c.block;
+    opts.threads = 3;
+    auto got = Load(*ckpt, opts);
+    ASSERT_TRUE(got.ok()) << ComboName(c) << ": " << got.status().ToString();
+    ExpectSameAsFile(want, *got, ComboName(c) + " lead=" + std::to_string(GetParam()));
+    ASSERT_EQ(got->files().size(), 1u);
+    EXPECT_NE(got->files()[0].mode, IoMode::kAuto);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(HeaderShift, LoaderBytesTest, ::testing::Range<size_t>(0, 8));
+
+TEST(LoaderTest, FiltersLoadOnlyWhatMatches) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(7);
+  WriteRaw(path, tensors, 3);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+
+  auto re = TensorFilter::Regex("^(c|e|g)\\.");
+  ASSERT_TRUE(re.ok());
+  auto names = TensorFilter::Names({"a.f32", "j.c64", "not.there"});
+  auto pred = TensorFilter::Predicate([](std::string_view n) { return n.size() > 6; });
+  for (const TensorFilter* f : {&*re, &names, &pred}) {
+    std::map<std::string, RawTensor> want;
+    for (auto& t : tensors) {
+      if (f->Matches(t.name)) want[t.name] = t;
+    }
+    for (const Combo& c : AllCombos()) {
+      LoadOptions opts;
+      opts.mode = c.mode;
+      opts.engine = c.engine;
+      opts.block_size = c.block;
+      opts.filter = *f;
+      auto got = Load(*ckpt, opts);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSameAsFile(want, *got, "filtered " + ComboName(c));
+      uint64_t bytes = 0;
+      for (auto& [n, t] : want) bytes += t.bytes.size();
+      EXPECT_EQ(got->total_bytes(), bytes);
+    }
+  }
+  EXPECT_FALSE(TensorFilter::Regex("(unclosed").ok());
+}
+
+TEST(LoaderTest, ShardsThroughAnIndex) {
+  TempDir dir;
+  auto s1 = std::vector<RawTensor>{Random("x.a", Dtype::kF32, {100}, 1), Random("x.b", Dtype::kU8, {5}, 2)};
+  auto s2 = std::vector<RawTensor>{Random("y.a", Dtype::kBF16, {64, 3}, 3), Random("y.z", Dtype::kI64, {2}, 4)};
+  WriteRaw(dir.File("s-1.safetensors"), s1, 1);
+  WriteRaw(dir.File("s-2.safetensors"), s2, 6);
+  std::ofstream(dir.File("model.safetensors.index.json"))
+      << R"({"metadata":{"total_size":1},"weight_map":{"x.a":"s-1.safetensors","x.b":"s-1.safetensors",)"
+      << R"("y.a":"s-2.safetensors","y.z":"s-2.safetensors"}})";
+  std::map<std::string, RawTensor> want;
+  for (auto& t : s1) want[t.name] = t;
+  for (auto& t : s2) want[t.name] = t;
+  for (const Combo& c : AllCombos()) {
+    LoadOptions opts;
+    opts.mode = c.mode;
+    opts.engine = c.engine;
+    opts.block_size = c.block;
+    auto got = Load(dir.path(), opts);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ExpectSameAsFile(want, *got, "shards " + ComboName(c));
+    EXPECT_EQ(got->files().size(), 2u);
+  }
+  LoadOptions only_y;
+  only_y.filter = TensorFilter::Regex("^y").value();
+  auto got = Load(dir.path(), only_y);
+  ASSERT_TRUE(got.ok());
+  ASSERT_EQ(got->files().size(), 1u) << "a file none of whose tensors is wanted is not read";
+  EXPECT_THAT(got->files()[0].path, HasSubstr("s-2"));
+}
+
+TEST(LoaderTest, MemoryIsTheLoadedBytesPlusSmallPadding) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(3);
+  WriteRaw(path, tensors, 5);
+  uint64_t bytes = 0;
+  for (auto& t : tensors) bytes += t.bytes.size();
+  for (IoMode m : {IoMode::kBuffered, IoMode::kDirect}) {
+    LoadOptions opts;
+    opts.mode = m;
+    auto got = Load(path, opts);
+    ASSERT_TRUE(got.ok());
+    // At most 4 KiB per run and 64 bytes per realigned tensor of padding.
+    EXPECT_LE(got->buffer_bytes(), bytes + 4096 * tensors.size());
+    EXPECT_GE(got->buffer_bytes(), bytes);
+  }
+}
+
+TEST(LoaderTest, ProgressReachesTheTotal) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteRaw(path, MixedTensors(4));
+  LoadOptions opts;
+  std::vector<Progress> seen;
+  opts.progress = [&](const Progress& p) { seen.push_back(p); };
+  auto got = Load(path, opts);
+  ASSERT_TRUE(got.ok());
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().bytes_done, seen.back().bytes_total);
+  EXPECT_GT(seen.back().bytes_total, 0u);
+}
+
+TEST(LoaderTest, DLPackExportsOutliveTheCheckpoint) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(5);
+  WriteRaw(path, tensors);
+  DLManagedTensorVersioned* v = nullptr;
+  DLManagedTensor* legacy = nullptr;
+  {
+    auto got = Load(path);
+    ASSERT_TRUE(got.ok());
+    auto r1 = got->ToDLPackVersioned("g.big");
+    auto r2 = got->ToDLPack("c.bf16");
+    ASSERT_TRUE(r1.ok() && r2.ok());
+    v = *r1;
+    legacy = *r2;
+    EXPECT_EQ(got->ToDLPack("nope").status().code(), StatusCode::kNotFound);
+  }  // The LoadedCheckpoint is gone; the exports keep their buffer.
+  EXPECT_EQ(v->version.major, DLPACK_MAJOR_VERSION);
+  EXPECT_EQ(v->flags, 0u);
+  EXPECT_EQ(v->dl_tensor.device.device_type, kDLCPU);
+  EXPECT_EQ(v->dl_tensor.dtype.code, kDLFloat);
+  EXPECT_EQ(v->dl_tensor.dtype.bits, 16);
+  ASSERT_EQ(v->dl_tensor.ndim, 2);
+  EXPECT_EQ(v->dl_tensor.shape[0], 300);
+  EXPECT_EQ(v->dl_tensor.shape[1], 1024);
+  EXPECT_EQ(v->dl_tensor.strides[0], 1024);
+  EXPECT_EQ(std::memcmp(v->dl_tensor.data, tensors[6].bytes.data(), tensors[6].bytes.size()), 0);
+  EXPECT_EQ(legacy->dl_tensor.dtype.code, kDLBfloat);
+  EXPECT_EQ(std::memcmp(legacy->dl_tensor.data, tensors[2].bytes.data(), tensors[2].bytes.size()), 0);
+  v->deleter(v);
+  legacy->deleter(legacy);
+}
+
+// Fault injection: wraps the real engine to fail or to change the file.
+class FaultEngine : public ReadEngine {
+ public:
+  FaultEngine(std::unique_ptr<ReadEngine> inner, std::function<Status(size_t)> before_op)
+      : inner_(std::move(inner)), before_op_(std::move(before_op)) {}
+  Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
+    // Run ops one at a time so the fault lands between reads.
+    for (size_t i = 0; i < ops.size(); ++i) {
+      Status st = before_op_(i);
+      if (!st.ok()) return ops[i].path ? st.WithContext(*ops[i].path) : st;
+      TL_RETURN_IF_ERROR(inner_->Run(ops.subspan(i, 1), progress));
+    }
+    return Status::Ok();
+  }
+
+ private:
+  std::unique_ptr<ReadEngine> inner_;
+  std::function<Status(size_t)> before_op_;
+};
+
+class LoaderFaultTest : public ::testing::TestWithParam<IoMode> {
+ protected:
+  void SetUp() override {
+    path_ = dir_.File("m.safetensors");
+    WriteRaw(path_, MixedTensors(9), 2);
+  }
+  Result<LoadedCheckpoint> LoadWithFault(std::function<Status(size_t)> before_op) {
+    auto ckpt = Checkpoint::Open(path_);
+    if (!ckpt.ok()) return ckpt.status();
+    LoadOptions opts;
+    opts.mode = GetParam();
+    opts.block_size = 4096;
+    return LoadWithEngineWrapper(*ckpt, opts, [&](std::unique_ptr<ReadEngine> e) {
+      return std::make_unique<FaultEngine>(std::move(e), before_op);
+    });
+  }
+  TempDir dir_;
+  std::string path_;
+};
+
+TEST_P(LoaderFaultTest, ReadErrorFailsTheLoad) {
+  auto got = LoadWithFault([](size_t i) { return i == 0 ? IOError("read: Input/output error") : Status::Ok(); });
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kIOError);
+  EXPECT_THAT(got.status().message(), HasSubstr(path_));
+  EXPECT_THAT(got.status().message(), HasSubstr("Input/output error"));
+}
+
+TEST_P(LoaderFaultTest, FileTruncatedDuringTheLoad) {
+  auto got = LoadWithFault([&](size_t i) {
+    if (i == 0) {
+      EXPECT_EQ(::truncate(path_.c_str(), 100), 0);
+    }
+    return Status::Ok();
+  });
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(got.status().message(), HasSubstr(path_));
+}
+
+TEST_P(LoaderFaultTest, FileReplacedDuringTheLoad) {
+  auto got = LoadWithFault([&](size_t i) {
+    if (i == 0) {
+      std::string other = dir_.File("other.safetensors");
+      WriteRaw(other, MixedTensors(9), 2);
+      EXPECT_EQ(::rename(other.c_str(), path_.c_str()), 0);
+    }
+    return Status::Ok();
+  });
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(got.status().message(), HasSubstr("replaced"));
+}
+
+TEST_P(LoaderFaultTest, FileModifiedAfterItsHeaderWasRead) {
+  auto ckpt = Checkpoint::Open(path_);
+  ASSERT_TRUE(ckpt.ok());
+  ASSERT_EQ(::truncate(path_.c_str(), 200), 0);
+  LoadOptions opts;
+  opts.mode = GetParam();
+  auto got = Load(*ckpt, opts);
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(got.status().message(), HasSubstr("changed after its header was read"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LoaderFaultTest,
+                         ::testing::Values(IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap));
+
+TEST(LoaderTest, MissingFileAndNoPermission) {
+  auto got = Load("/nonexistent/model.safetensors");
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(got.status().message(), HasSubstr("/nonexistent/model.safetensors"));
+
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteRaw(path, MixedTensors(1));
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+  ASSERT_EQ(::chmod(path.c_str(), 0), 0);
+  if (::geteuid() == 0) GTEST_SKIP() << "running as root: permission bits are not enforced";
+  auto denied = Load(*ckpt);
+  ASSERT_FALSE(denied.ok());
+  EXPECT_EQ(denied.status().code(), StatusCode::kPermissionDenied);
+  EXPECT_THAT(denied.status().message(), HasSubstr(path));
+}
+
+TEST(LoaderTest, DirectOnAFilesystemWithoutODirectFallsBack) {
+  if (::access("/dev/shm", W_OK) != 0) GTEST_SKIP() << "no writable /dev/shm";
+  char tmpl[] = "/dev/shm/tl_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string path = std::string(tmpl) + "/m.safetensors";
+  auto tensors = MixedTensors(2);
+  WriteRaw(path, tensors, 1);
+  LoadOptions opts;
+  opts.mode = IoMode::kDirect;
+  auto got = Load(path, opts);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  std::map<std::string, RawTensor> want;
+  for (auto& t : tensors) want[t.name] = t;
+  ExpectSameAsFile(want, *got, "shm");
+  if (got->files()[0].mode == IoMode::kBuffered) {
+    EXPECT_THAT(got->files()[0].reason, HasSubstr("O_DIRECT"));
+  }
+  std::filesystem::remove_all(tmpl);
+}
+
+TEST(LoaderTest, ParseModeAndEngineNames) {
+  EXPECT_EQ(*ParseIoMode("direct"), IoMode::kDirect);
+  EXPECT_EQ(*ParseIoEngine("uring"), IoEngine::kUring);
+  EXPECT_FALSE(ParseIoMode("fast").ok());
+  EXPECT_FALSE(ParseIoEngine("").ok());
+}
+
+}  // namespace
+}  // namespace tensorlift

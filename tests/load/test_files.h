@@ -1,0 +1,86 @@
+// Helpers that write safetensors files for the loader tests, including ones
+// the reference writer never produces (odd header sizes, misaligned tensors).
+#ifndef TENSORLIFT_TESTS_LOAD_TEST_FILES_H_
+#define TENSORLIFT_TESTS_LOAD_TEST_FILES_H_
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tensorlift/dtype.h"
+
+namespace tensorlift::testing {
+
+struct RawTensor {
+  std::string name;
+  Dtype dtype;
+  std::vector<uint64_t> shape;
+  std::vector<uint8_t> bytes;  // Exactly dtype x shape.
+};
+
+inline uint64_t NumBytes(Dtype d, const std::vector<uint64_t>& shape) {
+  uint64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n * DtypeBits(d) / 8;
+}
+
+inline RawTensor Random(std::string name, Dtype d, std::vector<uint64_t> shape, uint32_t seed) {
+  RawTensor t{std::move(name), d, std::move(shape), {}};
+  t.bytes.resize(NumBytes(d, t.shape));
+  std::mt19937 rng(seed);
+  for (auto& b : t.bytes) b = static_cast<uint8_t>(rng());
+  return t;
+}
+
+// Writes the tensors in the given order, contiguous, with `lead_spaces` of
+// JSON whitespace before the header object (to make any header size) and no
+// padding: the data section starts at 8 + N for whatever N results.
+inline void WriteRaw(const std::string& path, const std::vector<RawTensor>& tensors, size_t lead_spaces = 0) {
+  std::string json(lead_spaces, ' ');
+  json += "{";
+  uint64_t off = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (i) json += ",";
+    json += "\"" + t.name + "\":{\"dtype\":\"" + std::string(DtypeName(t.dtype)) + "\",\"shape\":[";
+    for (size_t d = 0; d < t.shape.size(); ++d) json += (d ? "," : "") + std::to_string(t.shape[d]);
+    json += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + t.bytes.size()) + "]}";
+    off += t.bytes.size();
+  }
+  json += "}";
+  FILE* f = std::fopen(path.c_str(), "wb");
+  uint64_t n = json.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  std::fwrite(len, 1, 8, f);
+  std::fwrite(json.data(), 1, json.size(), f);
+  for (const auto& t : tensors) std::fwrite(t.bytes.data(), 1, t.bytes.size(), f);
+  std::fclose(f);
+}
+
+// A fresh directory under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "tl_test_XXXXXX").string();
+    path_ = ::mkdtemp(tmpl.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace tensorlift::testing
+
+#endif  // TENSORLIFT_TESTS_LOAD_TEST_FILES_H_
