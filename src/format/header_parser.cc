@@ -134,8 +134,9 @@ std::string_view TypeName(simdjson::dom::element_type t) {
   return "a value";
 }
 
-// Reads a JSON integer in [0, 2^64). `what` names it for messages.
-Status GetU64(simdjson::dom::element el, const std::string& what, uint64_t* out) {
+// Reads a JSON integer in [0, 2^64). `name` (the tensor) and `what` (the
+// field) name it in messages, which are built only on failure.
+Status GetU64(simdjson::dom::element el, std::string_view name, const char* what, uint64_t* out) {
   using simdjson::dom::element_type;
   switch (el.type()) {
     case element_type::UINT64:
@@ -143,13 +144,16 @@ Status GetU64(simdjson::dom::element el, const std::string& what, uint64_t* out)
       return Status::Ok();
     case element_type::INT64: {
       int64_t v = As<int64_t>(el);
-      if (v < 0) return JsonError(what + " must be a non-negative integer, found a negative number");
-      *out = static_cast<uint64_t>(v);
-      return Status::Ok();
+      if (v >= 0) {
+        *out = static_cast<uint64_t>(v);
+        return Status::Ok();
+      }
+      return JsonError("tensor " + QuoteName(name) + ": " + what +
+                       " must be a non-negative integer, found a negative number");
     }
     default:
-      return JsonError(what + " must be a non-negative integer, found " +
-                       std::string(TypeName(el.type())));
+      return JsonError("tensor " + QuoteName(name) + ": " + what +
+                       " must be a non-negative integer, found " + std::string(TypeName(el.type())));
   }
 }
 
@@ -192,59 +196,60 @@ Status HeaderParser::ParseMetadata(simdjson::dom::element value, std::optional<M
 Status HeaderParser::ParseTensor(std::string_view name, simdjson::dom::element value,
                                  TensorInfo* t) {
   using simdjson::dom::element_type;
-  const std::string who = "tensor " + QuoteName(name);
+  // Messages are built only on failure.
+  auto who = [&] { return "tensor " + QuoteName(name); };
   if (value.type() != element_type::OBJECT) {
-    return JsonError(who + ": expected an object, found " + std::string(TypeName(value.type())));
+    return JsonError(who() + ": expected an object, found " + std::string(TypeName(value.type())));
   }
   t->name.assign(name);
   bool has_dtype = false, has_shape = false, has_offsets = false;
   for (auto field : As<simdjson::dom::object>(value)) {
     if (field.key == "dtype") {
-      if (has_dtype) return JsonError(who + ": duplicate field `dtype`");
+      if (has_dtype) return JsonError(who() + ": duplicate field `dtype`");
       has_dtype = true;
       if (field.value.type() != element_type::STRING) {
-        return JsonError(who + ": dtype must be a string, found " +
+        return JsonError(who() + ": dtype must be a string, found " +
                          std::string(TypeName(field.value.type())));
       }
       std::string_view s = As<std::string_view>(field.value);
       auto d = DtypeFromName(s);
-      if (!d) return JsonError(who + ": unknown dtype " + QuoteName(s));
+      if (!d) return JsonError(who() + ": unknown dtype " + QuoteName(s));
       t->dtype = *d;
     } else if (field.key == "shape") {
-      if (has_shape) return JsonError(who + ": duplicate field `shape`");
+      if (has_shape) return JsonError(who() + ": duplicate field `shape`");
       has_shape = true;
       if (field.value.type() != element_type::ARRAY) {
-        return JsonError(who + ": shape must be an array, found " +
+        return JsonError(who() + ": shape must be an array, found " +
                          std::string(TypeName(field.value.type())));
       }
       for (auto dim : As<simdjson::dom::array>(field.value)) {
         uint64_t v;
-        TL_RETURN_IF_ERROR(GetU64(dim, who + ": shape entry", &v));
+        TL_RETURN_IF_ERROR(GetU64(dim, name, "shape entry", &v));
         t->shape.push_back(v);
       }
     } else if (field.key == "data_offsets") {
-      if (has_offsets) return JsonError(who + ": duplicate field `data_offsets`");
+      if (has_offsets) return JsonError(who() + ": duplicate field `data_offsets`");
       has_offsets = true;
       if (field.value.type() != element_type::ARRAY) {
-        return JsonError(who + ": data_offsets must be an array of 2 integers, found " +
+        return JsonError(who() + ": data_offsets must be an array of 2 integers, found " +
                          std::string(TypeName(field.value.type())));
       }
       auto arr = As<simdjson::dom::array>(field.value);
       size_t count = arr.size();
       if (count != 2) {
-        return JsonError(who + ": data_offsets must have exactly 2 elements, found " +
+        return JsonError(who() + ": data_offsets must have exactly 2 elements, found " +
                          std::to_string(count));
       }
       auto it = arr.begin();
-      TL_RETURN_IF_ERROR(GetU64(*it, who + ": data_offsets begin", &t->begin));
+      TL_RETURN_IF_ERROR(GetU64(*it, name, "data_offsets begin", &t->begin));
       ++it;
-      TL_RETURN_IF_ERROR(GetU64(*it, who + ": data_offsets end", &t->end));
+      TL_RETURN_IF_ERROR(GetU64(*it, name, "data_offsets end", &t->end));
     }
     // Unknown fields are ignored, as in the reference.
   }
-  if (!has_dtype) return JsonError(who + ": missing field `dtype`");
-  if (!has_shape) return JsonError(who + ": missing field `shape`");
-  if (!has_offsets) return JsonError(who + ": missing field `data_offsets`");
+  if (!has_dtype) return JsonError(who() + ": missing field `dtype`");
+  if (!has_shape) return JsonError(who() + ": missing field `shape`");
+  if (!has_offsets) return JsonError(who() + ": missing field `data_offsets`");
   return Status::Ok();
 }
 
@@ -277,7 +282,9 @@ Result<Header> HeaderParser::ParseJson(char* json, uint64_t n, uint64_t file_siz
   h.header_size_ = n;
   bool has_metadata = false;
   auto object = As<simdjson::dom::object>(root);
-  h.tensors_.reserve(object.size());
+  // A tensor entry takes at least 48 bytes of JSON: never reserve more
+  // entries than the header could hold, whatever its key count.
+  h.tensors_.reserve(std::min<size_t>(object.size(), n / 48 + 1));
   for (auto field : object) {
     if (field.key == "__metadata__") {
       if (has_metadata) return JsonError("duplicate field `__metadata__`");
@@ -295,8 +302,9 @@ Result<Header> HeaderParser::ParseJson(char* json, uint64_t n, uint64_t file_siz
   // last silently; two readers disagreeing about a file is a vulnerability).
   h.by_name_.resize(h.tensors_.size());
   for (uint32_t i = 0; i < h.by_name_.size(); ++i) h.by_name_[i] = i;
-  std::sort(h.by_name_.begin(), h.by_name_.end(),
-            [&](uint32_t a, uint32_t b) { return h.tensors_[a].name < h.tensors_[b].name; });
+  // stable_sort: std::sort degrades to heapsort on some real name orders.
+  std::stable_sort(h.by_name_.begin(), h.by_name_.end(),
+                   [&](uint32_t a, uint32_t b) { return h.tensors_[a].name < h.tensors_[b].name; });
   for (size_t i = 1; i < h.by_name_.size(); ++i) {
     if (h.tensors_[h.by_name_[i]].name == h.tensors_[h.by_name_[i - 1]].name) {
       return FormatError("DuplicateTensor", "tensor " + QuoteName(h.tensors_[h.by_name_[i]].name) +
@@ -320,13 +328,14 @@ Status HeaderParser::Validate(Header& h, uint64_t file_size) {
   bool first = true;
   for (uint32_t idx : order) {
     TensorInfo& t = h.tensors_[idx];
-    const std::string who = "tensor " + QuoteName(t.name);
-    const std::string range =
-        "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
-    if (t.end < t.begin) return FormatError("InvalidOffset", who + ": " + range + " end before they begin");
+    auto who = [&] { return "tensor " + QuoteName(t.name); };
+    auto range = [&] {
+      return "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
+    };
+    if (t.end < t.begin) return FormatError("InvalidOffset", who() + ": " + range() + " end before they begin");
     if (t.begin != start) {
       return FormatError("InvalidOffset",
-                         who + ": " + range +
+                         who() + ": " + range() +
                              (first ? std::string(" do not start at 0, the first byte of the data")
                                     : " do not start where the previous tensor ended (" +
                                           std::to_string(start) + ")"));
@@ -338,28 +347,28 @@ Status HeaderParser::Validate(Header& h, uint64_t file_size) {
     for (uint64_t d : t.shape) {
       if (!CheckedMul(nel, d, &nel)) {
         return FormatError("ValidationOverflow",
-                           who + ": the element count of shape " + ShapeString(t.shape) +
+                           who() + ": the element count of shape " + ShapeString(t.shape) +
                                " overflows 64 bits");
       }
     }
     uint64_t nbits;
     const int bits = DtypeBits(t.dtype);
     if (!CheckedMul(nel, static_cast<uint64_t>(bits), &nbits)) {
-      return FormatError("ValidationOverflow", who + ": " + std::to_string(nel) + " elements of " +
+      return FormatError("ValidationOverflow", who() + ": " + std::to_string(nel) + " elements of " +
                                                    std::string(DtypeName(t.dtype)) +
                                                    " overflow 64 bits");
     }
     if (nbits % 8 != 0) {
       return FormatError("MisalignedSlice",
-                         who + ": " + std::to_string(nel) + " elements of " +
+                         who() + ": " + std::to_string(nel) + " elements of " +
                              std::string(DtypeName(t.dtype)) + " are " + std::to_string(nbits) +
                              " bits, not a whole number of bytes");
     }
     if (nbits / 8 != t.end - t.begin) {
       return FormatError("TensorInvalidInfo",
-                         who + ": " + std::string(DtypeName(t.dtype)) + " " +
+                         who() + ": " + std::string(DtypeName(t.dtype)) + " " +
                              ShapeString(t.shape) + " needs " + std::to_string(nbits / 8) +
-                             " bytes but " + range + " hold " + std::to_string(t.end - t.begin));
+                             " bytes but " + range() + " hold " + std::to_string(t.end - t.begin));
     }
     t.num_elements = nel;
   }

@@ -278,12 +278,10 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   }
   for (auto& job : jobs) std::sort(job.wanted.begin(), job.wanted.end());
 
-  uint64_t total = 0;
   for (auto& job : jobs) {
     if (job.wanted.empty()) continue;
     Status st = OpenJob(job, options);
     if (!st.ok()) return st.WithContext(job.shard->path);
-    total += job.plan.tensor_bytes;
   }
 
   // Direct and buffered reads go to their own engines (see MakeEngine).

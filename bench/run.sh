@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The benchmarks behind `make bench`: bench/run.sh [header_bench.py flags...]
+# Builds what they need in the build directory (TL_BUILD_DIR, default build/) and
+# runs them with the project's Python environment. Results go to bench/out/.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${TL_BUILD_DIR:-$root/build}
+cd "$root"
+cmake --build "$build" --target tl_header_bench -j 2 > "$build/bench-build.log" 2>&1 \
+  || { cat "$build/bench-build.log"; echo "bench: building tl_header_bench failed" >&2; exit 1; }
+.venv/bin/python bench/header_bench.py --build "$build" "$@"
