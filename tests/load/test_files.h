@@ -59,7 +59,9 @@ inline void WriteRaw(const std::string& path, const std::vector<RawTensor>& tens
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
   std::fwrite(len, 1, 8, f);
   std::fwrite(json.data(), 1, json.size(), f);
-  for (const auto& t : tensors) std::fwrite(t.bytes.data(), 1, t.bytes.size(), f);
+  for (const auto& t : tensors) {
+    if (!t.bytes.empty()) std::fwrite(t.bytes.data(), 1, t.bytes.size(), f);
+  }
   std::fclose(f);
 }
 
