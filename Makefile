@@ -9,6 +9,7 @@ setup:
 
 build: setup
 	@bash scripts/build.sh build
+	@bash scripts/install_python.sh
 
 test: setup
 	@bash scripts/test.sh

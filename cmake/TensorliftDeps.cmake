@@ -33,15 +33,17 @@ endif()
 # lacks DLManagedTensorVersioned; the apache-tvm-ffi wheel (the DLPack
 # maintainers' FFI project) ships the current header, installed into the venv
 # by scripts/setup.sh. TENSORLIFT_DLPACK_INCLUDE_DIR overrides.
-set(_tl_venv_python "${PROJECT_SOURCE_DIR}/.venv/bin/python")
-if(NOT TENSORLIFT_DLPACK_INCLUDE_DIR AND EXISTS "${_tl_venv_python}")
+foreach(_tl_py IN ITEMS "${Python_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/.venv/bin/python")
+  if(TENSORLIFT_DLPACK_INCLUDE_DIR OR NOT _tl_py OR NOT EXISTS "${_tl_py}")
+    continue()
+  endif()
   execute_process(
-    COMMAND "${_tl_venv_python}" -c "import os, tvm_ffi; print(os.path.join(os.path.dirname(tvm_ffi.__file__), 'include'))"
+    COMMAND "${_tl_py}" -c "import os, tvm_ffi; print(os.path.join(os.path.dirname(tvm_ffi.__file__), 'include'))"
     OUTPUT_VARIABLE _tl_dlpack_dir OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
   if(EXISTS "${_tl_dlpack_dir}/dlpack/dlpack.h")
     set(TENSORLIFT_DLPACK_INCLUDE_DIR "${_tl_dlpack_dir}" CACHE PATH "Directory holding dlpack/dlpack.h (1.x)")
   endif()
-endif()
+endforeach()
 if(NOT TENSORLIFT_DLPACK_INCLUDE_DIR)
   message(FATAL_ERROR "dlpack/dlpack.h (DLPack 1.x) not found: run scripts/setup.sh, or set TENSORLIFT_DLPACK_INCLUDE_DIR")
 endif()

@@ -8,6 +8,7 @@ cd "$root"
 
 echo "== build"
 bash scripts/build.sh build
+bash scripts/install_python.sh
 echo "== C++ tests"
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
@@ -19,4 +20,4 @@ echo "== fuzz (bounded)"
 bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
 
 echo "== Python tests"
-TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python
+TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python python/tests

@@ -140,9 +140,12 @@ class LoadedCheckpoint {
 
   // New DLPack tensors over `name`'s bytes (no copy). The caller owns the
   // result and must call its deleter; the buffer stays alive until then, even
-  // after this LoadedCheckpoint is gone.
-  Result<DLManagedTensorVersioned*> ToDLPackVersioned(std::string_view name) const;
-  Result<DLManagedTensor*> ToDLPack(std::string_view name) const;
+  // after this LoadedCheckpoint is gone. With `raw_bytes` the tensor is the
+  // 1-D uint8 array of its bytes (for consumers that lack its dtype, and for
+  // bindings that apply their own dtype mapping).
+  Result<DLManagedTensorVersioned*> ToDLPackVersioned(std::string_view name,
+                                                      bool raw_bytes = false) const;
+  Result<DLManagedTensor*> ToDLPack(std::string_view name, bool raw_bytes = false) const;
 
   // Bytes of host memory this checkpoint's buffers hold now.
   uint64_t buffer_bytes() const;

@@ -43,12 +43,12 @@ struct ExportContext {
 };
 
 template <typename Managed>
-void FillTensor(Managed* m, ExportContext* ctx, const LoadedTensor& t) {
+void FillTensor(Managed* m, ExportContext* ctx, const LoadedTensor& t, bool raw_bytes) {
   DLTensor& dl = m->dl_tensor;
   dl.data = t.data;
   dl.device = {kDLCPU, 0};
   dl.ndim = static_cast<int32_t>(ctx->shape.size());
-  dl.dtype = ToDLDataType(t.dtype);
+  dl.dtype = raw_bytes ? DLDataType{kDLUInt, 8, 1} : ToDLDataType(t.dtype);
   dl.shape = ctx->shape.data();
   dl.strides = ctx->strides.data();
   dl.byte_offset = 0;
@@ -57,18 +57,22 @@ void FillTensor(Managed* m, ExportContext* ctx, const LoadedTensor& t) {
 
 Result<std::pair<const LoadedTensor*, ExportContext*>> MakeContext(
     const LoadedCheckpoint& ckpt, const std::vector<std::shared_ptr<Buffer>>& owners,
-    std::string_view name) {
+    std::string_view name, bool raw_bytes) {
   const LoadedTensor* t = ckpt.Find(name);
   if (t == nullptr) return NotFoundError("no loaded tensor named " + QuoteName(name));
-  auto* ctx = new (std::nothrow) ExportContext{owners[t - ckpt.tensors().data()], t->shape, t->strides};
+  auto* ctx = raw_bytes ? new (std::nothrow) ExportContext{owners[t - ckpt.tensors().data()],
+                                                           {static_cast<int64_t>(t->nbytes)}, {1}}
+                        : new (std::nothrow) ExportContext{owners[t - ckpt.tensors().data()],
+                                                           t->shape, t->strides};
   if (ctx == nullptr) return ResourceExhaustedError("out of memory");
   return std::make_pair(t, ctx);
 }
 
 }  // namespace
 
-Result<DLManagedTensorVersioned*> LoadedCheckpoint::ToDLPackVersioned(std::string_view name) const {
-  TL_ASSIGN_OR_RETURN(auto tc, MakeContext(*this, owners_->buffers, name));
+Result<DLManagedTensorVersioned*> LoadedCheckpoint::ToDLPackVersioned(std::string_view name,
+                                                                      bool raw_bytes) const {
+  TL_ASSIGN_OR_RETURN(auto tc, MakeContext(*this, owners_->buffers, name, raw_bytes));
   auto* m = new (std::nothrow) DLManagedTensorVersioned{};
   if (m == nullptr) {
     delete tc.second;
@@ -76,7 +80,7 @@ Result<DLManagedTensorVersioned*> LoadedCheckpoint::ToDLPackVersioned(std::strin
   }
   m->version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
   m->flags = 0;  // Writable, not a copy.
-  FillTensor(m, tc.second, *tc.first);
+  FillTensor(m, tc.second, *tc.first, raw_bytes);
   m->deleter = [](DLManagedTensorVersioned* self) {
     delete static_cast<ExportContext*>(self->manager_ctx);
     delete self;
@@ -84,14 +88,14 @@ Result<DLManagedTensorVersioned*> LoadedCheckpoint::ToDLPackVersioned(std::strin
   return m;
 }
 
-Result<DLManagedTensor*> LoadedCheckpoint::ToDLPack(std::string_view name) const {
-  TL_ASSIGN_OR_RETURN(auto tc, MakeContext(*this, owners_->buffers, name));
+Result<DLManagedTensor*> LoadedCheckpoint::ToDLPack(std::string_view name, bool raw_bytes) const {
+  TL_ASSIGN_OR_RETURN(auto tc, MakeContext(*this, owners_->buffers, name, raw_bytes));
   auto* m = new (std::nothrow) DLManagedTensor{};
   if (m == nullptr) {
     delete tc.second;
     return ResourceExhaustedError("out of memory");
   }
-  FillTensor(m, tc.second, *tc.first);
+  FillTensor(m, tc.second, *tc.first, raw_bytes);
   m->deleter = [](DLManagedTensor* self) {
     delete static_cast<ExportContext*>(self->manager_ctx);
     delete self;

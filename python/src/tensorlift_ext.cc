@@ -1,0 +1,324 @@
+// tensorlift._tensorlift: the nanobind extension. Bindings only: it uses the
+// public C++ API and converts Status codes to Python exceptions in one place
+// (Raise). The pure-Python package (python/tensorlift) builds the safetensors-
+// and fastsafetensors-compatible APIs on top.
+//
+// Buffers reach Python only as DLPack capsules that own a reference to their
+// arena, so a tensor stays valid until the last consumer drops it.
+#include <Python.h>
+#include <dlpack/dlpack.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/safetensors.h"
+#include "tensorlift/version.h"
+
+namespace nb = nanobind;
+using namespace tensorlift;
+
+namespace {
+
+PyObject* g_format_error = nullptr;
+
+[[noreturn]] void Raise(const Status& st) {
+  PyObject* type = PyExc_RuntimeError;
+  switch (st.code()) {
+    case StatusCode::kCorruption: type = g_format_error; break;
+    case StatusCode::kNotFound: type = PyExc_FileNotFoundError; break;
+    case StatusCode::kPermissionDenied: type = PyExc_PermissionError; break;
+    case StatusCode::kIOError: type = PyExc_OSError; break;
+    case StatusCode::kInvalidArgument: type = PyExc_ValueError; break;
+    case StatusCode::kOutOfRange: type = PyExc_IndexError; break;
+    case StatusCode::kResourceExhausted: type = PyExc_MemoryError; break;
+    case StatusCode::kUnimplemented: type = PyExc_NotImplementedError; break;
+    case StatusCode::kUnavailable: type = PyExc_ConnectionError; break;
+    default: break;
+  }
+  PyErr_SetString(type, st.message().c_str());
+  throw nb::python_error();
+}
+
+template <typename T>
+T Unwrap(Result<T> r) {
+  if (!r.ok()) Raise(r.status());
+  return std::move(r).value();
+}
+
+nb::object MetadataToPy(const std::optional<Metadata>& m) {
+  if (!m) return nb::none();
+  nb::dict d;
+  for (const auto& [k, v] : *m) d[nb::str(k.data(), k.size())] = nb::str(v.data(), v.size());
+  return d;
+}
+
+nb::str Str(std::string_view s) { return nb::str(s.data(), s.size()); }
+
+nb::tuple TensorTuple(const TensorInfo& t) {
+  nb::list shape;
+  for (uint64_t d : t.shape) shape.append(d);
+  return nb::make_tuple(Str(t.name), Str(DtypeName(t.dtype)), nb::tuple(shape), t.begin, t.end);
+}
+
+// (name, dtype, shape, data_ptr, nbytes) tuples from Python -> TensorViews.
+std::vector<TensorView> ToViews(const std::vector<std::tuple<std::string, std::string, std::vector<uint64_t>,
+                                                              uintptr_t, uint64_t>>& specs) {
+  std::vector<TensorView> views;
+  views.reserve(specs.size());
+  for (const auto& [name, dtype, shape, ptr, len] : specs) {
+    auto d = DtypeFromName(dtype);
+    if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + name + "'"));
+    if (len > 0 && ptr == 0) Raise(InvalidArgumentError("tensor '" + name + "' has no data pointer"));
+    views.push_back({name, *d, shape,
+                     std::span<const std::byte>(reinterpret_cast<const std::byte*>(ptr), len)});
+  }
+  return views;
+}
+
+std::optional<Metadata> ToMetadata(const std::optional<nb::dict>& md) {
+  if (!md) return std::nullopt;
+  Metadata m;
+  for (auto [k, v] : *md) {
+    if (!nb::isinstance<nb::str>(k) || !nb::isinstance<nb::str>(v)) {
+      Raise(InvalidArgumentError("metadata keys and values must be strings"));
+    }
+    m[nb::cast<std::string>(k)] = nb::cast<std::string>(v);
+  }
+  return m;
+}
+
+// A DLPack capsule that runs the deleter unless a consumer took it (and
+// renamed it "used_...", as the protocol says).
+template <typename Managed>
+nb::object MakeCapsule(Managed* m, const char* name) {
+  PyCapsule_Destructor dtor = [](PyObject* cap) {
+    const char* n = std::is_same_v<Managed, DLManagedTensorVersioned> ? "dltensor_versioned" : "dltensor";
+    if (PyCapsule_IsValid(cap, n)) {
+      auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(cap, n));
+      if (managed && managed->deleter) managed->deleter(managed);
+    }
+  };
+  PyObject* cap = PyCapsule_New(m, name, dtor);
+  if (cap == nullptr) {
+    m->deleter(m);
+    throw nb::python_error();
+  }
+  return nb::steal(cap);
+}
+
+struct PyCheckpoint {
+  std::shared_ptr<const Checkpoint> ckpt;
+};
+
+struct PyLoaded {
+  std::shared_ptr<const LoadedCheckpoint> loaded;
+  const LoadedCheckpoint& get() const {
+    if (!loaded) Raise(InvalidArgumentError("the loaded checkpoint was released"));
+    return *loaded;
+  }
+};
+
+PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>> names,
+                std::optional<std::string> regex, const std::string& mode, const std::string& engine,
+                int threads, int queue_depth, uint64_t block_size, std::optional<nb::object> progress) {
+  LoadOptions opts;
+  opts.mode = Unwrap(ParseIoMode(mode));
+  opts.engine = Unwrap(ParseIoEngine(engine));
+  opts.threads = threads;
+  opts.queue_depth = queue_depth;
+  opts.block_size = block_size;
+  if (names) opts.filter = TensorFilter::Names(std::move(*names));
+  if (regex) opts.filter = Unwrap(TensorFilter::Regex(*regex));
+  std::shared_ptr<nb::object> cb;
+  if (progress && !progress->is_none()) {
+    cb = std::make_shared<nb::object>(*progress);
+    opts.progress = [cb](const Progress& p) {
+      nb::gil_scoped_acquire gil;
+      try {
+        (*cb)(p.bytes_done, p.bytes_total, p.seconds);
+      } catch (nb::python_error& e) {
+        e.discard_as_unraisable("tensorlift progress callback");
+      }
+    };
+  }
+  Result<LoadedCheckpoint> r = InternalError("not run");
+  {
+    nb::gil_scoped_release nogil;
+    r = Load(*self.ckpt, opts);
+  }
+  cb.reset();
+  return PyLoaded{std::make_shared<const LoadedCheckpoint>(Unwrap(std::move(r)))};
+}
+
+}  // namespace
+
+NB_MODULE(_tensorlift, m) {
+  m.doc() = "tensorlift's C++ core (use the tensorlift package, not this module)";
+  m.attr("__version__") = kVersion;
+
+  static nb::object format_error = nb::steal(
+      PyErr_NewExceptionWithDoc("tensorlift.FormatError",
+                                "A file breaks the safetensors format (the message names the rule).",
+                                PyExc_ValueError, nullptr));
+  g_format_error = format_error.ptr();
+  m.attr("FormatError") = format_error;
+
+  nb::class_<PyCheckpoint>(m, "Checkpoint")
+      .def_static(
+          "open",
+          [](const std::string& path) {
+            return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(Checkpoint::Open(path)))};
+          },
+          nb::arg("path"), "Opens a file, an index or a directory and validates every header.")
+      .def_prop_ro("path", [](const PyCheckpoint& s) { return s.ckpt->path(); })
+      .def("tensors",
+           [](const PyCheckpoint& s) {
+             nb::list out;
+             for (auto loc : s.ckpt->tensors()) {
+               nb::tuple t = TensorTuple(s.ckpt->info(loc));
+               out.append(nb::make_tuple(t[0], t[1], t[2], t[3], t[4], loc.shard));
+             }
+             return out;
+           },
+           "(name, dtype, shape, begin, end, shard) in name order.")
+      .def("shard_tensors",
+           [](const PyCheckpoint& s, size_t shard) {
+             if (shard >= s.ckpt->shards().size()) Raise(OutOfRangeError("no such shard"));
+             nb::list out;
+             for (const auto& t : s.ckpt->shards()[shard].header.tensors()) out.append(TensorTuple(t));
+             return out;
+           },
+           nb::arg("shard") = 0, "(name, dtype, shape, begin, end) of one shard, in file order.")
+      .def("shards",
+           [](const PyCheckpoint& s) {
+             std::vector<std::string> out;
+             for (const auto& sh : s.ckpt->shards()) out.push_back(sh.path);
+             return out;
+           })
+      .def("metadata",
+           [](const PyCheckpoint& s, size_t shard) {
+             if (shard >= s.ckpt->shards().size()) Raise(OutOfRangeError("no such shard"));
+             return MetadataToPy(s.ckpt->shards()[shard].header.metadata());
+           },
+           nb::arg("shard") = 0)
+      .def("data_offset",
+           [](const PyCheckpoint& s, size_t shard) {
+             if (shard >= s.ckpt->shards().size()) Raise(OutOfRangeError("no such shard"));
+             return s.ckpt->shards()[shard].header.data_offset();
+           },
+           nb::arg("shard") = 0)
+      .def("warnings", [](const PyCheckpoint& s) { return s.ckpt->warnings(); })
+      .def("load", &DoLoad, nb::arg("names") = nb::none(), nb::arg("regex") = nb::none(),
+           nb::arg("mode") = "auto", nb::arg("engine") = "auto", nb::arg("threads") = 0,
+           nb::arg("queue_depth") = 32, nb::arg("block_size") = uint64_t{8} << 20,
+           nb::arg("progress") = nb::none(),
+           "Loads the tensors (all, or those named, or matching regex); the GIL is released.");
+
+  nb::class_<PyLoaded>(m, "Loaded")
+      .def("names",
+           [](const PyLoaded& s) {
+             std::vector<std::string> out;
+             for (const auto& t : s.get().tensors()) out.push_back(t.name);
+             return out;
+           })
+      .def("info",
+           [](const PyLoaded& s, const std::string& name) {
+             const LoadedTensor* t = s.get().Find(name);
+             if (!t) {
+               PyErr_SetString(PyExc_KeyError, name.c_str());
+               throw nb::python_error();
+             }
+             return nb::make_tuple(Str(DtypeName(t->dtype)), nb::tuple(nb::cast(t->shape)), t->nbytes);
+           })
+      .def(
+          "dlpack",
+          [](const PyLoaded& s, const std::string& name, bool versioned, bool raw_bytes) {
+            if (!s.get().Find(name)) {
+              PyErr_SetString(PyExc_KeyError, name.c_str());
+              throw nb::python_error();
+            }
+            if (versioned) {
+              return MakeCapsule(Unwrap(s.get().ToDLPackVersioned(name, raw_bytes)), "dltensor_versioned");
+            }
+            return MakeCapsule(Unwrap(s.get().ToDLPack(name, raw_bytes)), "dltensor");
+          },
+          nb::arg("name"), nb::arg("versioned") = true, nb::arg("raw_bytes") = true,
+          "A DLPack capsule over the tensor's bytes (uint8 1-D when raw_bytes).")
+      .def("files",
+           [](const PyLoaded& s) {
+             nb::list out;
+             for (const auto& f : s.get().files()) {
+               nb::dict d;
+               d["path"] = f.path;
+               d["mode"] = Str(IoModeName(f.mode));
+               d["engine"] = Str(IoEngineName(f.engine));
+               d["reason"] = f.reason;
+               d["bytes"] = f.bytes;
+               d["tensors"] = f.tensors;
+               d["realigned"] = f.realigned;
+               out.append(d);
+             }
+             return out;
+           })
+      .def_prop_ro("total_bytes", [](const PyLoaded& s) { return s.get().total_bytes(); })
+      .def_prop_ro("seconds", [](const PyLoaded& s) { return s.get().seconds(); })
+      .def("release", [](PyLoaded& s) { s.loaded.reset(); },
+           "Drops this object's reference to the buffers (tensors handed out keep theirs).");
+
+  m.def(
+      "parse_header",
+      [](nb::bytes data) {
+        auto span = std::span<const std::byte>(static_cast<const std::byte*>(data.data()), data.size());
+        Header h = Unwrap(Header::Parse(span));
+        nb::list tensors;
+        for (const auto& t : h.tensors()) tensors.append(TensorTuple(t));
+        return nb::make_tuple(tensors, MetadataToPy(h.metadata()), h.data_offset());
+      },
+      nb::arg("data"), "Validates a whole file held in bytes: (tensors in file order, metadata, data_offset).");
+
+  using Spec = std::tuple<std::string, std::string, std::vector<uint64_t>, uintptr_t, uint64_t>;
+  m.def(
+      "serialize",
+      [](const std::vector<Spec>& specs, std::optional<nb::dict> metadata) {
+        auto views = ToViews(specs);
+        auto md = ToMetadata(metadata);
+        Result<std::vector<std::byte>> r = InternalError("not run");
+        {
+          nb::gil_scoped_release nogil;
+          r = Serialize(views, md);
+        }
+        auto bytes = Unwrap(std::move(r));
+        return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      },
+      nb::arg("tensors"), nb::arg("metadata") = nb::none(),
+      "tensors: (name, dtype, shape, data_ptr, nbytes); bytes identical to the reference writer's.");
+  m.def(
+      "serialize_file",
+      [](const std::vector<Spec>& specs, const std::string& path, std::optional<nb::dict> metadata) {
+        auto views = ToViews(specs);
+        auto md = ToMetadata(metadata);
+        Status st;
+        {
+          nb::gil_scoped_release nogil;
+          st = WriteFile(path, views, md);
+        }
+        if (!st.ok()) Raise(st);
+      },
+      nb::arg("tensors"), nb::arg("path"), nb::arg("metadata") = nb::none(),
+      "Writes through a temporary file renamed over `path`.");
+  m.def("dtype_bits", [](const std::string& d) {
+    auto dt = DtypeFromName(d);
+    if (!dt) Raise(InvalidArgumentError("unknown dtype '" + d + "'"));
+    return DtypeBits(*dt);
+  });
+}

@@ -1,0 +1,93 @@
+"""Turning the C++ core's loaded buffers into torch tensors and numpy arrays
+without copies (DLPack), and the fast path `tensorlift.load`."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _dtypes
+from ._tensorlift import Checkpoint, Loaded
+
+
+class _DLPackBytes:
+    """The raw bytes of one loaded tensor, offered through the DLPack protocol."""
+
+    __slots__ = ("_loaded", "_name")
+
+    def __init__(self, loaded: Loaded, name: str):
+        self._loaded = loaded
+        self._name = name
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        versioned = max_version is not None and max_version[0] >= 1
+        return self._loaded.dlpack(self._name, versioned=versioned, raw_bytes=True)
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU
+
+
+def tensor_from(loaded: Loaded, name: str, framework: str):
+    """A zero-copy tensor over `name`'s bytes in `loaded`, for "pt" or "np"."""
+    dtype, shape, _ = loaded.info(name)
+    raw = _DLPackBytes(loaded, name)
+    if framework in ("pt", "torch", "pytorch"):
+        import torch
+        return _dtypes.torch_view(torch.from_dlpack(raw), dtype, shape)
+    if framework in ("np", "numpy"):
+        return _dtypes.numpy_view(np.from_dlpack(raw), dtype, shape)
+    raise ValueError(f"tensorlift: unsupported framework {framework!r} (use 'pt' or 'np')")
+
+
+def _paths(paths) -> List[str]:
+    if isinstance(paths, (str, os.PathLike)):
+        return [os.fspath(paths)]
+    return [os.fspath(p) for p in paths]
+
+
+def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], device: str = "cpu",
+         framework: str = "pt", filter: Union[None, str, Iterable[str], Callable[[str], bool]] = None,
+         mode: str = "auto", threads: Optional[int] = None, progress: bool = False) -> Dict[str, object]:
+    """Loads tensors fast: returns name -> tensor, zero-copy over tensorlift's buffers.
+
+    paths: a .safetensors file, a model.safetensors.index.json, a directory of
+    shards, or a list of files. filter: a regex (str), a collection of names,
+    or a predicate on names. mode: auto | buffered | direct | mmap. progress:
+    a tqdm bar. The GIL is released while reading.
+    """
+    if device != "cpu":
+        raise NotImplementedError("tensorlift.load: only device='cpu' in this version")
+    out: Dict[str, object] = {}
+    bar = None
+    callback = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(unit="B", unit_scale=True, desc="tensorlift")
+
+        def callback(done, total, seconds):
+            if bar.total != total:
+                bar.total = total
+            bar.update(done - bar.n)
+    try:
+        for path in _paths(paths):
+            ckpt = Checkpoint.open(path)
+            names = None
+            regex = None
+            if isinstance(filter, str):
+                regex = filter
+            elif callable(filter):
+                names = [t[0] for t in ckpt.tensors() if filter(t[0])]
+            elif filter is not None:
+                names = list(filter)
+            loaded = ckpt.load(names=names, regex=regex, mode=mode, threads=threads or 0,
+                               progress=callback)
+            for name in loaded.names():
+                if name in out:
+                    raise ValueError(f"tensorlift.load: tensor {name!r} is in more than one of the files")
+                out[name] = tensor_from(loaded, name, framework)
+            loaded.release()
+    finally:
+        if bar is not None:
+            bar.close()
+    return out
