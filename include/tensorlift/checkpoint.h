@@ -34,6 +34,7 @@ class Checkpoint {
   struct Shard {
     std::string path;  // As opened (directory joined with the file name).
     Header header;
+    FileIdentity identity;  // The file as its header was read; Load checks it.
   };
   // Where a tensor lives.
   struct Location {
@@ -46,6 +47,8 @@ class Checkpoint {
   // *.safetensors.index.json) is opened through the index; otherwise all its
   // *.safetensors files are the shards. Errors name the file concerned.
   static Result<Checkpoint> Open(const std::string& path);
+  // Opens `path` as one safetensors file, whatever its name.
+  static Result<Checkpoint> OpenFile(const std::string& path);
 
   Kind kind() const { return kind_; }
   const std::string& path() const { return path_; }

@@ -50,6 +50,16 @@ struct TensorInfo {
   uint64_t nbytes() const { return end - begin; }
 };
 
+// Which file, in which state, a header was read from: a later reader compares
+// it with what it opens to detect a file changed or replaced in between.
+struct FileIdentity {
+  uint64_t device = 0;
+  uint64_t inode = 0;
+  uint64_t size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
+
 class Header {
  public:
   // Parses and validates a whole file held in memory.
@@ -59,8 +69,8 @@ class Header {
   static Result<Header> ParsePrefix(std::span<const std::byte> prefix, uint64_t file_size);
   // Opens `path`, reads only its header (bounded by kMaxHeaderSize and the file
   // size, checked before any allocation) and validates it. Errors start with
-  // the path.
-  static Result<Header> ReadFile(const std::string& path);
+  // the path. `identity`, if given, receives the file's identity as opened.
+  static Result<Header> ReadFile(const std::string& path, FileIdentity* identity = nullptr);
 
   // Tensors in file (data offset) order; ties keep the header's order.
   const std::vector<TensorInfo>& tensors() const { return tensors_; }

@@ -166,20 +166,35 @@ NB_MODULE(_tensorlift, m) {
   m.doc() = "tensorlift's C++ core (use the tensorlift package, not this module)";
   m.attr("__version__") = kVersion;
 
+  // SafetensorError: the common base of the errors about safetensors files
+  // and their use (as safetensors.SafetensorError is), so that code written
+  // for the reference can catch it. FormatError is also a ValueError.
+  static nb::object safetensor_error = nb::steal(PyErr_NewExceptionWithDoc(
+      "tensorlift.SafetensorError",
+      "Base of tensorlift's safetensors errors (FormatError, missing tensor, closed file).",
+      PyExc_Exception, nullptr));
+  if (!safetensor_error.is_valid()) throw nb::python_error();
+  m.attr("SafetensorError") = safetensor_error;
+  nb::object format_bases = nb::steal(PyTuple_Pack(2, PyExc_ValueError, safetensor_error.ptr()));
+  if (!format_bases.is_valid()) throw nb::python_error();
   static nb::object format_error = nb::steal(
       PyErr_NewExceptionWithDoc("tensorlift.FormatError",
                                 "A file breaks the safetensors format (the message names the rule).",
-                                PyExc_ValueError, nullptr));
+                                format_bases.ptr(), nullptr));
+  if (!format_error.is_valid()) throw nb::python_error();
   g_format_error = format_error.ptr();
   m.attr("FormatError") = format_error;
 
   nb::class_<PyCheckpoint>(m, "Checkpoint")
       .def_static(
           "open",
-          [](const std::string& path) {
-            return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(Checkpoint::Open(path)))};
+          [](const std::string& path, bool as_file) {
+            return PyCheckpoint{std::make_shared<const Checkpoint>(
+                Unwrap(as_file ? Checkpoint::OpenFile(path) : Checkpoint::Open(path)))};
           },
-          nb::arg("path"), "Opens a file, an index or a directory and validates every header.")
+          nb::arg("path"), nb::arg("as_file") = false,
+          "Opens a file, an index or a directory and validates every header (as_file: one "
+          ".safetensors file whatever its name).")
       .def_prop_ro("path", [](const PyCheckpoint& s) { return s.ckpt->path(); })
       .def("tensors",
            [](const PyCheckpoint& s) {

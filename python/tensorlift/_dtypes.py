@@ -64,9 +64,21 @@ def numpy_dtype(dtype: str) -> Optional[np.dtype]:
     return None
 
 
+_MAX_DIM = (1 << 63) - 1
+
+
+def _check_dims(shape: Sequence[int]) -> None:
+    """Frameworks index with int64: a (zero-size) tensor may have larger dimensions in the file."""
+    for d in shape:
+        if d > _MAX_DIM:
+            raise ValueError(f"tensorlift: shape {list(shape)} has a dimension above 2^63-1, "
+                             "which torch and numpy cannot represent")
+
+
 def torch_view(raw, dtype: str, shape: Sequence[int]):
     """A torch tensor of the right dtype/shape over `raw` (1-D uint8), no copy."""
     import torch
+    _check_dims(shape)
     tdt = torch_dtype(dtype)
     if dtype == "F4" and tdt is not None:
         if shape and shape[-1] % 2 == 0:
@@ -80,6 +92,7 @@ def torch_view(raw, dtype: str, shape: Sequence[int]):
 
 
 def numpy_view(raw: np.ndarray, dtype: str, shape: Sequence[int]) -> np.ndarray:
+    _check_dims(shape)
     ndt = numpy_dtype(dtype)
     if ndt is None:
         return raw.reshape(raw_shape(dtype, shape, raw.size))

@@ -61,6 +61,14 @@ Result<uint64_t> PosixFile::Size() const {
   return static_cast<uint64_t>(st.st_size);
 }
 
+Result<FileIdentity> PosixFile::Identity() const {
+  struct stat st;
+  if (::fstat(fd_, &st) != 0) return PosixError("fstat", errno);
+  return FileIdentity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                      static_cast<uint64_t>(st.st_size),
+                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
 Status PosixFile::ReadExactlyAt(uint64_t offset, void* buf, size_t n) const {
   return PreadFully(fd_, buf, n, offset);
 }

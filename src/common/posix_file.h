@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "tensorlift/safetensors.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift {
@@ -43,6 +44,8 @@ class PosixFile {
   int fd() const { return fd_; }
   // The size from fstat.
   Result<uint64_t> Size() const;
+  // Device, inode, size and modification time from fstat.
+  Result<FileIdentity> Identity() const;
   // Reads exactly `n` bytes at `offset`; a short file is OutOfRange.
   Status ReadExactlyAt(uint64_t offset, void* buf, size_t n) const;
   Status Close();

@@ -102,8 +102,9 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
     ckpt.kind_ = Kind::kDirectory;
     for (const auto& f : files) {
       std::string shard_path = Join(path, f);
-      TL_ASSIGN_OR_RETURN(Header h, Header::ReadFile(shard_path));
-      ckpt.shards_.push_back({shard_path, std::move(h)});
+      FileIdentity id;
+      TL_ASSIGN_OR_RETURN(Header h, Header::ReadFile(shard_path, &id));
+      ckpt.shards_.push_back({shard_path, std::move(h), id});
     }
     TL_RETURN_IF_ERROR(ckpt.IndexAllTensors());
     return ckpt;
@@ -114,9 +115,16 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
     TL_RETURN_IF_ERROR(ckpt.ReadIndex(path));
     return ckpt;
   }
+  return OpenFile(path);
+}
+
+Result<Checkpoint> Checkpoint::OpenFile(const std::string& path) {
+  Checkpoint ckpt;
+  ckpt.path_ = path;
   ckpt.kind_ = Kind::kFile;
-  TL_ASSIGN_OR_RETURN(Header h, Header::ReadFile(path));
-  ckpt.shards_.push_back({path, std::move(h)});
+  FileIdentity id;
+  TL_ASSIGN_OR_RETURN(Header h, Header::ReadFile(path, &id));
+  ckpt.shards_.push_back({path, std::move(h), id});
   TL_RETURN_IF_ERROR(ckpt.IndexAllTensors());
   return ckpt;
 }
@@ -189,7 +197,8 @@ Status Checkpoint::ReadIndex(const std::string& index_path) {
   const std::string dir = DirName(index_path);
   for (const auto& f : files) {
     std::string shard_path = Join(dir, f);
-    auto h = Header::ReadFile(shard_path);
+    FileIdentity id;
+    auto h = Header::ReadFile(shard_path, &id);
     if (!h.ok()) {
       Status s = h.status();
       if (s.code() == StatusCode::kNotFound) {
@@ -198,7 +207,7 @@ Status Checkpoint::ReadIndex(const std::string& index_path) {
       }
       return s;
     }
-    shards_.push_back({shard_path, std::move(h).value()});
+    shards_.push_back({shard_path, std::move(h).value(), id});
   }
 
   // Each tensor in exactly one shard, across all shards.

@@ -439,10 +439,12 @@ Result<Header> Header::Parse(std::span<const std::byte> file_bytes) {
   return ParsePrefix(file_bytes, file_bytes.size());
 }
 
-Result<Header> Header::ReadFile(const std::string& path) {
+Result<Header> Header::ReadFile(const std::string& path, FileIdentity* identity) {
   auto result = [&]() -> Result<Header> {
     TL_ASSIGN_OR_RETURN(PosixFile file, PosixFile::OpenForRead(path));
-    TL_ASSIGN_OR_RETURN(uint64_t size, file.Size());
+    TL_ASSIGN_OR_RETURN(FileIdentity id, file.Identity());
+    if (identity != nullptr) *identity = id;
+    const uint64_t size = id.size;
     std::byte len[8] = {};
     if (size >= 8) TL_RETURN_IF_ERROR(file.ReadExactlyAt(0, len, 8));
     TL_ASSIGN_OR_RETURN(uint64_t n, CheckLength(std::span(len, size >= 8 ? 8 : 0), size));

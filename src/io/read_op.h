@@ -47,6 +47,9 @@ class ReadEngine {
 };
 
 std::unique_ptr<ReadEngine> MakeThreadPoolEngine(int threads);
+// Reads on the calling thread, one op after another: no start-up cost, for
+// loads too small to gain from parallelism.
+std::unique_ptr<ReadEngine> MakeInlineEngine();
 // Fails with Unimplemented when io_uring is not built in or the kernel
 // refuses it (e.g. disabled by sysctl or seccomp).
 Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth);

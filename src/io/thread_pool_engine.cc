@@ -70,7 +70,23 @@ class ThreadPoolEngine final : public ReadEngine {
   int threads_;
 };
 
+class InlineEngine final : public ReadEngine {
+ public:
+  Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
+    OpReader reader;
+    for (const ReadOp& op : ops) {
+      Status st = reader.Read(op);
+      if (!st.ok()) return op.path ? st.WithContext(*op.path) : st;
+      progress->bytes_done.fetch_add(op.length, std::memory_order_relaxed);
+      if (progress->tick) progress->tick();
+    }
+    return Status::Ok();
+  }
+};
+
 }  // namespace
+
+std::unique_ptr<ReadEngine> MakeInlineEngine() { return std::make_unique<InlineEngine>(); }
 
 std::unique_ptr<ReadEngine> MakeThreadPoolEngine(int threads) {
   return std::make_unique<ThreadPoolEngine>(threads);

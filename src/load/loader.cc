@@ -112,18 +112,6 @@ int DefaultThreads() {
   return static_cast<int>(std::clamp<unsigned>(n == 0 ? 4 : n, 4, 16));
 }
 
-struct FileIdentity {
-  uint64_t size = 0;
-  int64_t mtime_ns = 0;
-  uint64_t dev = 0, ino = 0;
-};
-
-FileIdentity IdentityOf(const struct stat& st) {
-  return {static_cast<uint64_t>(st.st_size),
-          static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec,
-          static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-}
-
 // One file being loaded.
 struct FileJob {
   const Checkpoint::Shard* shard = nullptr;
@@ -140,13 +128,14 @@ struct FileJob {
 Status OpenJob(FileJob& job, const LoadOptions& options) {
   const Header& h = job.shard->header;
   TL_ASSIGN_OR_RETURN(job.buffered, PosixFile::OpenForRead(job.shard->path));
-  struct stat st;
-  if (::fstat(job.buffered.fd(), &st) != 0) return PosixError("fstat", errno);
-  job.identity = IdentityOf(st);
+  TL_ASSIGN_OR_RETURN(job.identity, job.buffered.Identity());
   if (job.identity.size != h.file_size()) {
     return CorruptionError("the file has " + std::to_string(job.identity.size) +
                            " bytes but its header says " + std::to_string(h.file_size()) +
                            ": it changed after its header was read");
+  }
+  if (job.identity != job.shard->identity) {
+    return CorruptionError("the file was modified or replaced after its header was read");
   }
   IoMode mode = options.mode;
   uint64_t first = 0, last = 0;
@@ -203,18 +192,17 @@ Status OpenJob(FileJob& job, const LoadOptions& options) {
 }
 
 Status CheckUnchanged(const FileJob& job) {
-  struct stat st;
-  if (::fstat(job.buffered.fd(), &st) != 0) return PosixError("fstat", errno);
-  FileIdentity now = IdentityOf(st);
+  TL_ASSIGN_OR_RETURN(FileIdentity now, job.buffered.Identity());
   if (now.size != job.identity.size || now.mtime_ns != job.identity.mtime_ns) {
     return IOError("the file was modified during the load (size " + std::to_string(job.identity.size) +
                    " -> " + std::to_string(now.size) + ", or its modification time changed)");
   }
+  struct stat st;
   if (::stat(job.shard->path.c_str(), &st) != 0) {
     return PosixError("the file was removed during the load", errno);
   }
-  now = IdentityOf(st);
-  if (now.dev != job.identity.dev || now.ino != job.identity.ino) {
+  if (static_cast<uint64_t>(st.st_dev) != job.identity.device ||
+      static_cast<uint64_t>(st.st_ino) != job.identity.inode) {
     return IOError("the file was replaced during the load");
   }
   return Status::Ok();
@@ -226,8 +214,18 @@ Status CheckUnchanged(const FileJob& job) {
 // plain pread pool. So `auto` uses io_uring for direct reads and threads for
 // buffered ones; an explicit choice applies to both.
 Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool direct,
-                                               IoEngine* chosen) {
+                                               std::span<const ReadOp> ops, IoEngine* chosen) {
   const int threads = options.threads > 0 ? options.threads : DefaultThreads();
+  // A handful of small reads (one tensor of a safe_open, say): starting
+  // threads or a ring would cost more than the reads.
+  constexpr size_t kInlineOps = 4;
+  constexpr uint64_t kInlineBytes = 4ull << 20;
+  uint64_t bytes = 0;
+  for (const ReadOp& op : ops) bytes += op.length;
+  if (options.engine == IoEngine::kAuto && ops.size() <= kInlineOps && bytes <= kInlineBytes) {
+    *chosen = IoEngine::kThreads;
+    return MakeInlineEngine();
+  }
   const IoEngine want = options.engine != IoEngine::kAuto ? options.engine
                         : direct                          ? IoEngine::kUring
                                                           : IoEngine::kThreads;
@@ -313,7 +311,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   IoEngine engine_kind[2] = {IoEngine::kThreads, IoEngine::kThreads};
   for (int direct : {1, 0}) {
     if (ops[direct].empty()) continue;
-    TL_ASSIGN_OR_RETURN(auto engine, MakeEngine(options, direct == 1, &engine_kind[direct]));
+    TL_ASSIGN_OR_RETURN(auto engine, MakeEngine(options, direct == 1, ops[direct], &engine_kind[direct]));
     if (wrap) engine = wrap(std::move(engine));
     TL_RETURN_IF_ERROR(engine->Run(ops[direct], &progress));
   }

@@ -331,6 +331,20 @@ TEST_P(LoaderFaultTest, FileModifiedAfterItsHeaderWasRead) {
   EXPECT_THAT(got.status().message(), HasSubstr("changed after its header was read"));
 }
 
+TEST_P(LoaderFaultTest, SameSizeFileSwappedInAfterTheHeaderWasRead) {
+  auto ckpt = Checkpoint::Open(path_);
+  ASSERT_TRUE(ckpt.ok());
+  // Same layout and size, other bytes: only the file's identity tells.
+  const std::string other = dir_.File("other.safetensors");
+  WriteRaw(other, MixedTensors(10), 2);
+  ASSERT_EQ(::rename(other.c_str(), path_.c_str()), 0);
+  LoadOptions opts;
+  opts.mode = GetParam();
+  auto got = Load(*ckpt, opts);
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(got.status().message(), HasSubstr("modified or replaced after its header was read"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, LoaderFaultTest,
                          ::testing::Values(IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap));
 
@@ -371,6 +385,21 @@ TEST(LoaderTest, DirectOnAFilesystemWithoutODirectFallsBack) {
     EXPECT_THAT(got->files()[0].reason, HasSubstr("O_DIRECT"));
   }
   std::filesystem::remove_all(tmpl);
+}
+
+TEST(LoaderTest, OpenFileTakesAnyNameAsOneFile) {
+  TempDir dir;
+  const std::string path = dir.File("weights.json");
+  auto tensors = MixedTensors(11);
+  WriteRaw(path, tensors);
+  EXPECT_FALSE(Checkpoint::Open(path).ok()) << "a .json path is read as an index";
+  auto ckpt = Checkpoint::OpenFile(path);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  auto got = Load(*ckpt);
+  ASSERT_TRUE(got.ok());
+  std::map<std::string, RawTensor> want;
+  for (auto& t : tensors) want[t.name] = t;
+  ExpectSameAsFile(want, *got, "json-named");
 }
 
 TEST(LoaderTest, ParseModeAndEngineNames) {

@@ -1,0 +1,417 @@
+"""tensorlift.safe_open: the safetensors `safe_open` API over tensorlift's
+validating reader and loader.
+
+The file is opened once and its descriptor is kept until the last user of it
+(the safe_open object, or a slice taken from it) is gone. Every later read goes
+to that same file (the C++ loader reopens it through /proc/self/fd), so a file
+replaced on disk after the open is never mixed with the header read before:
+this is what the reference gets from its memory map, without the SIGBUS a
+truncated mapped file would raise. A file shrunk in place is reported as an
+error instead.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from . import _dtypes
+from ._core import tensor_from
+from ._tensorlift import Checkpoint, FormatError, SafetensorError
+
+__all__ = ["safe_open"]
+
+# Tensors of at least this many bytes are read by the C++ loader (parallel
+# block reads); smaller ones with one pread here, which costs a few
+# microseconds instead of the loader's ~50-100 (thread start-up, planning).
+_LOADER_MIN_BYTES = 8 << 20
+
+_FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np"}
+_BACKENDS = ("mmap", "pread")
+
+
+class _UsageError(SafetensorError, ValueError):
+    """A bad argument (framework, device, backend) or a closed file."""
+
+
+class _TensorNotFound(SafetensorError, KeyError):
+    """A tensor name the file does not contain; both a KeyError and a SafetensorError."""
+
+    __str__ = BaseException.__str__  # The message, not KeyError's repr of it.
+
+
+def _closed() -> _UsageError:
+    return _UsageError("File is closed")
+
+
+class _OpenFile:
+    """One open, validated safetensors file, shared by a safe_open and its slices.
+
+    The descriptor is closed when the last reference goes (CPython frees it at
+    once), which is how close() releases eagerly while slices stay usable.
+    """
+
+    __slots__ = ("fd", "name", "load_path", "ckpt", "metadata", "order", "info", "data_offset", "__weakref__")
+
+    def __init__(self, filename):
+        self.fd = -1
+        path = os.fspath(filename)
+        self.name = os.fsdecode(path)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                if stat.S_ISDIR(st.st_mode):
+                    raise IsADirectoryError(21, "Is a directory (safe_open reads one .safetensors file)", self.name)
+                raise OSError(19, "Not a regular file", self.name)
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        proc = f"/proc/self/fd/{fd}"
+        self.load_path = proc if os.path.exists(proc) else self.name
+        try:
+            self.ckpt = Checkpoint.open(self.load_path)
+        except Exception as e:
+            err = self._renamed(e)
+            os.close(fd)  # Now, not when the traceback (which holds self) goes.
+            self.fd = -1
+            raise err from None
+        self.metadata = self.ckpt.metadata(0)
+        self.data_offset = self.ckpt.data_offset(0)
+        tensors = self.ckpt.shard_tensors(0)  # File (offset) order.
+        self.order = [t[0] for t in tensors]
+        self.info: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {
+            t[0]: (t[1], tuple(t[2]), t[3], t[4]) for t in tensors}
+
+    def __del__(self):
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+
+    def _renamed(self, e: Exception) -> Exception:
+        """`e` with the /proc path in its message replaced by the user's file name."""
+        if not isinstance(self.load_path, str) or not self.load_path.startswith("/proc/self/fd/"):
+            return e
+        msg = str(e)
+        if self.load_path not in msg:
+            return e
+        try:
+            return type(e)(msg.replace(self.load_path, self.name))
+        except Exception:
+            return e
+
+    def lookup(self, name: str):
+        try:
+            return self.info[name]
+        except (KeyError, TypeError):
+            raise _TensorNotFound(f"File does not contain tensor {name}") from None
+
+    def _pread(self, buf: np.ndarray, offset: int) -> None:
+        """Fills the uint8 array `buf` from the file at `offset` (short reads, EINTR handled)."""
+        mv = memoryview(buf).cast("B")
+        done, total = 0, len(mv)
+        while done < total:
+            n = os.preadv(self.fd, [mv[done:]], offset + done)
+            if n == 0:
+                raise FormatError(
+                    f"{self.name}: the file ends at byte {offset + done} but its header says the tensor data "
+                    f"runs to byte {offset + total}: it changed after its header was read")
+            done += n
+
+    def read_range(self, framework: str, offset: int, nbytes: int):
+        """An owned 1-D uint8 torch tensor or numpy array with `nbytes` bytes at data offset `offset`."""
+        if framework == "pt":
+            import torch
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+            if nbytes:
+                self._pread(raw.numpy(), self.data_offset + offset)
+            return raw
+        raw = np.empty(nbytes, dtype=np.uint8)
+        if nbytes:
+            self._pread(raw, self.data_offset + offset)
+        return raw
+
+    def read_tensor(self, name: str, framework: str):
+        """The whole tensor `name`, in its own buffer, as a framework tensor."""
+        dtype, shape, begin, end = self.lookup(name)
+        if end - begin >= _LOADER_MIN_BYTES:
+            try:
+                loaded = self.ckpt.load(names=[name], mode="buffered")
+            except Exception as e:
+                raise self._renamed(e) from None
+            try:
+                return tensor_from(loaded, name, framework)
+            finally:
+                loaded.release()
+        raw = self.read_range(framework, begin, end - begin)
+        return _view(raw, dtype, shape, framework)
+
+    def read_all(self, framework: str) -> Dict[str, Any]:
+        """Every tensor, in file order, through the C++ loader (one planned load)."""
+        if not self.order:
+            return {}
+        try:
+            loaded = self.ckpt.load(mode="auto")
+        except Exception as e:
+            raise self._renamed(e) from None
+        try:
+            return {name: tensor_from(loaded, name, framework) for name in self.order}
+        finally:
+            loaded.release()
+
+
+def _view(raw, dtype: str, shape, framework: str):
+    if framework == "pt":
+        return _dtypes.torch_view(raw, dtype, shape)
+    return _dtypes.numpy_view(raw, dtype, shape)
+
+
+def _framework_elem(dtype: str, shape, framework: str):
+    """The framework's element type for this tensor, or None when it comes back
+    as raw uint8 bytes (the rule of _dtypes)."""
+    if framework == "pt":
+        tdt = _dtypes.torch_dtype(dtype)
+        if dtype == "F4" and not (shape and shape[-1] % 2 == 0):
+            return None
+        return tdt
+    return _dtypes.numpy_dtype(dtype)
+
+
+def _framework_shape(dtype: str, shape, nbytes: int, framework: str) -> Tuple[int, ...]:
+    """The shape of the framework tensor get_tensor returns (the rules of _dtypes)."""
+    if _framework_elem(dtype, shape, framework) is None:
+        return _dtypes.raw_shape(dtype, shape, nbytes)
+    if framework == "pt" and dtype == "F4":
+        return tuple(shape[:-1]) + (shape[-1] // 2,)
+    return tuple(shape)
+
+
+def _parse_device(device, framework: str):
+    """None for the CPU, else the torch.device to move tensors to."""
+    if framework == "np":
+        if device != "cpu":
+            raise _UsageError(f"Device {device} is not supported for framework numpy")
+        return None
+    if device == "cpu":
+        return None
+    import torch
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise _UsageError(f"device {device} is invalid") from None
+    if dev.type == "meta":
+        raise _UsageError(f"device {device} is invalid")
+    return None if dev.type == "cpu" and dev.index is None else dev
+
+
+class _SafeSlice:
+    """What safe_open.get_slice returns: the shape and dtype of one tensor, and
+    indexing that reads only the rows it needs (see __getitem__)."""
+
+    __slots__ = ("_file", "_name", "_framework", "_device", "_dtype", "_shape", "_begin", "_end")
+
+    def __init__(self, file: _OpenFile, name: str, framework: str, device):
+        self._file = file
+        self._name = name
+        self._framework = framework
+        self._device = device
+        self._dtype, self._shape, self._begin, self._end = file.lookup(name)
+
+    def get_shape(self) -> List[int]:
+        """The tensor's shape as the file's header gives it (F4: logical 4-bit elements)."""
+        return list(self._shape)
+
+    def get_dtype(self) -> str:
+        """The safetensors dtype string, e.g. "F32", "BF16", "F8_E4M3"."""
+        return self._dtype
+
+    def __repr__(self) -> str:
+        return f"<tensorlift slice {self._name!r} {self._dtype} {list(self._shape)}>"
+
+    def __getitem__(self, index):
+        """The tensor indexed with torch semantics (framework "pt") or numpy
+        semantics ("np"), over the framework tensor get_tensor would return.
+        The result is contiguous and owns its memory. When the first index is
+        an int or a slice with a positive step, only the rows of the first
+        dimension it touches are read from the file."""
+        idx = index if isinstance(index, tuple) else (index,)
+        nbytes = self._end - self._begin
+        fshape = _framework_shape(self._dtype, self._shape, nbytes, self._framework)
+        rows = _row_window(idx, fshape)
+        if rows is not None and nbytes % fshape[0] == 0:
+            lo, hi, first = rows
+            row_bytes = nbytes // fshape[0]
+            raw = self._file.read_range(self._framework, self._begin + lo * row_bytes, (hi - lo) * row_bytes)
+            base = _reshape_rows(raw, self._dtype, self._shape, fshape, hi - lo, self._framework)
+            idx = (first,) + idx[1:]
+        else:
+            base = self._file.read_tensor(self._name, self._framework)
+        out = _index_owned(base, idx, self._framework)
+        if self._device is not None:
+            out = out.to(self._device)
+        return out
+
+
+def _row_window(idx: tuple, fshape) -> Optional[Tuple[int, int, Any]]:
+    """(lo, hi, first index relative to lo) when idx[0] selects a window of rows."""
+    if not idx or not fshape or fshape[0] == 0:
+        return None
+    n = fshape[0]
+    first = idx[0]
+    if isinstance(first, (bool, np.bool_)):
+        return None
+    if isinstance(first, (int, np.integer)):
+        i = int(first)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            return None  # The full path raises the framework's own IndexError.
+        return i, i + 1, 0
+    if isinstance(first, slice):
+        try:
+            start, stop, step = first.indices(n)
+        except (TypeError, ValueError):
+            return None
+        if step <= 0:
+            return None
+        r = range(start, stop, step)
+        if len(r) == 0:
+            return 0, 0, slice(0, 0, 1)
+        lo, hi = r[0], r[-1] + 1
+        if lo == 0 and hi == n:
+            return None
+        return lo, hi, slice(0, hi - lo, step)
+    return None
+
+
+def _reshape_rows(raw, dtype: str, shape, fshape, rows: int, framework: str):
+    """The framework tensor of `rows` whole rows (first dimension) held in `raw`."""
+    target = (rows,) + tuple(fshape[1:])
+    elem = _framework_elem(dtype, shape, framework)
+    if elem is None:
+        return raw.reshape(target)
+    return raw.view(elem).reshape(target)
+
+
+_TORCH_INT_OF_SIZE = {}
+
+
+def _torch_int_of_size(size: int):
+    import torch
+    if not _TORCH_INT_OF_SIZE:
+        _TORCH_INT_OF_SIZE.update({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64})
+    return _TORCH_INT_OF_SIZE[size]
+
+
+def _row_major_strides(shape) -> Tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def _index_owned(base, idx: tuple, framework: str):
+    """base[idx], contiguous and owning exactly its bytes."""
+    if framework == "pt":
+        # Index an integer view of the same element size: indexing only moves
+        # elements, and torch lacks index kernels for some dtypes (float4).
+        ity = _torch_int_of_size(base.element_size())
+        out = base.view(ity)[idx]
+        if not (out.storage_offset() == 0 and out.stride() == _row_major_strides(out.shape)
+                and out.untyped_storage().nbytes() == out.numel() * out.element_size()):
+            import torch
+            out = torch.empty(out.shape, dtype=ity).copy_(out)
+        return out.view(base.dtype)
+    out = base[idx]
+    if not isinstance(out, np.ndarray):
+        return np.asarray(out)  # A numpy scalar: a new 0-d array.
+    if out.flags.c_contiguous and out.nbytes == base.nbytes:
+        return out
+    return np.array(out, order="C", copy=True)
+
+
+class safe_open:
+    """Opens a safetensors file lazily, like safetensors.safe_open.
+
+    safe_open(filename, framework, device="cpu", *, backend="mmap")
+
+    framework: "pt" (also "torch", "pytorch") or "np" (also "numpy").
+    device: "cpu"; with "pt", any torch device (tensors are read into host
+    memory, then moved). backend: accepted for compatibility ("mmap" or
+    "pread"); tensorlift always reads with pread through its own descriptor.
+
+    The header is fully validated here: a corrupt file raises
+    tensorlift.FormatError (a ValueError and a tensorlift.SafetensorError), a
+    missing one FileNotFoundError. Usable with or without `with`; close() (or
+    leaving the `with` block) releases the file, after which every method
+    raises SafetensorError("File is closed"). Slices taken before stay usable.
+    """
+
+    def __init__(self, filename, framework, device="cpu", *, backend: str = "mmap"):
+        self._file: Optional[_OpenFile] = None
+        fw = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
+        if fw is None:
+            raise _UsageError(f"framework {framework} is invalid (tensorlift supports 'pt' and 'np')")
+        if backend not in _BACKENDS:
+            raise _UsageError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
+        self._framework = fw
+        self._device = _parse_device(device, fw)
+        self._file = _OpenFile(filename)
+
+    def _open(self) -> _OpenFile:
+        f = self._file
+        if f is None:
+            raise _closed()
+        return f
+
+    def __enter__(self) -> "safe_open":
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Releases the file now (slices already taken keep it open until they go)."""
+        self._file = None
+
+    def keys(self) -> List[str]:
+        """Tensor names, sorted."""
+        return sorted(self._open().order)
+
+    def offset_keys(self) -> List[str]:
+        """Tensor names in the order of their data in the file."""
+        return list(self._open().order)
+
+    def metadata(self) -> Optional[Dict[str, str]]:
+        """The header's __metadata__ as a dict, or None when it has none."""
+        m = self._open().metadata
+        return None if m is None else dict(m)
+
+    def get_tensor(self, name: str):
+        """Reads one tensor (only its bytes) into memory it owns."""
+        f = self._open()
+        t = f.read_tensor(name, self._framework)
+        return t.to(self._device) if self._device is not None else t
+
+    def get_tensors(self) -> Dict[str, Any]:
+        """Every tensor, in file order, read in one planned load (zero-copy views of its buffers)."""
+        f = self._open()
+        out = f.read_all(self._framework)
+        if self._device is not None:
+            out = {k: v.to(self._device) for k, v in out.items()}
+        return out
+
+    def get_slice(self, name: str) -> _SafeSlice:
+        """A slice object for `name`: get_shape(), get_dtype() and indexing."""
+        return _SafeSlice(self._open(), name, self._framework, self._device)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._file is None else repr(self._file.name)
+        return f"<tensorlift.safe_open {state} framework={self._framework!r}>"

@@ -1,0 +1,92 @@
+"""tensorlift.numpy: safetensors.numpy's functions (save, save_file, load,
+load_file) with the same signatures, over tensorlift's writer and loader.
+
+Files are byte-identical to the reference writer's for C-contiguous
+little-endian (or byte-order-free) arrays. bfloat16 and the float8 types come
+from ml_dtypes; dtypes numpy lacks come back as raw uint8 (docs/python.md).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Dict, Optional, Union
+
+import numpy as np
+
+from . import _dtypes
+from ._safe_open import safe_open
+from ._tensorlift import parse_header, serialize, serialize_file
+
+__all__ = ["save", "save_file", "load", "load_file"]
+
+
+def _little_endian(a: np.ndarray) -> np.ndarray:
+    order = a.dtype.byteorder
+    if order == ">" or (order == "=" and sys.byteorder == "big"):
+        return a.astype(a.dtype.newbyteorder("<"))
+    return a
+
+
+def _specs(tensor_dict: Dict[str, np.ndarray], keep_alive: list) -> list:
+    if not isinstance(tensor_dict, dict):
+        raise ValueError(f"Expected a dict of [str, np.ndarray] but received {type(tensor_dict)}")
+    specs = []
+    for name, a in tensor_dict.items():
+        if not isinstance(name, str):
+            raise TypeError(f"argument 'tensor_dict': '{type(name).__name__}' object is not an instance of 'str'")
+        if not isinstance(a, np.ndarray):
+            raise ValueError(f"Key `{name}` is invalid, expected np.ndarray but received {type(a)}")
+        # The values the array shows, in C order: numpy views (strided,
+        # Fortran-ordered) are written as what they contain.
+        a = _little_endian(a)
+        if not a.flags.c_contiguous:
+            a = a.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d.)
+        keep_alive.append(a)
+        specs.append((name, _dtypes.st_dtype_of_numpy(a), list(a.shape), a.ctypes.data if a.nbytes else 0, a.nbytes))
+    return specs
+
+
+def _check_metadata(metadata) -> None:
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise TypeError(f"argument 'metadata': expected a dict of str to str, got {type(metadata).__name__}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            bad = k if not isinstance(k, str) else v
+            raise TypeError(f"argument 'metadata': '{type(bad).__name__}' object is not an instance of 'str'")
+
+
+def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
+    """The bytes of a safetensors file holding the arrays and the text `metadata`."""
+    _check_metadata(metadata)
+    keep_alive: list = []
+    return serialize(_specs(tensor_dict, keep_alive), metadata)
+
+
+def save_file(tensor_dict: Dict[str, np.ndarray], filename: Union[str, os.PathLike],
+              metadata: Optional[Dict[str, str]] = None) -> None:
+    """Writes the arrays to `filename` (through a temporary file renamed over it)."""
+    _check_metadata(metadata)
+    keep_alive: list = []
+    serialize_file(_specs(tensor_dict, keep_alive), os.fspath(filename), metadata)
+
+
+def load(data: bytes) -> Dict[str, np.ndarray]:
+    """The arrays of a safetensors file held in `data`, each in memory of its own."""
+    if not isinstance(data, bytes):
+        data = bytes(data)
+    tensors, _, data_offset = parse_header(data)
+    out = {}
+    for name, dtype, shape, begin, end in tensors:
+        raw = np.frombuffer(data, dtype=np.uint8, count=end - begin, offset=data_offset + begin).copy()
+        out[name] = _dtypes.numpy_view(raw, dtype, shape)
+    return out
+
+
+def load_file(filename: Union[str, os.PathLike], *, backend: str = "mmap") -> Dict[str, np.ndarray]:
+    """Every array of a safetensors file, in file order.
+
+    backend is accepted for compatibility; tensorlift reads with its own loader."""
+    with safe_open(filename, framework="np", backend=backend) as f:
+        return f.get_tensors()
