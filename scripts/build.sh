@@ -9,5 +9,10 @@ if [ ! -f "$dir/CMakeCache.txt" ] || [ $# -gt 0 ]; then
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" > "$dir.cmake.log" 2>&1 \
     || { cat "$dir.cmake.log"; exit 1; }
 fi
-cmake --build "$dir" -j "$(nproc)" 2>&1 | grep -vE '^\[ *[0-9]+%\]|^make|Consolidate compiler generated dependencies' || true
-test "${PIPESTATUS[0]}" -eq 0
+# Show warnings and errors, not progress lines; fail when the build fails.
+set +e
+cmake --build "$dir" -j "$(nproc)" > "$dir.build.log" 2>&1
+rc=$?
+set -e
+grep -vE '^\[ *[0-9]+%\]|^g?make|Consolidate compiler generated dependencies' "$dir.build.log" || true
+exit $rc

@@ -1,104 +1,273 @@
-"""make demo: build a small Llama-shaped sharded checkpoint with the reference
-`safetensors` package, then inspect and verify it with tensorlift and compare
-what both read. Also shows a corrupted copy being rejected.
+"""make demo: a ~1 GB Llama-shaped sharded checkpoint, inspected and verified with the
+tensorlift CLI, then loaded from Python with tensorlift, safetensors and fastsafetensors,
+each timed with the page cache warm and checked with XXH3 to have read the same bytes.
 
-Until the loader lands (issue #3) this compares headers; later the demo loads.
+The checkpoint (TinyLlama-1.1B's shapes with 8 of its 22 layers, bf16, 3 shards and a
+model.safetensors.index.json, written by the reference `safetensors` package) is made once
+and cached in ~/.cache/tensorlift/demo/ (TENSORLIFT_DEMO_DIR overrides the directory).
 """
+import gc
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
-import numpy as np
+import torch
+import xxhash
 from safetensors import safe_open
-from safetensors.numpy import save_file
+from safetensors.torch import load_file, save_file
+
+import tensorlift
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CLI = os.path.join(os.environ.get("TENSORLIFT_BUILD", os.path.join(ROOT, "build")), "tensorlift")
-CACHE = os.path.join(os.path.expanduser("~"), ".cache", "tensorlift", "demo", "tiny-llama-v1")
+CACHE = os.environ.get("TENSORLIFT_DEMO_DIR",
+                       os.path.join(os.path.expanduser("~"), ".cache", "tensorlift", "demo", "llama-8l-bf16-v1"))
+RUNS = 5
+SHARD_BYTES = 400 * 1000 * 1000
 
 
-def make_checkpoint(out: str, layers: int = 4, hidden: int = 256, inter: int = 688, vocab: int = 4096):
-    """Writes a 2-shard float16 checkpoint with model.safetensors.index.json."""
-    rng = np.random.default_rng(0)
-    t = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,),
-         "lm_head.weight": (vocab, hidden)}
+def llama_shapes(layers=8, hidden=2048, inter=5632, heads=32, kv_heads=4, vocab=32000):
+    """name -> shape, in model order (TinyLlama-1.1B's dimensions)."""
+    kv = hidden // heads * kv_heads
+    t = {"model.embed_tokens.weight": (vocab, hidden)}
     for i in range(layers):
         p = f"model.layers.{i}."
-        t.update({p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (hidden, hidden),
-                  p + "self_attn.v_proj.weight": (hidden, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+        t.update({p + "input_layernorm.weight": (hidden,),
+                  p + "self_attn.q_proj.weight": (hidden, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
+                  p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, hidden),
+                  p + "post_attention_layernorm.weight": (hidden,),
                   p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
-                  p + "mlp.down_proj.weight": (hidden, inter), p + "input_layernorm.weight": (hidden,),
-                  p + "post_attention_layernorm.weight": (hidden,)})
-    names = sorted(t)
-    shards = [names[: len(names) // 2], names[len(names) // 2:]]
+                  p + "mlp.down_proj.weight": (hidden, inter)})
+    t.update({"model.norm.weight": (hidden,), "lm_head.weight": (vocab, hidden)})
+    return t
+
+
+def make_checkpoint(out):
+    """Writes the bf16 shards (at most SHARD_BYTES each) and model.safetensors.index.json."""
+    shapes = llama_shapes()
+    shards, cur, size = [], [], 0
+    for name, shape in shapes.items():
+        n = 2 * int(torch.Size(shape).numel())
+        if cur and size + n > SHARD_BYTES:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append(name)
+        size += n
+    shards.append(cur)
     tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
+    g = torch.Generator().manual_seed(0)
     weight_map, total = {}, 0
-    for k, shard in enumerate(shards):
+    for k, names in enumerate(shards):
         fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-        tensors = {n: rng.standard_normal(t[n], dtype=np.float32).astype(np.float16) for n in shard}
+        tensors = {n: torch.randn(shapes[n], generator=g, dtype=torch.bfloat16) for n in names}
         save_file(tensors, os.path.join(tmp, fname), metadata={"format": "pt"})
-        for n in shard:
+        for n in names:
             weight_map[n] = fname
             total += tensors[n].nbytes
+        del tensors
     with open(os.path.join(tmp, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     os.rename(tmp, out)
 
 
-def reference_listing(directory: str):
-    """name -> (dtype, shape) as the reference package reads it."""
+def shard_files(directory):
     with open(os.path.join(directory, "model.safetensors.index.json")) as f:
-        files = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(directory, s) for s in sorted(set(json.load(f)["weight_map"].values()))]
+
+
+def cli(*args, **kw):
+    return subprocess.run([CLI, *args], check=True, capture_output=True, text=True, **kw)
+
+
+# The loaders, each returning name -> torch tensor in host memory. --------------------------
+
+def load_tensorlift(directory, files):
+    return tensorlift.load(directory)
+
+
+def load_tensorlift_mmap(directory, files):
+    return tensorlift.load(directory, mode="mmap")
+
+
+def load_safetensors_load_file(directory, files, backend="mmap"):
     out = {}
-    for fname in files:
-        with safe_open(os.path.join(directory, fname), "np") as f:
-            for k in f.keys():
-                s = f.get_slice(k)
-                out[k] = (s.get_dtype(), list(s.get_shape()))
+    for f in files:
+        out.update(load_file(f, backend=backend))
     return out
 
 
+def load_safetensors_pread(directory, files):
+    return load_safetensors_load_file(directory, files, backend="pread")
+
+
+def load_safetensors_safe_open(directory, files):
+    out = {}
+    for path in files:
+        with safe_open(path, framework="pt") as f:
+            for k in f.keys():
+                out[k] = f.get_tensor(k)
+    return out
+
+
+def _fastsafetensors(module, files):
+    loader = module.SafeTensorsFileLoader(module.SingleGroup(), "cpu", nogds=True)
+    loader.add_filenames({0: files})
+    fb = loader.copy_files_to_device()
+    out = {k: fb.get_tensor(k) for k in loader.get_keys()}
+    fb.close()  # the tensors own their memory and stay valid
+    loader.close()
+    return out
+
+
+def load_fastsafetensors(directory, files):
+    import fastsafetensors
+    return _fastsafetensors(fastsafetensors, files)
+
+
+def load_tensorlift_fst_api(directory, files):
+    import tensorlift.fastsafetensors
+    return _fastsafetensors(tensorlift.fastsafetensors, files)
+
+
+# (label, what the tensors are, loader)
+COPY, MAPPED = "copy", "mmap (lazy)"
+LOADERS = [
+    ("tensorlift.load", COPY, load_tensorlift),
+    ("tensorlift.fastsafetensors API", COPY, load_tensorlift_fst_api),
+    ("fastsafetensors (cpu, nogds)", COPY, load_fastsafetensors),
+    ("safetensors load_file(pread)", COPY, load_safetensors_pread),
+    ("tensorlift.load(mode=mmap)", MAPPED, load_tensorlift_mmap),
+    ("safetensors load_file", MAPPED, load_safetensors_load_file),
+    ("safetensors safe_open+get_tensor", MAPPED, load_safetensors_safe_open),
+]
+
+
+def checksums(tensors):
+    """name -> XXH3-64 of the tensor's bytes, read through a zero-copy memoryview."""
+    out = {}
+    for name, t in tensors.items():
+        if not t.is_contiguous():
+            raise RuntimeError(f"{name} is not contiguous")
+        out[name] = xxhash.xxh3_64_intdigest(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    return out
+
+
+def xor_all(sums):
+    x = 0
+    for v in sums.values():
+        x ^= v
+    return x
+
+
+def warm_page_cache(files):
+    buf = bytearray(16 << 20)
+    for path in files:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
 def main():
+    t0 = time.perf_counter()
     if not os.path.isdir(CACHE):
-        print(f"creating a demo checkpoint in {CACHE}")
+        print(f"creating the demo checkpoint in {CACHE} (once; about 1 GB) ...", flush=True)
         os.makedirs(os.path.dirname(CACHE), exist_ok=True)
+        t = time.perf_counter()
         make_checkpoint(CACHE)
-    print(f"== tensorlift inspect {CACHE}")
-    table = subprocess.run([CLI, "inspect", CACHE], check=True, capture_output=True, text=True).stdout
-    lines = table.splitlines()
+        print(f"  written in {time.perf_counter() - t:.1f} s")
+    files = shard_files(CACHE)
+
+    print(f"\n== tensorlift inspect {CACHE}")
+    lines = cli("inspect", CACHE).stdout.splitlines()
     body = [l for l in lines[1:] if l.startswith(("model.", "lm_head"))]
-    print("\n".join(lines[:6] + [f"  ... ({len(body)} tensors)"] + lines[1 + len(body):]))
+    print("\n".join(lines[:4] + [f"  ... ({len(body)} tensors in {len(files)} shards)"]))
 
-    js = json.loads(subprocess.run([CLI, "inspect", "--json", CACHE], check=True,
-                                   capture_output=True, text=True).stdout)
+    js = json.loads(cli("inspect", "--json", CACHE).stdout)
     ours = {t["name"]: (t["dtype"], t["shape"]) for t in js["tensors"]}
-    ref = reference_listing(CACHE)
-    same = ours == ref
-    ref_bytes = sum(int(np.prod(s, dtype=np.int64)) * 2 for _, s in ref.values())
-    print("\n== comparison with the reference safetensors package (headers; loading comes with issue #3)")
-    print(f"{'reader':<28}{'tensors':>8}{'bytes':>14}")
-    print(f"{'tensorlift inspect --json':<28}{len(ours):>8}{js['total_bytes']:>14}")
-    print(f"{'safetensors safe_open':<28}{len(ref):>8}{ref_bytes:>14}")
-    print(f"names, dtypes and shapes identical: {same}")
+    ref = {}
+    for path in files:
+        with safe_open(path, "pt") as f:
+            for k in f.keys():
+                s = f.get_slice(k)
+                ref[k] = (s.get_dtype(), list(s.get_shape()))
+    print(f"names, dtypes and shapes identical to the reference safetensors reader: {ours == ref}")
+    total = js["total_bytes"]
 
-    print(f"\n== tensorlift verify")
-    subprocess.run([CLI, "verify", CACHE], check=True)
+    print("\n== tensorlift verify")
+    r = subprocess.run([CLI, "verify", CACHE], capture_output=True, text=True)
+    print(r.stdout.strip() or f"(exit {r.returncode})")
     with tempfile.TemporaryDirectory() as tmp:
-        bad = os.path.join(tmp, "truncated.safetensors")
-        src = os.path.join(CACHE, "model-00001-of-00002.safetensors")
-        with open(src, "rb") as f:
-            data = f.read()
-        with open(bad, "wb") as f:
-            f.write(data[:-3])
+        bad = os.path.join(tmp, "interrupted-download.safetensors")
+        with open(files[0], "rb") as f, open(bad, "wb") as g:
+            g.write(f.read(1 << 20))
         r = subprocess.run([CLI, "verify", bad], capture_output=True, text=True)
-        print(f"a copy with its last 3 bytes cut (exit {r.returncode}):\n  {r.stdout.strip()}")
-    if not same:
-        sys.exit("tensorlift and the reference disagree")
+        print(f"the first MiB of a shard, as an interrupted download leaves it (exit {r.returncode}):\n"
+              f"  {r.stdout.strip()}")
+
+    warm_page_cache(files)
+    # The CLI's checksums are the reference the Python loaders are held to.
+    cli_sums = {}
+    for line in cli("load", "--no-progress", "--checksum", CACHE).stdout.splitlines():
+        name, digest = line.split("\t")
+        cli_sums[name] = int(digest, 16)
+    print(f"\n== tensorlift load {CACHE}   (CLI; page cache warm; the fastest of {RUNS} runs)")
+    runs = [cli("load", "--no-progress", CACHE).stdout.rstrip() for _ in range(RUNS)]
+    print(min(runs, key=lambda out: float(out.rsplit(" in ", 1)[1].split(" s")[0])))
+
+    print(f"\n== loading from Python: {len(ref)} tensors, {total / 1e9:.2f} GB, into host memory")
+    print("   The page cache is warm (every file was read before timing). Each run loads, then hashes")
+    print("   every tensor's bytes with XXH3-64 through a zero-copy memoryview: that touches every byte")
+    print("   (so lazy, mmap-backed loaders pay for their page faults) and proves what was read.")
+    print(f"   Best of {RUNS} rounds by total time; the machine has {os.cpu_count()} cores.")
+    # Round robin (each loader once per round, the order rotated each round), so that the
+    # machine's state (other processes, memory just freed) is shared alike.
+    best = {label: None for label, _, _ in LOADERS}
+    sums_of, nbytes_of = {}, {}
+    for round_no in range(RUNS):
+        k = round_no % len(LOADERS)
+        for label, kind, fn in LOADERS[k:] + LOADERS[:k]:
+            gc.collect()
+            t = time.perf_counter()
+            tensors = fn(CACHE, files)
+            t_load = time.perf_counter() - t
+            sums = checksums(tensors)
+            t_total = time.perf_counter() - t
+            nbytes_of[label] = sum(x.nbytes for x in tensors.values())
+            del tensors
+            if label not in sums_of:
+                sums_of[label] = sums
+            elif sums != sums_of[label]:
+                sums_of[label] = {}  # two runs of one loader disagree: fails the check
+            if best[label] is None or t_total < best[label][1]:
+                best[label] = (t_load, t_total)
+    gc.collect()
+    results = [(label, kind, best[label][0], best[label][1], nbytes_of[label], xor_all(sums_of[label]),
+                sums_of[label] == cli_sums) for label, kind, _ in LOADERS]
+
+    # Each loader against tensorlift's loader of the same kind (copy against tensorlift.load,
+    # mmap views against tensorlift.load(mode="mmap")).
+    base = {kind: t_total for label, kind, _, t_total, _, _, _ in results if label.startswith("tensorlift.load")}
+    print(f"\n{'loader':<34}{'tensors':<13}{'load s':>8}{'total s':>9}{'GB/s':>7}{'vs tensorlift':>15}"
+          f"{'XXH3 (XOR of all)':>19}{'same bytes':>11}")
+    for label, kind, t_load, t_total, nbytes, x, same in results:
+        r = t_total / base[kind]
+        ratio = "1.00x" if label.startswith("tensorlift.load") else \
+            f"{r:.2f}x slower" if r >= 1 else f"{1 / r:.2f}x faster"
+        print(f"{label:<34}{kind:<13}{t_load:>8.3f}{t_total:>9.3f}{nbytes / t_total / 1e9:>7.2f}{ratio:>15}"
+              f"{x:>19x}{'yes' if same else 'NO':>11}")
+    print(f"{'tensorlift CLI load --checksum':<34}{'':<13}{'':>8}{'':>9}{'':>7}{'':>15}{xor_all(cli_sums):>19x}")
+    print("total: load + XXH3 pass; GB/s and 'vs tensorlift' use it, the ratio against tensorlift's loader of the")
+    print("same kind. 'copy': tensors in private host memory; 'mmap (lazy)': private mappings of the files,")
+    print("read from the page cache on first touch. 'same bytes': every tensor's XXH3-64 equals the CLI's.")
+    print(f"\ndemo finished in {time.perf_counter() - t0:.1f} s")
+    if ours != ref or not all(r[6] for r in results):
+        sys.exit("the loaders disagree")
 
 
 if __name__ == "__main__":
