@@ -9,3 +9,4 @@ cd "$root"
 cmake --build "$build" --target tl_header_bench -j 2 > "$build/bench-build.log" 2>&1 \
   || { cat "$build/bench-build.log"; echo "bench: building tl_header_bench failed" >&2; exit 1; }
 .venv/bin/python bench/header_bench.py --build "$build" "$@"
+bash bench/load/run.sh
