@@ -23,7 +23,9 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
       return ResourceExhaustedError("cannot allocate " + std::to_string(bytes) +
                                     " bytes of host memory: " + PosixError("mmap", errno).message());
     }
-    ::madvise(p, rounded, MADV_HUGEPAGE);  // Fewer page faults while reading; advisory.
+    // No MADV_HUGEPAGE: measured on VMs that return freed memory to the host
+    // (free page reporting), first touch of huge pages was 2-3x slower than of
+    // base pages (docs/performance.md).
     buf->mapped_ = true;
     buf->data_ = static_cast<std::byte*>(p);
   } else {
