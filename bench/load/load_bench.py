@@ -164,6 +164,13 @@ class Runner:
             evict(self.files)
             if settle > 0:
                 time.sleep(settle)
+            # Again, in case another process read the files meanwhile (a no-op
+            # otherwise); a run that still finds them cached is left out.
+            for _ in range(3):
+                evict(self.files)
+                r = self.resident()
+                if max(r.values()) <= 0.01:
+                    break
         else:
             if settle > 0:
                 time.sleep(settle)
@@ -310,6 +317,20 @@ def summarize(data):
     best_pages = max(memcpy, key=lambda k: memcpy[k]["fresh_nt_gbps"])
     mc = memcpy[best_pages]
 
+    # A cold run that found more than 1% of the bytes cached, or a warm run that
+    # found less than 99%, measured something else (another process read or
+    # evicted the files meanwhile): left out, unless no run of its cell is valid.
+    def valid(state, r):
+        lo, hi = r.get("resident_before", [0.0, 1.0] if state == "warm" else [0.0, 0.0])
+        return hi <= 0.01 if state == "cold" else lo >= 0.99
+
+    left_out = {}
+    for key in list(runs):
+        good = [r for r in runs[key] if valid(key[1], r)]
+        if good and len(good) < len(runs[key]):
+            left_out[key] = len(runs[key]) - len(good)
+            runs[key] = good
+
     def times(key, field="total_s"):
         return [r[field] for r in runs[key]]
 
@@ -340,6 +361,7 @@ def summarize(data):
             xors = {r["xor"] for r in runs[key]}
             rows.append({
                 "contender": label, "state": state, "median_s": t, "runs_s": times(key, field),
+                "runs_left_out": left_out.get(key, 0),
                 "median_load_s": median(key, "read_s" if c[0] == "limit" else "load_s"),
                 "gbps": gb / t, "x_tensorlift_auto": auto_t / t, "x_limit": limit_t / t,
                 "peak_rss_bytes": None if label == DEVICE_ONLY[0] else rss, "rss_x_checkpoint": rss / ckpt_bytes,
@@ -361,6 +383,8 @@ def summarize(data):
         check = {None: "", True: "ok", False: "MISMATCH"}[row["xor_ok"] if row.get("bytes_ok", True) else False]
         if row["contender"] == DEVICE_ONLY[0]:
             check = "(read only)"
+        if row.get("runs_left_out"):
+            check += f" ({row['runs_left_out']} run(s) left out)"
         lines.append(f"{row['contender']:38s} {row['state']:5s} {row['median_s']:8.3f} {spread:>11s} "
                      f"{row['gbps']:6.2f} {row['x_tensorlift_auto']:8.2f}x {row['x_limit']:6.2f}x "
                      f"{(fmt_gib(rss) if rss else '-'):>7s} {(f'{rss / ckpt_bytes:.2f}x' if rss else '-'):>6s}  {check}")
@@ -430,7 +454,11 @@ def summarize(data):
     for state in states:
         report.append(f"  {state} limit: {limit_of[state]}")
     report += [f"  '{DEVICE_ONLY[0]}': the O_DIRECT read alone into a buffer faulted in beforehand (not a",
-               "  limit for a loader, which must fault its memory in; it shows what the device gives).", ""]
+               "  limit for a loader, which must fault its memory in; it shows what the device gives)."]
+    if left_out:
+        report.append("  Runs left out: cold runs that found more than 1% of the bytes in the page cache, warm runs")
+        report.append("  that found less than 99% (another process touched the files between eviction and run).")
+    report.append("")
     for state in states:
         choices = auto_choice[state]
         distinct = {json.dumps(c) for c in choices}
