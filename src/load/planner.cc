@@ -67,6 +67,15 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, PlanMo
     if (a1 < f1) plan.reads.push_back({a1, f1 - a1, run_arena + (a1 - f0), true, true});
   };
 
+  // A misaligned tensor: read on its own, buffered, into an aligned slot.
+  auto read_alone = [&](const TensorInfo& t, PlannedTensor& pt) {
+    cur = AlignUp(cur, kSlotAlign);
+    pt.arena_offset = cur;
+    AddChunks(&plan.reads, data_offset + t.begin, t.nbytes(), cur, block_size, false, false);
+    cur += t.nbytes();
+    ++plan.realigned;
+  };
+
   for (uint32_t idx : wanted) {
     const TensorInfo& t = all[idx];
     plan.tensor_bytes += t.nbytes();
@@ -78,12 +87,7 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, PlanMo
       } else if ((data_offset + t.begin) % ElementAlignment(t.dtype) == 0) {
         pt.in_arena = false;
       } else {
-        // Misaligned in the mapping: read on its own into an aligned slot.
-        cur = AlignUp(cur, kSlotAlign);
-        pt.arena_offset = cur;
-        AddChunks(&plan.reads, data_offset + t.begin, t.nbytes(), cur, block_size, false, false);
-        cur += t.nbytes();
-        ++plan.realigned;
+        read_alone(t, pt);  // Misaligned in the mapping.
       }
       plan.tensors.push_back(pt);
       continue;
@@ -109,11 +113,7 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, PlanMo
       cur = run_arena + (run_end - run_begin);
     } else {
       close_run();
-      cur = AlignUp(cur, kSlotAlign);
-      pt.arena_offset = cur;
-      AddChunks(&plan.reads, data_offset + t.begin, t.nbytes(), cur, block_size, false, false);
-      cur += t.nbytes();
-      ++plan.realigned;
+      read_alone(t, pt);
     }
     plan.tensors.push_back(pt);
   }
