@@ -11,6 +11,18 @@ from . import _dtypes
 from ._tensorlift import Checkpoint, Loaded
 
 
+def check_metadata(metadata) -> None:
+    """Metadata as the reference accepts it: None or a dict of str to str (TypeError otherwise)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise TypeError(f"argument 'metadata': expected a dict of str to str, got {type(metadata).__name__}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            bad = k if not isinstance(k, str) else v
+            raise TypeError(f"argument 'metadata': '{type(bad).__name__}' object is not an instance of 'str'")
+
+
 class _DLPackBytes:
     """The raw bytes of one loaded tensor, offered through the DLPack protocol."""
 

@@ -14,6 +14,7 @@ from typing import Dict, Optional, Union
 import numpy as np
 
 from . import _dtypes
+from ._core import check_metadata as _check_metadata
 from ._safe_open import safe_open
 from ._tensorlift import parse_header, serialize, serialize_file
 
@@ -44,17 +45,6 @@ def _specs(tensor_dict: Dict[str, np.ndarray], keep_alive: list) -> list:
         keep_alive.append(a)
         specs.append((name, _dtypes.st_dtype_of_numpy(a), list(a.shape), a.ctypes.data if a.nbytes else 0, a.nbytes))
     return specs
-
-
-def _check_metadata(metadata) -> None:
-    if metadata is None:
-        return
-    if not isinstance(metadata, dict):
-        raise TypeError(f"argument 'metadata': expected a dict of str to str, got {type(metadata).__name__}")
-    for k, v in metadata.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            bad = k if not isinstance(k, str) else v
-            raise TypeError(f"argument 'metadata': '{type(bad).__name__}' object is not an instance of 'str'")
 
 
 def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:

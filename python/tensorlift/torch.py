@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import _dtypes
+from ._core import check_metadata as _check_metadata
 from ._safe_open import safe_open
 from ._tensorlift import parse_header, serialize, serialize_file
 
@@ -98,17 +99,6 @@ def _check_for_save(tensors) -> None:
                 f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. If it is a view "
                 "of another tensor, save the full tensor and slice it after loading; otherwise call "
                 "`.contiguous()` on it before saving.")
-
-
-def _check_metadata(metadata) -> None:
-    if metadata is None:
-        return
-    if not isinstance(metadata, dict):
-        raise TypeError(f"argument 'metadata': expected a dict of str to str, got {type(metadata).__name__}")
-    for k, v in metadata.items():
-        if not isinstance(k, str) or not isinstance(v, str):
-            bad = k if not isinstance(k, str) else v
-            raise TypeError(f"argument 'metadata': '{type(bad).__name__}' object is not an instance of 'str'")
 
 
 def _specs(tensors: Dict[str, torch.Tensor], keep_alive: list) -> list:
