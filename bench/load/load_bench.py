@@ -62,10 +62,12 @@ PY_CONTENDERS = [
     ("fastsafetensors (cpu, nogds)", "fastsafetensors"),
     ("runai-model-streamer (cpu)", "runai"),
 ]
+NCPU = max(2, min(4, os.cpu_count() or 2))  # as tensorlift's default fault threads
 LIMITS = [  # (label, tl_limits read options); the limit is the fastest of them.
     ("limit: O_DIRECT uring + hash, THP", ["--pages", "thp"]),
     ("limit: O_DIRECT uring + hash, 4k pg", ["--pages", "4k"]),
-    ("limit: same, 4k pg populated ahead", ["--pages", "4k", "--populate-ahead", "1"]),
+    ("limit: same, 4k pg populated ahead x1", ["--pages", "4k", "--populate-ahead", "1"]),
+    (f"limit: same, 4k pg populated ahead x{NCPU}", ["--pages", "4k", "--populate-ahead", str(NCPU)]),
 ]
 DEVICE_ONLY = ("device only: O_DIRECT, pre-faulted", ["--pages", "4k", "--prefault", "1"])
 

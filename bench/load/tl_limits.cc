@@ -2,13 +2,13 @@
 // measured without any tensorlift code in the timed path.
 //
 //   tl_limits read RANGES [--queue-depth 32] [--block-mib 8] [--pages thp|4k]
-//                         [--prefault 0|1] [--populate-ahead 0|1]
+//                         [--prefault 0|1] [--populate-ahead N]
 //       O_DIRECT reads, through one io_uring, of every file's span of tensor
 //       bytes into one 4 KiB-aligned fresh buffer (its page faults timed), then
 //       XXH3-64 over each tensor's bytes (the pass every contender makes).
 //       --prefault 1 faults the buffer in before the clock starts (the device
-//       alone); --populate-ahead 1 faults it in on a second thread, in 32 MiB
-//       steps (MADV_POPULATE_WRITE), while the reads run. RANGES is a text file:
+//       alone); --populate-ahead N faults it in on N more threads, in 32 MiB
+//       steps taken in turn (MADV_POPULATE_WRITE), while the reads run. RANGES is a text file:
 //         file PATH
 //         range OFFSET LENGTH      (absolute file offsets; one per tensor)
 //       Prints {"read_s", "hash_s", "total_s", "bytes_read", "tensor_bytes",
@@ -46,6 +46,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -69,7 +70,7 @@ uint64_t PeakRss() {
 
 bool g_thp = true;  // --pages
 bool g_prefault = false;  // --prefault
-bool g_populate_ahead = false;  // --populate-ahead
+int g_populate_ahead = 0;  // --populate-ahead: threads
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14.
@@ -139,11 +140,12 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
     std::memset(buf, 0, total);
     t0 = Clock::now();
   }
-  std::thread populate;
-  if (g_populate_ahead) {
-    populate = std::thread([buf, total] {
+  std::vector<std::thread> populate;
+  std::atomic<uint64_t> next_step{0};
+  for (int t = 0; t < g_populate_ahead; ++t) {
+    populate.emplace_back([buf, total, &next_step] {
       constexpr uint64_t kStep = 32ull << 20;
-      for (uint64_t off = 0; off < total; off += kStep) {
+      for (uint64_t off; (off = next_step.fetch_add(1) * kStep) < total;) {
         if (::madvise(buf + off, std::min(kStep, total - off), MADV_POPULATE_WRITE) != 0) break;
       }
     });
@@ -208,7 +210,7 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
     }
   }
   io_uring_queue_exit(&ring);
-  if (populate.joinable()) populate.join();
+  for (auto& t : populate) t.join();
   const double read_s = Since(t0);
 
   const auto t1 = Clock::now();
@@ -226,12 +228,12 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
   std::printf(
       "{\"read_s\":%.6f,\"hash_s\":%.6f,\"total_s\":%.6f,\"bytes_read\":%llu,\"tensor_bytes\":%llu,"
       "\"tensors\":%llu,\"xor\":\"%016llx\",\"peak_rss_bytes\":%llu,\"queue_depth\":%d,\"block_size\":%llu,"
-      "\"pages\":\"%s\",\"prefault\":%s,\"populate_ahead\":%s}\n",
+      "\"pages\":\"%s\",\"prefault\":%s,\"populate_ahead\":%d}\n",
       read_s, hash_s, total_s, static_cast<unsigned long long>(bytes_read),
       static_cast<unsigned long long>(tensor_bytes), static_cast<unsigned long long>(tensors),
       static_cast<unsigned long long>(x), static_cast<unsigned long long>(PeakRss()), depth,
       static_cast<unsigned long long>(block), g_thp ? "thp" : "4k", g_prefault ? "true" : "false",
-      g_populate_ahead ? "true" : "false");
+      g_populate_ahead);
   ::munmap(buf, total);
   return 0;
 }
@@ -328,7 +330,7 @@ int CmdResident(int argc, char** argv) {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: tl_limits read RANGES [--queue-depth N] [--block-mib N] [--pages thp|4k] [--prefault 0|1] [--populate-ahead 0|1]\n"
+               "usage: tl_limits read RANGES [--queue-depth N] [--block-mib N] [--pages thp|4k] [--prefault 0|1] [--populate-ahead N]\n"
                "       tl_limits memcpy BYTES [--threads N] [--pages thp|4k] [--settle-ms MS]\n"
                "       tl_limits resident FILE...\n");
   return 2;
@@ -348,7 +350,7 @@ int main(int argc, char** argv) {
     const long v = std::strtol(val.c_str(), nullptr, 10);
     if (opt == "--pages" && (val == "thp" || val == "4k")) g_thp = val == "thp";
     else if (opt == "--prefault" && (val == "0" || val == "1")) g_prefault = val == "1";
-    else if (opt == "--populate-ahead" && (val == "0" || val == "1")) g_populate_ahead = val == "1";
+    else if (opt == "--populate-ahead" && v >= 0 && v <= 64) g_populate_ahead = static_cast<int>(v);
     else if (opt == "--settle-ms" && v >= 0) g_settle_ms = static_cast<int>(v);
     else if (v <= 0) return Usage();
     else if (opt == "--queue-depth") depth = static_cast<int>(v);

@@ -2,6 +2,7 @@
 //
 //   tl_load_bench PATH [--mode auto|buffered|direct|mmap] [--engine auto|threads|uring]
 //                      [--threads N] [--queue-depth N] [--block-mib N]
+//                      [--fault-threads N (negative: none)]
 //
 // Opens PATH (a file, an index or a directory), loads every tensor with
 // tensorlift::Load, then reads every tensor's bytes once (XXH3-64, the same
@@ -45,7 +46,8 @@ std::string JsonString(std::string_view s) {
 int Usage() {
   std::fprintf(stderr,
                "usage: tl_load_bench PATH [--mode auto|buffered|direct|mmap] "
-               "[--engine auto|threads|uring] [--threads N] [--queue-depth N] [--block-mib N]\n");
+               "[--engine auto|threads|uring] [--threads N] [--queue-depth N] [--block-mib N] "
+               "[--fault-threads N]\n");
   return 2;
 }
 
@@ -72,6 +74,10 @@ int main(int argc, char** argv) {
         if (!e.ok()) return Usage();
         opts.engine = *e;
       }
+    } else if (arg == "--fault-threads") {
+      const char* v = value();
+      if (v == nullptr) return Usage();
+      opts.fault_threads = static_cast<int>(std::strtol(v, nullptr, 10));
     } else if (arg == "--threads" || arg == "--queue-depth" || arg == "--block-mib") {
       const char* v = value();
       if (v == nullptr) return Usage();
@@ -119,10 +125,10 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"load_s\":%.6f,\"total_s\":%.6f,\"loader_s\":%.6f,\"bytes\":%llu,\"tensors\":%zu,"
       "\"peak_rss_bytes\":%llu,\"xor\":\"%s\",\"options\":{\"mode\":%s,\"engine\":%s,\"threads\":%d,"
-      "\"queue_depth\":%d,\"block_size\":%llu},\"files\":%s}\n",
+      "\"queue_depth\":%d,\"block_size\":%llu,\"fault_threads\":%d},\"files\":%s}\n",
       load_s, total_s, loaded->seconds(), static_cast<unsigned long long>(bytes), loaded->tensors().size(),
       static_cast<unsigned long long>(ru.ru_maxrss) * 1024ull, tensorlift::HexU64(x).c_str(),
       JsonString(tensorlift::IoModeName(opts.mode)).c_str(), JsonString(tensorlift::IoEngineName(opts.engine)).c_str(),
-      opts.threads, opts.queue_depth, static_cast<unsigned long long>(opts.block_size), files.c_str());
+      opts.threads, opts.queue_depth, static_cast<unsigned long long>(opts.block_size), opts.fault_threads, files.c_str());
   return 0;
 }

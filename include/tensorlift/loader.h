@@ -95,6 +95,10 @@ struct LoadOptions {
   int threads = 0;                  // pread threads; 0: a default from the CPU count.
   int queue_depth = 32;             // io_uring reads in flight.
   uint64_t block_size = 8ull << 20; // The largest single read (rounded to 4 KiB).
+  // Threads that fault the destination memory in ahead of the reads
+  // (MADV_POPULATE_WRITE); 0: the CPU count, 2 to 4; negative: none, the reads
+  // fault it in themselves. See docs/loading.md, "Memory".
+  int fault_threads = 0;
   TensorFilter filter;
   ProgressCallback progress;
 };

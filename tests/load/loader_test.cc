@@ -348,6 +348,47 @@ TEST_P(LoaderFaultTest, SameSizeFileSwappedInAfterTheHeaderWasRead) {
 INSTANTIATE_TEST_SUITE_P(Modes, LoaderFaultTest,
                          ::testing::Values(IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap));
 
+// Above 64 MiB the arenas are faulted in by helper threads while the reads
+// run; however many there are (or none), the bytes are the file's, and a read
+// error stops them before the arenas go.
+TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
+  TempDir dir;
+  const std::string path = dir.File("big.safetensors");
+  std::vector<RawTensor> tensors;
+  for (uint32_t i = 0; i < 3; ++i) {
+    tensors.push_back(Random("t" + std::to_string(i), Dtype::kBF16, {5, 1u << 22}, 40 + i));  // 40 MiB.
+  }
+  tensors.push_back(Random("odd", Dtype::kU8, {4097}, 7));
+  WriteRaw(path, tensors, 3);
+  std::map<std::string, RawTensor> want;
+  for (auto& t : tensors) want[t.name] = t;
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  for (IoMode m : {IoMode::kBuffered, IoMode::kDirect}) {
+    for (int ft : {-1, 1, 2, 5}) {
+      LoadOptions opts;
+      opts.mode = m;
+      opts.fault_threads = ft;
+      opts.block_size = 1 << 20;
+      auto got = Load(*ckpt, opts);
+      const std::string what = std::string(IoModeName(m)) + " fault_threads=" + std::to_string(ft);
+      ASSERT_TRUE(got.ok()) << what << ": " << got.status().ToString();
+      ExpectSameAsFile(want, *got, what);
+    }
+    LoadOptions opts;
+    opts.mode = m;
+    opts.fault_threads = 2;
+    opts.block_size = 1 << 20;
+    auto failed = LoadWithEngineWrapper(*ckpt, opts, [](std::unique_ptr<ReadEngine> e) {
+      return std::make_unique<FaultEngine>(std::move(e), [](size_t i) {
+        return i == 7 ? IOError("read: Input/output error") : Status::Ok();
+      });
+    });
+    ASSERT_FALSE(failed.ok());
+    EXPECT_THAT(failed.status().message(), HasSubstr("Input/output error"));
+  }
+}
+
 TEST(LoaderTest, MissingFileAndNoPermission) {
   auto got = Load("/nonexistent/model.safetensors");
   ASSERT_FALSE(got.ok());
