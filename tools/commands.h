@@ -25,8 +25,16 @@ struct LoadArgs {
   uint64_t block_mib = 8;
   bool checksum = false;
   bool progress = true;  // Only drawn on a terminal.
+  std::string device = "cpu";
+  std::string dtype;     // Empty: keep each tensor's.
+  int staging_buffers = 4;
+  uint64_t staging_mib = 16;
+  bool gds = true;
 };
 int RunLoad(const LoadArgs& args);
+
+// Prints what was built and what works here (Capabilities()); always 0.
+int RunDoctor(const std::string& path, bool json);
 
 }  // namespace tensorlift::cli
 

@@ -1,7 +1,9 @@
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "tensorlift/checksum.h"
@@ -35,6 +37,24 @@ int RunLoad(const LoadArgs& args) {
   opts.threads = args.threads;
   opts.queue_depth = args.queue_depth;
   opts.block_size = args.block_mib << 20;
+  opts.device = args.device;
+  opts.staging_buffers = args.staging_buffers;
+  opts.staging_bytes = args.staging_mib << 20;
+  opts.gds = args.gds;
+  if (auto dev = ParseDevice(args.device); !dev.ok()) {
+    std::fprintf(stderr, "%s\n", dev.status().ToString().c_str());
+    return kExitUsage;
+  }
+  if (!args.dtype.empty()) {
+    std::string upper;
+    for (char c : args.dtype) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    auto dt = DtypeFromName(upper);
+    if (!dt) {
+      std::fprintf(stderr, "unknown dtype '%s' (expected F32, F16 or BF16)\n", args.dtype.c_str());
+      return kExitUsage;
+    }
+    opts.dtype = *dt;
+  }
   if (!args.filter.empty()) {
     auto f = TensorFilter::Regex(args.filter);
     if (!f.ok()) {
@@ -62,13 +82,30 @@ int RunLoad(const LoadArgs& args) {
                  static_cast<unsigned long long>(f.bytes), how.c_str(), f.reason.empty() ? "" : ": ",
                  f.reason.c_str());
   }
+  if (args.device != "cpu" || opts.dtype) {
+    const DeviceMemoryPlan& p = loaded->device_plan();
+    std::fprintf(report, "memory plan on %s: %llu bytes for tensors, %llu for conversion slots, %llu pinned\n",
+                 args.device.c_str(), static_cast<unsigned long long>(p.device_bytes),
+                 static_cast<unsigned long long>(p.scratch_bytes), static_cast<unsigned long long>(p.pinned_bytes));
+  }
   const double secs = loaded->seconds();
   std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s\n", loaded->tensors().size(),
                static_cast<unsigned long long>(loaded->total_bytes()), secs,
                secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0);
   if (args.checksum) {
+    std::vector<std::byte> host;
     for (const LoadedTensor& t : loaded->tensors()) {  // Name order.
-      std::printf("%s\t%s\n", t.name.c_str(), HexU64(Xxh3_64(t.data, t.nbytes)).c_str());
+      const void* bytes = t.data;
+      if (t.device != DeviceType::kCpu) {
+        host.resize(t.nbytes);
+        Status st = loaded->CopyToHost(t.name, host.data());
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s\n", st.ToString().c_str());
+          return kExitInvalid;
+        }
+        bytes = host.data();
+      }
+      std::printf("%s\t%s\n", t.name.c_str(), HexU64(Xxh3_64(bytes, t.nbytes)).c_str());
     }
   }
   return kExitOk;

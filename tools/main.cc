@@ -51,6 +51,24 @@ int main(int argc, char** argv) {
   load->add_flag("--checksum", load_args.checksum,
                  "Print name<TAB>xxh3-64 of each tensor's bytes, sorted by name (summary to stderr)");
   load->add_flag("!--no-progress", load_args.progress, "Never draw the progress bar");
+  load->add_option("--device", load_args.device, "Where the tensors go: cpu, cuda or cuda:N")
+      ->capture_default_str();
+  load->add_option("--dtype", load_args.dtype,
+                   "Convert floating-point tensors (F32/F16/BF16/F8) to F32, F16 or BF16 while loading");
+  load->add_option("--staging-buffers", load_args.staging_buffers, "GPU loads: pinned staging buffers")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  load->add_option("--staging-size", load_args.staging_mib, "GPU loads: bytes per staging buffer, in MiB")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  load->add_flag("!--no-gds", load_args.gds, "GPU loads: never use GPUDirect Storage");
+
+  std::string doctor_path;
+  bool doctor_json = false;
+  auto* doctor = app.add_subcommand(
+      "doctor", "Show what was built and what works here: CUDA, GPUs, io_uring, GPUDirect Storage");
+  doctor->add_option("PATH", doctor_path, "A file or directory whose filesystem to check for GPUDirect Storage");
+  doctor->add_flag("--json", doctor_json, "Print JSON for machines");
 
   try {
     app.parse(argc, argv);
@@ -61,5 +79,6 @@ int main(int argc, char** argv) {
   if (*inspect) return RunInspect(inspect_path, inspect_json);
   if (*verify) return RunVerify(verify_paths, verify_quiet);
   if (*load) return RunLoad(load_args);
+  if (*doctor) return RunDoctor(doctor_path, doctor_json);
   return kExitUsage;
 }

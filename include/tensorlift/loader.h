@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -101,9 +102,31 @@ struct LoadOptions {
   int fault_threads = 0;
   TensorFilter filter;
   ProgressCallback progress;
+
+  // Where the tensors go: "cpu" (default), "cuda" (= "cuda:0") or "cuda:N".
+  // GPU loads read into pinned staging buffers and copy to the device while
+  // the next blocks are read (docs/loading.md, "GPU").
+  std::string device = "cpu";
+  // Convert floating-point tensors (F32, F16, BF16, F8_E4M3, F8_E5M2) to this
+  // dtype while loading: on the GPU for GPU loads, on the host otherwise; the
+  // others keep their dtype. Supported targets: F32, F16, BF16.
+  std::optional<Dtype> dtype;
+  // GPU loads (and conversions): pinned staging buffers, count and bytes each
+  // (rounded up to 4 KiB). The device needs the tensors' bytes plus, when
+  // converting, one device slot of this size per staging buffer.
+  int staging_buffers = 4;
+  uint64_t staging_bytes = 16ull << 20;
+  // GPUDirect Storage for GPU loads: auto uses it when ready (cuFile, the
+  // nvidia-fs driver, a supported filesystem) and falls back to the pinned
+  // pipeline, saying why in FileReport::reason, when any piece is missing or
+  // fails; off never tries it.
+  bool gds = true;
 };
 
-enum class DeviceType : uint8_t { kCpu };
+enum class DeviceType : uint8_t { kCpu, kCuda, kEmulated };
+
+// Parses "cpu", "cuda", "cuda:N" (and "emulated[:N]", the test device).
+Result<std::pair<DeviceType, int>> ParseDevice(std::string_view name);
 
 // A loaded tensor: a view over a buffer owned by its LoadedCheckpoint.
 struct LoadedTensor {
@@ -111,10 +134,19 @@ struct LoadedTensor {
   Dtype dtype = Dtype::kU8;
   std::vector<int64_t> shape;
   std::vector<int64_t> strides;  // In elements, row-major.
-  void* data = nullptr;          // Aligned to the element size (up to 8).
+  void* data = nullptr;          // Aligned to the element size (up to 8); a
+                                 // device address unless device is kCpu.
   uint64_t nbytes = 0;
   DeviceType device = DeviceType::kCpu;
   int device_index = 0;
+};
+
+// Memory a load needs, computed before anything is read; a load never
+// allocates more. Zero for host loads without conversion.
+struct DeviceMemoryPlan {
+  uint64_t device_bytes = 0;   // Tensors' final buffers on the device.
+  uint64_t scratch_bytes = 0;  // Device slots for conversions.
+  uint64_t pinned_bytes = 0;   // Pinned staging buffers (host).
 };
 
 // What the loader did with one file.
@@ -126,6 +158,8 @@ struct FileReport {
   uint64_t bytes = 0;                   // Bytes of tensors loaded from it.
   uint32_t tensors = 0;
   uint32_t realigned = 0;               // Tensors read or copied on their own to align them.
+  uint32_t converted = 0;               // Tensors converted to LoadOptions::dtype.
+  bool gds = false;                     // Read straight to the GPU (GPUDirect Storage).
 };
 
 class LoadedCheckpoint {
@@ -151,20 +185,28 @@ class LoadedCheckpoint {
                                                       bool raw_bytes = false) const;
   Result<DLManagedTensor*> ToDLPack(std::string_view name, bool raw_bytes = false) const;
 
-  // Bytes of host memory this checkpoint's buffers hold now.
+  // Copies `name`'s bytes (nbytes of them) to host memory at `dst`, from
+  // whatever device they are on; NotFound for an unknown name.
+  Status CopyToHost(std::string_view name, void* dst) const;
+
+  // Bytes of memory this checkpoint's buffers hold now (on its device).
   uint64_t buffer_bytes() const;
+  const DeviceMemoryPlan& device_plan() const { return device_plan_; }
 
  private:
   friend class LoaderImpl;
+  friend class DevicePipeline;
   struct Owners;
   std::vector<LoadedTensor> tensors_;
   std::unique_ptr<Owners> owners_;  // One buffer owner per tensor, shared.
   std::vector<FileReport> files_;
   uint64_t total_bytes_ = 0;
   double seconds_ = 0;
+  DeviceMemoryPlan device_plan_;
 };
 
-// Loads the tensors of `checkpoint` that pass options.filter into host memory.
+// Loads the tensors of `checkpoint` that pass options.filter into host memory,
+// or onto options.device.
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options = {});
 // Opens `path` (file, index or directory) and loads it.
 Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options = {});

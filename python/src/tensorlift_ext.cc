@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "device/convert.h"
+#include "device/convert_host.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
@@ -130,8 +132,20 @@ struct PyLoaded {
 
 PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>> names,
                 std::optional<std::string> regex, const std::string& mode, const std::string& engine,
-                int threads, int queue_depth, uint64_t block_size, std::optional<nb::object> progress) {
+                int threads, int queue_depth, uint64_t block_size, std::optional<nb::object> progress,
+                const std::string& device, std::optional<std::string> dtype, int staging_buffers,
+                uint64_t staging_bytes, bool gds) {
   LoadOptions opts;
+  opts.device = device;
+  Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
+  if (dtype) {
+    auto dt = DtypeFromName(*dtype);
+    if (!dt) Raise(InvalidArgumentError("unknown dtype '" + *dtype + "'"));
+    opts.dtype = *dt;
+  }
+  opts.staging_buffers = staging_buffers;
+  opts.staging_bytes = staging_bytes;
+  opts.gds = gds;
   opts.mode = Unwrap(ParseIoMode(mode));
   opts.engine = Unwrap(ParseIoEngine(engine));
   opts.threads = threads;
@@ -157,6 +171,11 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
     r = Load(*self.ckpt, opts);
   }
   cb.reset();
+  if (!r.ok() && r.status().code() == StatusCode::kUnavailable && device != "cpu") {
+    // No GPU or driver here: what torch raises for that, not ConnectionError.
+    PyErr_SetString(PyExc_RuntimeError, r.status().message().c_str());
+    throw nb::python_error();
+  }
   return PyLoaded{std::make_shared<const LoadedCheckpoint>(Unwrap(std::move(r)))};
 }
 
@@ -236,8 +255,11 @@ NB_MODULE(_tensorlift, m) {
       .def("load", &DoLoad, nb::arg("names") = nb::none(), nb::arg("regex") = nb::none(),
            nb::arg("mode") = "auto", nb::arg("engine") = "auto", nb::arg("threads") = 0,
            nb::arg("queue_depth") = 32, nb::arg("block_size") = uint64_t{8} << 20,
-           nb::arg("progress") = nb::none(),
-           "Loads the tensors (all, or those named, or matching regex); the GIL is released.");
+           nb::arg("progress") = nb::none(), nb::arg("device") = "cpu", nb::arg("dtype") = nb::none(),
+           nb::arg("staging_buffers") = 4, nb::arg("staging_bytes") = uint64_t{16} << 20,
+           nb::arg("gds") = true,
+           "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
+           "converting floating-point tensors to `dtype` when given; the GIL is released.");
 
   nb::class_<PyLoaded>(m, "Loaded")
       .def("names",
@@ -255,6 +277,18 @@ NB_MODULE(_tensorlift, m) {
              }
              return nb::make_tuple(Str(DtypeName(t->dtype)), nb::tuple(nb::cast(t->shape)), t->nbytes);
            })
+      .def("device",
+           [](const PyLoaded& s, const std::string& name) {
+             const LoadedTensor* t = s.get().Find(name);
+             if (!t) {
+               PyErr_SetString(PyExc_KeyError, name.c_str());
+               throw nb::python_error();
+             }
+             // DLPack's device type and index: kDLCPU 1, kDLCUDA 2, kDLExtDev 12.
+             const int type = t->device == DeviceType::kCuda ? 2 : t->device == DeviceType::kEmulated ? 12 : 1;
+             return nb::make_tuple(type, t->device_index);
+           },
+           "(DLPack device type, index) of the tensor's memory.")
       .def(
           "dlpack",
           [](const PyLoaded& s, const std::string& name, bool versioned, bool raw_bytes) {
@@ -281,12 +315,24 @@ NB_MODULE(_tensorlift, m) {
                d["bytes"] = f.bytes;
                d["tensors"] = f.tensors;
                d["realigned"] = f.realigned;
+               d["converted"] = f.converted;
+               d["gds"] = f.gds;
                out.append(d);
              }
              return out;
            })
       .def_prop_ro("total_bytes", [](const PyLoaded& s) { return s.get().total_bytes(); })
       .def_prop_ro("seconds", [](const PyLoaded& s) { return s.get().seconds(); })
+      .def("device_plan",
+           [](const PyLoaded& s) {
+             const DeviceMemoryPlan& p = s.get().device_plan();
+             nb::dict d;
+             d["device_bytes"] = p.device_bytes;
+             d["scratch_bytes"] = p.scratch_bytes;
+             d["pinned_bytes"] = p.pinned_bytes;
+             return d;
+           },
+           "Memory the load planned (device buffers, conversion slots, pinned staging).")
       .def("release", [](PyLoaded& s) { s.loaded.reset(); },
            "Drops this object's reference to the buffers (tensors handed out keep theirs).");
 
@@ -336,4 +382,39 @@ NB_MODULE(_tensorlift, m) {
     if (!dt) Raise(InvalidArgumentError("unknown dtype '" + d + "'"));
     return DtypeBits(*dt);
   });
+  m.def(
+      "convert",
+      [](nb::bytes data, const std::string& from_dtype, const std::string& to_dtype) {
+        auto from = DtypeFromName(from_dtype);
+        if (!from) Raise(InvalidArgumentError("unknown dtype '" + from_dtype + "'"));
+        auto to = DtypeFromName(to_dtype);
+        if (!to) Raise(InvalidArgumentError("unknown dtype '" + to_dtype + "'"));
+        const uint64_t from_bits = DtypeBits(*from);
+        const uint64_t to_bits = DtypeBits(*to);
+        if (data.size() * 8 % from_bits != 0) {
+          Raise(InvalidArgumentError(std::to_string(data.size()) + " bytes are not a whole number of " +
+                                     from_dtype + " elements"));
+        }
+        const uint64_t count = data.size() * 8 / from_bits;
+        // Checks the pair (the C++ message) before anything is allocated.
+        if (!convert::ConversionSupported(*from, *to)) {
+          Raise(ConvertOnHost(nullptr, *to, nullptr, *from, 0));
+        }
+        // A new bytes object nobody else sees yet: filled without the GIL.
+        PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(count * to_bits / 8));
+        if (out == nullptr) throw nb::python_error();
+        nb::bytes result = nb::steal<nb::bytes>(out);
+        auto* dst = reinterpret_cast<std::byte*>(PyBytes_AS_STRING(out));
+        const auto* src = static_cast<const std::byte*>(data.data());
+        Status st;
+        {
+          nb::gil_scoped_release nogil;
+          st = ConvertOnHost(dst, *to, src, *from, count);
+        }
+        if (!st.ok()) Raise(st);
+        return result;
+      },
+      nb::arg("data"), nb::arg("from_dtype"), nb::arg("to_dtype"),
+      "Converts the elements in `data` (safetensors dtype names) with the loader's conversions "
+      "(bit-exact with torch's scalar CPU conversions); ValueError for an unknown name or pair.");
 }

@@ -33,11 +33,13 @@ class _DLPackBytes:
         self._name = name
 
     def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        # GPU loads synchronize their copy stream before they return: the
+        # bytes are ready for any consumer stream, so `stream` needs no wait.
         versioned = max_version is not None and max_version[0] >= 1
         return self._loaded.dlpack(self._name, versioned=versioned, raw_bytes=True)
 
     def __dlpack_device__(self):
-        return (1, 0)  # kDLCPU
+        return self._loaded.device(self._name)
 
 
 def tensor_from(loaded: Loaded, name: str, framework: str):
@@ -48,6 +50,8 @@ def tensor_from(loaded: Loaded, name: str, framework: str):
         import torch
         return _dtypes.torch_view(torch.from_dlpack(raw), dtype, shape)
     if framework in ("np", "numpy"):
+        if loaded.device(name)[0] != 1:
+            raise ValueError("tensorlift: numpy arrays live in host memory; load with device='cpu' for 'np'")
         return _dtypes.numpy_view(np.from_dlpack(raw), dtype, shape)
     raise ValueError(f"tensorlift: unsupported framework {framework!r} (use 'pt' or 'np')")
 
@@ -58,18 +62,36 @@ def _paths(paths) -> List[str]:
     return [os.fspath(p) for p in paths]
 
 
-def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], device: str = "cpu",
+def device_name(device) -> str:
+    """"cpu", "cuda:N" (or "emulated") from a str, an int (a CUDA index) or a torch.device."""
+    if device is None:
+        return "cpu"
+    if isinstance(device, int) and not isinstance(device, bool):
+        return f"cuda:{device}"
+    kind = getattr(device, "type", None)  # torch.device
+    if kind is not None:
+        index = getattr(device, "index", None)
+        return kind if kind == "cpu" else f"{kind}:{index or 0}"
+    return str(device)
+
+
+def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], device="cpu",
          framework: str = "pt", filter: Union[None, str, Iterable[str], Callable[[str], bool]] = None,
-         mode: str = "auto", threads: Optional[int] = None, progress: bool = False) -> Dict[str, object]:
+         mode: str = "auto", threads: Optional[int] = None, progress: bool = False,
+         dtype=None) -> Dict[str, object]:
     """Loads tensors fast: returns name -> tensor, zero-copy over tensorlift's buffers.
 
     paths: a .safetensors file, a model.safetensors.index.json, a directory of
-    shards, or a list of files. filter: a regex (str), a collection of names,
-    or a predicate on names. mode: auto | buffered | direct | mmap. progress:
-    a tqdm bar. The GIL is released while reading.
+    shards, or a list of files. device: "cpu" or "cuda:N" (also an int or a
+    torch.device): GPU loads read through pinned staging buffers (or GPUDirect
+    Storage) straight into GPU memory. filter: a regex (str), a collection of
+    names, or a predicate on names. mode: auto | buffered | direct | mmap.
+    dtype: convert floating-point tensors (F32/F16/BF16/F8) to this while
+    loading (a torch dtype or "F32"/"F16"/"BF16"). progress: a tqdm bar. The
+    GIL is released while reading.
     """
-    if device != "cpu":
-        raise NotImplementedError("tensorlift.load: only device='cpu' in this version")
+    device = device_name(device)
+    target = _dtypes.safetensors_name(dtype) if dtype is not None else None
     out: Dict[str, object] = {}
     bar = None
     callback = None
@@ -93,7 +115,7 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
             elif filter is not None:
                 names = list(filter)
             loaded = ckpt.load(names=names, regex=regex, mode=mode, threads=threads or 0,
-                               progress=callback)
+                               progress=callback, device=device, dtype=target)
             for name in loaded.names():
                 if name in out:
                     raise ValueError(f"tensorlift.load: tensor {name!r} is in more than one of the files")

@@ -99,6 +99,29 @@ def numpy_view(raw: np.ndarray, dtype: str, shape: Sequence[int]) -> np.ndarray:
     return raw.view(ndt).reshape(tuple(shape))
 
 
+def safetensors_name(dtype) -> str:
+    """The safetensors name of a dtype given as a name ("bf16", "BF16"), a torch
+    dtype, a numpy dtype, or an enum whose value is one of those."""
+    value = getattr(dtype, "value", dtype)
+    if isinstance(value, str):
+        name = value.upper()
+        dtype_bits(name)  # ValueError for an unknown name
+        return name
+    try:
+        import torch
+        if isinstance(value, torch.dtype):
+            for st_name, torch_name in _TORCH_NAMES.items():
+                if getattr(torch, torch_name, None) == value:
+                    return st_name
+    except ImportError:
+        pass
+    try:
+        return st_dtype_of_numpy(np.empty(0, dtype=value))
+    except TypeError:
+        pass
+    raise ValueError(f"tensorlift: unsupported dtype {dtype!r}")
+
+
 def st_dtype_of_torch(t) -> str:
     import torch
     for k, v in _TORCH_NAMES.items():

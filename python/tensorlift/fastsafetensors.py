@@ -29,11 +29,14 @@ fastsafetensors 0.5.0 with one process:
 - A missing name raises TensorNotFoundError, which is both a ValueError (what
   fastsafetensors raises) and a KeyError (what the rest of tensorlift raises).
 
-Differences: only device "cpu" and the "pytorch" framework in this version;
-one process only (a process group of several ranks raises NotImplementedError,
-multi-rank loading comes with a later version). GDS options (`nogds`,
-`use_buf_register`, `bbuf_size_kb` as a bounce-buffer size, NUMA) have no
-meaning for host loads and are accepted and ignored, except that an explicit
+Devices: "cpu" and "cuda:N" (GPU loads go through tensorlift's pinned
+pipeline, or GPUDirect Storage unless `nogds=True`; `dtype` then converts on
+the GPU while loading, with fastsafetensors' rule that only equal or smaller
+sizes are allowed). Differences: the "pytorch" framework only; one process
+only (a process group of several ranks raises NotImplementedError, multi-rank
+loading comes with a later version). The other GDS options
+(`use_buf_register`, `bbuf_size_kb` as a bounce-buffer size, NUMA) are
+accepted and ignored, except that an explicit
 `max_threads` sets tensorlift's reader threads and an explicit `bbuf_size_kb`
 its largest single read. Extra keyword `mode` ("auto" | "buffered" | "direct"
 | "mmap") picks tensorlift's I/O mode.
@@ -45,7 +48,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _dtypes
-from ._core import _DLPackBytes, tensor_from
+from ._core import _DLPackBytes, device_name, tensor_from
 from ._tensorlift import Checkpoint, dtype_bits
 
 __all__ = [
@@ -119,13 +122,12 @@ def _check_single(pg: Any) -> None:
 
 
 def _check_device(device: Any) -> str:
-    kind = getattr(device, "type", None)  # torch.device
-    if kind is None:
-        kind = str(device).split(":", 1)[0].lower()
-    if kind != "cpu":
+    """"cpu" or "cuda:N" for a str, an int or a torch.device."""
+    name = device_name(device)
+    if name.split(":", 1)[0].lower() not in ("cpu", "cuda"):
         raise NotImplementedError(
-            f"tensorlift.fastsafetensors: device {device!r} is not supported yet; only 'cpu' in this version")
-    return "cpu"
+            f"tensorlift.fastsafetensors: device {device!r} is not supported; use 'cpu' or 'cuda:N'")
+    return name
 
 
 def _check_framework(framework: str) -> str:
@@ -141,21 +143,12 @@ def _dtype_name(dtype: Any) -> Optional[str]:
     if dtype is None:
         return None
     value = getattr(dtype, "value", dtype)  # our DType or fastsafetensors' DType
-    if isinstance(value, str):
-        name = value.upper()
-        if name == "AUTO":
-            return None
-        dtype_bits(name)  # raises ValueError for an unknown name
-        return name
+    if isinstance(value, str) and value.upper() == "AUTO":
+        return None
     try:
-        import torch
-        if isinstance(dtype, torch.dtype):
-            for st_name, torch_name in _dtypes._TORCH_NAMES.items():
-                if getattr(torch, torch_name, None) == dtype:
-                    return st_name
-    except ImportError:
-        pass
-    raise ValueError(f"tensorlift.fastsafetensors: unsupported dtype {dtype!r}")
+        return _dtypes.safetensors_name(value)
+    except ValueError:
+        raise ValueError(f"tensorlift.fastsafetensors: unsupported dtype {dtype!r}") from None
 
 
 class TorchTensor:
@@ -324,16 +317,24 @@ class SafeTensorsFileLoader:
                 names = None
                 if self._tensor_filter is not None:
                     names = [t[0] for t in f.tensors if self._kept(t[0])]
-                opts = {"mode": self._mode, "threads": self._threads}
+                opts = {"mode": self._mode, "threads": self._threads, "device": self.device,
+                        "gds": not self.nogds}
                 if self._block_size:
                     opts["block_size"] = self._block_size
+                on_gpu = self.device != "cpu"
+                if on_gpu and target is not None:
+                    for t in f.tensors:  # fastsafetensors' rule, checked before any read
+                        if (names is None or self._kept(t[0])) and dtype_bits(target) > dtype_bits(t[1]):
+                            raise ValueError(f"Online type conversion to larger sizes is not supported "
+                                             f"({t[1]} -> {target}) for tensor {t[0]!r}")
+                    opts["dtype"] = target  # converted on the GPU while loading
                 loaded = f.ckpt.load(names=names, **opts)
                 try:
                     tensors, shapes = {}, {}
                     for t in f.tensors:
                         if names is not None and not self._kept(t[0]):
                             continue
-                        tensors[t[0]] = _materialize(loaded, t[0], t[1], t[2], target)
+                        tensors[t[0]] = _materialize(loaded, t[0], t[1], t[2], None if on_gpu else target)
                         shapes[t[0]] = list(t[2])
                 finally:
                     loaded.release()

@@ -46,7 +46,11 @@ template <typename Managed>
 void FillTensor(Managed* m, ExportContext* ctx, const LoadedTensor& t, bool raw_bytes) {
   DLTensor& dl = m->dl_tensor;
   dl.data = t.data;
-  dl.device = {kDLCPU, 0};
+  switch (t.device) {
+    case DeviceType::kCpu: dl.device = {kDLCPU, 0}; break;
+    case DeviceType::kCuda: dl.device = {kDLCUDA, t.device_index}; break;
+    case DeviceType::kEmulated: dl.device = {kDLExtDev, t.device_index}; break;
+  }
   dl.ndim = static_cast<int32_t>(ctx->shape.size());
   dl.dtype = raw_bytes ? DLDataType{kDLUInt, 8, 1} : ToDLDataType(t.dtype);
   dl.shape = ctx->shape.data();

@@ -17,9 +17,11 @@
 #include <unordered_set>
 
 #include "common/posix_file.h"
+#include "device/device.h"
 #include "device/host_buffer.h"
 #include "io/page_cache.h"
 #include "io/read_op.h"
+#include "load/file_job.h"
 #include "load/loader_internal.h"
 #include "load/owners.h"
 #include "load/planner.h"
@@ -99,6 +101,19 @@ const LoadedTensor* LoadedCheckpoint::Find(std::string_view name) const {
   return &*it;
 }
 
+Status LoadedCheckpoint::CopyToHost(std::string_view name, void* dst) const {
+  const LoadedTensor* t = Find(name);
+  if (t == nullptr) return NotFoundError("no tensor " + QuoteName(name) + " was loaded");
+  if (t->nbytes == 0) return Status::Ok();
+  if (!owners_->device || t->device == DeviceType::kCpu) {
+    std::memcpy(dst, t->data, t->nbytes);
+    return Status::Ok();
+  }
+  TL_ASSIGN_OR_RETURN(auto stream, owners_->device->CreateStream());
+  TL_RETURN_IF_ERROR(stream->CopyToHost(static_cast<std::byte*>(dst), static_cast<const std::byte*>(t->data), t->nbytes));
+  return stream->Synchronize();
+}
+
 uint64_t LoadedCheckpoint::buffer_bytes() const {
   std::unordered_set<const Buffer*> seen;
   uint64_t total = 0;
@@ -115,20 +130,37 @@ int DefaultThreads() {
   return static_cast<int>(std::clamp<unsigned>(n == 0 ? 4 : n, 4, 16));
 }
 
-// One file being loaded.
-struct FileJob {
-  const Checkpoint::Shard* shard = nullptr;
-  std::vector<uint32_t> wanted;
-  PosixFile buffered;
-  PosixFile direct;
-  FileIdentity identity;
+// One file being loaded into host memory.
+struct FileJob : OpenedFile {
   FilePlan plan;
   std::shared_ptr<Buffer> arena;
   std::shared_ptr<Buffer> mapping;
-  FileReport report;
 };
 
-Status OpenJob(FileJob& job, const LoadOptions& options) {
+Status PlanJob(FileJob& job, const LoadOptions& options) {
+  TL_RETURN_IF_ERROR(OpenForLoad(job, options.mode));
+  const Header& h = job.shard->header;
+  const IoMode mode = job.report.mode;
+  const PlanMode pm = mode == IoMode::kDirect   ? PlanMode::kDirect
+                      : mode == IoMode::kMmap   ? PlanMode::kMmap
+                                                : PlanMode::kBuffered;
+  job.plan = PlanFile(h, job.wanted, pm, options.block_size);
+  job.report.bytes = job.plan.tensor_bytes;
+  job.report.tensors = static_cast<uint32_t>(job.wanted.size());
+  job.report.realigned = job.plan.realigned;
+
+  TL_ASSIGN_OR_RETURN(auto arena, HostBuffer::Allocate(job.plan.arena_bytes));
+  job.arena = std::move(arena);
+  if (pm == PlanMode::kMmap) {
+    TL_ASSIGN_OR_RETURN(auto mapping, FileMapping::Map(job.buffered.fd(), h.file_size()));
+    job.mapping = std::move(mapping);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status OpenForLoad(OpenedFile& job, IoMode mode) {
   const Header& h = job.shard->header;
   TL_ASSIGN_OR_RETURN(job.buffered, PosixFile::OpenForRead(job.shard->path));
   TL_ASSIGN_OR_RETURN(job.identity, job.buffered.Identity());
@@ -140,7 +172,6 @@ Status OpenJob(FileJob& job, const LoadOptions& options) {
   if (job.identity != job.shard->identity) {
     return CorruptionError("the file was modified or replaced after its header was read");
   }
-  IoMode mode = options.mode;
   uint64_t first = 0, last = 0;
   if (!job.wanted.empty()) {
     first = h.tensors()[job.wanted.front()].begin;
@@ -151,13 +182,8 @@ Status OpenJob(FileJob& job, const LoadOptions& options) {
                         ResidentFraction(job.buffered.fd(), h.data_offset() + first, last - first));
     char pct[32];
     std::snprintf(pct, sizeof pct, "%.0f%%", resident * 100);
-    if (resident >= 0.5) {
-      mode = IoMode::kBuffered;
-      job.report.reason = std::string(pct) + " in page cache";
-    } else {
-      mode = IoMode::kDirect;
-      job.report.reason = std::string(pct) + " in page cache";
-    }
+    mode = resident >= 0.5 ? IoMode::kBuffered : IoMode::kDirect;
+    job.report.reason = std::string(pct) + " in page cache";
   }
   if (mode == IoMode::kDirect) {
     int fd;
@@ -177,24 +203,10 @@ Status OpenJob(FileJob& job, const LoadOptions& options) {
   }
   job.report.mode = mode;
   job.report.path = job.shard->path;
-  const PlanMode pm = mode == IoMode::kDirect   ? PlanMode::kDirect
-                      : mode == IoMode::kMmap   ? PlanMode::kMmap
-                                                : PlanMode::kBuffered;
-  job.plan = PlanFile(h, job.wanted, pm, options.block_size);
-  job.report.bytes = job.plan.tensor_bytes;
-  job.report.tensors = static_cast<uint32_t>(job.wanted.size());
-  job.report.realigned = job.plan.realigned;
-
-  TL_ASSIGN_OR_RETURN(auto arena, HostBuffer::Allocate(job.plan.arena_bytes));
-  job.arena = std::move(arena);
-  if (pm == PlanMode::kMmap) {
-    TL_ASSIGN_OR_RETURN(auto mapping, FileMapping::Map(job.buffered.fd(), h.file_size()));
-    job.mapping = std::move(mapping);
-  }
   return Status::Ok();
 }
 
-Status CheckUnchanged(const FileJob& job) {
+Status CheckUnchanged(const OpenedFile& job) {
   TL_ASSIGN_OR_RETURN(FileIdentity now, job.buffered.Identity());
   if (now.size != job.identity.size || now.mtime_ns != job.identity.mtime_ns) {
     return IOError("the file was modified during the load (size " + std::to_string(job.identity.size) +
@@ -210,6 +222,36 @@ Status CheckUnchanged(const FileJob& job) {
   }
   return Status::Ok();
 }
+
+LoadedTensor MakeTensor(const TensorInfo& info, Dtype dtype, void* data, uint64_t nbytes) {
+  LoadedTensor t;
+  t.name = info.name;
+  t.dtype = dtype;
+  t.shape.assign(info.shape.begin(), info.shape.end());
+  t.strides.resize(t.shape.size());
+  int64_t stride = 1;
+  for (size_t i = t.shape.size(); i-- > 0;) {
+    t.strides[i] = stride;
+    stride *= t.shape[i];
+  }
+  t.data = data;
+  t.nbytes = nbytes;
+  return t;
+}
+
+void ProgressReporter::Report(uint64_t done, bool final_call) {
+  if (!callback_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (!final_call && now - last_ < std::chrono::milliseconds(100)) return;
+  last_ = now;
+  Progress p;
+  p.bytes_done = done;
+  p.bytes_total = total_;
+  p.seconds = std::chrono::duration<double>(now - start_).count();
+  callback_(p);
+}
+
+namespace {
 
 // Engine choice. Measured on this project's machines (docs/performance.md):
 // io_uring keeps more O_DIRECT reads in flight than a thread pool of the same
@@ -242,16 +284,6 @@ Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool 
   }
   *chosen = IoEngine::kThreads;
   return MakeThreadPoolEngine(threads);
-}
-
-std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
-  std::vector<int64_t> strides(shape.size());
-  int64_t s = 1;
-  for (size_t i = shape.size(); i-- > 0;) {
-    strides[i] = s;
-    s *= shape[i];
-  }
-  return strides;
 }
 
 #ifndef MADV_POPULATE_WRITE
@@ -330,20 +362,11 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   const auto t0 = Clock::now();
   if (options.block_size == 0) return InvalidArgumentError("block_size must be positive");
 
-  // Which tensors of which file.
-  std::vector<FileJob> jobs(ckpt.shards().size());
-  for (size_t s = 0; s < jobs.size(); ++s) jobs[s].shard = &ckpt.shards()[s];
-  std::vector<Checkpoint::Location> selected;
-  for (auto loc : ckpt.tensors()) {
-    if (!options.filter.Matches(ckpt.info(loc).name)) continue;
-    selected.push_back(loc);
-    jobs[loc.shard].wanted.push_back(loc.index);
-  }
-  for (auto& job : jobs) std::sort(job.wanted.begin(), job.wanted.end());
-
+  std::vector<FileJob> jobs;
+  const std::vector<Checkpoint::Location> selected = SelectTensors(ckpt, options.filter, jobs);
   for (auto& job : jobs) {
     if (job.wanted.empty()) continue;
-    Status st = OpenJob(job, options);
+    Status st = PlanJob(job, options);
     if (!st.ok()) return st.WithContext(job.shard->path);
   }
 
@@ -360,19 +383,8 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   }
 
   ReadProgress progress;
-  auto last_tick = Clock::now();
-  auto report = [&](bool final_call) {
-    if (!options.progress) return;
-    const auto now = Clock::now();
-    if (!final_call && now - last_tick < std::chrono::milliseconds(100)) return;
-    last_tick = now;
-    Progress p;
-    p.bytes_done = progress.bytes_done.load(std::memory_order_relaxed);
-    p.bytes_total = read_bytes;
-    p.seconds = std::chrono::duration<double>(now - t0).count();
-    options.progress(p);
-  };
-  progress.tick = [&] { report(false); };
+  ProgressReporter reporter(options.progress, read_bytes);
+  progress.tick = [&] { reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), false); };
   IoEngine engine_kind[2] = {IoEngine::kThreads, IoEngine::kThreads};
   {
     // Fresh memory's first touch (page faults) costs as much as the reads
@@ -392,7 +404,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     Status st = CheckUnchanged(job);
     if (!st.ok()) return st.WithContext(job.shard->path);
   }
-  report(true);
+  reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), true);
 
   LoadedCheckpoint out;
   out.tensors_.reserve(selected.size());
@@ -407,20 +419,14 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     const FileJob& job = jobs[loc.shard];
     const TensorInfo& info = ckpt.info(loc);
     const PlannedTensor* pt = placed[loc.shard][loc.index];
-    LoadedTensor t;
-    t.name = info.name;
-    t.dtype = info.dtype;
-    t.shape.assign(info.shape.begin(), info.shape.end());
-    t.strides = RowMajorStrides(t.shape);
-    t.nbytes = info.nbytes();
     if (pt->in_arena) {
-      t.data = job.arena->data() + pt->arena_offset;
+      out.tensors_.push_back(MakeTensor(info, info.dtype, job.arena->data() + pt->arena_offset, info.nbytes()));
       out.owners_->buffers.push_back(job.arena);
     } else {
-      t.data = job.mapping->data() + job.shard->header.data_offset() + info.begin;
+      out.tensors_.push_back(MakeTensor(
+          info, info.dtype, job.mapping->data() + job.shard->header.data_offset() + info.begin, info.nbytes()));
       out.owners_->buffers.push_back(job.mapping);
     }
-    out.tensors_.push_back(std::move(t));
     out.total_bytes_ += info.nbytes();
   }
   for (auto& job : jobs) {
@@ -432,13 +438,56 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   return out;
 }
 
+Result<std::pair<DeviceType, int>> ParseDevice(std::string_view name) {
+  auto bad = [&] {
+    return InvalidArgumentError("unknown device " + QuoteName(name) + " (expected cpu, cuda or cuda:N)");
+  };
+  std::string_view kind = name, index;
+  if (auto colon = name.find(':'); colon != std::string_view::npos) {
+    kind = name.substr(0, colon);
+    index = name.substr(colon + 1);
+    if (index.empty() || index.size() > 4 || index.find_first_not_of("0123456789") != std::string_view::npos) {
+      return bad();
+    }
+  }
+  const int n = index.empty() ? 0 : std::stoi(std::string(index));
+  if (kind == "cpu" && n == 0) return std::pair{DeviceType::kCpu, 0};
+  if (kind == "cuda") return std::pair{DeviceType::kCuda, n};
+  if (kind == "emulated") return std::pair{DeviceType::kEmulated, n};
+  return bad();
+}
+
+namespace {
+
+// The device of options.device, or none for a plain host load.
+Result<std::shared_ptr<Device>> DeviceFor(const LoadOptions& options) {
+  TL_ASSIGN_OR_RETURN(auto dev, ParseDevice(options.device));
+  switch (dev.first) {
+    case DeviceType::kCpu:
+      if (!options.dtype) return std::shared_ptr<Device>();
+      return MakeHostDevice();
+    case DeviceType::kCuda:
+      return OpenCudaDevice(dev.second);
+    case DeviceType::kEmulated: {
+      if (dev.second != 0) return NotFoundError("there is only one emulated device, emulated:0");
+      static std::shared_ptr<Device> emulated = MakeEmulatedDevice();
+      return emulated;
+    }
+  }
+  return std::shared_ptr<Device>();
+}
+
+}  // namespace
+
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
+  TL_ASSIGN_OR_RETURN(std::shared_ptr<Device> device, DeviceFor(options));
+  if (device) return LoadThroughDevice(checkpoint, options, device, nullptr);
   return LoaderImpl::Run(checkpoint, options, nullptr);
 }
 
 Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options) {
   TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(path));
-  return LoaderImpl::Run(ckpt, options, nullptr);
+  return Load(ckpt, options);
 }
 
 Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint, const LoadOptions& options,

@@ -10,9 +10,13 @@
 
 namespace tensorlift {
 
+class Device;
+
 struct LoadedCheckpoint::Owners {
   // buffers[i] owns tensors()[i]'s bytes; tensors of one file share one.
   std::vector<std::shared_ptr<Buffer>> buffers;
+  // The device the tensors are on; null for host loads.
+  std::shared_ptr<Device> device;
 };
 
 }  // namespace tensorlift

@@ -31,7 +31,7 @@ cfg=(-DCMAKE_BUILD_TYPE=RelWithDebInfo
      -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
      "-DCMAKE_CXX_FLAGS=$san"
      -DTENSORLIFT_BUILD_FUZZ=ON -DTENSORLIFT_BUILD_TESTS=OFF
-     -DTENSORLIFT_BUILD_BENCH=OFF -DTENSORLIFT_BUILD_TOOLS=OFF)
+     -DTENSORLIFT_BUILD_BENCH=OFF -DTENSORLIFT_BUILD_TOOLS=OFF -DTENSORLIFT_WITH_CUDA=OFF)
 stamp=$(printf '%s\n' "${cfg[@]}")
 if [ ! -f "$build/CMakeCache.txt" ] || [ "$(cat "$build/.configured" 2>/dev/null)" != "$stamp" ]; then
   cmake -S "$root" -B "$build" "${cfg[@]}" > "$build/cmake.log" 2>&1 \

@@ -65,6 +65,22 @@ inline void WriteRaw(const std::string& path, const std::vector<RawTensor>& tens
   std::fclose(f);
 }
 
+// A mix that exercises runs, realignment and zero-size tensors.
+inline std::vector<RawTensor> MixedTensors(uint32_t seed) {
+  return {
+      Random("a.f32", Dtype::kF32, {33, 17}, seed + 1),
+      Random("b.u8_odd", Dtype::kU8, {3}, seed + 2),         // Leaves the next one misaligned.
+      Random("c.bf16", Dtype::kBF16, {5, 7}, seed + 3),
+      Random("d.empty", Dtype::kF64, {0, 4}, seed + 4),
+      Random("e.f64", Dtype::kF64, {9}, seed + 5),
+      Random("f.scalar", Dtype::kI32, {}, seed + 6),
+      Random("g.big", Dtype::kF16, {300, 1024}, seed + 7),  // 600 KiB: direct middle + bounce ends.
+      Random("h.f4", Dtype::kF4, {2, 6}, seed + 8),
+      Random("i.bool", Dtype::kBool, {5}, seed + 9),
+      Random("j.c64", Dtype::kC64, {2, 3}, seed + 10),
+  };
+}
+
 // A fresh directory under the system temp dir, removed on destruction.
 class TempDir {
  public:

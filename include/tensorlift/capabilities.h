@@ -1,0 +1,92 @@
+// What this build of tensorlift has, and what works on this machine: CUDA
+// and its GPUs, io_uring, GPUDirect Storage (cuFile). The answers of
+// `tensorlift doctor`.
+//
+// Every part that is missing or not working comes with a reason that names
+// the missing piece and, where there is one, the system's own message, e.g.
+// "cudaGetDeviceCount: no CUDA-capable device is detected".
+//
+// Thread safety: Capabilities() may be called from any thread; it opens and
+// closes what it probes (the CUDA runtime stays initialised).
+#ifndef TENSORLIFT_CAPABILITIES_H_
+#define TENSORLIFT_CAPABILITIES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tensorlift {
+
+// One GPU as the CUDA runtime sees it.
+struct GpuInfo {
+  int index = 0;              // The CUDA ordinal (OpenCudaDevice's argument).
+  std::string name;           // "NVIDIA H100 80GB HBM3".
+  uint64_t memory_bytes = 0;  // Total device memory.
+  int compute_major = 0;      // Compute capability, e.g. 9.0.
+  int compute_minor = 0;
+  std::string pci_bus_id;  // "0000:3b:00.0".
+};
+
+struct CudaCapabilities {
+  // The CUDA backend was compiled in (nvcc was found at build time).
+  bool built = false;
+  std::string not_built_reason;  // Why not, when !built.
+  // Versions as CUDA encodes them: 1000 * major + 10 * minor (13000 = 13.0);
+  // 0 when unknown, with the reason.
+  int runtime_version = 0;
+  std::string runtime_reason;
+  int driver_version = 0;
+  std::string driver_reason;
+  // The GPUs; when empty, why.
+  std::vector<GpuInfo> gpus;
+  std::string gpus_reason;
+};
+
+struct UringCapabilities {
+  bool built = false;   // liburing was found at build time.
+  bool usable = false;  // The kernel accepted an io_uring here.
+  std::string reason;   // Why not, when !usable.
+};
+
+// GPUDirect Storage readiness, part by part; each `false` has its reason.
+struct GdsCapabilities {
+  bool built = false;  // The cuFile loader was compiled in (CUDA + cufile.h).
+  std::string not_built_reason;
+  // libcufile.so.0 (or $TENSORLIFT_CUFILE_LIB) loads and has every symbol.
+  bool library_loaded = false;
+  std::string library;  // What was loaded, with cuFile's version, when loaded.
+  std::string library_reason;
+  // /proc/driver/nvidia-fs exists: the nvidia-fs kernel module is loaded.
+  // Without it cuFile can only run in compatibility mode (POSIX reads
+  // through its own bounce buffers), which is not GPUDirect.
+  bool nvidia_fs = false;
+  std::string nvidia_fs_version;  // From /proc/driver/nvidia-fs/version.
+  std::string nvidia_fs_reason;
+  // cuFileDriverOpen succeeded.
+  bool driver_open = false;
+  std::string driver_reason;
+  // The filesystem of the path passed to Capabilities(), if one was.
+  std::string path;
+  std::string filesystem;  // "ext4", "xfs", "nfs", "tmpfs", ...
+  bool filesystem_supported = false;
+  std::string filesystem_reason;  // Why not supported, or what it needs.
+  // Everything above holds: reads can go straight from storage to the GPU.
+  bool ready = false;
+};
+
+struct CapabilityReport {
+  std::string version;  // tensorlift's version, "0.1.0".
+  CudaCapabilities cuda;
+  UringCapabilities io_uring;
+  GdsCapabilities gds;
+};
+
+// Probes this machine. `path_for_gds`, when not empty, is a file or
+// directory whose filesystem is checked for GPUDirect Storage support. Never
+// fails: what cannot be probed is reported with its reason. Takes up to a
+// second when cuFile is present (cuFileDriverOpen).
+CapabilityReport Capabilities(const std::string& path_for_gds = "");
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_CAPABILITIES_H_

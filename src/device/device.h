@@ -1,0 +1,123 @@
+// The device layer: the memory, streams, events and load kernels of one
+// accelerator, as the loader's GPU pipeline uses them. No CUDA header here:
+// callers see only this interface.
+//
+// Three implementations:
+// - CUDA (src/device/cuda/, built when nvcc is found): cudaMalloc'd device
+//   memory, cudaHostAlloc'd pinned memory, one cudaStream_t per stream, the
+//   kernels over convert.h. Every CUDA error becomes a Status in one place.
+// - The host-emulated device (emulated_device.cc), for tests on machines without
+//   a GPU: "device" memory is a separate mapping that host code cannot touch
+//   (its addresses are PROT_NONE to the host; a stray host access faults),
+//   stream work runs asynchronously on a worker thread in stream order, and
+//   freed device memory is poisoned.
+// - The host device (host_device.cc): plain host memory, synchronous; what
+//   host loads with a dtype conversion run through.
+//
+// Addresses. Device memory is handed out as a Buffer whose data() is a
+// device address: host code must never dereference it. Pinned memory is
+// ordinary host memory (data() may be used by host code and as the source of
+// CopyToDevice).
+//
+// Errors. Enqueueing checks its arguments (null, zero-size, unknown
+// conversion) and returns them at once; a failure of the work itself (a bad
+// address, a lost device) is returned by the next Synchronize() of the stream
+// or of an event recorded after it.
+//
+// Thread safety: a Device may be used from several threads; a stream or an
+// event from one thread at a time.
+#ifndef TENSORLIFT_DEVICE_DEVICE_H_
+#define TENSORLIFT_DEVICE_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "device/host_buffer.h"
+#include "tensorlift/dtype.h"
+#include "tensorlift/status.h"
+
+namespace tensorlift {
+
+enum class DeviceKind { kHost, kCuda, kHostEmulated };
+
+// A point in a stream's work. Reusable: Record() moves it.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  // Blocks until the work before the last Record() is done (at once if never
+  // recorded); returns that work's first error.
+  virtual Status Synchronize() = 0;
+  // True when that work is done (its error, if any, on Synchronize()).
+  virtual bool Done() = 0;
+  // Microseconds, on the device's clock, at which the work before the last
+  // Record() completed; for tests and traces. Valid after Synchronize().
+  virtual double CompletedAtMicros() = 0;
+};
+
+// An ordered queue of device work.
+class DeviceStream {
+ public:
+  virtual ~DeviceStream() = default;
+  // Copies `bytes` from host memory `src` (pinned memory for an asynchronous
+  // copy; the caller keeps it unchanged until the copy is done) to device
+  // address `dst`.
+  virtual Status CopyToDevice(std::byte* dst, const std::byte* src, uint64_t bytes) = 0;
+  // Copies between device addresses; the ranges must not overlap.
+  virtual Status CopyOnDevice(std::byte* dst, const std::byte* src, uint64_t bytes) = 0;
+  // Copies `bytes` at device address `src` to host memory `dst`.
+  virtual Status CopyToHost(std::byte* dst, const std::byte* src, uint64_t bytes) = 0;
+  // Converts `count` elements at device address `src` (dtype `from`) into
+  // `to` at `dst` (convert.h: ConversionSupported). No overlap.
+  virtual Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t count) = 0;
+  // Marks the current end of the stream in `event`.
+  virtual Status Record(DeviceEvent& event) = 0;
+  // Blocks until everything enqueued so far is done; the first error.
+  virtual Status Synchronize() = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual int ordinal() const = 0;
+  // "cuda:0", "emulated:0".
+  virtual std::string name() const = 0;
+  // DLPack's device type for memory from Allocate() (kDLCUDA = 2; the
+  // emulated device uses kDLExtDev = 12, which no framework will touch).
+  virtual int dlpack_device_type() const = 0;
+  // Device memory, 256-byte aligned; freed when the last owner drops it. The
+  // caller makes sure no stream work still uses it by then.
+  virtual Result<std::shared_ptr<Buffer>> Allocate(uint64_t bytes) = 0;
+  // Page-locked host memory, 4 KiB aligned.
+  virtual Result<std::shared_ptr<Buffer>> AllocatePinned(uint64_t bytes) = 0;
+  virtual Result<std::unique_ptr<DeviceStream>> CreateStream() = 0;
+  virtual Result<std::unique_ptr<DeviceEvent>> CreateEvent() = 0;
+  // Device memory free now, in bytes.
+  virtual Result<uint64_t> FreeMemory() = 0;
+};
+
+// The CUDA device `ordinal`. Unimplemented when built without CUDA;
+// Unavailable (with the CUDA message) when there is no GPU or driver.
+Result<std::shared_ptr<Device>> OpenCudaDevice(int ordinal);
+bool CudaBuiltIn();
+
+// Plain host memory as a device, everything synchronous on the calling
+// thread: what a host load with a dtype conversion runs through (its
+// "device" addresses are host addresses, dlpack_device_type() is kDLCPU).
+std::shared_ptr<Device> MakeHostDevice();
+
+struct EmulatedDeviceOptions {
+  // Device memory the emulated device has; Allocate() beyond it fails with
+  // ResourceExhausted, as a full GPU would.
+  uint64_t memory_bytes = 1ull << 32;
+  // Bandwidth of CopyToDevice in bytes/s, 0 for as fast as memcpy: lets
+  // tests see reads and copies overlap.
+  double copy_bytes_per_second = 0;
+};
+std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options = {});
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_DEVICE_DEVICE_H_

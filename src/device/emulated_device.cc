@@ -1,0 +1,688 @@
+// The host-emulated device (device.h, MakeEmulatedDevice; how it works is in
+// emulated_device.h).
+//
+// Ownership: the device, its buffers, streams and events share one
+// DeviceState, so each may outlive the others. A Region (the two mappings of
+// one allocation) is held by the table of allocations and by every stream op
+// that is using it, so freeing memory under running work (a caller's bug) is
+// reported, never a crash of the worker.
+#include "device/emulated_device.h"
+
+#include <sys/mman.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/checked_math.h"
+#include "common/posix_file.h"
+#include "device/convert.h"
+#include "device/convert_host.h"
+#include "device/stream_checks.h"
+
+namespace tensorlift {
+namespace {
+
+constexpr uint64_t kDeviceAlign = 256;
+constexpr int kDlpackExtDev = 12;  // kDLExtDev.
+
+uint64_t RoundUp(uint64_t x, uint64_t align) { return (x + align - 1) / align * align; }
+
+// "[0x7f..., +N bytes)".
+std::string RangeText(const void* p, uint64_t bytes) {
+  // snprintf rather than operator+: g++ 12 at -O3 warns (-Wrestrict) inside
+  // std::string's concatenation here.
+  char text[64];
+  std::snprintf(text, sizeof(text), "[%#llx, +%llu bytes)",
+                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)),
+                static_cast<unsigned long long>(bytes));
+  return text;
+}
+
+double NowMicros() {
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// One allocation: a memfd mapped PROT_NONE at the device address and
+// read/write for the workers. Both mappings are unmapped on destruction.
+class Region {
+ public:
+  static Result<std::shared_ptr<Region>> Create(uint64_t bytes) {
+    const uint64_t mapped = RoundUp(bytes == 0 ? 1 : bytes, kPageAlign);
+    if (mapped < bytes) return ResourceExhaustedError("size overflows");
+    const int raw_fd = ::memfd_create("tensorlift-emulated-device", MFD_CLOEXEC);
+    if (raw_fd < 0) return PosixError("memfd_create", errno);
+    PosixFile fd = PosixFile::Adopt(raw_fd);  // The mappings keep the file.
+    if (::ftruncate(fd.fd(), static_cast<off_t>(mapped)) != 0)
+      return PosixError("ftruncate", errno);
+    std::shared_ptr<Region> region(new (std::nothrow) Region());
+    if (!region) return ResourceExhaustedError("out of memory");
+    region->size_ = bytes;
+    region->mapped_ = mapped;
+    void* device = ::mmap(nullptr, mapped, PROT_NONE, MAP_SHARED, fd.fd(), 0);
+    if (device == MAP_FAILED) return PosixError("mmap", errno);
+    region->device_ = static_cast<std::byte*>(device);
+    void* worker = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd(), 0);
+    if (worker == MAP_FAILED) return PosixError("mmap", errno);
+    region->worker_ = static_cast<std::byte*>(worker);
+    return region;
+  }
+
+  ~Region() {
+    if (device_ != nullptr) ::munmap(device_, mapped_);
+    if (worker_ != nullptr) ::munmap(worker_, mapped_);
+  }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  std::byte* device() const { return device_; }
+  std::byte* worker() const { return worker_; }
+  uint64_t size() const { return size_; }
+  uint64_t mapped() const { return mapped_; }
+  // The worker address of device address `p` inside this region.
+  std::byte* ToWorker(const std::byte* p) const { return worker_ + (p - device_); }
+
+ private:
+  Region() = default;
+  std::byte* device_ = nullptr;
+  std::byte* worker_ = nullptr;
+  uint64_t size_ = 0;
+  uint64_t mapped_ = 0;
+};
+
+// A range translated to the worker mapping; `hold` keeps it mapped.
+struct Translated {
+  std::byte* ptr = nullptr;
+  std::shared_ptr<Region> hold;
+};
+
+// The state shared by a device and everything it made.
+// Thread safety: every member function may be called from any thread.
+class DeviceState {
+ public:
+  DeviceState(const EmulatedDeviceOptions& options, uint64_t quarantine_bytes)
+      : memory_bytes_(options.memory_bytes),
+        quarantine_limit_(quarantine_bytes),
+        copy_bytes_per_second_(options.copy_bytes_per_second) {}
+
+  double copy_bytes_per_second() const { return copy_bytes_per_second_; }
+  uint64_t memory_bytes() const { return memory_bytes_; }
+
+  // Reserves `accounted` bytes of device memory.
+  Status Reserve(uint64_t bytes, uint64_t accounted) {
+    std::lock_guard lock(mu_);
+    if (accounted > memory_bytes_ - live_bytes_) {
+      return ResourceExhaustedError("emulated:0: cannot allocate " + std::to_string(bytes) +
+                                    " bytes of device memory: " + std::to_string(live_bytes_) +
+                                    " of " + std::to_string(memory_bytes_) + " bytes in use");
+    }
+    live_bytes_ += accounted;
+    return Status::Ok();
+  }
+
+  void Unreserve(uint64_t accounted) {
+    std::lock_guard lock(mu_);
+    live_bytes_ -= accounted;
+  }
+
+  void AddLive(std::shared_ptr<Region> region) {
+    std::lock_guard lock(mu_);
+    ++live_count_;
+    const auto key = reinterpret_cast<uintptr_t>(region->device());
+    regions_[key] = Entry{std::move(region), false};
+  }
+
+  // Called when the last owner drops a device buffer: poisons the region and
+  // quarantines it (or unmaps it, when it is larger than the quarantine).
+  void Free(const std::shared_ptr<Region>& region, uint64_t accounted) {
+    const auto key = reinterpret_cast<uintptr_t>(region->device());
+    const bool quarantine = region->mapped() <= quarantine_limit_;
+    {
+      std::lock_guard lock(mu_);
+      live_bytes_ -= accounted;
+      --live_count_;
+      auto it = regions_.find(key);
+      if (it != regions_.end()) {
+        if (quarantine) {
+          it->second.freed = true;
+        } else {
+          regions_.erase(it);
+        }
+      }
+    }
+    if (!quarantine) return;
+    std::memset(region->worker(), static_cast<int>(kEmulatedPoison), region->mapped());
+    std::vector<std::shared_ptr<Region>> evicted;  // Unmapped outside the lock.
+    std::lock_guard lock(mu_);
+    quarantine_.push_back(region);
+    quarantined_bytes_ += region->mapped();
+    while (quarantined_bytes_ > quarantine_limit_) {
+      std::shared_ptr<Region> oldest = std::move(quarantine_.front());
+      quarantine_.pop_front();
+      quarantined_bytes_ -= oldest->mapped();
+      regions_.erase(reinterpret_cast<uintptr_t>(oldest->device()));
+      evicted.push_back(std::move(oldest));
+    }
+  }
+
+  // Translates device range [p, p + bytes) for a stream op: it must lie inside
+  // one live allocation. `what` names the operand in messages.
+  Result<Translated> Translate(const std::byte* p, uint64_t bytes, const char* what,
+                               bool allow_freed = false) {
+    std::lock_guard lock(mu_);
+    const Entry* entry = FindLocked(p);
+    const std::string range = std::string(what) + " " + RangeText(p, bytes);
+    if (entry == nullptr) {
+      return InvalidArgumentError("illegal address: " + range + " is not device memory");
+    }
+    const Region& region = *entry->region;
+    const uint64_t offset = static_cast<uint64_t>(p - region.device());
+    if (offset > region.size() || bytes > region.size() - offset) {
+      return InvalidArgumentError("illegal address: " + range + " runs past the end of " +
+                                  (entry->freed ? "freed " : "") + "allocation " +
+                                  RangeText(region.device(), region.size()));
+    }
+    if (entry->freed && !allow_freed) {
+      return InvalidArgumentError("use after free: " + range + " is inside freed allocation " +
+                                  RangeText(region.device(), region.size()));
+    }
+    return Translated{region.ToWorker(p), entry->region};
+  }
+
+  // Checks that host range [p, p + bytes) is not device memory (which would
+  // fault on the worker).
+  Status CheckHost(const std::byte* p, uint64_t bytes, const char* what) {
+    std::lock_guard lock(mu_);
+    const auto end = reinterpret_cast<uintptr_t>(p) + bytes;  // No overflow: checked at enqueue.
+    auto it = regions_.lower_bound(end);
+    if (it == regions_.begin()) return Status::Ok();
+    --it;  // The last region starting before the end of the range.
+    const Region& region = *it->second.region;
+    if (reinterpret_cast<uintptr_t>(region.device()) + region.mapped() <=
+        reinterpret_cast<uintptr_t>(p)) {
+      return Status::Ok();
+    }
+    return InvalidArgumentError("illegal address: host " + std::string(what) + " " +
+                                RangeText(p, bytes) + " overlaps device allocation " +
+                                RangeText(region.device(), region.size()));
+  }
+
+  void AddPinned(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    ++pinned_count_;
+    pinned_bytes_ += bytes;
+  }
+  void RemovePinned(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    --pinned_count_;
+    pinned_bytes_ -= bytes;
+  }
+
+  uint64_t FreeBytes() {
+    std::lock_guard lock(mu_);
+    return memory_bytes_ - live_bytes_;
+  }
+
+  EmulatedDeviceCounts Counts() {
+    std::lock_guard lock(mu_);
+    EmulatedDeviceCounts counts;
+    counts.live_allocations = live_count_;
+    counts.live_bytes = live_bytes_;
+    counts.quarantined_allocations = quarantine_.size();
+    counts.quarantined_bytes = quarantined_bytes_;
+    counts.pinned_allocations = pinned_count_;
+    counts.pinned_bytes = pinned_bytes_;
+    return counts;
+  }
+
+ private:
+  struct Entry {
+    std::shared_ptr<Region> region;
+    bool freed = false;
+  };
+
+  // The allocation whose mapping holds `p`, or null.
+  const Entry* FindLocked(const std::byte* p) const {
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    auto it = regions_.upper_bound(addr);
+    if (it == regions_.begin()) return nullptr;
+    --it;
+    if (addr - it->first >= it->second.region->mapped()) return nullptr;
+    return &it->second;
+  }
+
+  const uint64_t memory_bytes_;
+  const uint64_t quarantine_limit_;
+  const double copy_bytes_per_second_;
+
+  std::mutex mu_;
+  std::map<uintptr_t, Entry> regions_;              // Live and quarantined, by device address.
+  std::deque<std::shared_ptr<Region>> quarantine_;  // Oldest first.
+  uint64_t live_bytes_ = 0;
+  uint64_t live_count_ = 0;
+  uint64_t quarantined_bytes_ = 0;
+  uint64_t pinned_count_ = 0;
+  uint64_t pinned_bytes_ = 0;
+};
+
+// Device memory: data() is a device address.
+class DeviceBuffer final : public Buffer {
+ public:
+  DeviceBuffer(std::shared_ptr<DeviceState> state, std::shared_ptr<Region> region,
+               uint64_t accounted)
+      : state_(std::move(state)), region_(std::move(region)), accounted_(accounted) {
+    data_ = region_->device();
+    size_ = region_->size();
+  }
+  ~DeviceBuffer() override { state_->Free(region_, accounted_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+ private:
+  std::shared_ptr<DeviceState> state_;
+  std::shared_ptr<Region> region_;
+  uint64_t accounted_;
+};
+
+// "Pinned" memory: an ordinary private anonymous mapping, counted.
+class PinnedBuffer final : public Buffer {
+ public:
+  static Result<std::shared_ptr<Buffer>> Allocate(std::shared_ptr<DeviceState> state,
+                                                  uint64_t bytes) {
+    const uint64_t mapped = RoundUp(bytes == 0 ? 1 : bytes, kPageAlign);
+    if (mapped < bytes) return ResourceExhaustedError("size overflows");
+    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return ResourceExhaustedError(
+          "cannot allocate " + std::to_string(bytes) +
+          " bytes of pinned memory: " + PosixError("mmap", errno).message());
+    }
+    std::shared_ptr<Buffer> buffer(
+        new (std::nothrow) PinnedBuffer(state, static_cast<std::byte*>(p), bytes, mapped));
+    if (!buffer) {
+      ::munmap(p, mapped);
+      return ResourceExhaustedError("out of memory");
+    }
+    state->AddPinned(bytes);
+    return buffer;
+  }
+  ~PinnedBuffer() override {
+    ::munmap(data_, mapped_);
+    state_->RemovePinned(size_);
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+ private:
+  PinnedBuffer(std::shared_ptr<DeviceState> state, std::byte* data, uint64_t bytes, uint64_t mapped)
+      : state_(std::move(state)), mapped_(mapped) {
+    data_ = data;
+    size_ = bytes;
+  }
+  std::shared_ptr<DeviceState> state_;
+  uint64_t mapped_;
+};
+
+// What an event knows; shared with the stream ops that complete it.
+struct EventState {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t recorded = 0;   // Generation of the last Record().
+  uint64_t completed = 0;  // Highest generation completed.
+  double completed_at = 0;
+  Status status;
+};
+
+class EmulatedEvent final : public DeviceEvent {
+ public:
+  EmulatedEvent() : state_(std::make_shared<EventState>()) {}
+
+  Status Synchronize() override {
+    std::unique_lock lock(state_->mu);
+    state_->cv.wait(lock, [&] { return state_->completed >= state_->recorded; });
+    return state_->status;
+  }
+  bool Done() override {
+    std::lock_guard lock(state_->mu);
+    return state_->completed >= state_->recorded;
+  }
+  double CompletedAtMicros() override {
+    std::lock_guard lock(state_->mu);
+    return state_->completed_at;
+  }
+
+  // Starts a new generation; returns it and the state to complete.
+  std::pair<uint64_t, std::shared_ptr<EventState>> NewRecord() {
+    std::lock_guard lock(state_->mu);
+    return {++state_->recorded, state_};
+  }
+
+ private:
+  std::shared_ptr<EventState> state_;
+};
+
+// One unit of stream work.
+struct Op {
+  enum class Kind { kToDevice, kOnDevice, kToHost, kConvert, kRecord };
+  Kind kind = Kind::kRecord;
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  uint64_t dst_bytes = 0;
+  uint64_t src_bytes = 0;
+  Dtype to = Dtype::kU8;
+  Dtype from = Dtype::kU8;
+  uint64_t count = 0;
+  uint64_t generation = 0;
+  std::shared_ptr<EventState> event = nullptr;
+};
+
+// Bytes of `count` elements of `dtype`; false when they overflow or do not
+// fill whole bytes.
+bool RangeBytes(Dtype dtype, uint64_t count, uint64_t* out) {
+  uint64_t bits = 0;
+  if (!CheckedMul(count, static_cast<uint64_t>(DtypeBits(dtype)), &bits) || bits % 8 != 0)
+    return false;
+  *out = bits / 8;
+  return true;
+}
+
+class EmulatedStream final : public DeviceStream {
+ public:
+  explicit EmulatedStream(std::shared_ptr<DeviceState> device)
+      : device_(std::move(device)), worker_([this] { Work(); }) {}
+
+  ~EmulatedStream() override {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    work_cv_.notify_one();
+    worker_.join();  // The worker finishes what was enqueued first.
+  }
+  EmulatedStream(const EmulatedStream&) = delete;
+  EmulatedStream& operator=(const EmulatedStream&) = delete;
+
+  Status CopyToDevice(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    TL_RETURN_IF_ERROR(CheckCopyArgs("CopyToDevice", dst, src, bytes));
+    return Enqueue(Op{.kind = Op::Kind::kToDevice,
+                      .dst = dst,
+                      .src = src,
+                      .dst_bytes = bytes,
+                      .src_bytes = bytes});
+  }
+
+  Status CopyOnDevice(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    TL_RETURN_IF_ERROR(CheckCopyArgs("CopyOnDevice", dst, src, bytes));
+    if (Overlap(dst, bytes, src, bytes)) {
+      return InvalidArgumentError("CopyOnDevice: destination " + RangeText(dst, bytes) +
+                                  " overlaps source " + RangeText(src, bytes));
+    }
+    return Enqueue(Op{.kind = Op::Kind::kOnDevice,
+                      .dst = dst,
+                      .src = src,
+                      .dst_bytes = bytes,
+                      .src_bytes = bytes});
+  }
+
+  Status CopyToHost(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    TL_RETURN_IF_ERROR(CheckCopyArgs("CopyToHost", dst, src, bytes));
+    return Enqueue(Op{
+        .kind = Op::Kind::kToHost, .dst = dst, .src = src, .dst_bytes = bytes, .src_bytes = bytes});
+  }
+
+  Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from,
+                 uint64_t count) override {
+    if (dst == nullptr || src == nullptr) return InvalidArgumentError("Convert: null address");
+    if (count == 0) return InvalidArgumentError("Convert: zero elements");
+    if (!convert::ConversionSupported(from, to)) {
+      return InvalidArgumentError("Convert: no conversion from " + std::string(DtypeName(from)) +
+                                  " to " + std::string(DtypeName(to)));
+    }
+    uint64_t dst_bytes = 0;
+    uint64_t src_bytes = 0;
+    uint64_t end = 0;
+    if (!RangeBytes(to, count, &dst_bytes) || !RangeBytes(from, count, &src_bytes) ||
+        !CheckedAdd(reinterpret_cast<uintptr_t>(dst), dst_bytes, &end) ||
+        !CheckedAdd(reinterpret_cast<uintptr_t>(src), src_bytes, &end)) {
+      return InvalidArgumentError("Convert: " + std::to_string(count) + " " +
+                                  std::string(DtypeName(from)) +
+                                  " elements are not whole bytes or wrap around the address space");
+    }
+    if (Overlap(dst, dst_bytes, src, src_bytes)) {
+      return InvalidArgumentError("Convert: destination " + RangeText(dst, dst_bytes) +
+                                  " overlaps source " + RangeText(src, src_bytes));
+    }
+    return Enqueue(Op{.kind = Op::Kind::kConvert,
+                      .dst = dst,
+                      .src = src,
+                      .dst_bytes = dst_bytes,
+                      .src_bytes = src_bytes,
+                      .to = to,
+                      .from = from,
+                      .count = count});
+  }
+
+  Status Record(DeviceEvent& event) override {
+    auto* emulated = dynamic_cast<EmulatedEvent*>(&event);
+    if (emulated == nullptr) {
+      return InvalidArgumentError("Record: the event is not from the emulated device");
+    }
+    auto [generation, state] = emulated->NewRecord();
+    return Enqueue(
+        Op{.kind = Op::Kind::kRecord, .generation = generation, .event = std::move(state)});
+  }
+
+  Status Synchronize() override {
+    std::unique_lock lock(mu_);
+    const uint64_t target = enqueued_;
+    done_cv_.wait(lock, [&] { return finished_ >= target; });
+    return error_;
+  }
+
+ private:
+  Status Enqueue(Op op) {
+    {
+      std::lock_guard lock(mu_);
+      queue_.push_back(std::move(op));
+      ++enqueued_;
+    }
+    work_cv_.notify_one();
+    return Status::Ok();
+  }
+
+  // The worker thread: runs the ops in order until stopped and drained.
+  void Work() {
+    Status sticky;  // The worker's copy of error_.
+    for (;;) {
+      Op op;
+      {
+        std::unique_lock lock(mu_);
+        work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        op = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (op.kind == Op::Kind::kRecord) {
+        Complete(op, sticky);
+      } else if (sticky.ok()) {
+        sticky = Run(op);
+      }
+      {
+        std::lock_guard lock(mu_);
+        if (error_.ok()) error_ = sticky;
+        ++finished_;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  static void Complete(const Op& op, const Status& status) {
+    EventState& event = *op.event;
+    {
+      std::lock_guard lock(event.mu);
+      if (op.generation > event.completed) {
+        event.completed = op.generation;
+        event.completed_at = NowMicros();
+        event.status = status;
+      }
+    }
+    event.cv.notify_all();
+  }
+
+  Status Run(const Op& op) {
+    switch (op.kind) {
+      case Op::Kind::kToDevice: {
+        const auto start = std::chrono::steady_clock::now();
+        TL_RETURN_IF_ERROR(device_->CheckHost(op.src, op.src_bytes, "source"));
+        TL_ASSIGN_OR_RETURN(Translated dst,
+                            device_->Translate(op.dst, op.dst_bytes, "CopyToDevice destination"));
+        std::memcpy(dst.ptr, op.src, op.dst_bytes);
+        if (device_->copy_bytes_per_second() > 0) {
+          std::this_thread::sleep_until(
+              start + std::chrono::duration<double>(static_cast<double>(op.dst_bytes) /
+                                                    device_->copy_bytes_per_second()));
+        }
+        return Status::Ok();
+      }
+      case Op::Kind::kOnDevice: {
+        TL_ASSIGN_OR_RETURN(Translated src,
+                            device_->Translate(op.src, op.src_bytes, "CopyOnDevice source"));
+        TL_ASSIGN_OR_RETURN(Translated dst,
+                            device_->Translate(op.dst, op.dst_bytes, "CopyOnDevice destination"));
+        std::memcpy(dst.ptr, src.ptr, op.dst_bytes);
+        return Status::Ok();
+      }
+      case Op::Kind::kToHost: {
+        TL_RETURN_IF_ERROR(device_->CheckHost(op.dst, op.dst_bytes, "destination"));
+        TL_ASSIGN_OR_RETURN(Translated src,
+                            device_->Translate(op.src, op.src_bytes, "CopyToHost source"));
+        std::memcpy(op.dst, src.ptr, op.src_bytes);
+        return Status::Ok();
+      }
+      case Op::Kind::kConvert: {
+        TL_ASSIGN_OR_RETURN(Translated src,
+                            device_->Translate(op.src, op.src_bytes, "Convert source"));
+        TL_ASSIGN_OR_RETURN(Translated dst,
+                            device_->Translate(op.dst, op.dst_bytes, "Convert destination"));
+        return ConvertOnHost(dst.ptr, op.to, src.ptr, op.from, op.count);
+      }
+      case Op::Kind::kRecord:
+        break;
+    }
+    return InternalError("emulated stream: unknown op");
+  }
+
+  std::shared_ptr<DeviceState> device_;
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // The worker waits for ops or stopping_.
+  std::condition_variable done_cv_;  // Synchronize() waits for finished_.
+  std::deque<Op> queue_;
+  uint64_t enqueued_ = 0;
+  uint64_t finished_ = 0;
+  bool stopping_ = false;
+  Status error_;        // The first error; sticky.
+  std::thread worker_;  // Last: started once the members above exist.
+};
+
+class EmulatedDevice final : public Device {
+ public:
+  explicit EmulatedDevice(std::shared_ptr<DeviceState> state) : state_(std::move(state)) {}
+
+  DeviceKind kind() const override { return DeviceKind::kHostEmulated; }
+  int ordinal() const override { return 0; }
+  std::string name() const override { return "emulated:0"; }
+  int dlpack_device_type() const override { return kDlpackExtDev; }
+
+  Result<std::shared_ptr<Buffer>> Allocate(uint64_t bytes) override {
+    if (bytes > state_->memory_bytes()) {
+      return ResourceExhaustedError("emulated:0: cannot allocate " + std::to_string(bytes) +
+                                    " bytes of device memory: the device has " +
+                                    std::to_string(state_->memory_bytes()));
+    }
+    const uint64_t accounted = RoundUp(bytes, kDeviceAlign);
+    TL_RETURN_IF_ERROR(state_->Reserve(bytes, accounted));
+    Result<std::shared_ptr<Region>> region = Region::Create(bytes);
+    if (!region.ok()) {
+      state_->Unreserve(accounted);
+      return ResourceExhaustedError("emulated:0: cannot allocate " + std::to_string(bytes) +
+                                    " bytes of device memory: " + region.status().message());
+    }
+    std::shared_ptr<Buffer> buffer(new (std::nothrow) DeviceBuffer(state_, *region, accounted));
+    if (!buffer) {
+      state_->Unreserve(accounted);
+      return ResourceExhaustedError("out of memory");
+    }
+    // Registered last: from here the buffer's destructor frees it.
+    state_->AddLive(std::move(*region));
+    return buffer;
+  }
+
+  Result<std::shared_ptr<Buffer>> AllocatePinned(uint64_t bytes) override {
+    return PinnedBuffer::Allocate(state_, bytes);
+  }
+
+  Result<std::unique_ptr<DeviceStream>> CreateStream() override {
+    std::unique_ptr<DeviceStream> stream(new (std::nothrow) EmulatedStream(state_));
+    if (!stream) return ResourceExhaustedError("out of memory");
+    return stream;
+  }
+
+  Result<std::unique_ptr<DeviceEvent>> CreateEvent() override {
+    std::unique_ptr<DeviceEvent> event(new (std::nothrow) EmulatedEvent());
+    if (!event) return ResourceExhaustedError("out of memory");
+    return event;
+  }
+
+  Result<uint64_t> FreeMemory() override { return state_->FreeBytes(); }
+
+  DeviceState& state() { return *state_; }
+
+ private:
+  std::shared_ptr<DeviceState> state_;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> MakeEmulatedDeviceWithQuarantine(const EmulatedDeviceOptions& options,
+                                                         uint64_t quarantine_bytes) {
+  return std::make_shared<EmulatedDevice>(std::make_shared<DeviceState>(options, quarantine_bytes));
+}
+
+std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options) {
+  return MakeEmulatedDeviceWithQuarantine(options, kEmulatedQuarantineBytes);
+}
+
+Result<EmulatedDeviceCounts> GetEmulatedDeviceCounts(Device& device) {
+  auto* emulated = dynamic_cast<EmulatedDevice*>(&device);
+  if (emulated == nullptr)
+    return InvalidArgumentError(device.name() + " is not an emulated device");
+  return emulated->state().Counts();
+}
+
+Status PeekEmulatedDevice(Device& device, std::byte* dst, const std::byte* src, uint64_t bytes) {
+  auto* emulated = dynamic_cast<EmulatedDevice*>(&device);
+  if (emulated == nullptr)
+    return InvalidArgumentError(device.name() + " is not an emulated device");
+  if (dst == nullptr || src == nullptr || bytes == 0) {
+    return InvalidArgumentError("PeekEmulatedDevice: null address or zero bytes");
+  }
+  TL_ASSIGN_OR_RETURN(Translated from,
+                      emulated->state().Translate(src, bytes, "peek source", true));
+  std::memcpy(dst, from.ptr, bytes);
+  return Status::Ok();
+}
+
+}  // namespace tensorlift

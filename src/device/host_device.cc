@@ -1,0 +1,80 @@
+// The host as a device: synchronous, over plain host memory (device.h).
+#include <chrono>
+#include <cstring>
+
+#include "device/convert_host.h"
+#include "device/device.h"
+
+namespace tensorlift {
+namespace {
+
+double NowMicros() {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+class HostEvent final : public DeviceEvent {
+ public:
+  Status Synchronize() override { return Status::Ok(); }
+  bool Done() override { return true; }
+  double CompletedAtMicros() override { return at_; }
+  void Mark() { at_ = NowMicros(); }
+
+ private:
+  double at_ = 0;
+};
+
+class HostStream final : public DeviceStream {
+ public:
+  Status CopyToDevice(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    return Copy(dst, src, bytes);
+  }
+  Status CopyOnDevice(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    return Copy(dst, src, bytes);
+  }
+  Status CopyToHost(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    return Copy(dst, src, bytes);
+  }
+  Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t count) override {
+    if (count > 0 && (dst == nullptr || src == nullptr)) return InvalidArgumentError("convert: null address");
+    return ConvertOnHost(dst, to, src, from, count);
+  }
+  Status Record(DeviceEvent& event) override {
+    static_cast<HostEvent&>(event).Mark();
+    return Status::Ok();
+  }
+  Status Synchronize() override { return Status::Ok(); }
+
+ private:
+  static Status Copy(std::byte* dst, const std::byte* src, uint64_t bytes) {
+    if (bytes == 0) return Status::Ok();
+    if (dst == nullptr || src == nullptr) return InvalidArgumentError("copy: null address");
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+};
+
+class HostDevice final : public Device {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kHost; }
+  int ordinal() const override { return 0; }
+  std::string name() const override { return "cpu"; }
+  int dlpack_device_type() const override { return 1; }  // kDLCPU
+  Result<std::shared_ptr<Buffer>> Allocate(uint64_t bytes) override {
+    TL_ASSIGN_OR_RETURN(auto b, HostBuffer::Allocate(bytes));
+    return std::shared_ptr<Buffer>(std::move(b));
+  }
+  Result<std::shared_ptr<Buffer>> AllocatePinned(uint64_t bytes) override { return Allocate(bytes); }
+  Result<std::unique_ptr<DeviceStream>> CreateStream() override {
+    return std::unique_ptr<DeviceStream>(std::make_unique<HostStream>());
+  }
+  Result<std::unique_ptr<DeviceEvent>> CreateEvent() override {
+    return std::unique_ptr<DeviceEvent>(std::make_unique<HostEvent>());
+  }
+  Result<uint64_t> FreeMemory() override { return UINT64_MAX; }
+};
+
+}  // namespace
+
+std::shared_ptr<Device> MakeHostDevice() { return std::make_shared<HostDevice>(); }
+
+}  // namespace tensorlift

@@ -1,0 +1,166 @@
+#include "load/device_plan.h"
+
+#include <algorithm>
+
+#include "io/read_op.h"
+#include "load/planner.h"
+
+namespace tensorlift {
+namespace {
+
+constexpr uint64_t kMinSlot = 64ull << 10;
+// Wanted ranges closer than this are read as one block (the gap with them).
+constexpr uint64_t kReadThroughGap = 64ull << 10;
+
+uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+uint64_t AlignDown(uint64_t x, uint64_t a) { return x / a * a; }
+
+// The smallest offset >= cur congruent to `residue` modulo kDeviceAlign.
+uint64_t PlaceAt(uint64_t cur, uint64_t residue) {
+  const uint64_t base = AlignDown(cur, kDeviceAlign) + residue;
+  return base >= cur ? base : base + kDeviceAlign;
+}
+
+bool Convertible(Dtype d) {
+  switch (d) {
+    case Dtype::kF32:
+    case Dtype::kF16:
+    case Dtype::kBF16:
+    case Dtype::kF8_E4M3:
+    case Dtype::kF8_E5M2:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A byte range of the data section and where it goes.
+struct Segment {
+  uint64_t begin = 0, end = 0;  // Data-section offsets.
+  uint64_t dst = 0;             // Device offset of `begin`.
+  bool convert = false;
+  Dtype from = Dtype::kU8, to = Dtype::kU8;
+};
+
+}  // namespace
+
+Dtype TargetDtype(Dtype from, std::optional<Dtype> to) {
+  if (!to || !Convertible(from)) return from;
+  return *to;
+}
+
+uint64_t RoundedStagingBytes(uint64_t staging_bytes) {
+  return AlignUp(std::max(staging_bytes, kMinSlot), kDirectAlign);
+}
+
+uint64_t StagingSlotBytes(uint64_t staging_bytes) {
+  return RoundedStagingBytes(staging_bytes) + 2 * kDirectAlign;
+}
+
+DeviceFilePlan PlanDeviceFile(const Header& header, std::span<const uint32_t> wanted,
+                              std::optional<Dtype> dtype, bool direct, uint64_t slot_bytes) {
+  DeviceFilePlan plan;
+  slot_bytes = RoundedStagingBytes(slot_bytes);
+  const auto& all = header.tensors();
+  const uint64_t data_offset = header.data_offset();
+
+  // Placement, and the segments to read in file order.
+  std::vector<Segment> segments;
+  uint64_t cur = 0;
+  bool in_run = false;
+  uint64_t run_end = 0;
+  for (uint32_t idx : wanted) {
+    const TensorInfo& t = all[idx];
+    plan.tensor_bytes += t.nbytes();
+    DeviceTensorPlan dt;
+    dt.index = idx;
+    dt.dtype = TargetDtype(t.dtype, dtype);
+    dt.converted = dt.dtype != t.dtype;
+    dt.bytes = dt.converted ? t.num_elements * (DtypeBits(dt.dtype) / 8) : t.nbytes();
+    if (dt.bytes == 0) {
+      dt.offset = 0;  // The buffer's aligned base; nothing to read.
+      plan.tensors.push_back(dt);
+      continue;
+    }
+    if (dt.converted || t.begin % ElementAlignment(t.dtype) != 0) {
+      in_run = false;
+      cur = AlignUp(cur, kDeviceAlign);
+      dt.offset = cur;
+      cur += dt.bytes;
+      Segment s{t.begin, t.end, dt.offset, dt.converted, t.dtype, dt.dtype};
+      segments.push_back(s);
+      if (dt.converted) {
+        ++plan.converted;
+      } else {
+        ++plan.realigned;
+      }
+    } else {
+      if (in_run && t.begin == run_end) {
+        dt.offset = segments.back().dst + (t.begin - segments.back().begin);
+        segments.back().end = t.end;
+      } else {
+        dt.offset = PlaceAt(cur, t.begin % kDeviceAlign);
+        segments.push_back({t.begin, t.end, dt.offset, false, t.dtype, t.dtype});
+        in_run = true;
+      }
+      run_end = t.end;
+      cur = dt.offset + dt.bytes;
+    }
+    plan.tensors.push_back(dt);
+  }
+  plan.device_bytes = std::max(AlignUp(cur, kDeviceAlign), kDeviceAlign);
+
+  // Blocks.
+  bool open = false;
+  uint64_t b0 = 0, b_end = 0, scratch = 0;
+  auto close_block = [&] {
+    if (!open) return;
+    open = false;
+    DeviceBlock& b = plan.blocks.back();
+    const uint64_t f0 = data_offset + b0, f1 = data_offset + b_end;
+    b.read_offset = direct ? AlignDown(f0, kDirectAlign) : f0;
+    b.read_length = (direct ? AlignUp(f1, kDirectAlign) : f1) - b.read_offset;
+    b.min_read = f1 - b.read_offset;
+    for (BlockCopy& c : b.copies) c.slot_offset += f0 - b.read_offset;
+    plan.scratch_bytes = std::max(plan.scratch_bytes, scratch);
+  };
+  for (const Segment& s : segments) {
+    uint64_t x = s.begin;
+    const uint64_t esize = s.convert ? DtypeBits(s.from) / 8 : 1;
+    const uint64_t dsize = s.convert ? DtypeBits(s.to) / 8 : 1;
+    while (x < s.end) {
+      if (open && (x - b_end > kReadThroughGap || x - b0 >= slot_bytes)) close_block();
+      if (!open) {
+        open = true;
+        b0 = x;
+        scratch = 0;
+        plan.blocks.emplace_back();
+      }
+      uint64_t take = std::min(s.end - x, b0 + slot_bytes - x);
+      if (take < s.end - x) take = AlignDown(take, esize);
+      if (take == 0) {
+        close_block();
+        continue;
+      }
+      BlockCopy c;
+      c.slot_offset = x - b0;  // Shifted to the read's start when closed.
+      c.bytes = take;
+      c.dst_offset = s.dst + (x - s.begin) / esize * dsize;
+      if (s.convert) {
+        c.convert = true;
+        c.from = s.from;
+        c.to = s.to;
+        c.count = take / esize;
+        c.scratch_offset = AlignUp(scratch, 8);
+        scratch = c.scratch_offset + take;
+      }
+      plan.blocks.back().copies.push_back(c);
+      x += take;
+      b_end = x;
+    }
+  }
+  close_block();
+  return plan;
+}
+
+}  // namespace tensorlift

@@ -1,0 +1,74 @@
+// One file of a load, opened and checked: shared by the host loader and the
+// GPU pipeline.
+#ifndef TENSORLIFT_LOAD_FILE_JOB_H_
+#define TENSORLIFT_LOAD_FILE_JOB_H_
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "common/posix_file.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/loader.h"
+
+namespace tensorlift {
+
+struct OpenedFile {
+  const Checkpoint::Shard* shard = nullptr;
+  std::vector<uint32_t> wanted;  // Indices into shard->header.tensors(), increasing.
+  PosixFile buffered;
+  PosixFile direct;              // Open when report.mode is kDirect.
+  FileIdentity identity;
+  FileReport report;             // path, mode (never kAuto) and reason filled in.
+};
+
+// Opens the file for reading, checks it is the one whose header was read
+// (size, identity), and decides the mode: `mode`, or for kAuto buffered when
+// at least half of the wanted bytes are in the page cache and direct
+// otherwise; direct falls back to buffered on filesystems without O_DIRECT.
+// kMmap is kept as is (the caller maps).
+Status OpenForLoad(OpenedFile& file, IoMode mode);
+
+// Fails when the file changed (size, mtime, identity) since OpenForLoad.
+Status CheckUnchanged(const OpenedFile& file);
+
+// One job per shard of `ckpt` (Job derives from OpenedFile), each with the
+// tensors of its file that pass `filter`, in file order; returns the selected
+// tensors in the checkpoint's (name) order.
+template <typename Job>
+std::vector<Checkpoint::Location> SelectTensors(const Checkpoint& ckpt, const TensorFilter& filter,
+                                                std::vector<Job>& jobs) {
+  jobs.resize(ckpt.shards().size());
+  for (size_t s = 0; s < jobs.size(); ++s) jobs[s].shard = &ckpt.shards()[s];
+  std::vector<Checkpoint::Location> selected;
+  for (auto loc : ckpt.tensors()) {
+    if (!filter.Matches(ckpt.info(loc).name)) continue;
+    selected.push_back(loc);
+    jobs[loc.shard].wanted.push_back(loc.index);
+  }
+  for (auto& job : jobs) std::sort(job.wanted.begin(), job.wanted.end());
+  return selected;
+}
+
+// A tensor's view: name, dtype, shape, row-major strides, bytes.
+LoadedTensor MakeTensor(const TensorInfo& info, Dtype dtype, void* data, uint64_t nbytes);
+
+// Calls LoadOptions::progress at most every 100 ms, and once at the end.
+class ProgressReporter {
+ public:
+  ProgressReporter(const ProgressCallback& callback, uint64_t total)
+      : callback_(callback), total_(total), start_(std::chrono::steady_clock::now()), last_(start_) {}
+  // `done` bytes so far; from one thread at a time.
+  void Report(uint64_t done, bool final_call);
+
+ private:
+  const ProgressCallback& callback_;
+  uint64_t total_;
+  std::chrono::steady_clock::time_point start_, last_;
+};
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_LOAD_FILE_JOB_H_

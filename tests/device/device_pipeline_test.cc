@@ -1,0 +1,491 @@
+// The staged pipeline to a device, on the emulated device (separate memory,
+// asynchronous copies): every mode gives the file's bytes (odd header sizes,
+// misaligned and zero-size tensors, filters, shards, tiny and large staging
+// buffers); conversions give convert.h's bits; reads overlap copies; the
+// device-memory plan is computed first and respected; errors free everything.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+
+#include "../load/test_files.h"
+#include "device/convert_host.h"
+#include "device/device.h"
+#include "load/device_plan.h"
+#include "load/loader_internal.h"
+#include "load/planner.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/loader.h"
+
+namespace tensorlift {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Random;
+using testing::RawTensor;
+using testing::TempDir;
+using testing::WriteRaw;
+
+// The loader tests' mix, plus what conversions need: fp8 and a larger f32.
+std::vector<RawTensor> MixedTensors(uint32_t seed) {
+  std::vector<RawTensor> out = testing::MixedTensors(seed);
+  out.push_back(Random("k.fp8", Dtype::kF8_E4M3, {77}, seed + 11));
+  out.push_back(Random("l.f32", Dtype::kF32, {40000}, seed + 12));
+  return out;
+}
+
+// Copies a device tensor's bytes back to the host.
+std::vector<uint8_t> ToHost(Device& device, const LoadedTensor& t) {
+  std::vector<uint8_t> out(t.nbytes);
+  if (t.nbytes == 0) return out;
+  auto stream = device.CreateStream();
+  EXPECT_TRUE(stream.ok());
+  EXPECT_TRUE((*stream)->CopyToHost(reinterpret_cast<std::byte*>(out.data()), static_cast<std::byte*>(t.data), t.nbytes).ok());
+  EXPECT_TRUE((*stream)->Synchronize().ok());
+  return out;
+}
+
+std::vector<uint8_t> Converted(const RawTensor& t, Dtype to) {
+  const uint64_t n = t.bytes.size() / (DtypeBits(t.dtype) / 8);
+  std::vector<uint8_t> out(n * DtypeBits(to) / 8);
+  // An aligned copy of the source (ConvertOnHost reads whole elements).
+  std::vector<uint64_t> src((t.bytes.size() + 7) / 8);
+  std::memcpy(src.data(), t.bytes.data(), t.bytes.size());
+  EXPECT_TRUE(ConvertOnHost(reinterpret_cast<std::byte*>(out.data()), to,
+                            reinterpret_cast<const std::byte*>(src.data()), t.dtype, n)
+                  .ok());
+  return out;
+}
+
+void ExpectLoaded(Device& device, const std::map<std::string, RawTensor>& want, const LoadedCheckpoint& got,
+                  std::optional<Dtype> dtype, const std::string& ctx) {
+  ASSERT_EQ(got.tensors().size(), want.size()) << ctx;
+  for (const LoadedTensor& t : got.tensors()) {
+    auto it = want.find(t.name);
+    ASSERT_NE(it, want.end()) << ctx << " " << t.name;
+    const RawTensor& w = it->second;
+    const Dtype target = TargetDtype(w.dtype, dtype);
+    EXPECT_EQ(t.dtype, target) << ctx << " " << t.name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % ElementAlignment(t.dtype), 0u) << ctx << " " << t.name;
+    const std::vector<uint8_t> expect = target == w.dtype ? w.bytes : Converted(w, target);
+    ASSERT_EQ(t.nbytes, expect.size()) << ctx << " " << t.name;
+    if (device.kind() == DeviceKind::kHost) {
+      EXPECT_EQ(t.device, DeviceType::kCpu);
+      if (t.nbytes) {
+        EXPECT_EQ(std::memcmp(t.data, expect.data(), t.nbytes), 0) << ctx << " " << t.name;
+      }
+    } else {
+      EXPECT_EQ(t.device, DeviceType::kEmulated);
+      EXPECT_EQ(ToHost(device, t), expect) << ctx << " " << t.name;
+    }
+  }
+}
+
+std::shared_ptr<Device> Emulated(uint64_t memory = 1ull << 30, double rate = 0) {
+  EmulatedDeviceOptions o;
+  o.memory_bytes = memory;
+  o.copy_bytes_per_second = rate;
+  return MakeEmulatedDevice(o);
+}
+
+TEST(DevicePlanTest, CoversEveryByteOnceAndKeepsAlignment) {
+  for (size_t lead = 0; lead < 8; ++lead) {
+    TempDir dir;
+    const std::string path = dir.File("m.safetensors");
+    WriteRaw(path, MixedTensors(1), lead);
+    auto ckpt = Checkpoint::Open(path);
+    ASSERT_TRUE(ckpt.ok());
+    const Header& h = ckpt->shards()[0].header;
+    std::vector<uint32_t> all(h.tensors().size());
+    for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+    for (bool direct : {false, true}) {
+      for (std::optional<Dtype> dt : {std::optional<Dtype>(), std::optional<Dtype>(Dtype::kF32)}) {
+        const uint64_t slot = 64 << 10;
+        DeviceFilePlan p = PlanDeviceFile(h, all, dt, direct, slot);
+        std::vector<int> covered(h.data_size(), 0);
+        for (const DeviceBlock& b : p.blocks) {
+          EXPECT_LE(b.read_length, StagingSlotBytes(slot));
+          EXPECT_LE(b.min_read, b.read_length);
+          if (direct) {
+            EXPECT_EQ(b.read_offset % 4096, 0u);
+            EXPECT_EQ(b.read_length % 4096, 0u);
+          }
+          for (const BlockCopy& c : b.copies) {
+            EXPECT_LE(c.slot_offset + c.bytes, b.min_read);
+            const uint64_t file_pos = b.read_offset + c.slot_offset - h.data_offset();
+            for (uint64_t i = 0; i < c.bytes; ++i) ++covered[file_pos + i];
+            if (c.convert) {
+              EXPECT_EQ(c.bytes % (DtypeBits(c.from) / 8), 0u) << "a block cuts an element";
+              EXPECT_EQ(c.scratch_offset % 8, 0u);
+              EXPECT_LE(c.scratch_offset + c.bytes, p.scratch_bytes);
+            }
+          }
+        }
+        for (uint32_t i : all) {
+          const TensorInfo& t = h.tensors()[i];
+          for (uint64_t b = t.begin; b < t.end; ++b) ASSERT_EQ(covered[b], 1) << t.name << " byte " << b;
+        }
+        for (const DeviceTensorPlan& t : p.tensors) {
+          EXPECT_EQ(t.offset % ElementAlignment(t.dtype), 0u);
+          EXPECT_LE(t.offset + t.bytes, p.device_bytes);
+        }
+        // Realigned: the tensors misaligned in the data section (not
+        // converted), whatever the header size.
+        uint32_t misaligned = 0, converted = 0;
+        for (uint32_t i : all) {
+          const TensorInfo& t = h.tensors()[i];
+          if (t.nbytes() == 0) continue;
+          if (TargetDtype(t.dtype, dt) != t.dtype) {
+            ++converted;
+          } else if (t.begin % ElementAlignment(t.dtype) != 0) {
+            ++misaligned;
+          }
+        }
+        EXPECT_GT(misaligned, 0u);
+        EXPECT_EQ(p.realigned, misaligned) << "lead " << lead;
+        EXPECT_EQ(p.converted, converted) << "lead " << lead;
+      }
+    }
+  }
+}
+
+struct PipelineCase {
+  IoMode mode;
+  uint64_t staging;
+  int slots;
+};
+
+class DevicePipelineTest : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(DevicePipelineTest, EveryModeGivesTheFileBytesOnTheDevice) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(static_cast<uint32_t>(GetParam()));
+  WriteRaw(path, tensors, GetParam());
+  std::map<std::string, RawTensor> want;
+  for (auto& t : tensors) want[t.name] = t;
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  auto device = Emulated();
+  for (IoMode m : {IoMode::kAuto, IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap}) {
+    for (PipelineCase c : {PipelineCase{m, 64 << 10, 1}, PipelineCase{m, 64 << 10, 3},
+                           PipelineCase{m, 16 << 20, 4}}) {
+      for (std::optional<Dtype> dt :
+           {std::optional<Dtype>(), std::optional<Dtype>(Dtype::kF32), std::optional<Dtype>(Dtype::kBF16)}) {
+        LoadOptions opts;
+        opts.mode = c.mode;
+        opts.staging_bytes = c.staging;
+        opts.staging_buffers = c.slots;
+        opts.dtype = dt;
+        const std::string ctx = std::string(IoModeName(m)) + " staging=" + std::to_string(c.staging) + "x" +
+                                std::to_string(c.slots) + " dtype=" + (dt ? std::string(DtypeName(*dt)) : "-") +
+                                " lead=" + std::to_string(GetParam());
+        auto got = LoadThroughDevice(*ckpt, opts, device, nullptr);
+        ASSERT_TRUE(got.ok()) << ctx << ": " << got.status().ToString();
+        ExpectLoaded(*device, want, *got, dt, ctx);
+        ASSERT_EQ(got->files().size(), 1u);
+        EXPECT_NE(got->files()[0].mode, IoMode::kAuto);
+        EXPECT_NE(got->files()[0].mode, IoMode::kMmap);
+      }
+    }
+  }
+  auto free_now = device->FreeMemory();
+  ASSERT_TRUE(free_now.ok());
+  EXPECT_EQ(*free_now, 1ull << 30) << "every load's device memory was freed";
+}
+
+INSTANTIATE_TEST_SUITE_P(HeaderShift, DevicePipelineTest, ::testing::Values(0, 1, 2, 3, 5, 7));
+
+TEST(DevicePipelineTest, ShardsAndFilters) {
+  TempDir dir;
+  std::map<std::string, RawTensor> want;
+  std::string index = "{\"weight_map\":{";
+  for (int s = 0; s < 3; ++s) {
+    std::vector<RawTensor> ts = {Random("s" + std::to_string(s) + ".x", Dtype::kBF16, {64, 65}, 10 + s),
+                                 Random("s" + std::to_string(s) + ".y", Dtype::kF32, {7}, 20 + s)};
+    const std::string name = "s-" + std::to_string(s) + ".safetensors";
+    WriteRaw(dir.File(name), ts, s);
+    for (auto& t : ts) {
+      if (t.name.ends_with(".x")) want[t.name] = t;
+      index += std::string(index.back() == '{' ? "" : ",") + "\"" + t.name + "\":\"" + name + "\"";
+    }
+  }
+  index += "}}";
+  FILE* f = std::fopen(dir.File("model.safetensors.index.json").c_str(), "w");
+  std::fwrite(index.data(), 1, index.size(), f);
+  std::fclose(f);
+  auto ckpt = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  auto device = Emulated();
+  LoadOptions opts;
+  auto re = TensorFilter::Regex("\\.x$");
+  ASSERT_TRUE(re.ok());
+  opts.filter = *re;
+  opts.staging_bytes = 64 << 10;
+  opts.staging_buffers = 2;
+  auto got = LoadThroughDevice(*ckpt, opts, device, nullptr);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectLoaded(*device, want, *got, std::nullopt, "shards");
+  EXPECT_EQ(got->files().size(), 3u);
+}
+
+TEST(DevicePipelineTest, ReadsOverlapCopies) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteRaw(path, {Random("w", Dtype::kBF16, {1024, 1024}, 3)}, 0);  // 2 MiB.
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+  // 64 KiB blocks copied at 64 MB/s (1 ms each) while reads from the page
+  // cache take microseconds: with 4 slots, block k+1 is read while block k is
+  // still being copied.
+  auto device = Emulated(1ull << 30, 64e6);
+  LoadOptions opts;
+  opts.mode = IoMode::kBuffered;
+  opts.staging_bytes = 64 << 10;
+  opts.staging_buffers = 4;
+  PipelineTrace trace;
+  auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(trace.blocks.size(), 32u);
+  int overlapped = 0;
+  for (size_t k = 0; k + 1 < trace.blocks.size(); ++k) {
+    EXPECT_GT(trace.blocks[k].copied_us, 0) << k;
+    EXPECT_LE(trace.blocks[k].read_end_us, trace.blocks[k].copied_us) << "copied before it was read: " << k;
+    EXPECT_LE(trace.blocks[k].copied_us, trace.blocks[k + 1].copied_us) << "copies complete in order";
+    if (trace.blocks[k + 1].read_end_us < trace.blocks[k].copied_us) ++overlapped;
+  }
+  EXPECT_GT(overlapped, 16) << "the next block's read should finish while this block copies";
+  // A slot is never refilled before its copy is done.
+  for (size_t k = 4; k < trace.blocks.size(); ++k) {
+    EXPECT_GE(trace.blocks[k].read_start_us, trace.blocks[k - 4].copied_us) << k;
+  }
+}
+
+TEST(DevicePipelineTest, DeviceMemoryPlanIsComputedFirstAndRespected) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(5);
+  WriteRaw(path, tensors, 3);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+  LoadOptions opts;
+  opts.dtype = Dtype::kF32;  // Conversions need device slots too.
+  opts.staging_bytes = 64 << 10;
+  opts.staging_buffers = 2;
+  DeviceMemoryPlan plan;
+  {
+    auto got = LoadThroughDevice(*ckpt, opts, Emulated(), nullptr);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    plan = got->device_plan();
+  }
+  EXPECT_GT(plan.device_bytes, 0u);
+  EXPECT_GT(plan.scratch_bytes, 0u);
+  EXPECT_EQ(plan.pinned_bytes, 2 * StagingSlotBytes(64 << 10));
+  const uint64_t need = plan.device_bytes + plan.scratch_bytes;
+  {
+    // Exactly the plan: fits.
+    auto device = Emulated(need);
+    auto got = LoadThroughDevice(*ckpt, opts, device, nullptr);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+  }
+  // One byte less: refused before anything is read.
+  auto device = Emulated(need - 1);
+  PipelineTrace trace;
+  std::atomic<int> reads{0};
+  trace.before_read = [&](int64_t) {
+    ++reads;
+    return Status::Ok();
+  };
+  auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_THAT(got.status().message(), HasSubstr(std::to_string(need)));
+  EXPECT_EQ(reads.load(), 0);
+  EXPECT_EQ(*device->FreeMemory(), need - 1);
+}
+
+TEST(DevicePipelineTest, FaultsFreeEverything) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteRaw(path, {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)}, 1);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+  for (IoMode mode : {IoMode::kBuffered, IoMode::kDirect}) {
+    for (int fault = 0; fault < 2; ++fault) {
+      auto device = Emulated(1ull << 30, 200e6);
+      LoadOptions opts;
+      opts.mode = mode;
+      opts.staging_bytes = 64 << 10;
+      opts.staging_buffers = 3;
+      opts.dtype = Dtype::kF16;
+      PipelineTrace trace;
+      trace.before_read = [&](int64_t k) -> Status {
+        if (k != 5) return Status::Ok();
+        if (fault == 0) return IOError("read: Input/output error");
+        // Truncate the file under the load.
+        EXPECT_EQ(::truncate(path.c_str(), 100000), 0);
+        return Status::Ok();
+      };
+      auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+      ASSERT_FALSE(got.ok()) << IoModeName(mode) << " fault " << fault;
+      EXPECT_THAT(got.status().message(), HasSubstr(path));
+      if (fault == 0) {
+        EXPECT_THAT(got.status().message(), HasSubstr("Input/output error"));
+      } else {
+        EXPECT_EQ(got.status().code(), StatusCode::kIOError) << got.status().ToString();
+        WriteRaw(path, {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)}, 1);
+        auto again = Checkpoint::Open(path);
+        ASSERT_TRUE(again.ok());
+        ckpt = std::move(again);
+      }
+      EXPECT_EQ(*device->FreeMemory(), 1ull << 30) << "device memory of the failed load was freed";
+    }
+  }
+}
+
+// A stand-in for cuFile over the emulated device: pread, then a synchronous
+// copy to the device. Fails every read from the `fail_at`-th on (0: never).
+class FakeDirectReader final : public DirectReader {
+ public:
+  FakeDirectReader(std::shared_ptr<Device> device, int fail_at, std::atomic<int>* reads)
+      : device_(std::move(device)), fail_at_(fail_at), reads_(reads) {}
+  Status AddFile(uint32_t file, int fd) override {
+    if (fds_.size() <= file) fds_.resize(file + 1, -1);
+    fds_[file] = fd;
+    return Status::Ok();
+  }
+  Status AddBuffer(std::byte*, uint64_t) override { return Status::Ok(); }
+  Status Read(uint32_t file, std::byte* base, uint64_t offset, uint64_t bytes, uint64_t file_offset) override {
+    const int n = ++*reads_;
+    if (fail_at_ > 0 && n >= fail_at_) return IOError("cuFileRead: Input/output error (injected)");
+    std::vector<std::byte> host(bytes);
+    // Reads through a plain descriptor of the same file (the pipeline may
+    // hand an O_DIRECT one).
+    std::string path = "/proc/self/fd/" + std::to_string(fds_[file]);
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) return IOError("open " + path);
+    const ssize_t got = ::pread(fd, host.data(), bytes, static_cast<off_t>(file_offset));
+    ::close(fd);
+    if (got != static_cast<ssize_t>(bytes)) return IOError("short read");
+    TL_ASSIGN_OR_RETURN(auto stream, device_->CreateStream());
+    TL_RETURN_IF_ERROR(stream->CopyToDevice(base + offset, host.data(), bytes));
+    return stream->Synchronize();
+  }
+
+ private:
+  std::shared_ptr<Device> device_;
+  int fail_at_;
+  std::atomic<int>* reads_;
+  std::vector<int> fds_;
+};
+
+TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(21);
+  WriteRaw(path, tensors, 3);
+  std::map<std::string, RawTensor> want;
+  for (auto& t : tensors) want[t.name] = t;
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+  for (std::optional<Dtype> dt : {std::optional<Dtype>(), std::optional<Dtype>(Dtype::kF32)}) {
+    for (int fail_at : {0, 4}) {
+      auto device = Emulated();
+      std::atomic<int> reads{0};
+      PipelineTrace trace;
+      trace.open_direct_reader = [&]() -> Result<std::unique_ptr<DirectReader>> {
+        return std::unique_ptr<DirectReader>(std::make_unique<FakeDirectReader>(device, fail_at, &reads));
+      };
+      LoadOptions opts;
+      opts.dtype = dt;
+      opts.staging_bytes = 64 << 10;
+      opts.staging_buffers = 2;
+      auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+      const std::string ctx = "fail_at=" + std::to_string(fail_at) + (dt ? " F32" : "");
+      ASSERT_TRUE(got.ok()) << ctx << ": " << got.status().ToString();
+      ExpectLoaded(*device, want, *got, dt, ctx);
+      const FileReport& f = got->files()[0];
+      if (fail_at == 0) {
+        EXPECT_TRUE(f.gds) << ctx;
+        EXPECT_THAT(f.reason, HasSubstr("GDS")) << ctx;
+        EXPECT_EQ(got->device_plan().pinned_bytes, 0u) << "no staging with GDS";
+        EXPECT_GT(reads.load(), 0);
+      } else {
+        EXPECT_FALSE(f.gds) << ctx;
+        EXPECT_THAT(f.reason, HasSubstr("GDS failed during the load")) << ctx;
+        EXPECT_THAT(f.reason, HasSubstr("injected")) << ctx;
+        EXPECT_GT(got->device_plan().pinned_bytes, 0u);
+      }
+      got = Status(StatusCode::kInternal, "dropped");
+      EXPECT_EQ(*device->FreeMemory(), 1ull << 30) << ctx;
+    }
+  }
+  // Without a reader (no cuFile on this machine, or gds off): staging, and why.
+  auto device = Emulated();
+  PipelineTrace trace;
+  trace.open_direct_reader = []() -> Result<std::unique_ptr<DirectReader>> {
+    return UnimplementedError("built without GPUDirect Storage (test)");
+  };
+  auto got = LoadThroughDevice(*ckpt, LoadOptions{}, device, &trace);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(got->files()[0].gds);
+  EXPECT_THAT(got->files()[0].reason, HasSubstr("GDS unavailable: built without GPUDirect Storage (test)"));
+  LoadOptions off;
+  off.gds = false;
+  got = LoadThroughDevice(*ckpt, off, device, &trace);
+  ASSERT_TRUE(got.ok());
+  EXPECT_THAT(got->files()[0].reason, ::testing::Not(HasSubstr("GDS")));
+}
+
+TEST(DevicePipelineTest, HostLoadsConvertThroughTheSamePipeline) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(9);
+  WriteRaw(path, tensors, 1);
+  std::map<std::string, RawTensor> want;
+  for (auto& t : tensors) want[t.name] = t;
+  LoadOptions opts;
+  opts.dtype = Dtype::kF16;
+  auto got = Load(path, opts);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectLoaded(*MakeHostDevice(), want, *got, Dtype::kF16, "host");
+  EXPECT_GT(got->files()[0].converted, 0u);
+
+  opts.dtype = Dtype::kF8_E4M3;
+  auto bad = Load(path, opts);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(DevicePipelineTest, DeviceNames) {
+  EXPECT_EQ(ParseDevice("cpu")->first, DeviceType::kCpu);
+  EXPECT_EQ(ParseDevice("cuda")->second, 0);
+  EXPECT_EQ(ParseDevice("cuda:3")->second, 3);
+  EXPECT_EQ(ParseDevice("cuda:3")->first, DeviceType::kCuda);
+  EXPECT_EQ(ParseDevice("emulated")->first, DeviceType::kEmulated);
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", "cpu:1", ""}) {
+    EXPECT_FALSE(ParseDevice(bad).ok()) << bad;
+  }
+}
+
+TEST(DevicePipelineTest, CudaWithoutAGpuIsAClearError) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteRaw(path, MixedTensors(1), 0);
+  auto device = OpenCudaDevice(0);
+  if (device.ok()) GTEST_SKIP() << "a GPU is present: " << (*device)->name();
+  LoadOptions opts;
+  opts.device = "cuda:0";
+  auto got = Load(path, opts);
+  ASSERT_FALSE(got.ok());
+  EXPECT_TRUE(got.status().code() == StatusCode::kUnavailable || got.status().code() == StatusCode::kUnimplemented)
+      << got.status().ToString();
+  EXPECT_FALSE(got.status().message().empty());
+}
+
+}  // namespace
+}  // namespace tensorlift

@@ -1,0 +1,83 @@
+"""`tensorlift doctor`: what was built and what works here, for people and
+for machines. Runs on any machine: every part that is missing must come with
+a reason, in both forms, and the command always exits 0.
+"""
+
+import json
+import os
+import subprocess
+import tempfile
+
+from conftest import tool
+
+
+def doctor(*args):
+    # cuFile, when present, writes cufile.log into the working directory.
+    result = subprocess.run([str(tool("tensorlift")), "doctor", *args],
+                            capture_output=True, text=True, timeout=120,
+                            cwd=tempfile.gettempdir())
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_json_parses_and_every_missing_part_has_a_reason(tmp_path):
+    report = json.loads(doctor("--json", str(tmp_path)))
+    assert report["version"]
+
+    cuda = report["cuda"]
+    assert isinstance(cuda["built"], bool)
+    if cuda["built"]:
+        assert cuda["runtime_version"] or cuda["runtime_reason"]
+        assert cuda["driver_version"] or cuda["driver_reason"]
+    else:
+        assert "built without CUDA" in cuda["not_built_reason"]
+    if not cuda["gpus"]:
+        assert cuda["gpus_reason"]
+    for gpu in cuda["gpus"]:
+        assert gpu["name"] and gpu["memory_bytes"] > 0
+        assert gpu["compute_capability"].count(".") == 1
+
+    uring = report["io_uring"]
+    assert uring["usable"] or uring["reason"]
+
+    gds = report["gds"]
+    for part in ("library", "nvidia_fs", "driver"):
+        ok = gds["library_loaded"] if part == "library" else gds[
+            "nvidia_fs" if part == "nvidia_fs" else "driver_open"]
+        assert ok or gds[f"{part}_reason"], part
+    if not os.path.exists("/proc/driver/nvidia-fs"):
+        assert not gds["nvidia_fs"]
+        assert "nvidia-fs kernel module" in gds["nvidia_fs_reason"]
+        assert not gds["ready"]
+    assert gds["path"] == str(tmp_path)
+    assert gds["filesystem"] and gds["filesystem_reason"]
+    assert isinstance(gds["filesystem_supported"], bool)
+
+
+def test_text_states_the_reasons():
+    out = doctor()
+    report = json.loads(doctor("--json"))
+    lines = out.splitlines()
+    assert lines[0] == "tensorlift " + report["version"]
+    by_key = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
+              for line in lines[1:] if ":" in line}
+    for key in ("CUDA", "GPUs", "io_uring", "GPUDirect Storage", "cuFile library",
+                "nvidia-fs", "cuFileDriverOpen"):
+        assert key in by_key, (key, out)
+    if not report["cuda"]["gpus"]:
+        # e.g. "GPUs: none (cudaGetDeviceCount: no CUDA-capable device is detected ...)"
+        assert by_key["GPUs"] == f"none ({report['cuda']['gpus_reason']})"
+    if not report["gds"]["library_loaded"]:
+        assert report["gds"]["library_reason"] in by_key["cuFile library"]
+    if not report["gds"]["nvidia_fs"]:
+        assert by_key["nvidia-fs"].startswith("missing (")
+
+
+def test_filesystem_of_a_path(tmp_path):
+    out = doctor(str(tmp_path))
+    assert f"filesystem of '{tmp_path}'" in out
+    if os.path.isdir("/dev/shm"):
+        shm = json.loads(doctor("--json", "/dev/shm"))["gds"]
+        if shm["filesystem"] == "tmpfs":
+            assert not shm["filesystem_supported"]
+            assert "not supported" in shm["filesystem_reason"]
