@@ -426,20 +426,7 @@ class SafeTensorsFileLoader:
             if isinstance(paths, (str, os.PathLike)):
                 paths = [paths]
             for p in paths:
-                path = os.fspath(p)
-                f = _File(path, rank)
-                old = self.files.get(path)
-                if old is not None:  # registered again: replaced in place, as fastsafetensors does
-                    for t in old.tensors:
-                        self._owner.pop(t[0], None)
-                for t in f.tensors:
-                    other = self._owner.get(t[0])
-                    if other is not None:
-                        raise ValueError(f"add_filenames: tensor {t[0]!r} is in both {other} and {path}; "
-                                         "names must be unique among files")
-                for t in f.tensors:
-                    self._owner[t[0]] = path
-                self.files[path] = f
+                self._register(_File(os.fspath(p), rank))
 
     def _register(self, f: _File) -> None:
         old = self.files.get(f.path)
