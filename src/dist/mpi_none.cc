@@ -1,0 +1,12 @@
+// Built instead of mpi_communicator.cc when MPI is not found (or is off).
+#include "dist/communicator.h"
+
+namespace tensorlift {
+
+bool MpiBuiltIn() { return false; }
+
+Result<std::unique_ptr<Communicator>> MakeMpiCommunicator(uint64_t) {
+  return UnimplementedError("built without MPI (" TENSORLIFT_NO_MPI_REASON ")");
+}
+
+}  // namespace tensorlift
