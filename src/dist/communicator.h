@@ -78,6 +78,20 @@ inline constexpr uint64_t kDefaultMpiChunkBytes = uint64_t{1} << 30;
 Result<std::unique_ptr<Communicator>> MakeMpiCommunicator(
     uint64_t max_chunk_bytes = kDefaultMpiChunkBytes);
 
+// True when tensorlift was built with the NCCL communicator (with CUDA and
+// nccl.h; the library itself is loaded at run time).
+bool NcclBuiltIn();
+
+// Collectives between GPUs with NCCL: the ranks of `bootstrap` (MPI, or
+// anything that can broadcast NCCL's 128-byte unique id), each on CUDA
+// device `cuda_device`. Buffers are device memory; each call returns once
+// the collective is complete on this rank's stream. libnccl.so.2 is loaded
+// with dlopen (or $TENSORLIFT_NCCL_LIB). A collective itself on every rank
+// of `bootstrap`: a failure on one rank (no GPU, no library) is returned on
+// every rank (Agree). Unavailable with the reason when NCCL or the GPU
+// cannot be used; Unimplemented when built without NCCL.
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap, int cuda_device);
+
 }  // namespace tensorlift
 
 #endif  // TENSORLIFT_DIST_COMMUNICATOR_H_

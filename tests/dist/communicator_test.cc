@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "rank_failure_printer.h"
+
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -194,21 +196,6 @@ TEST(MpiTest, ChunkSizeIsChecked) {
             MpiBuiltIn() ? StatusCode::kInvalidArgument : StatusCode::kUnimplemented);
 }
 
-// On ranks other than 0, prints only failures, prefixed by the rank.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (r.failed()) {
-      std::fprintf(stderr, "[rank %d] %s:%d: %s\n", rank_, r.file_name() ? r.file_name() : "?",
-                   r.line_number(), r.summary());
-    }
-  }
-
- private:
-  int rank_;
-};
-
 }  // namespace
 }  // namespace tensorlift
 
@@ -237,7 +224,7 @@ int main(int argc, char** argv) {
     if (rank != 0) {
       auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
       delete listeners.Release(listeners.default_result_printer());
-      listeners.Append(new RankFailurePrinter(rank));
+      listeners.Append(new tensorlift::testing::RankFailurePrinter(rank));
     }
   } else {
     comms[0] = MakeSingleProcessCommunicator();

@@ -1,0 +1,154 @@
+// Multi-rank loading (internal API): each rank reads its balanced share of a
+// checkpoint once, then tensors are shuffled to the ranks that ask for them
+// with collectives (fastsafetensors' "shuffling", paper section III-B).
+//
+//   auto comm = tensorlift::MakeMpiCommunicator();
+//   auto ckpt = tensorlift::Checkpoint::Open("model_dir");  // on every rank
+//   auto dist = tensorlift::LoadDistributed(*ckpt, {}, **comm);
+//   auto w = dist->GetSharded("layers.0.w", 0);  // this rank's rows
+//
+// SPMD contract: every rank of the communicator calls LoadDistributed and then
+// GetTensor / GetSharded / Release in the same order with the same arguments
+// (names, dims) and the same DistributedOptions except `needed`. Each of these
+// calls runs collectives (GetTensor / GetSharded: an Agree on the local
+// allocations, then one Broadcast or Scatter); ranks that call them
+// differently are a caller bug and may block. GetShardedByRead has no
+// collective but is still called in that order (it counts as a hand-out);
+// Release(), bytes_read() and buffer_bytes() are local.
+//
+// Errors: LoadDistributed agrees on its result (Communicator::Agree), so a rank
+// that cannot read its share (a missing or changed file) makes every rank fail
+// with that rank's message, never a hang. After a successful load, Get* errors
+// (unknown name, bad dim, a released buffer) depend only on state that every
+// rank shares, so every rank returns the same error without communication.
+//
+// Memory: each rank holds the buffers of the pieces it read, one per file. A
+// reader drops its buffer of a file once every needed tensor it read from that
+// file has been handed out (GetTensor, GetSharded or GetShardedByRead, counted
+// once per tensor), unless DistributedOptions::keep_buffers; Release() drops
+// all. Asking again for a tensor whose buffer was dropped is an
+// InvalidArgument error on every rank. Returned HostTensors own their bytes.
+//
+// Thread safety: a DistributedCheckpoint is used by one thread at a time (it
+// drives its communicator).
+#ifndef TENSORLIFT_DIST_DISTRIBUTED_LOADER_H_
+#define TENSORLIFT_DIST_DISTRIBUTED_LOADER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "dist/assign.h"
+#include "dist/communicator.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/dtype.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/status.h"
+
+namespace tensorlift {
+
+// A tensor in host memory that owns its bytes (aligned to 16 bytes).
+struct HostTensor {
+  std::string name;
+  Dtype dtype = Dtype::kU8;
+  std::vector<uint64_t> shape;
+  std::unique_ptr<std::byte[]> data;  // nbytes bytes; null when nbytes == 0.
+  uint64_t nbytes = 0;
+
+  std::span<const std::byte> bytes() const { return {data.get(), static_cast<size_t>(nbytes)}; }
+};
+
+// How GetSharded(name, 0) moves a tensor's rows.
+enum class Dim0Mode : uint8_t {
+  kScatter,  // The reader scatters them (one collective).
+  kRead,     // Each rank preads its own rows from the file (GetShardedByRead).
+  kAuto,     // kRead when the tensor is larger than dim0_read_threshold.
+};
+
+// Tensors larger than this are read per rank under Dim0Mode::kAuto. A first
+// guess, to be tuned by bench/ (scatter vs read, 1/2/4 ranks).
+inline constexpr uint64_t kDefaultDim0ReadThreshold = uint64_t{64} << 20;
+
+struct DistributedOptions {
+  // The tensors THIS rank needs (default: all). A tensor is loaded when it
+  // passes LoadOptions::filter and some rank needs it; tensors no rank needs
+  // are read by nobody, and the read work is balanced over the needed ones.
+  TensorFilter needed;
+  Dim0Mode dim0 = Dim0Mode::kScatter;
+  uint64_t dim0_read_threshold = kDefaultDim0ReadThreshold;
+  // Keep every reader's buffers until Release() (tensors may be asked for
+  // again). Default: drop a file's buffer once its tensors were handed out.
+  bool keep_buffers = false;
+  AssignOptions assign;
+};
+
+class DistributedCheckpoint {
+ public:
+  DistributedCheckpoint(DistributedCheckpoint&&) noexcept;
+  DistributedCheckpoint& operator=(DistributedCheckpoint&&) noexcept;
+  ~DistributedCheckpoint();
+
+  int rank() const;
+  int world() const;
+
+  // The whole tensor on every rank, broadcast from the rank that read it.
+  // NotFound when no rank loaded `name` (unknown, filtered out, or needed by
+  // no rank); InvalidArgument when its buffer was already dropped.
+  Result<HostTensor> GetTensor(std::string_view name);
+
+  // This rank's slice of `name` along `dim`: with block = ceil(size / world)
+  // (size = shape[dim]), rank r gets [r*block, min((r+1)*block, size)),
+  // possibly empty; the returned shape has that extent at `dim`. The reader
+  // scatters equal, padded blocks (for dim > 0 it packs each rank's strided
+  // slice contiguously first); dim 0 may instead be read per rank (see
+  // DistributedOptions::dim0; then the ranks Agree on the reads' result).
+  // dim -1 is GetTensor. A dim outside [-1, ndim) is InvalidArgument, as is
+  // slicing a sub-byte dtype where a slice would not start on a byte.
+  Result<HostTensor> GetSharded(std::string_view name, int dim);
+
+  // This rank's rows of `name` (dim 0, the rule of GetSharded), pread straight
+  // from the tensor's file by this rank: no collective, so errors are local
+  // (call Agree if every rank must see them). All ranks must see the same
+  // files (e.g. a shared filesystem); a file changed since its header was read
+  // is an error. Counts as handing the tensor out (see Memory above).
+  Result<HostTensor> GetShardedByRead(std::string_view name);
+
+  // Drops every buffer; later Get* calls of loaded tensors fail. Local.
+  void Release();
+
+  // Bytes this rank read from files: its share of the load plus the rows of
+  // GetShardedByRead.
+  uint64_t bytes_read() const;
+  // Bytes this rank's share of the load alone (fixed after the load).
+  uint64_t load_bytes() const;
+  // Bytes of the buffers this rank holds now.
+  uint64_t buffer_bytes() const;
+  // The assignment of the read work (the same on every rank).
+  const Assignment& assignment() const;
+  // Names of the loaded tensors (needed by some rank), in name order.
+  std::vector<std::string> loaded_names() const;
+
+ private:
+  friend Result<DistributedCheckpoint> LoadDistributed(const Checkpoint&, const LoadOptions&,
+                                                       Communicator&, const DistributedOptions&);
+  struct State;
+  explicit DistributedCheckpoint(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// Loads `ckpt` across the ranks of `comm` (host memory only: options.device
+// must be "cpu" and options.dtype unset). Every rank opens the same checkpoint
+// (the ranks check that their headers agree), exchanges which tensors it
+// needs, computes the same AssignByBytes over the needed ones, and loads only
+// its pieces with `options`. The checkpoint must outlive the result.
+Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const LoadOptions& options,
+                                              Communicator& comm,
+                                              const DistributedOptions& dopts = {});
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_DIST_DISTRIBUTED_LOADER_H_

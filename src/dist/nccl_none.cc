@@ -1,0 +1,16 @@
+// Built without NCCL (no CUDA, or no nccl.h): the NCCL communicator says why.
+#include "dist/communicator.h"
+
+#ifndef TENSORLIFT_NO_NCCL_REASON
+#define TENSORLIFT_NO_NCCL_REASON "unknown reason"
+#endif
+
+namespace tensorlift {
+
+bool NcclBuiltIn() { return false; }
+
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator&, int) {
+  return UnimplementedError("built without NCCL (" TENSORLIFT_NO_NCCL_REASON ")");
+}
+
+}  // namespace tensorlift

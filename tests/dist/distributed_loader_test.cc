@@ -1,0 +1,388 @@
+// LoadDistributed tests. Without arguments: the single-process communicator.
+// With --mpi (under mpiexec -n N): the MPI communicator over N ranks.
+//
+// Rank 0 writes a checkpoint of 3 shards into a fresh directory (mkdtemp
+// under $TMPDIR or /tmp, so concurrent runs never share one) and broadcasts
+// its path; every rank then opens it. Every rank runs every test and checks
+// its own results against a plain Load of the whole checkpoint, sliced
+// locally. Tests use EXPECT (not ASSERT) around collectives so that all ranks
+// make the same calls, and each ends with an Agree on its result.
+#include "dist/distributed_loader.h"
+
+#include <gtest/gtest.h>
+
+#include "rank_failure_printer.h"
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/safetensors.h"
+
+namespace tensorlift {
+namespace {
+
+bool g_mpi = false;
+Communicator* g_comm = nullptr;
+std::string g_dir;  // The shared checkpoint directory (same on every rank).
+
+struct Spec {
+  std::string file;
+  std::string name;
+  Dtype dtype;
+  std::vector<uint64_t> shape;
+};
+// Shapes not divisible by 4 (nor by 2, mostly), a zero-size tensor, a scalar.
+const std::vector<Spec>& Specs() {
+  static const std::vector<Spec> specs = {
+      {"a", "a.bf16", Dtype::kBF16, {5, 7}},
+      {"a", "a.f32", Dtype::kF32, {6, 3, 5}},
+      {"a", "a.u8", Dtype::kU8, {9}},
+      {"b", "b.i64", Dtype::kI64, {7, 3}},
+      {"b", "b.empty", Dtype::kF32, {0, 4}},
+      {"b", "b.u8", Dtype::kU8, {3, 5, 2}},
+      {"c", "c.f32", Dtype::kF32, {301, 67}},
+      {"c", "c.bf16", Dtype::kBF16, {3, 9, 2}},
+      {"c", "c.scalar", Dtype::kF32, {}},
+      {"c", "c.i64", Dtype::kI64, {1, 5}},
+  };
+  return specs;
+}
+
+uint64_t ElementBytes(Dtype d) { return static_cast<uint64_t>(DtypeBits(d)) / 8; }
+
+Status WriteCheckpoint(const std::string& dir) {
+  for (const char* file : {"a", "b", "c"}) {
+    std::vector<std::vector<std::byte>> data;
+    std::vector<TensorView> views;
+    for (const Spec& s : Specs()) {
+      if (s.file != file) continue;
+      uint64_t n = ElementBytes(s.dtype);
+      for (uint64_t d : s.shape) n *= d;
+      std::vector<std::byte> bytes(n);
+      const uint64_t seed = std::hash<std::string>()(s.name);
+      for (uint64_t i = 0; i < n; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed + (i >> 8)) & 0xff);
+      data.push_back(std::move(bytes));
+      views.push_back({s.name, s.dtype, s.shape, {}});
+    }
+    for (size_t i = 0; i < views.size(); ++i) views[i].data = data[i];
+    TL_RETURN_IF_ERROR(WriteFile(dir + "/" + file + ".safetensors", views, std::nullopt));
+  }
+  return Status::Ok();
+}
+
+// Rank r's slice of `t` along dim (block = ceil(size / world)), computed
+// element by element (independently of the loader's byte arithmetic).
+std::vector<std::byte> ReferenceSlice(const LoadedTensor& t, int dim, int r, int world) {
+  const auto* p = static_cast<const std::byte*>(t.data);
+  if (dim < 0) return std::vector<std::byte>(p, p + t.nbytes);
+  const uint64_t eb = ElementBytes(t.dtype);
+  const uint64_t size = t.shape[dim];
+  const uint64_t block = (size + world - 1) / world;
+  const uint64_t lo = std::min<uint64_t>(r * block, size), hi = std::min<uint64_t>((r + 1) * block, size);
+  uint64_t inner = 1;
+  for (size_t d = dim + 1; d < t.shape.size(); ++d) inner *= t.shape[d];
+  std::vector<std::byte> out;
+  for (uint64_t e = 0; e < t.nbytes / eb; ++e) {
+    const uint64_t i = (e / inner) % size;
+    if (i >= lo && i < hi) out.insert(out.end(), p + e * eb, p + (e + 1) * eb);
+  }
+  return out;
+}
+
+std::vector<uint64_t> ExpectedShape(const LoadedTensor& t, int dim, int r, int world) {
+  std::vector<uint64_t> shape(t.shape.begin(), t.shape.end());
+  if (dim >= 0) {
+    const uint64_t size = shape[dim], block = (size + world - 1) / world;
+    shape[dim] = std::min<uint64_t>((r + 1) * block, size) - std::min<uint64_t>(r * block, size);
+  }
+  return shape;
+}
+
+std::vector<std::byte> Bytes(const HostTensor& t) { return {t.bytes().begin(), t.bytes().end()}; }
+
+// Every rank's value, in rank order.
+std::vector<uint64_t> Gather(uint64_t v) {
+  std::vector<uint64_t> all(g_comm->size());
+  EXPECT_TRUE(g_comm->AllGather(&v, all.data(), sizeof(v)).ok());
+  return all;
+}
+
+class DistributedLoaderTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    // Rank 0 makes the directory and writes; the others learn its path.
+    char path[256] = {};
+    Status st = Status::Ok();
+    if (g_comm->rank() == 0) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/tl_dist_loader_XXXXXX";
+      if (templ.size() < sizeof(path) && mkdtemp(templ.data()) != nullptr) {
+        std::memcpy(path, templ.c_str(), templ.size());
+        st = WriteCheckpoint(templ);
+      } else {
+        st = InternalError("mkdtemp failed for " + templ);
+      }
+    }
+    st = g_comm->Agree(st);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ASSERT_TRUE(g_comm->Broadcast(path, sizeof(path), 0).ok());
+    g_dir = path;
+  }
+  static void TearDownTestSuite() {
+    EXPECT_TRUE(g_comm->Barrier().ok());
+    if (g_comm->rank() == 0 && !g_dir.empty()) std::filesystem::remove_all(g_dir);
+  }
+  void SetUp() override {
+    auto c = Checkpoint::Open(g_dir);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();  // The same on every rank.
+    ckpt_ = std::make_unique<Checkpoint>(std::move(c).value());
+    auto full = Load(*ckpt_);
+    ASSERT_TRUE(full.ok()) << full.status().ToString();
+    full_ = std::move(full).value();
+  }
+  void TearDown() override {
+    // A failure on any rank fails the test on every rank.
+    const Status agreed =
+        g_comm->Agree(HasFailure() ? InternalError("a check failed on this rank") : Status::Ok());
+    EXPECT_TRUE(agreed.ok()) << agreed.ToString();
+  }
+
+  int rank() const { return g_comm->rank(); }
+  int world() const { return g_comm->size(); }
+
+  std::unique_ptr<Checkpoint> ckpt_;
+  LoadedCheckpoint full_;
+};
+
+TEST_F(DistributedLoaderTest, GetTensorEqualsPlainLoadAndBuffersAreReleased) {
+  auto d = LoadDistributed(*ckpt_, {}, *g_comm);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();  // Agreed: the same on every rank.
+  EXPECT_EQ(d->loaded_names().size(), Specs().size());
+  // Each rank read exactly its assigned bytes; together, the checkpoint once.
+  EXPECT_EQ(d->bytes_read(), d->assignment().ranks[rank()].bytes);
+  uint64_t sum = 0;
+  for (uint64_t b : Gather(d->bytes_read())) sum += b;
+  EXPECT_EQ(sum, ckpt_->total_bytes());
+  EXPECT_EQ(d->buffer_bytes() > 0, d->bytes_read() > 0);
+
+  for (const LoadedTensor& ref : full_.tensors()) {
+    auto t = d->GetTensor(ref.name);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) continue;
+    EXPECT_EQ(t->dtype, ref.dtype) << ref.name;
+    EXPECT_EQ(t->shape, ExpectedShape(ref, -1, 0, 1)) << ref.name;
+    EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, -1, 0, 1)) << ref.name;
+  }
+  // Every tensor was handed out: every reader dropped its buffers.
+  EXPECT_EQ(d->buffer_bytes(), 0u);
+  auto again = d->GetTensor("a.f32");
+  EXPECT_EQ(again.status().code(), StatusCode::kInvalidArgument) << again.status().ToString();
+  EXPECT_NE(again.status().message().find("released"), std::string::npos);
+  EXPECT_EQ(d->GetTensor("nope").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(DistributedLoaderTest, GetShardedEqualsReferenceSlicing) {
+  DistributedOptions dopts;
+  dopts.keep_buffers = true;  // Each tensor is asked for several times.
+  auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  for (int dim : {-1, 0, 1, 2}) {
+    for (const LoadedTensor& ref : full_.tensors()) {
+      if (dim >= static_cast<int>(ref.shape.size())) {
+        EXPECT_EQ(d->GetSharded(ref.name, dim).status().code(), StatusCode::kInvalidArgument);
+        continue;
+      }
+      auto t = d->GetSharded(ref.name, dim);
+      EXPECT_TRUE(t.ok()) << ref.name << " dim " << dim << ": " << t.status().ToString();
+      if (!t.ok()) continue;
+      EXPECT_EQ(t->shape, ExpectedShape(ref, dim, rank(), world())) << ref.name << " dim " << dim;
+      EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, dim, rank(), world())) << ref.name << " dim " << dim;
+      EXPECT_EQ(t->nbytes, ReferenceSlice(ref, dim, rank(), world()).size());
+    }
+  }
+  EXPECT_EQ(d->GetSharded("a.f32", -2).status().code(), StatusCode::kInvalidArgument);
+  if (d->bytes_read() > 0) {
+    EXPECT_GT(d->buffer_bytes(), 0u);  // Kept.
+  }
+  d->Release();
+  EXPECT_EQ(d->buffer_bytes(), 0u);
+  EXPECT_EQ(d->GetTensor("c.f32").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(DistributedLoaderTest, ShardedByReadEqualsScatter) {
+  for (Dim0Mode mode : {Dim0Mode::kScatter, Dim0Mode::kRead, Dim0Mode::kAuto}) {
+    DistributedOptions dopts;
+    dopts.keep_buffers = true;
+    dopts.dim0 = mode;
+    dopts.dim0_read_threshold = 100;  // kAuto: reads the tensors over 100 bytes.
+    auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    const uint64_t loaded = d->bytes_read();
+    uint64_t direct = 0;
+    for (const LoadedTensor& ref : full_.tensors()) {
+      if (ref.shape.empty()) {
+        EXPECT_EQ(d->GetShardedByRead(ref.name).status().code(), StatusCode::kInvalidArgument);
+        continue;
+      }
+      auto by_read = d->GetShardedByRead(ref.name);
+      auto sharded = d->GetSharded(ref.name, 0);
+      EXPECT_TRUE(by_read.ok()) << by_read.status().ToString();
+      EXPECT_TRUE(sharded.ok()) << sharded.status().ToString();
+      if (!by_read.ok() || !sharded.ok()) continue;
+      direct += by_read->nbytes;
+      if (mode == Dim0Mode::kRead || (mode == Dim0Mode::kAuto && ref.nbytes > 100)) {
+        direct += sharded->nbytes;
+      }
+      EXPECT_EQ(by_read->shape, sharded->shape) << ref.name;
+      EXPECT_EQ(Bytes(*by_read), Bytes(*sharded)) << ref.name;
+      EXPECT_EQ(Bytes(*by_read), ReferenceSlice(ref, 0, rank(), world())) << ref.name;
+    }
+    EXPECT_EQ(d->bytes_read(), loaded + direct);
+  }
+}
+
+TEST_F(DistributedLoaderTest, PerRankNeededFilter) {
+  // Rank r needs the tensors whose position is r mod world, plus "a.u8"
+  // everywhere; "b.u8" passes `needed` nowhere and "c.i64" is filtered out by
+  // LoadOptions::filter: nobody reads them.
+  std::vector<std::string> names;
+  for (const LoadedTensor& t : full_.tensors()) names.push_back(t.name);
+  const int me = rank(), n = world();
+  DistributedOptions dopts;
+  dopts.needed = TensorFilter::Predicate([&](std::string_view name) {
+    if (name == "b.u8") return false;
+    if (name == "a.u8") return true;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (names[i] == name) return static_cast<int>(i % n) == me;
+    }
+    return false;
+  });
+  LoadOptions options;
+  options.filter = TensorFilter::Predicate([](std::string_view name) { return name != "c.i64"; });
+  auto d = LoadDistributed(*ckpt_, options, *g_comm, dopts);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+
+  // The union over the ranks (with every rank, that is all of them) but
+  // b.u8 and c.i64.
+  std::vector<std::string> expected;
+  uint64_t expected_bytes = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == "b.u8" || names[i] == "c.i64") continue;
+    expected.push_back(names[i]);
+    expected_bytes += full_.Find(names[i])->nbytes;
+  }
+  EXPECT_EQ(d->loaded_names(), expected);
+  uint64_t sum = 0;
+  for (uint64_t b : Gather(d->bytes_read())) sum += b;
+  EXPECT_EQ(sum, expected_bytes);
+  EXPECT_EQ(d->GetTensor("b.u8").status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(d->GetSharded("c.i64", 0).status().code(), StatusCode::kNotFound);
+  for (const std::string& name : expected) {
+    auto t = d->GetTensor(name);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (t.ok()) {
+      EXPECT_EQ(Bytes(*t), ReferenceSlice(*full_.Find(name), -1, 0, 1)) << name;
+    }
+  }
+  EXPECT_EQ(d->buffer_bytes(), 0u);
+}
+
+TEST_F(DistributedLoaderTest, NeededByOneRankOnlyIsReadOnce) {
+  // Only the last rank needs anything: the work is still spread over all
+  // ranks, and only the needed tensors are read.
+  const int last = world() - 1;
+  DistributedOptions dopts;
+  dopts.needed = TensorFilter::Predicate(
+      [&](std::string_view name) { return rank() == last && name.substr(0, 2) == "c."; });
+  auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  uint64_t expected = 0;
+  for (const LoadedTensor& t : full_.tensors()) {
+    if (t.name.substr(0, 2) == "c.") expected += t.nbytes;
+  }
+  uint64_t sum = 0;
+  for (uint64_t b : Gather(d->bytes_read())) sum += b;
+  EXPECT_EQ(sum, expected);
+  EXPECT_EQ(d->loaded_names().size(), 4u);
+}
+
+TEST_F(DistributedLoaderTest, MissingFileFailsEveryRank) {
+  // A second copy of the checkpoint; its headers are read by every rank, then
+  // rank 0 deletes b.safetensors: its reader fails, and so does every rank.
+  const std::string dir = g_dir + "/missing";
+  Status st = Status::Ok();
+  if (rank() == 0) {
+    std::error_code ec;
+    std::filesystem::create_directory(dir, ec);
+    st = ec ? InternalError(ec.message()) : WriteCheckpoint(dir);
+  }
+  st = g_comm->Agree(st);
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  auto c = Checkpoint::Open(dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(g_comm->Barrier().ok());
+  if (rank() == 0) std::filesystem::remove(dir + "/b.safetensors");
+  EXPECT_TRUE(g_comm->Barrier().ok());
+  auto d = LoadDistributed(*c, {}, *g_comm);
+  EXPECT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kNotFound) << d.status().ToString();
+  EXPECT_NE(d.status().message().find("b.safetensors"), std::string::npos) << d.status().ToString();
+  EXPECT_EQ(d.status().message().rfind("rank ", 0), 0u) << d.status().ToString();
+}
+
+TEST_F(DistributedLoaderTest, DifferentCheckpointsOnRanksFail) {
+  if (world() == 1) GTEST_SKIP() << "needs two ranks";
+  // The last rank opens one shard only: the headers differ.
+  Result<Checkpoint> c = rank() == world() - 1 ? Checkpoint::OpenFile(g_dir + "/a.safetensors")
+                                               : Checkpoint::Open(g_dir);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  auto d = LoadDistributed(*c, {}, *g_comm);
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << d.status().ToString();
+  EXPECT_NE(d.status().message().find("differ"), std::string::npos) << d.status().ToString();
+}
+
+TEST_F(DistributedLoaderTest, DeviceAndDtypeAreRejectedOnEveryRank) {
+  LoadOptions options;
+  if (rank() == world() - 1) options.dtype = Dtype::kF16;  // One rank only.
+  auto d = LoadDistributed(*ckpt_, options, *g_comm);
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << d.status().ToString();
+}
+
+}  // namespace
+}  // namespace tensorlift
+
+int main(int argc, char** argv) {
+  using namespace tensorlift;  // NOLINT: test main.
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--mpi") == 0) g_mpi = true;
+  }
+  std::unique_ptr<Communicator> comm;
+  if (g_mpi) {
+    auto c = MakeMpiCommunicator();
+    if (!c.ok()) {
+      std::fprintf(stderr, "MakeMpiCommunicator: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    comm = std::move(c).value();
+    if (comm->rank() != 0) {
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+      listeners.Append(new tensorlift::testing::RankFailurePrinter(comm->rank()));
+    }
+  } else {
+    comm = MakeSingleProcessCommunicator();
+  }
+  g_comm = comm.get();
+  return RUN_ALL_TESTS();
+}
