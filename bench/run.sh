@@ -10,3 +10,4 @@ cmake --build "$build" --target tl_header_bench -j 2 > "$build/bench-build.log" 
   || { cat "$build/bench-build.log"; echo "bench: building tl_header_bench failed" >&2; exit 1; }
 .venv/bin/python bench/header_bench.py --build "$build" "$@"
 bash bench/load/run.sh
+bash bench/dist/run.sh
