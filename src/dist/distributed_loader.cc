@@ -36,7 +36,11 @@ uint64_t HeaderDigest(const Checkpoint& ckpt) {
     s += '\0';
     s += std::to_string(loc.shard) + "," + std::string(DtypeName(info.dtype)) + ",";
     for (uint64_t d : info.shape) s += std::to_string(d) + "x";
-    s += "," + std::to_string(info.begin) + "," + std::to_string(info.end) + ";";
+    s += ',';
+    s += std::to_string(info.begin);
+    s += ',';
+    s += std::to_string(info.end);
+    s += ';';
   }
   return Xxh3_64(s.data(), s.size());
 }
