@@ -521,39 +521,22 @@ class SafeTensorsFileLoader:
         target = _dtype_name(dtype)
         if self._comm is not None:
             return self._copy_files_ranks(target)
+        if target is not None and self.device != "cpu":
+            self._check_conversion(self.files.values(), target)  # before any read
         files: List[Tuple[str, Dict[str, Any], Dict[str, List[int]]]] = []
-        try:
-            for path in sorted(self.files):
-                f = self.files[path]
-                names = None
-                if self._tensor_filter is not None:
-                    names = [t[0] for t in f.tensors if self._kept(t[0])]
-                opts = {"mode": self._mode, "threads": self._threads, "device": self.device,
-                        "gds": not self.nogds}
-                if self._block_size:
-                    opts["block_size"] = self._block_size
-                on_gpu = self.device != "cpu"
-                if on_gpu and target is not None:
-                    for t in f.tensors:  # fastsafetensors' rule, checked before any read
-                        if (names is None or self._kept(t[0])) and dtype_bits(target) > dtype_bits(t[1]):
-                            raise ValueError(f"Online type conversion to larger sizes is not supported "
-                                             f"({t[1]} -> {target}) for tensor {t[0]!r}")
-                    opts["dtype"] = target  # converted on the GPU while loading
-                loaded = f.ckpt.load(names=names, **opts)
-                try:
-                    tensors, shapes = {}, {}
-                    for t in f.tensors:
-                        if names is not None and not self._kept(t[0]):
-                            continue
-                        tensors[t[0]] = _materialize(loaded, t[0], t[1], t[2], None if on_gpu else target)
-                        shapes[t[0]] = list(t[2])
-                finally:
-                    loaded.release()
-                files.append((path, tensors, shapes))
-        except BaseException:
-            files.clear()
-            raise
+        for path in sorted(self.files):
+            f = self.files[path]
+            tensors = self._load_own(f, target)
+            files.append((path, tensors, {t[0]: list(t[2]) for t in f.tensors if t[0] in tensors}))
         return FilesBufferOnDevice(files, self.pg)
+
+    def _check_conversion(self, files, target: str) -> None:
+        """fastsafetensors' rule: conversion only to equal or smaller sizes (ValueError)."""
+        for f in files:
+            for t in f.tensors:
+                if self._kept(t[0]) and dtype_bits(target) > dtype_bits(t[1]):
+                    raise ValueError(f"Online type conversion to larger sizes is not supported "
+                                     f"({t[1]} -> {target}) for tensor {t[0]!r}")
 
     def _load_own(self, f: _File, target: Optional[str]) -> Dict[str, Any]:
         """Reads one of this rank's files: name -> tensor (the kept ones, converted to target)."""
@@ -576,12 +559,8 @@ class SafeTensorsFileLoader:
 
     def _copy_files_ranks(self, target: Optional[str]) -> "FilesBufferOnDevice":
         """Several ranks: each reads its own files, then all agree on success before any data moves."""
-        if target is not None:  # fastsafetensors' rule, checked on every rank before any read
-            for f in self.files.values():
-                for t in f.tensors:
-                    if self._kept(t[0]) and dtype_bits(target) > dtype_bits(t[1]):
-                        raise ValueError(f"Online type conversion to larger sizes is not supported "
-                                         f"({t[1]} -> {target}) for tensor {t[0]!r}")
+        if target is not None:  # checked on every rank before any read
+            self._check_conversion(self.files.values(), target)
         entries: List[_RankFile] = []
         err: Optional[BaseException] = None
         try:
