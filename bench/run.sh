@@ -11,3 +11,4 @@ cmake --build "$build" --target tl_header_bench -j 2 > "$build/bench-build.log" 
 .venv/bin/python bench/header_bench.py --build "$build" "$@"
 bash bench/load/run.sh
 bash bench/dist/run.sh
+bash bench/dist/sharded.sh

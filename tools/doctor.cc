@@ -77,6 +77,16 @@ void PrintText(const CapabilityReport& r) {
     std::printf("  filesystem of %s: %s, %s\n", QuoteName(g.path).c_str(), g.filesystem.c_str(),
                 g.filesystem_reason.c_str());
   }
+  const CommCapabilities& m = r.comm;
+  const std::string mpi = !m.mpi_built ? "not built (" + m.mpi_reason + ")"
+                                      : Or(!m.mpi_library.empty(), "built, " + m.mpi_library,
+                                           "built", m.mpi_reason);
+  std::printf("MPI: %s\n", mpi.c_str());
+  std::printf("NCCL: %s\n",
+              !m.nccl_built ? ("not built (" + m.nccl_reason + ")").c_str()
+                            : Or(m.nccl_loaded, "built, library " + m.nccl_version, "built",
+                                 m.nccl_reason)
+                                  .c_str());
 }
 
 // A JSON string, or null for an empty one.
@@ -120,7 +130,14 @@ void PrintJson(const CapabilityReport& r) {
            ",\"filesystem_supported\":" + JsonBool(g.filesystem_supported) +
            ",\"filesystem_reason\":" + JsonOrNull(g.filesystem_reason);
   }
-  out += "}}";
+  out += "}";
+  const CommCapabilities& m = r.comm;
+  out += ",\"comm\":{\"mpi_built\":" + std::string(JsonBool(m.mpi_built)) +
+         ",\"mpi_library\":" + JsonOrNull(m.mpi_library) +
+         ",\"mpi_reason\":" + JsonOrNull(m.mpi_reason) +
+         ",\"nccl_built\":" + JsonBool(m.nccl_built) + ",\"nccl_loaded\":" + JsonBool(m.nccl_loaded) +
+         ",\"nccl_version\":" + JsonOrNull(m.nccl_version) +
+         ",\"nccl_reason\":" + JsonOrNull(m.nccl_reason) + "}}";
   std::printf("%s\n", out.c_str());
 }
 

@@ -1,5 +1,5 @@
 // What this build of tensorlift has, and what works on this machine: CUDA
-// and its GPUs, io_uring, GPUDirect Storage (cuFile). The answers of
+// and its GPUs, io_uring, GPUDirect Storage (cuFile), MPI and NCCL. The answers of
 // `tensorlift doctor`.
 //
 // Every part that is missing or not working comes with a reason that names
@@ -74,11 +74,23 @@ struct GdsCapabilities {
   bool ready = false;
 };
 
+// The communicators of multi-rank loading (LoadDistributed).
+struct CommCapabilities {
+  bool mpi_built = false;    // The MPI communicator was compiled in.
+  std::string mpi_library;   // "Open MPI v4.1.4", when built.
+  std::string mpi_reason;    // Why not built, or why the version is unknown.
+  bool nccl_built = false;   // The NCCL communicator was compiled in (CUDA + nccl.h).
+  bool nccl_loaded = false;  // libnccl.so.2 loads and has every symbol.
+  std::string nccl_version;  // "2.27.3", when loaded.
+  std::string nccl_reason;   // Why not built or not loaded.
+};
+
 struct CapabilityReport {
   std::string version;  // tensorlift's version, "0.1.0".
   CudaCapabilities cuda;
   UringCapabilities io_uring;
   GdsCapabilities gds;
+  CommCapabilities comm;
 };
 
 // Probes this machine. `path_for_gds`, when not empty, is a file or

@@ -12,6 +12,7 @@
 
 #include "common/posix_file.h"
 #include "device/cuda_info.h"
+#include "dist/communicator.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
 #include "tensorlift/version.h"
@@ -140,12 +141,31 @@ UringCapabilities QueryUring() {
 
 }  // namespace
 
+CommCapabilities QueryComm() {
+  CommCapabilities c;
+  c.mpi_built = MpiBuiltIn();
+  if (auto v = MpiLibraryVersion(); v.ok()) {
+    c.mpi_library = *v;
+  } else {
+    c.mpi_reason = v.status().message();
+  }
+  c.nccl_built = NcclBuiltIn();
+  if (auto v = NcclLibraryVersion(); v.ok()) {
+    c.nccl_loaded = true;
+    c.nccl_version = *v;
+  } else {
+    c.nccl_reason = v.status().message();
+  }
+  return c;
+}
+
 CapabilityReport Capabilities(const std::string& path_for_gds) {
   CapabilityReport report;
   report.version = kVersion;
   report.cuda = QueryCudaCapabilities();
   report.io_uring = QueryUring();
   report.gds = QueryGds(path_for_gds);
+  report.comm = QueryComm();
   return report;
 }
 

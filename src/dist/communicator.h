@@ -66,6 +66,9 @@ std::unique_ptr<Communicator> MakeSingleProcessCommunicator();
 
 // True when tensorlift was built with MPI.
 bool MpiBuiltIn();
+// The MPI library's version ("Open MPI v4.1.4"), without initializing MPI;
+// Unimplemented with the reason when built without MPI.
+Result<std::string> MpiLibraryVersion();
 
 // The ranks of MPI_COMM_WORLD, through a duplicate of it (tensorlift's
 // messages never mix with the caller's) whose MPI errors are returned as
@@ -81,6 +84,10 @@ Result<std::unique_ptr<Communicator>> MakeMpiCommunicator(
 // True when tensorlift was built with the NCCL communicator (with CUDA and
 // nccl.h; the library itself is loaded at run time).
 bool NcclBuiltIn();
+// Loads libnccl.so.2 (as MakeNcclCommunicator does) and returns its version
+// ("2.27.3"); Unavailable with the reason when it cannot be loaded,
+// Unimplemented when built without NCCL.
+Result<std::string> NcclLibraryVersion();
 
 // Collectives between GPUs with NCCL: the ranks of `bootstrap` (MPI, or
 // anything that can broadcast NCCL's 128-byte unique id), each on CUDA

@@ -13,6 +13,8 @@ namespace tensorlift {
 namespace {
 
 constexpr int32_t kNotLoaded = -1;
+// Needed, but read by each rank when asked (Dim0Mode): no reader, no buffer.
+constexpr int32_t kPerRankRead = -2;
 
 // A buffer of `bytes` bytes, or ResourceExhausted (never throws).
 Result<std::unique_ptr<std::byte[]>> Allocate(uint64_t bytes, std::string_view what) {
@@ -61,8 +63,8 @@ struct DistributedCheckpoint::State {
   Communicator* comm = nullptr;
   DistributedOptions dopts;
   Assignment assignment;
-  // Per tensor (index into ckpt->tensors()): the group that read it, or
-  // kNotLoaded; whether it was handed out.
+  // Per tensor (index into ckpt->tensors()): the group that read it,
+  // kNotLoaded or kPerRankRead; whether it was handed out.
   std::vector<int32_t> group_of;
   std::vector<bool> handed_out;
   std::vector<Group> groups;
@@ -84,7 +86,12 @@ struct DistributedCheckpoint::State {
     return t;
   }
   const TensorInfo& Info(uint32_t t) const { return ckpt->info(ckpt->tensors()[t]); }
+  bool PerRankRead(uint32_t t) const { return group_of[t] == kPerRankRead; }
   const Group& GroupOf(uint32_t t) const { return groups[group_of[t]]; }
+
+  // This rank's slice of tensor t along dim (-1: all of it), read from its
+  // file by this rank alone (no collective).
+  Result<HostTensor> ReadSlice(uint32_t t, int dim);
 
   Status CheckBuffer(uint32_t t) const {
     const Group& g = GroupOf(t);
@@ -104,7 +111,7 @@ struct DistributedCheckpoint::State {
 
   // Marks t handed out; drops the reader's buffer when it was the last one.
   void HandOut(uint32_t t) {
-    if (handed_out[t]) return;
+    if (handed_out[t] || PerRankRead(t)) return;
     handed_out[t] = true;
     Group& g = groups[group_of[t]];
     if (--g.remaining > 0 || dopts.keep_buffers || g.dropped) return;
@@ -157,6 +164,28 @@ Result<SliceGeometry> Geometry(const TensorInfo& info, int dim, int world) {
   return g;
 }
 
+// Reads `bytes` bytes at `offset` within tensor `info`'s data from `shard`'s
+// file into dst, checking the file is still the one whose header was read.
+Status ReadFromFile(const Checkpoint::Shard& shard, const TensorInfo& info, uint64_t offset,
+                    std::byte* dst, uint64_t bytes) {
+  auto read = [&]() -> Status {
+    TL_ASSIGN_OR_RETURN(PosixFile file, PosixFile::OpenForRead(shard.path));
+    TL_ASSIGN_OR_RETURN(const FileIdentity id, file.Identity());
+    if (!(id == shard.identity)) {
+      return IOError("the file changed since its header was read (size " +
+                     std::to_string(shard.identity.size) + " -> " + std::to_string(id.size) + ")");
+    }
+    Status st = file.ReadExactlyAt(shard.header.data_offset() + info.begin + offset, dst, bytes);
+    if (!st.ok()) {
+      return st.WithContext(Quoted(info.name) + " bytes [" + std::to_string(offset) + ", " +
+                            std::to_string(offset + bytes) + ")");
+    }
+    return Status::Ok();
+  };
+  Status st = read();
+  return st.ok() ? st : st.WithContext(shard.path);
+}
+
 // An owned tensor with `name`'s dtype and shape (shape[dim] = extent).
 HostTensor Describe(const TensorInfo& info, int dim, uint64_t extent) {
   HostTensor out;
@@ -195,6 +224,14 @@ std::vector<std::string> DistributedCheckpoint::loaded_names() const {
   return names;
 }
 
+std::vector<std::string> DistributedCheckpoint::per_rank_read_names() const {
+  std::vector<std::string> names;
+  for (size_t t = 0; t < state_->group_of.size(); ++t) {
+    if (state_->PerRankRead(t)) names.push_back(state_->Info(t).name);
+  }
+  return names;
+}
+
 void DistributedCheckpoint::Release() {
   for (auto& g : state_->groups) g.dropped = true;
   for (auto& l : state_->loaded) l = LoadedCheckpoint();
@@ -203,6 +240,11 @@ void DistributedCheckpoint::Release() {
 Result<HostTensor> DistributedCheckpoint::GetTensor(std::string_view name) {
   State& s = *state_;
   TL_ASSIGN_OR_RETURN(const uint32_t t, s.Lookup(name));
+  if (s.PerRankRead(t)) {
+    Result<HostTensor> r = s.ReadSlice(t, -1);
+    TL_RETURN_IF_ERROR(s.comm->Agree(r.status()));
+    return r;
+  }
   TL_RETURN_IF_ERROR(s.CheckBuffer(t));
   const TensorInfo& info = s.Info(t);
   const int reader = s.GroupOf(t).reader;
@@ -238,9 +280,8 @@ Result<HostTensor> DistributedCheckpoint::GetSharded(std::string_view name, int 
   const int world = s.comm->size();
   const int me = s.comm->rank();
   TL_ASSIGN_OR_RETURN(const SliceGeometry g, Geometry(info, dim, world));
-  if (dim == 0 && (s.dopts.dim0 == Dim0Mode::kRead ||
-                   (s.dopts.dim0 == Dim0Mode::kAuto && info.nbytes() > s.dopts.dim0_read_threshold))) {
-    Result<HostTensor> r = GetShardedByRead(name);
+  if (s.PerRankRead(t)) {
+    Result<HostTensor> r = s.ReadSlice(t, dim);
     TL_RETURN_IF_ERROR(s.comm->Agree(r.status()));
     return r;
   }
@@ -295,33 +336,44 @@ Result<HostTensor> DistributedCheckpoint::GetSharded(std::string_view name, int 
 Result<HostTensor> DistributedCheckpoint::GetShardedByRead(std::string_view name) {
   State& s = *state_;
   TL_ASSIGN_OR_RETURN(const uint32_t t, s.Lookup(name));
-  const TensorInfo& info = s.Info(t);
-  TL_ASSIGN_OR_RETURN(const SliceGeometry g, Geometry(info, 0, s.comm->size()));
   // Every rank counts the hand-out, whatever its read does, so that the
   // ranks' bookkeeping stays the same.
   s.HandOut(t);
-  const uint64_t lo = g.rows.Lo(s.comm->rank()), hi = g.rows.Hi(s.comm->rank());
-  HostTensor out = Describe(info, 0, hi - lo);
-  out.nbytes = (hi - lo) * g.unit;
+  return s.ReadSlice(t, 0);
+}
+
+Result<HostTensor> DistributedCheckpoint::State::ReadSlice(uint32_t t, int dim) {
+  const TensorInfo& info = Info(t);
+  const Checkpoint::Shard& shard = ckpt->shards()[ckpt->tensors()[t].shard];
+  const int me = comm->rank();
+  if (dim == -1) {
+    HostTensor out = Describe(info, -1, 0);
+    out.nbytes = info.nbytes();
+    if (out.nbytes == 0) return out;
+    TL_ASSIGN_OR_RETURN(out.data, Allocate(out.nbytes, Quoted(info.name)));
+    TL_RETURN_IF_ERROR(ReadFromFile(shard, info, 0, out.data.get(), out.nbytes));
+    direct_bytes += out.nbytes;
+    return out;
+  }
+  TL_ASSIGN_OR_RETURN(const SliceGeometry g, Geometry(info, dim, comm->size()));
+  const uint64_t lo = g.rows.Lo(me), hi = g.rows.Hi(me);
+  HostTensor out = Describe(info, dim, hi - lo);
+  out.nbytes = g.outer * (hi - lo) * g.unit;
   if (out.nbytes == 0) return out;
-  TL_ASSIGN_OR_RETURN(out.data, Allocate(out.nbytes, Quoted(name) + "'s rows"));
-  const Checkpoint::Shard& shard = s.ckpt->shards()[s.ckpt->tensors()[t].shard];
-  auto read = [&]() -> Status {
-    TL_ASSIGN_OR_RETURN(PosixFile file, PosixFile::OpenForRead(shard.path));
-    TL_ASSIGN_OR_RETURN(const FileIdentity id, file.Identity());
-    if (!(id == shard.identity)) {
-      return IOError("the file changed since its header was read (size " +
-                     std::to_string(shard.identity.size) + " -> " + std::to_string(id.size) + ")");
-    }
-    const uint64_t offset = shard.header.data_offset() + info.begin + lo * g.unit;
-    Status st = file.ReadExactlyAt(offset, out.data.get(), out.nbytes);
-    if (!st.ok()) return st.WithContext(Quoted(name) + " rows [" + std::to_string(lo) + ", " +
-                                        std::to_string(hi) + ")");
-    return Status::Ok();
-  };
-  Status st = read();
-  if (!st.ok()) return st.WithContext(shard.path);
-  s.direct_bytes += out.nbytes;
+  TL_ASSIGN_OR_RETURN(out.data, Allocate(out.nbytes, Quoted(info.name) + "'s slice"));
+  if (g.outer == 1) {  // Contiguous (dim 0, or leading dims of 1): just this rank's bytes.
+    TL_RETURN_IF_ERROR(ReadFromFile(shard, info, lo * g.unit, out.data.get(), out.nbytes));
+    direct_bytes += out.nbytes;
+    return out;
+  }
+  // Strided: the whole tensor, then this rank's slice of each outer index.
+  TL_ASSIGN_OR_RETURN(auto whole, Allocate(info.nbytes(), Quoted(info.name)));
+  TL_RETURN_IF_ERROR(ReadFromFile(shard, info, 0, whole.get(), info.nbytes()));
+  direct_bytes += info.nbytes();
+  const uint64_t len = (hi - lo) * g.unit;
+  for (uint64_t o = 0; o < g.outer; ++o) {
+    std::memcpy(out.data.get() + o * len, whole.get() + (o * g.rows.size + lo) * g.unit, len);
+  }
   return out;
 }
 
@@ -351,20 +403,35 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
   }
   TL_RETURN_IF_ERROR(comm.Agree(local));
 
-  // 2. The needed union: a bitmap over ckpt.tensors() from every rank.
+  // 2. The needed and dim-0-sharded unions: two bitmaps over ckpt.tensors()
+  //    from every rank.
   const size_t n = tensors.size();
   const size_t map_bytes = (n + 7) / 8;
-  std::vector<uint8_t> my_map(map_bytes, 0), maps(map_bytes * world, 0);
+  std::vector<uint8_t> my_map(2 * map_bytes, 0), maps(2 * map_bytes * world, 0);
   for (size_t t = 0; t < n; ++t) {
     const std::string& name = ckpt.info(tensors[t]).name;
     if (options.filter.Matches(name) && dopts.needed.Matches(name)) my_map[t / 8] |= 1u << (t % 8);
+    if (dopts.dim0_sharded.Matches(name)) my_map[map_bytes + t / 8] |= 1u << (t % 8);
   }
-  TL_RETURN_IF_ERROR(comm.AllGather(my_map.data(), maps.data(), map_bytes));
-  std::vector<bool> needed(n, false);
-  for (size_t t = 0; t < n; ++t) {
-    for (int r = 0; r < world && !needed[t]; ++r) {
-      needed[t] = (maps[r * map_bytes + t / 8] >> (t % 8)) & 1u;
+  TL_RETURN_IF_ERROR(comm.AllGather(my_map.data(), maps.data(), 2 * map_bytes));
+  auto any_rank = [&](size_t t, size_t map) {
+    for (int r = 0; r < world; ++r) {
+      if ((maps[(2 * r + map) * map_bytes + t / 8] >> (t % 8)) & 1u) return true;
     }
+    return false;
+  };
+  // Per-rank reads: the declared tensors the mode picks. Rank 0's mode and
+  // threshold decide, so that every rank makes the same choice.
+  uint64_t mode_and_threshold[2] = {static_cast<uint64_t>(dopts.dim0), dopts.dim0_read_threshold};
+  TL_RETURN_IF_ERROR(comm.Broadcast(mode_and_threshold, sizeof(mode_and_threshold), 0));
+  const auto mode = static_cast<Dim0Mode>(mode_and_threshold[0]);
+  std::vector<bool> needed(n, false), per_rank(n, false);
+  for (size_t t = 0; t < n; ++t) {
+    needed[t] = any_rank(t, 0);
+    if (!needed[t] || !any_rank(t, 1)) continue;
+    const uint64_t bytes = ckpt.info(tensors[t]).nbytes();
+    per_rank[t] = mode == Dim0Mode::kRead ||
+                  (mode == Dim0Mode::kAuto && bytes > mode_and_threshold[1]);
   }
 
   // 3. The same assignment everywhere: tensors nobody needs weigh nothing
@@ -383,10 +450,15 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
   }
   for (size_t t = 0; t < n; ++t) {
     state->position[tensors[t].shard][tensors[t].index] = static_cast<uint32_t>(t);
-    if (needed[t]) weights[tensors[t].shard][tensors[t].index] = ckpt.info(tensors[t]).nbytes();
+    if (needed[t] && !per_rank[t]) {
+      weights[tensors[t].shard][tensors[t].index] = ckpt.info(tensors[t]).nbytes();
+    }
   }
   TL_ASSIGN_OR_RETURN(state->assignment, AssignByBytes(weights, world, dopts.assign));
   state->group_of.assign(n, kNotLoaded);
+  for (size_t t = 0; t < n; ++t) {
+    if (per_rank[t]) state->group_of[t] = kPerRankRead;
+  }
   state->handed_out.assign(n, false);
   state->loaded.resize(shards.size());
   std::vector<std::vector<std::string>> my_names(shards.size());
@@ -395,7 +467,7 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
       int32_t group = kNotLoaded;
       for (uint32_t i = p.first; i <= p.last; ++i) {
         const uint32_t t = state->position[p.file][i];
-        if (t == UINT32_MAX || !needed[t]) continue;
+        if (t == UINT32_MAX || !needed[t] || per_rank[t]) continue;
         if (group == kNotLoaded) {
           // One group per (reader, file): pieces of a rank are sorted by file.
           auto& gs = state->groups;

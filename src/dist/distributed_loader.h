@@ -62,23 +62,35 @@ struct HostTensor {
   std::span<const std::byte> bytes() const { return {data.get(), static_cast<size_t>(nbytes)}; }
 };
 
-// How GetSharded(name, 0) moves a tensor's rows.
+// How GetSharded(name, 0) moves the rows of a tensor declared in
+// DistributedOptions::dim0_sharded. Rows can be scattered by the rank that
+// read the whole tensor during the load, or each rank can pread its own rows
+// from the file when asked (the tensor is then not read during the load: the
+// bytes read over all ranks stay the tensor's size, with no collective).
 enum class Dim0Mode : uint8_t {
-  kScatter,  // The reader scatters them (one collective).
-  kRead,     // Each rank preads its own rows from the file (GetShardedByRead).
-  kAuto,     // kRead when the tensor is larger than dim0_read_threshold.
+  kScatter,  // Always scatter from the reader.
+  kRead,     // Every declared tensor is read per rank.
+  kAuto,     // Declared tensors larger than dim0_read_threshold are read per rank.
 };
 
-// Tensors larger than this are read per rank under Dim0Mode::kAuto. A first
-// guess, to be tuned by bench/ (scatter vs read, 1/2/4 ranks).
-inline constexpr uint64_t kDefaultDim0ReadThreshold = uint64_t{64} << 20;
+// Declared tensors larger than this are read per rank under kAuto. 0 (all of
+// them): bench/dist/sharded_bench.cc found per-rank reads 1.5-4x as fast as
+// read-then-scatter at every size from 4 KiB to 64 MiB, cold and warm, with 2
+// and 4 ranks on one machine (docs/performance-dist.md, "Scatter or read").
+// Where reads are dear and the interconnect cheap (a slow shared filesystem,
+// NCCL over NVLink), a larger threshold keeps tensors in the batched load.
+inline constexpr uint64_t kDefaultDim0ReadThreshold = 0;
 
 struct DistributedOptions {
   // The tensors THIS rank needs (default: all). A tensor is loaded when it
   // passes LoadOptions::filter and some rank needs it; tensors no rank needs
   // are read by nobody, and the read work is balanced over the needed ones.
   TensorFilter needed;
-  Dim0Mode dim0 = Dim0Mode::kScatter;
+  // The tensors this rank will take with GetSharded(name, 0) (default:
+  // none). Declaring them lets the load skip the ones read per rank (see
+  // Dim0Mode); a tensor declared by any rank counts as declared on all.
+  TensorFilter dim0_sharded = TensorFilter::Names({});
+  Dim0Mode dim0 = Dim0Mode::kAuto;
   uint64_t dim0_read_threshold = kDefaultDim0ReadThreshold;
   // Keep every reader's buffers until Release() (tensors may be asked for
   // again). Default: drop a file's buffer once its tensors were handed out.
@@ -95,7 +107,8 @@ class DistributedCheckpoint {
   int rank() const;
   int world() const;
 
-  // The whole tensor on every rank, broadcast from the rank that read it.
+  // The whole tensor on every rank, broadcast from the rank that read it (a
+  // tensor left for per-rank reads is read whole by every rank).
   // NotFound when no rank loaded `name` (unknown, filtered out, or needed by
   // no rank); InvalidArgument when its buffer was already dropped.
   Result<HostTensor> GetTensor(std::string_view name);
@@ -104,8 +117,10 @@ class DistributedCheckpoint {
   // (size = shape[dim]), rank r gets [r*block, min((r+1)*block, size)),
   // possibly empty; the returned shape has that extent at `dim`. The reader
   // scatters equal, padded blocks (for dim > 0 it packs each rank's strided
-  // slice contiguously first); dim 0 may instead be read per rank (see
-  // DistributedOptions::dim0; then the ranks Agree on the reads' result).
+  // slice contiguously first). A tensor chosen for per-rank reads at load
+  // time (DistributedOptions::dim0) is read by each rank instead: its rows
+  // for dim 0, the whole tensor otherwise; the ranks then Agree on the
+  // reads' result.
   // dim -1 is GetTensor. A dim outside [-1, ndim) is InvalidArgument, as is
   // slicing a sub-byte dtype where a slice would not start on a byte.
   Result<HostTensor> GetSharded(std::string_view name, int dim);
@@ -120,8 +135,9 @@ class DistributedCheckpoint {
   // Drops every buffer; later Get* calls of loaded tensors fail. Local.
   void Release();
 
-  // Bytes this rank read from files: its share of the load plus the rows of
-  // GetShardedByRead.
+  // Bytes this rank read from files: its share of the load plus what it
+  // read itself afterwards (GetShardedByRead, tensors left for per-rank
+  // reads).
   uint64_t bytes_read() const;
   // Bytes this rank's share of the load alone (fixed after the load).
   uint64_t load_bytes() const;
@@ -129,8 +145,11 @@ class DistributedCheckpoint {
   uint64_t buffer_bytes() const;
   // The assignment of the read work (the same on every rank).
   const Assignment& assignment() const;
-  // Names of the loaded tensors (needed by some rank), in name order.
+  // Names of the loaded tensors (needed by some rank), in name order,
+  // including those left for per-rank reads.
   std::vector<std::string> loaded_names() const;
+  // Names of the tensors left for per-rank reads (Dim0Mode), in name order.
+  std::vector<std::string> per_rank_read_names() const;
 
  private:
   friend Result<DistributedCheckpoint> LoadDistributed(const Checkpoint&, const LoadOptions&,

@@ -156,6 +156,20 @@ class MpiCommunicator final : public Communicator {
 
 bool MpiBuiltIn() { return true; }
 
+Result<std::string> MpiLibraryVersion() {
+  // One of the few MPI calls allowed before MPI_Init.
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int len = 0;
+  if (MPI_Get_library_version(version, &len) != MPI_SUCCESS) {
+    return InternalError("MPI_Get_library_version failed");
+  }
+  std::string v(version, static_cast<size_t>(std::max(len, 0)));
+  // Open MPI's is "Open MPI v4.1.4, package: ..., ident: ..., repo rev: ...".
+  if (const size_t comma = v.find(','); comma != std::string::npos) v.resize(comma);
+  while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
+  return v;
+}
+
 Result<std::unique_ptr<Communicator>> MakeMpiCommunicator(uint64_t max_chunk_bytes) {
   if (max_chunk_bytes == 0 || max_chunk_bytes > static_cast<uint64_t>(INT_MAX)) {
     return InvalidArgumentError("MPI chunk size " + std::to_string(max_chunk_bytes) +

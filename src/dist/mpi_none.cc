@@ -5,6 +5,10 @@ namespace tensorlift {
 
 bool MpiBuiltIn() { return false; }
 
+Result<std::string> MpiLibraryVersion() {
+  return UnimplementedError("built without MPI (" TENSORLIFT_NO_MPI_REASON ")");
+}
+
 Result<std::unique_ptr<Communicator>> MakeMpiCommunicator(uint64_t) {
   return UnimplementedError("built without MPI (" TENSORLIFT_NO_MPI_REASON ")");
 }

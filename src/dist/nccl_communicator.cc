@@ -29,6 +29,7 @@ struct NcclApi {
   decltype(&ncclRecv) recv = nullptr;
   decltype(&ncclGroupStart) group_start = nullptr;
   decltype(&ncclGroupEnd) group_end = nullptr;
+  decltype(&ncclGetVersion) get_version = nullptr;
 };
 
 Status Unavailable(std::string message) { return Status(StatusCode::kUnavailable, std::move(message)); }
@@ -69,6 +70,7 @@ Result<const NcclApi*> LoadNccl() {
   sym(a.recv, "ncclRecv");
   sym(a.group_start, "ncclGroupStart");
   sym(a.group_end, "ncclGroupEnd");
+  sym(a.get_version, "ncclGetVersion");
   if (!ok) {
     dlclose(lib);
     return Unavailable("NCCL library " + name + " lacks " + missing);
@@ -173,6 +175,16 @@ class NcclCommunicator final : public Communicator {
 }  // namespace
 
 bool NcclBuiltIn() { return true; }
+
+Result<std::string> NcclLibraryVersion() {
+  TL_ASSIGN_OR_RETURN(const NcclApi* api, LoadNccl());
+  int v = 0;
+  const ncclResult_t r = api->get_version(&v);
+  if (r != ncclSuccess) return Unavailable(std::string("ncclGetVersion: ") + api->error_string(r));
+  // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
 
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap, int cuda_device) {
   // Every rank takes part in the same bootstrap collectives whatever fails

@@ -9,6 +9,10 @@ namespace tensorlift {
 
 bool NcclBuiltIn() { return false; }
 
+Result<std::string> NcclLibraryVersion() {
+  return UnimplementedError("built without NCCL (" TENSORLIFT_NO_NCCL_REASON ")");
+}
+
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator&, int) {
   return UnimplementedError("built without NCCL (" TENSORLIFT_NO_NCCL_REASON ")");
 }

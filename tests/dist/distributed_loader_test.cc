@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -220,35 +221,99 @@ TEST_F(DistributedLoaderTest, GetShardedEqualsReferenceSlicing) {
 }
 
 TEST_F(DistributedLoaderTest, ShardedByReadEqualsScatter) {
+  DistributedOptions dopts;
+  dopts.keep_buffers = true;
+  auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->per_rank_read_names().empty());  // Nothing declared.
+  const uint64_t loaded = d->bytes_read();
+  uint64_t direct = 0;
+  for (const LoadedTensor& ref : full_.tensors()) {
+    if (ref.shape.empty()) {
+      EXPECT_EQ(d->GetShardedByRead(ref.name).status().code(), StatusCode::kInvalidArgument);
+      continue;
+    }
+    auto by_read = d->GetShardedByRead(ref.name);
+    auto sharded = d->GetSharded(ref.name, 0);  // Scattered: the tensor was loaded.
+    EXPECT_TRUE(by_read.ok()) << by_read.status().ToString();
+    EXPECT_TRUE(sharded.ok()) << sharded.status().ToString();
+    if (!by_read.ok() || !sharded.ok()) continue;
+    direct += by_read->nbytes;
+    EXPECT_EQ(by_read->shape, sharded->shape) << ref.name;
+    EXPECT_EQ(Bytes(*by_read), Bytes(*sharded)) << ref.name;
+    EXPECT_EQ(Bytes(*by_read), ReferenceSlice(ref, 0, rank(), world())) << ref.name;
+  }
+  EXPECT_EQ(d->bytes_read(), loaded + direct);
+}
+
+// Tensors declared dim-0-sharded and picked by the mode are not read during
+// the load; each rank reads what it asks for, and every Get* still equals the
+// reference slicing.
+TEST_F(DistributedLoaderTest, DeclaredDim0TensorsAreReadPerRank) {
   for (Dim0Mode mode : {Dim0Mode::kScatter, Dim0Mode::kRead, Dim0Mode::kAuto}) {
     DistributedOptions dopts;
     dopts.keep_buffers = true;
     dopts.dim0 = mode;
-    dopts.dim0_read_threshold = 100;  // kAuto: reads the tensors over 100 bytes.
+    dopts.dim0_read_threshold = 100;  // kAuto: per-rank reads over 100 bytes.
+    dopts.dim0_sharded = TensorFilter();  // All of them.
     auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
-    const uint64_t loaded = d->bytes_read();
-    uint64_t direct = 0;
+    std::vector<std::string> expect_per_rank;
+    uint64_t loaded_total = 0;
     for (const LoadedTensor& ref : full_.tensors()) {
-      if (ref.shape.empty()) {
-        EXPECT_EQ(d->GetShardedByRead(ref.name).status().code(), StatusCode::kInvalidArgument);
-        continue;
+      const bool per_rank = mode == Dim0Mode::kRead || (mode == Dim0Mode::kAuto && ref.nbytes > 100);
+      if (per_rank) {
+        expect_per_rank.push_back(ref.name);
+      } else {
+        loaded_total += ref.nbytes;
       }
-      auto by_read = d->GetShardedByRead(ref.name);
-      auto sharded = d->GetSharded(ref.name, 0);
-      EXPECT_TRUE(by_read.ok()) << by_read.status().ToString();
-      EXPECT_TRUE(sharded.ok()) << sharded.status().ToString();
-      if (!by_read.ok() || !sharded.ok()) continue;
-      direct += by_read->nbytes;
-      if (mode == Dim0Mode::kRead || (mode == Dim0Mode::kAuto && ref.nbytes > 100)) {
-        direct += sharded->nbytes;
-      }
-      EXPECT_EQ(by_read->shape, sharded->shape) << ref.name;
-      EXPECT_EQ(Bytes(*by_read), Bytes(*sharded)) << ref.name;
-      EXPECT_EQ(Bytes(*by_read), ReferenceSlice(ref, 0, rank(), world())) << ref.name;
     }
-    EXPECT_EQ(d->bytes_read(), loaded + direct);
+    EXPECT_EQ(d->per_rank_read_names(), expect_per_rank);
+    EXPECT_EQ(d->loaded_names().size(), Specs().size());
+    // The load read only the others, once over all ranks.
+    uint64_t sum = 0;
+    for (uint64_t b : Gather(d->load_bytes())) sum += b;
+    EXPECT_EQ(sum, loaded_total);
+    uint64_t direct = 0;
+    for (int dim : {0, 1, -1}) {
+      for (const LoadedTensor& ref : full_.tensors()) {
+        if (dim >= static_cast<int>(ref.shape.size())) continue;
+        auto t = d->GetSharded(ref.name, dim);
+        EXPECT_TRUE(t.ok()) << ref.name << " dim " << dim << ": " << t.status().ToString();
+        if (!t.ok()) continue;
+        EXPECT_EQ(t->shape, ExpectedShape(ref, dim, rank(), world())) << ref.name << " dim " << dim;
+        EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, dim, rank(), world())) << ref.name << " dim " << dim;
+        const bool per_rank =
+            std::find(expect_per_rank.begin(), expect_per_rank.end(), ref.name) != expect_per_rank.end();
+        // dim 0 reads this rank's rows; a (non-empty) strided slice reads the
+        // whole tensor (a leading dim of 1 makes dim 1 contiguous).
+        const bool strided = dim == 1 && ref.shape[0] > 1 && t->nbytes > 0;
+        if (per_rank) direct += strided ? ref.nbytes : t->nbytes;
+      }
+    }
+    EXPECT_EQ(d->bytes_read(), d->load_bytes() + direct) << static_cast<int>(mode);
   }
+}
+
+// The choice is the same on every rank although only rank 0 declares the
+// tensors and the ranks pass different modes: rank 0's mode decides.
+TEST_F(DistributedLoaderTest, PerRankReadChoiceIsAgreed) {
+  DistributedOptions dopts;
+  dopts.dim0 = rank() == 0 ? Dim0Mode::kRead : Dim0Mode::kScatter;
+  if (rank() == 0) dopts.dim0_sharded = TensorFilter::Names({"c.f32", "a.bf16"});
+  auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->per_rank_read_names(), (std::vector<std::string>{"a.bf16", "c.f32"}));
+  for (const LoadedTensor& ref : full_.tensors()) {
+    auto t = d->GetSharded(ref.name, ref.shape.empty() ? -1 : 0);
+    EXPECT_TRUE(t.ok()) << ref.name << ": " << t.status().ToString();
+    if (t.ok()) {
+      EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, ref.shape.empty() ? -1 : 0, rank(), world()))
+          << ref.name;
+    }
+  }
+  // Every loaded tensor was handed out: the buffers are gone.
+  EXPECT_EQ(d->buffer_bytes(), 0u);
 }
 
 TEST_F(DistributedLoaderTest, PerRankNeededFilter) {

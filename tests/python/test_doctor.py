@@ -81,3 +81,22 @@ def test_filesystem_of_a_path(tmp_path):
         if shm["filesystem"] == "tmpfs":
             assert not shm["filesystem_supported"]
             assert "not supported" in shm["filesystem_reason"]
+
+
+def test_communicators_are_reported(monkeypatch):
+    report = json.loads(doctor("--json"))
+    comm = report["comm"]
+    assert comm["mpi_library"] or comm["mpi_reason"]
+    if comm["mpi_built"] and comm["mpi_library"]:
+        assert f"MPI: built, {comm['mpi_library']}" in doctor()
+    assert comm["nccl_loaded"] == bool(comm["nccl_version"])
+    assert comm["nccl_loaded"] or comm["nccl_reason"]
+    if comm["nccl_built"]:
+        # A library that cannot be loaded is reported with dlopen's reason.
+        monkeypatch.setenv("TENSORLIFT_NCCL_LIB", "/nonexistent/libnccl.so.2")
+        missing = json.loads(doctor("--json"))["comm"]
+        assert not missing["nccl_loaded"]
+        assert "/nonexistent/libnccl.so.2" in missing["nccl_reason"]
+        assert f"NCCL: built ({missing['nccl_reason']})" in doctor()
+    else:
+        assert "built without" in comm["nccl_reason"]
