@@ -14,7 +14,7 @@ ctest --test-dir build --output-on-failure -j "$(nproc)"
 
 echo "== C++ format and loader tests under ASan + UBSan (and LeakSanitizer)"
 bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BENCH=OFF
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load|device|dist' 
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load|device|dist|sparse' 
 
 echo "== fuzz (bounded)"
 bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"

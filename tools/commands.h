@@ -3,6 +3,7 @@
 #ifndef TENSORLIFT_TOOLS_COMMANDS_H_
 #define TENSORLIFT_TOOLS_COMMANDS_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,20 @@ struct LoadArgs {
   bool gds = true;
 };
 int RunLoad(const LoadArgs& args);
+
+struct SparsifyArgs {
+  std::string input;
+  std::string output;
+  std::string prune = "none";  // "none" or "magnitude:FRACTION".
+  double min_sparsity = 0.3;
+  std::string targets = R"(\.weight$)";
+  std::string max_shard_size = "5GB";  // Bytes, or with KB/MB/GB/KiB/MiB/GiB.
+};
+// Writes a sparse-bitmask copy of a checkpoint and prints what it did.
+int RunSparsify(const SparsifyArgs& args);
+
+// "12.3 MiB": bytes for people.
+std::string HumanBytes(uint64_t bytes);
 
 // Prints what was built and what works here (Capabilities()); always 0.
 int RunDoctor(const std::string& path, bool json);

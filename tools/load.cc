@@ -78,9 +78,11 @@ int RunLoad(const LoadArgs& args) {
     const std::string how = f.mode == IoMode::kMmap
                                 ? "mmap (mapped, read on first touch)"
                                 : std::string(IoModeName(f.mode)) + " (" + std::string(IoEngineName(f.engine)) + ")";
-    std::fprintf(report, "%s: %u tensors, %llu bytes, %s%s%s\n", f.path.c_str(), f.tensors,
-                 static_cast<unsigned long long>(f.bytes), how.c_str(), f.reason.empty() ? "" : ": ",
-                 f.reason.c_str());
+    const std::string decoded =
+        f.decoded > 0 ? " (" + std::to_string(f.decoded) + " sparse tensors decoded)" : "";
+    std::fprintf(report, "%s: %u tensors, %llu bytes%s, %s%s%s\n", f.path.c_str(), f.tensors,
+                 static_cast<unsigned long long>(f.bytes), decoded.c_str(), how.c_str(),
+                 f.reason.empty() ? "" : ": ", f.reason.c_str());
   }
   if (args.device != "cpu" || opts.dtype) {
     const DeviceMemoryPlan& p = loaded->device_plan();

@@ -63,6 +63,27 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   load->add_flag("!--no-gds", load_args.gds, "GPU loads: never use GPUDirect Storage");
 
+  SparsifyArgs sparsify_args;
+  auto* sparsify = app.add_subcommand(
+      "sparsify",
+      "Write a sparse-bitmask (compressed-tensors) copy of a checkpoint: zeros cost one bit");
+  sparsify->add_option("IN", sparsify_args.input, "File, model.safetensors.index.json, or directory")
+      ->required();
+  sparsify->add_option("OUT", sparsify_args.output, "Output directory (new or empty)")->required();
+  sparsify->add_option("--prune", sparsify_args.prune,
+                       "none, or magnitude:FRACTION: zero that fraction of each target row, smallest |x| first")
+      ->capture_default_str();
+  sparsify->add_option("--min-sparsity", sparsify_args.min_sparsity,
+                       "Encode a target only if at least this fraction of it is zero")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  sparsify->add_option("--targets", sparsify_args.targets,
+                       "Regex (searched) for the tensors to encode; only 2-D floating-point ones are")
+      ->capture_default_str();
+  sparsify->add_option("--max-shard-size", sparsify_args.max_shard_size,
+                       "Tensor bytes per output shard: BYTES, or with KB, MB, GB, KiB, MiB, GiB")
+      ->capture_default_str();
+
   std::string doctor_path;
   bool doctor_json = false;
   auto* doctor = app.add_subcommand(
@@ -80,5 +101,6 @@ int main(int argc, char** argv) {
   if (*verify) return RunVerify(verify_paths, verify_quiet);
   if (*load) return RunLoad(load_args);
   if (*doctor) return RunDoctor(doctor_path, doctor_json);
+  if (*sparsify) return RunSparsify(sparsify_args);
   return kExitUsage;
 }

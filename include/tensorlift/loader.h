@@ -121,6 +121,11 @@ struct LoadOptions {
   // pipeline, saying why in FileReport::reason, when any piece is missing or
   // fails; off never tries it.
   bool gds = true;
+  // Sparse-bitmask checkpoints (compressed-tensors' layout, docs/sparse.md):
+  // return each group as its dense tensor, decoded while the other files are
+  // read (the filter then applies to the dense names), or, when false, the
+  // stored parts (P.compressed, P.bitmask, P.row_offsets, P.shape) as they are.
+  bool decode_sparse = true;
 };
 
 enum class DeviceType : uint8_t { kCpu, kCuda, kEmulated };
@@ -159,8 +164,11 @@ struct FileReport {
   uint32_t tensors = 0;
   uint32_t realigned = 0;               // Tensors read or copied on their own to align them.
   uint32_t converted = 0;               // Tensors converted to LoadOptions::dtype.
+  uint32_t decoded = 0;                 // Sparse tensors decoded whose values are in it.
   bool gds = false;                     // Read straight to the GPU (GPUDirect Storage).
 };
+
+class Device;
 
 class LoadedCheckpoint {
  public:
@@ -196,6 +204,8 @@ class LoadedCheckpoint {
  private:
   friend class LoaderImpl;
   friend class DevicePipeline;
+  friend Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint&, const LoadOptions&,
+                                                          const std::shared_ptr<Device>&);
   struct Owners;
   std::vector<LoadedTensor> tensors_;
   std::unique_ptr<Owners> owners_;  // One buffer owner per tensor, shared.

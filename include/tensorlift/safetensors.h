@@ -114,6 +114,19 @@ Result<std::string> SerializeHeader(std::span<const TensorView> tensors,
                                     const std::optional<Metadata>& metadata,
                                     std::vector<size_t>* order);
 
+// A tensor as a header describes it, without its data: for writers that
+// place the data themselves (sparsify writes each tensor at its offset).
+struct TensorSpec {
+  std::string name;
+  Dtype dtype = Dtype::kU8;
+  std::vector<uint64_t> shape;
+  uint64_t nbytes = 0;
+};
+// The same header from sizes alone (same rules and checks).
+Result<std::string> SerializeHeader(std::span<const TensorSpec> tensors,
+                                    const std::optional<Metadata>& metadata,
+                                    std::vector<size_t>* order);
+
 // Serializes a whole file into memory.
 Result<std::vector<std::byte>> Serialize(std::span<const TensorView> tensors,
                                          const std::optional<Metadata>& metadata);

@@ -142,7 +142,7 @@ class _OpenFile:
         dtype, shape, begin, end = self.lookup(name)
         if end - begin >= _LOADER_MIN_BYTES:
             try:
-                loaded = self.ckpt.load(names=[name], mode="buffered")
+                loaded = self.ckpt.load(names=[name], mode="buffered", decode_sparse=False)
             except Exception as e:
                 raise self._renamed(e) from None
             try:
@@ -157,7 +157,7 @@ class _OpenFile:
         if not self.order:
             return {}
         try:
-            loaded = self.ckpt.load(mode="auto")
+            loaded = self.ckpt.load(mode="auto", decode_sparse=False)
         except Exception as e:
             raise self._renamed(e) from None
         try:

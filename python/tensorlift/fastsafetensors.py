@@ -543,8 +543,9 @@ class SafeTensorsFileLoader:
         names = None
         if self._tensor_filter is not None:
             names = [t[0] for t in f.tensors if self._kept(t[0])]
+        # The stored tensors, as fastsafetensors sees them (sparse parts too).
         opts = {"mode": self._mode, "threads": self._threads, "device": self.device,
-                "gds": not self.nogds}
+                "gds": not self.nogds, "decode_sparse": False}
         if self._block_size:
             opts["block_size"] = self._block_size
         on_gpu = self.device != "cpu"

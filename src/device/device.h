@@ -71,6 +71,18 @@ class DeviceStream {
   // Converts `count` elements at device address `src` (dtype `from`) into
   // `to` at `dst` (convert.h: ConversionSupported). No overlap.
   virtual Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t count) = 0;
+  // Decodes a sparse-bitmask tensor (layout: sparse/bitmask.h) of rows x
+  // cols elements of elem_bytes (1, 2, 4 or 8) bytes into `dst`
+  // (rows * cols * elem_bytes bytes): `values` holds its nnz non-zeros,
+  // `bitmask` its rows * ceil(cols / 8) mask bytes and `row_offsets` (8-byte
+  // aligned) its rows offsets. All four are device addresses; `dst` overlaps
+  // none of the others. The caller has validated the encoding on the host
+  // (sparse::Validate) before copying it: the CUDA kernel trusts it (a bad
+  // one makes it read and write out of bounds); the emulated device checks it
+  // again and fails the stream with a Corruption error.
+  virtual Status DecodeBitmask(std::byte* dst, const std::byte* values, uint64_t nnz,
+                               const uint8_t* bitmask, const int64_t* row_offsets, uint64_t rows,
+                               uint64_t cols, uint32_t elem_bytes) = 0;
   // Marks the current end of the stream in `event`.
   virtual Status Record(DeviceEvent& event) = 0;
   // Blocks until everything enqueued so far is done; the first error.

@@ -30,6 +30,8 @@
 #include "device/convert.h"
 #include "device/convert_host.h"
 #include "device/stream_checks.h"
+#include "sparse/bitmask.h"
+#include "sparse/bitmask_kernel.h"
 
 namespace tensorlift {
 namespace {
@@ -376,7 +378,7 @@ class EmulatedEvent final : public DeviceEvent {
 
 // One unit of stream work.
 struct Op {
-  enum class Kind { kToDevice, kOnDevice, kToHost, kConvert, kRecord };
+  enum class Kind { kToDevice, kOnDevice, kToHost, kConvert, kDecodeBitmask, kRecord };
   Kind kind = Kind::kRecord;
   std::byte* dst = nullptr;
   const std::byte* src = nullptr;
@@ -384,9 +386,13 @@ struct Op {
   uint64_t src_bytes = 0;
   Dtype to = Dtype::kU8;
   Dtype from = Dtype::kU8;
-  uint64_t count = 0;
+  uint64_t count = 0;  // Elements to convert; non-zeros to decode.
   uint64_t generation = 0;
   std::shared_ptr<EventState> event = nullptr;
+  // DecodeBitmask: src is the values (src_bytes), dst the output (dst_bytes).
+  const uint8_t* bitmask = nullptr;
+  const int64_t* row_offsets = nullptr;
+  sparse::BitmaskShape shape = {};
 };
 
 // Bytes of `count` elements of `dtype`; false when they overflow or do not
@@ -473,6 +479,23 @@ class EmulatedStream final : public DeviceStream {
                       .to = to,
                       .from = from,
                       .count = count});
+  }
+
+  Status DecodeBitmask(std::byte* dst, const std::byte* values, uint64_t nnz,
+                       const uint8_t* bitmask, const int64_t* row_offsets, uint64_t rows,
+                       uint64_t cols, uint32_t elem_bytes) override {
+    TL_ASSIGN_OR_RETURN(
+        DecodeBitmaskBytes bytes,
+        CheckDecodeBitmaskArgs(dst, values, nnz, bitmask, row_offsets, rows, cols, elem_bytes));
+    return Enqueue(Op{.kind = Op::Kind::kDecodeBitmask,
+                      .dst = dst,
+                      .src = values,
+                      .dst_bytes = bytes.dst,
+                      .src_bytes = bytes.values,
+                      .count = nnz,
+                      .bitmask = bitmask,
+                      .row_offsets = row_offsets,
+                      .shape = {.rows = rows, .cols = cols, .elem_bytes = elem_bytes}});
   }
 
   Status Record(DeviceEvent& event) override {
@@ -579,10 +602,56 @@ class EmulatedStream final : public DeviceStream {
                             device_->Translate(op.dst, op.dst_bytes, "Convert destination"));
         return ConvertOnHost(dst.ptr, op.to, src.ptr, op.from, op.count);
       }
+      case Op::Kind::kDecodeBitmask:
+        return RunDecodeBitmask(op);
       case Op::Kind::kRecord:
         break;
     }
     return InternalError("emulated stream: unknown op");
+  }
+
+  // Runs the CUDA kernel's code (sparse/bitmask_kernel.h) with the warp
+  // emulated, row by row. An encoding that was not validated, which the GPU
+  // would decode out of bounds, fails the stream here instead.
+  Status RunDecodeBitmask(const Op& op) {
+    const sparse::BitmaskShape& shape = op.shape;
+    TL_ASSIGN_OR_RETURN(Translated mask,
+                        device_->Translate(reinterpret_cast<const std::byte*>(op.bitmask),
+                                           shape.mask_bytes(), "DecodeBitmask bitmask"));
+    TL_ASSIGN_OR_RETURN(
+        Translated offsets,
+        device_->Translate(reinterpret_cast<const std::byte*>(op.row_offsets),
+                           shape.rows * sizeof(int64_t), "DecodeBitmask row_offsets"));
+    Translated values;
+    if (op.count > 0) {
+      TL_ASSIGN_OR_RETURN(values, device_->Translate(op.src, op.src_bytes, "DecodeBitmask values"));
+    }
+    TL_ASSIGN_OR_RETURN(Translated dst,
+                        device_->Translate(op.dst, op.dst_bytes, "DecodeBitmask destination"));
+    const auto* bitmask = reinterpret_cast<const uint8_t*>(mask.ptr);
+    const auto* row_offsets = reinterpret_cast<const int64_t*>(offsets.ptr);
+    if (Status s = sparse::Validate(bitmask, row_offsets, shape, op.count); !s.ok()) {
+      return s.WithContext("DecodeBitmask (an encoding not validated on the host)");
+    }
+    switch (shape.elem_bytes) {
+      case 1: DecodeRowsEmulated<1>(values.ptr, bitmask, row_offsets, shape, dst.ptr); break;
+      case 2: DecodeRowsEmulated<2>(values.ptr, bitmask, row_offsets, shape, dst.ptr); break;
+      case 4: DecodeRowsEmulated<4>(values.ptr, bitmask, row_offsets, shape, dst.ptr); break;
+      default: DecodeRowsEmulated<8>(values.ptr, bitmask, row_offsets, shape, dst.ptr); break;
+    }
+    return Status::Ok();
+  }
+
+  template <uint32_t W>
+  static void DecodeRowsEmulated(const std::byte* values, const uint8_t* bitmask,
+                                 const int64_t* row_offsets, const sparse::BitmaskShape& shape,
+                                 std::byte* dst) {
+    const uint64_t mrow = shape.mask_row_bytes();
+    for (uint64_t r = 0; r < shape.rows; ++r) {
+      sparse::kernel::DecodeRowEmulated<W>(bitmask + r * mrow, shape.cols,
+                                           values + static_cast<uint64_t>(row_offsets[r]) * W,
+                                           dst + r * shape.cols * W);
+    }
   }
 
   std::shared_ptr<DeviceState> device_;

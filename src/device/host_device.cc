@@ -4,6 +4,8 @@
 
 #include "device/convert_host.h"
 #include "device/device.h"
+#include "device/stream_checks.h"
+#include "sparse/bitmask.h"
 
 namespace tensorlift {
 namespace {
@@ -37,6 +39,17 @@ class HostStream final : public DeviceStream {
   Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t count) override {
     if (count > 0 && (dst == nullptr || src == nullptr)) return InvalidArgumentError("convert: null address");
     return ConvertOnHost(dst, to, src, from, count);
+  }
+  // The CPU decoder (the best ISA), on the calling thread as everything here.
+  Status DecodeBitmask(std::byte* dst, const std::byte* values, uint64_t nnz,
+                       const uint8_t* bitmask, const int64_t* row_offsets, uint64_t rows,
+                       uint64_t cols, uint32_t elem_bytes) override {
+    TL_RETURN_IF_ERROR(
+        CheckDecodeBitmaskArgs(dst, values, nnz, bitmask, row_offsets, rows, cols, elem_bytes)
+            .status());
+    const sparse::BitmaskShape shape{.rows = rows, .cols = cols, .elem_bytes = elem_bytes};
+    sparse::DecodeRows(sparse::BestDecodeIsa(), values, bitmask, row_offsets, shape, 0, rows, dst);
+    return Status::Ok();
   }
   Status Record(DeviceEvent& event) override {
     static_cast<HostEvent&>(event).Mark();

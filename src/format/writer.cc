@@ -17,7 +17,7 @@
 namespace tensorlift {
 namespace {
 
-Status CheckTensor(const TensorView& t) {
+Status CheckTensor(const TensorSpec& t) {
   const std::string who = "tensor " + QuoteName(t.name);
   if (t.name == "__metadata__") {
     return InvalidArgumentError(who + ": the name is reserved for metadata");
@@ -35,10 +35,10 @@ Status CheckTensor(const TensorView& t) {
                                 std::string(DtypeName(t.dtype)) +
                                 " are not a whole number of bytes");
   }
-  if (nbits / 8 != t.data.size()) {
+  if (nbits / 8 != t.nbytes) {
     return InvalidArgumentError(who + ": " + std::string(DtypeName(t.dtype)) + " " +
                                 ShapeString(t.shape) + " needs " + std::to_string(nbits / 8) +
-                                " bytes but " + std::to_string(t.data.size()) + " were given");
+                                " bytes but " + std::to_string(t.nbytes) + " were given");
   }
   return Status::Ok();
 }
@@ -46,6 +46,15 @@ Status CheckTensor(const TensorView& t) {
 }  // namespace
 
 Result<std::string> SerializeHeader(std::span<const TensorView> tensors,
+                                    const std::optional<Metadata>& metadata,
+                                    std::vector<size_t>* order) {
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const auto& t : tensors) specs.push_back({t.name, t.dtype, t.shape, t.data.size()});
+  return SerializeHeader(std::span<const TensorSpec>(specs), metadata, order);
+}
+
+Result<std::string> SerializeHeader(std::span<const TensorSpec> tensors,
                                     const std::optional<Metadata>& metadata,
                                     std::vector<size_t>* order) {
   for (const auto& t : tensors) TL_RETURN_IF_ERROR(CheckTensor(t));
@@ -78,7 +87,7 @@ Result<std::string> SerializeHeader(std::span<const TensorView> tensors,
   }
   uint64_t offset = 0;
   for (size_t i : *order) {
-    const TensorView& t = tensors[i];
+    const TensorSpec& t = tensors[i];
     if (need_comma) json += ',';
     need_comma = true;
     AppendJsonString(t.name, &json);
@@ -92,7 +101,7 @@ Result<std::string> SerializeHeader(std::span<const TensorView> tensors,
     json += "],\"data_offsets\":[";
     json += std::to_string(offset);
     json += ',';
-    offset += t.data.size();
+    offset += t.nbytes;
     json += std::to_string(offset);
     json += "]}";
     if (json.size() > kMaxHeaderSize) break;  // Reported below.

@@ -27,6 +27,7 @@ struct ReadOp {
   // covering aligned span into a bounce buffer and copy the bytes out.
   bool bounce = false;
   const std::string* path = nullptr;  // For messages.
+  uint32_t tag = 0;                    // The caller's (e.g. its file); engines ignore it.
 };
 
 // Shared between the engine and whoever watches it.
@@ -35,6 +36,9 @@ struct ReadProgress {
   // Called by the engine's calling thread now and then (and never
   // concurrently); may be empty.
   std::function<void()> tick;
+  // Called once per op when all of its bytes are in, from whichever engine
+  // thread finished it (possibly several at once); may be empty. Must be quick.
+  std::function<void(const ReadOp&)> op_done;
 };
 
 // Executes ops. Implementations: a pool of pread threads, io_uring.

@@ -37,6 +37,7 @@ class ThreadPoolEngine final : public ReadEngine {
           break;
         }
         progress->bytes_done.fetch_add(ops[i].length, std::memory_order_relaxed);
+        if (progress->op_done) progress->op_done(ops[i]);
       }
       std::lock_guard<std::mutex> lock(mu);
       --running;
@@ -78,6 +79,7 @@ class InlineEngine final : public ReadEngine {
       Status st = reader.Read(op);
       if (!st.ok()) return op.path ? st.WithContext(*op.path) : st;
       progress->bytes_done.fetch_add(op.length, std::memory_order_relaxed);
+      if (progress->op_done) progress->op_done(op);
       if (progress->tick) progress->tick();
     }
     return Status::Ok();

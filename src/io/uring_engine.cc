@@ -67,6 +67,7 @@ class UringEngine final : public ReadEngine {
             break;
           }
           progress->bytes_done.fetch_add(op.length, std::memory_order_relaxed);
+          if (progress->op_done) progress->op_done(op);
           ++next;
           continue;
         }
@@ -133,6 +134,7 @@ class UringEngine final : public ReadEngine {
         if (st.ok()) continue;
         error = st;
       }
+      if (slots[s].done == op.length && progress->op_done) progress->op_done(op);
       free_slots.push_back(s);
       if (progress->tick) progress->tick();  // The callee throttles.
     }

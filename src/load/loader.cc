@@ -251,8 +251,6 @@ void ProgressReporter::Report(uint64_t done, bool final_call) {
   callback_(p);
 }
 
-namespace {
-
 // Engine choice. Measured on this project's machines (docs/performance.md):
 // io_uring keeps more O_DIRECT reads in flight than a thread pool of the same
 // size, while buffered io_uring reads are punted to io-wq workers and trail a
@@ -290,55 +288,37 @@ Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool 
 #define MADV_POPULATE_WRITE 23  // Linux 5.14.
 #endif
 
-// Faults the arenas of a load in on helper threads, ahead of the reads, 32 MiB
-// at a time and in file order (the threads take the steps in turn), until the
-// reads are done. Advisory: on kernels without MADV_POPULATE_WRITE (5.14) it
-// stops at once and the reads fault the pages in themselves. mmap loads have
-// no arenas for their tensors: their pages come from the page cache when
-// first touched.
-class PopulateAhead {
- public:
-  PopulateAhead(const std::vector<FileJob>& jobs, int threads) {
-    uint64_t total = 0;
-    for (const auto& job : jobs) {
-      if (job.wanted.empty() || !job.arena) continue;
-      const uint64_t size = job.arena->size() / kPageAlign * kPageAlign;
-      for (uint64_t off = 0; off < size; off += kStep) {
-        steps_.push_back({job.arena->data() + off, std::min(kStep, size - off)});
-      }
-      total += size;
+// (loader_internal.h) mmap loads have no arenas for their tensors: their pages
+// come from the page cache when first touched.
+PopulateAhead::PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>& regions, int threads) {
+  uint64_t total = 0;
+  for (const auto& [base, bytes] : regions) {
+    const uint64_t size = bytes / kPageAlign * kPageAlign;
+    for (uint64_t off = 0; off < size; off += kStep) {
+      steps_.push_back({base + off, std::min(kStep, size - off)});
     }
-    if (total < (64ull << 20) || threads <= 0) return;
-    threads = std::min<int>(threads, static_cast<int>(steps_.size()));
-    for (int t = 0; t < threads; ++t) {
-      threads_.emplace_back([this] {
-        for (;;) {
-          const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
-          if (i >= steps_.size() || stop_.load(std::memory_order_relaxed)) return;
-          if (::madvise(steps_[i].base, steps_[i].size, MADV_POPULATE_WRITE) != 0) {
-            stop_ = true;
-            return;
-          }
+    total += size;
+  }
+  if (total < (64ull << 20) || threads <= 0) return;
+  threads = std::min<int>(threads, static_cast<int>(steps_.size()));
+  for (int t = 0; t < threads; ++t) {
+    threads_.emplace_back([this] {
+      for (;;) {
+        const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+        if (i >= steps_.size() || stop_.load(std::memory_order_relaxed)) return;
+        if (::madvise(steps_[i].base, steps_[i].size, MADV_POPULATE_WRITE) != 0) {
+          stop_ = true;
+          return;
         }
-      });
-    }
+      }
+    });
   }
-  ~PopulateAhead() {
-    stop_ = true;
-    for (auto& t : threads_) t.join();
-  }
+}
 
- private:
-  struct Step {
-    std::byte* base;
-    uint64_t size;
-  };
-  static constexpr uint64_t kStep = 32ull << 20;
-  std::vector<Step> steps_;
-  std::atomic<size_t> next_{0};
-  std::atomic<bool> stop_{false};
-  std::vector<std::thread> threads_;
-};
+PopulateAhead::~PopulateAhead() {
+  stop_ = true;
+  for (auto& t : threads_) t.join();
+}
 
 // Fresh memory's first touch scales with threads on the machines measured
 // (docs/performance-load.md): 2 threads fault it in 2x as fast as one.
@@ -348,16 +328,8 @@ int FaultThreads(const LoadOptions& options) {
   return static_cast<int>(std::clamp<unsigned>(n, 2, 4));
 }
 
-}  // namespace
-
-class LoaderImpl {
- public:
-  static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options,
-                                      const EngineWrapper& wrap);
-};
-
 Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptions& options,
-                                         const EngineWrapper& wrap) {
+                                         const EngineWrapper& wrap, const HostLoadHooks* hooks) {
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
   if (options.block_size == 0) return InvalidArgumentError("block_size must be positive");
@@ -370,27 +342,64 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     if (!st.ok()) return st.WithContext(job.shard->path);
   }
 
+  // Plans list tensors in file order; find each selected one's placement.
+  std::vector<std::vector<const PlannedTensor*>> placed(jobs.size());
+  for (size_t s = 0; s < jobs.size(); ++s) {
+    placed[s].assign(ckpt.shards()[s].header.tensors().size(), nullptr);
+    for (const auto& pt : jobs[s].plan.tensors) placed[s][pt.index] = &pt;
+  }
+  auto address = [&](Checkpoint::Location loc) -> std::byte* {
+    const FileJob& job = jobs[loc.shard];
+    const PlannedTensor* pt = placed[loc.shard][loc.index];
+    return pt->in_arena ? job.arena->data() + pt->arena_offset
+                        : job.mapping->data() + job.shard->header.data_offset() + ckpt.info(loc).begin;
+  };
+  if (hooks && hooks->placed) {
+    for (auto loc : selected) hooks->placed(loc, address(loc));
+  }
+
   // Direct and buffered reads go to their own engines (see MakeEngine).
   std::vector<ReadOp> ops[2];  // [0] buffered, [1] direct.
   uint64_t read_bytes = 0;
-  for (auto& job : jobs) {
+  // Reads still to finish per shard, for hooks->file_done.
+  std::unique_ptr<std::atomic<uint64_t>[]> pending(new std::atomic<uint64_t>[jobs.size()]);
+  for (size_t s = 0; s < jobs.size(); ++s) {
+    auto& job = jobs[s];
+    pending[s] = 0;
     if (job.wanted.empty()) continue;
     for (const PlannedRead& r : job.plan.reads) {
       ops[r.direct].push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset, r.length,
-                               job.arena->data() + r.arena_offset, r.bounce, &job.shard->path});
+                               job.arena->data() + r.arena_offset, r.bounce, &job.shard->path,
+                               static_cast<uint32_t>(s)});
       read_bytes += r.length;
+      ++pending[s];
     }
   }
 
   ReadProgress progress;
   ProgressReporter reporter(options.progress, read_bytes);
   progress.tick = [&] { reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), false); };
+  if (hooks && hooks->file_done) {
+    progress.op_done = [&](const ReadOp& op) {
+      if (pending[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1) hooks->file_done(op.tag);
+    };
+    for (size_t s = 0; s < jobs.size(); ++s) {
+      if (!jobs[s].wanted.empty() && pending[s] == 0) hooks->file_done(static_cast<uint32_t>(s));
+    }
+  }
   IoEngine engine_kind[2] = {IoEngine::kThreads, IoEngine::kThreads};
   {
     // Fresh memory's first touch (page faults) costs as much as the reads
     // themselves on some machines; a helper threads fault the arenas in, in
     // file order, ahead of the reads (docs/loading.md, "Memory").
-    PopulateAhead populate(jobs, FaultThreads(options));
+    std::vector<std::pair<std::byte*, uint64_t>> regions;
+    for (const auto& job : jobs) {
+      if (!job.wanted.empty() && job.arena) regions.emplace_back(job.arena->data(), job.arena->size());
+    }
+    if (hooks) {
+      for (const auto& buf : hooks->populate) regions.emplace_back(buf->data(), buf->size());
+    }
+    PopulateAhead populate(regions, FaultThreads(options));
     for (int direct : {1, 0}) {
       if (ops[direct].empty()) continue;
       TL_ASSIGN_OR_RETURN(auto engine,
@@ -409,22 +418,13 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   LoadedCheckpoint out;
   out.tensors_.reserve(selected.size());
   out.owners_->buffers.reserve(selected.size());
-  // Plans list tensors in file order; find each selected one's placement.
-  std::vector<std::vector<const PlannedTensor*>> placed(jobs.size());
-  for (size_t s = 0; s < jobs.size(); ++s) {
-    placed[s].assign(ckpt.shards()[s].header.tensors().size(), nullptr);
-    for (const auto& pt : jobs[s].plan.tensors) placed[s][pt.index] = &pt;
-  }
   for (auto loc : selected) {
     const FileJob& job = jobs[loc.shard];
     const TensorInfo& info = ckpt.info(loc);
-    const PlannedTensor* pt = placed[loc.shard][loc.index];
-    if (pt->in_arena) {
-      out.tensors_.push_back(MakeTensor(info, info.dtype, job.arena->data() + pt->arena_offset, info.nbytes()));
+    out.tensors_.push_back(MakeTensor(info, info.dtype, address(loc), info.nbytes()));
+    if (placed[loc.shard][loc.index]->in_arena) {
       out.owners_->buffers.push_back(job.arena);
     } else {
-      out.tensors_.push_back(MakeTensor(
-          info, info.dtype, job.mapping->data() + job.shard->header.data_offset() + info.begin, info.nbytes()));
       out.owners_->buffers.push_back(job.mapping);
     }
     out.total_bytes_ += info.nbytes();
@@ -481,7 +481,12 @@ Result<std::shared_ptr<Device>> DeviceFor(const LoadOptions& options) {
 
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
   TL_ASSIGN_OR_RETURN(std::shared_ptr<Device> device, DeviceFor(options));
-  if (device) return LoadThroughDevice(checkpoint, options, device, nullptr);
+  const bool sparse = options.decode_sparse && MayBeSparse(checkpoint);
+  if (device) {
+    if (sparse) return LoadSparseThroughDevice(checkpoint, options, device);
+    return LoadThroughDevice(checkpoint, options, device, nullptr);
+  }
+  if (sparse) return LoaderImpl::RunSparse(checkpoint, options, nullptr);
   return LoaderImpl::Run(checkpoint, options, nullptr);
 }
 
@@ -492,6 +497,9 @@ Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& option
 
 Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint, const LoadOptions& options,
                                                const EngineWrapper& wrap) {
+  if (options.decode_sparse && MayBeSparse(checkpoint)) {
+    return LoaderImpl::RunSparse(checkpoint, options, wrap);
+  }
   return LoaderImpl::Run(checkpoint, options, wrap);
 }
 

@@ -15,6 +15,91 @@ namespace tensorlift {
 // Wraps each engine the loader makes (fault injection in tests).
 using EngineWrapper = std::function<std::unique_ptr<ReadEngine>(std::unique_ptr<ReadEngine>)>;
 
+class Buffer;
+class HostBuffer;
+namespace sparse {
+struct SparseTensor;
+}  // namespace sparse
+
+// The engine for a batch of reads (loader.cc, "Engine choice"); *chosen says
+// which kind it is.
+Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool direct,
+                                               std::span<const ReadOp> ops, IoEngine* chosen);
+
+// LoadOptions::fault_threads resolved (0: the CPU count, 2 to 4).
+int FaultThreads(const LoadOptions& options);
+
+// Faults memory regions in on helper threads, ahead of the reads that will
+// fill them, 32 MiB at a time and in order (the threads take the steps in
+// turn), until destroyed. Advisory: on kernels without MADV_POPULATE_WRITE
+// (5.14) it stops at once and the reads fault the pages in themselves. Fewer
+// than 64 MiB in all, or no threads: nothing.
+class PopulateAhead {
+ public:
+  PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>& regions, int threads);
+  ~PopulateAhead();
+  PopulateAhead(const PopulateAhead&) = delete;
+  PopulateAhead& operator=(const PopulateAhead&) = delete;
+
+ private:
+  struct Step {
+    std::byte* base;
+    uint64_t size;
+  };
+  static constexpr uint64_t kStep = 32ull << 20;
+  std::vector<Step> steps_;
+  std::atomic<size_t> next_{0};
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+// What a layer above the host loader (sparse decoding) hooks into a load.
+struct HostLoadHooks {
+  // Buffers to fault in after the files' arenas, while the reads run.
+  std::vector<std::shared_ptr<Buffer>> populate;
+  // Called for every selected tensor, once placed and before any read: where
+  // its bytes will be.
+  std::function<void(Checkpoint::Location, const std::byte* data)> placed;
+  // Called once per shard with selected tensors when all its bytes are in
+  // (from an engine thread; for mapped files, when the reads start).
+  std::function<void(uint32_t shard)> file_done;
+};
+
+class LoaderImpl {
+ public:
+  static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options,
+                                      const EngineWrapper& wrap, const HostLoadHooks* hooks = nullptr);
+  // A host load of a checkpoint with sparse-bitmask groups: the stored parts
+  // are read, each group is decoded into its dense tensor as soon as its files
+  // are in, and the parts' memory is given back (sparse_load.cc).
+  static Result<LoadedCheckpoint> RunSparse(const Checkpoint& ckpt, const LoadOptions& options,
+                                            const EngineWrapper& wrap);
+  // What a sparse load reads and where it decodes (sparse_load.cc).
+  struct Selection;
+  // Where a group was decoded.
+  struct DecodedTensor {
+    std::byte* data;
+    Dtype dtype;
+    uint64_t nbytes;
+    DeviceType device;
+    int device_index;
+  };
+  // The loaded plain tensors of `in` with the decoded groups (owned by
+  // `owner`), in name order; the parts' host arenas are given back.
+  static LoadedCheckpoint Assemble(const Checkpoint& ckpt, LoadedCheckpoint in,
+                                   const std::vector<const sparse::SparseTensor*>& groups,
+                                   const std::vector<DecodedTensor>& decoded,
+                                   const std::shared_ptr<Buffer>& owner);
+
+ private:
+  static Result<LoadedCheckpoint> RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
+                                                  const EngineWrapper& wrap, const Selection& sel,
+                                                  const std::shared_ptr<HostBuffer>& dense);
+  static Result<LoadedCheckpoint> RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
+                                                  const EngineWrapper& wrap, const Selection& sel,
+                                                  const std::shared_ptr<HostBuffer>& dense);
+};
+
 Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint, const LoadOptions& options,
                                                const EngineWrapper& wrap);
 
@@ -51,6 +136,15 @@ struct PipelineTrace {
   // Replaces cuFile as the direct-to-device reader (tests; with any device).
   std::function<Result<std::unique_ptr<DirectReader>>()> open_direct_reader;
 };
+
+// Whether `ckpt` has tensors named like sparse-bitmask parts (cheap; the
+// catalog itself is sparse::FindSparse).
+bool MayBeSparse(const Checkpoint& ckpt);
+
+// A sparse checkpoint onto `device`: the parts through the staged pipeline,
+// validated on the host, decoded on the device (sparse_load.cc).
+Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,
+                                                 const std::shared_ptr<Device>& device);
 
 // The staged pipeline (device_pipeline.cc) onto `device`, with a trace.
 Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,

@@ -17,11 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "../sparse/bitmask_test_util.h"
 #include "device/convert.h"
 #include "device/convert_host.h"
 #include "device/device.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
+#include "sparse/bitmask.h"
 #include "tensorlift/capabilities.h"
 
 // Set by tests/CMakeLists.txt: whether the build found nvcc, and the path of
@@ -229,6 +231,89 @@ TEST_F(CudaDeviceTest, ConvertIdentityOfSubByteDtypeCopiesBytes) {
   std::vector<std::byte> packed(500);
   Fill(packed.data(), packed.size(), 3);
   ExpectSameAsHost(*device_, *stream_, packed, Dtype::kF4, Dtype::kF4, 1000);
+}
+
+// Decodes `e` on the GPU, its values and output at the given offsets into
+// their allocations (which choose the kernel's access mode: 16-byte stores,
+// element or byte accesses), and compares with the CPU's scalar decoder.
+void ExpectDecodeSameAsCpu(Device& device, DeviceStream& stream, const sparse::test::Encoded& e,
+                           uint64_t values_at, uint64_t out_at) {
+  const sparse::BitmaskShape& s = e.shape;
+  SCOPED_TRACE(testing::Message() << s.rows << " x " << s.cols << " x " << s.elem_bytes
+                                  << " bytes, nnz " << e.nnz() << ", values at +" << values_at
+                                  << ", output at +" << out_at);
+  std::vector<std::byte> expected(s.dense_bytes());
+  sparse::DecodeRows(sparse::DecodeIsa::kScalar, e.values.data(), e.bitmask.data(),
+                     e.row_offsets.data(), s, 0, s.rows, expected.data());
+  auto d_offsets = Take(device.Allocate(e.row_offsets.size() * sizeof(int64_t)));
+  auto d_mask = Take(device.Allocate(e.bitmask.size()));
+  auto d_values = Take(device.Allocate(values_at + e.values.size()));
+  auto d_out = Take(device.Allocate(out_at + s.dense_bytes()));
+  ASSERT_TRUE(stream
+                  .CopyToDevice(d_offsets->data(),
+                                reinterpret_cast<const std::byte*>(e.row_offsets.data()),
+                                d_offsets->size())
+                  .ok());
+  ASSERT_TRUE(stream
+                  .CopyToDevice(d_mask->data(), reinterpret_cast<const std::byte*>(e.bitmask.data()),
+                                e.bitmask.size())
+                  .ok());
+  if (!e.values.empty()) {
+    ASSERT_TRUE(stream.CopyToDevice(d_values->data() + values_at, e.values.data(), e.values.size())
+                    .ok());
+  }
+  ASSERT_TRUE(stream
+                  .DecodeBitmask(d_out->data() + out_at, d_values->data() + values_at, e.nnz(),
+                                 reinterpret_cast<const uint8_t*>(d_mask->data()),
+                                 reinterpret_cast<const int64_t*>(d_offsets->data()), s.rows,
+                                 s.cols, s.elem_bytes)
+                  .ok());
+  std::vector<std::byte> got(s.dense_bytes(), std::byte{0x5A});
+  ASSERT_TRUE(stream.CopyToHost(got.data(), d_out->data() + out_at, got.size()).ok());
+  ASSERT_TRUE(stream.Synchronize().ok());
+  EXPECT_TRUE(got == expected);
+}
+
+TEST_F(CudaDeviceTest, DecodeBitmaskMatchesTheCpu) {
+  std::mt19937_64 rng(7);
+  for (uint32_t w : {1u, 2u, 4u, 8u}) {
+    for (uint64_t cols : {1, 8, 33, 1000, 1024, 1025, 4096, 4099}) {
+      for (double density : {0.0, 1.0, 0.5, -1.0}) {
+        const sparse::BitmaskShape s{.rows = 37, .cols = cols, .elem_bytes = w};
+        const auto e = sparse::test::EncodeDense(sparse::test::RandomDense(s, density, rng), s);
+        ExpectDecodeSameAsCpu(*device_, *stream_, e, 0, 0);  // Aligned.
+        ExpectDecodeSameAsCpu(*device_, *stream_, e, 0, w);  // Output only W-aligned.
+        ExpectDecodeSameAsCpu(*device_, *stream_, e, 1, 3);  // Byte accesses.
+      }
+    }
+  }
+  // More rows than the grid has warps (8192 blocks x 8): the grid-stride
+  // loop runs; and a 4096 x 4096 bf16 matrix at 50 %.
+  for (const sparse::BitmaskShape& s :
+       {sparse::BitmaskShape{.rows = 70001, .cols = 40, .elem_bytes = 2},
+        sparse::BitmaskShape{.rows = 4096, .cols = 4096, .elem_bytes = 2}}) {
+    const auto e = sparse::test::EncodeDense(sparse::test::RandomDense(s, 0.5, rng), s);
+    ExpectDecodeSameAsCpu(*device_, *stream_, e, 0, 0);
+  }
+}
+
+TEST_F(CudaDeviceTest, DecodeBitmaskArgumentsAreCheckedAtOnce) {
+  auto a = Take(device_->Allocate(1 << 16));
+  std::byte* out = a->data();
+  const auto* offsets = reinterpret_cast<const int64_t*>(a->data() + 4096);
+  const auto* mask = reinterpret_cast<const uint8_t*>(a->data() + 8192);
+  const std::byte* values = a->data() + 12288;
+  EXPECT_EQ(stream_->DecodeBitmask(out, values, 4, mask, offsets, 8, 16, 3).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(stream_->DecodeBitmask(out, values, 4, mask, offsets + 0, 0, 16, 2).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(stream_->DecodeBitmask(out, out + 2, 4, mask, offsets, 8, 16, 2).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(stream_->DecodeBitmask(out, values, 4, mask,
+                                   reinterpret_cast<const int64_t*>(a->data() + 4100), 8, 16, 2)
+                .code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(stream_->Synchronize().ok());
 }
 
 TEST_F(CudaDeviceTest, EventsCompleteInStreamOrder) {

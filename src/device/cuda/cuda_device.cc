@@ -295,6 +295,18 @@ class CudaStream final : public DeviceStream {
                       "Convert: kernel launch");
   }
 
+  Status DecodeBitmask(std::byte* dst, const std::byte* values, uint64_t nnz,
+                       const uint8_t* bitmask, const int64_t* row_offsets, uint64_t rows,
+                       uint64_t cols, uint32_t elem_bytes) override {
+    TL_RETURN_IF_ERROR(
+        CheckDecodeBitmaskArgs(dst, values, nnz, bitmask, row_offsets, rows, cols, elem_bytes)
+            .status());
+    TL_RETURN_IF_ERROR(SetDevice(device_->ordinal));
+    return CudaStatus(cuda::LaunchDecodeBitmask(dst, values, bitmask, row_offsets, rows, cols,
+                                                elem_bytes, stream_.get()),
+                      "DecodeBitmask: kernel launch");
+  }
+
   Status Record(DeviceEvent& event) override {
     auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
     if (cuda_event == nullptr || cuda_event->device()->ordinal != device_->ordinal) {

@@ -21,6 +21,16 @@ namespace tensorlift::cuda {
 cudaError_t LaunchConvert(void* dst, Dtype to, const void* src, Dtype from, uint64_t count,
                           cudaStream_t stream);
 
+// Enqueues on `stream` the decode of a sparse-bitmask tensor (layout:
+// sparse/bitmask.h; kernel: sparse/bitmask_kernel.h) of rows x cols elements
+// of elem_bytes (1, 2, 4 or 8) bytes into `dst`; all pointers are device
+// addresses. The caller has checked the arguments and validated the
+// encoding (the kernel trusts row_offsets and the mask). Returns the
+// launch's error, as LaunchConvert does.
+cudaError_t LaunchDecodeBitmask(void* dst, const void* values, const uint8_t* bitmask,
+                                const int64_t* row_offsets, uint64_t rows, uint64_t cols,
+                                uint32_t elem_bytes, cudaStream_t stream);
+
 }  // namespace tensorlift::cuda
 
 #endif  // TENSORLIFT_DEVICE_CUDA_KERNELS_H_
