@@ -12,3 +12,8 @@ cmake --build "$build" --target tl_header_bench -j 2 > "$build/bench-build.log" 
 bash bench/load/run.sh
 bash bench/dist/run.sh
 bash bench/dist/sharded.sh
+cmake --build "${TL_BUILD_DIR:-$root/build}" --target tl_sparse_decode_bench tl_load_bench tl_sparse_densify tensorlift_cli -j 2 \
+  > "$build/bench-sparse-build.log" 2>&1 || { cat "$build/bench-sparse-build.log"; exit 1; }
+"$build/tl_sparse_decode_bench" --reps 15 > bench/out/sparse-decode.json
+.venv/bin/python bench/sparse/load_bench.py --build "$build" --runs "${TL_BENCH_RUNS:-3}"
+.venv/bin/python bench/sparse/offload_bench.py --build "$build" --tokens 8 --runs "${TL_BENCH_RUNS:-3}"

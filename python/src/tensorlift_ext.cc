@@ -21,6 +21,7 @@
 
 #include "device/convert.h"
 #include "device/convert_host.h"
+#include "tensorlift/streamer.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
@@ -180,6 +181,12 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
   return PyLoaded{std::make_shared<const LoadedCheckpoint>(Unwrap(std::move(r)))};
 }
 
+// LayerStreamer is move-only and joins its thread on destruction; the Python
+// object owns it through a pointer.
+struct PyStreamer {
+  std::unique_ptr<LayerStreamer> streamer;
+};
+
 }  // namespace
 
 NB_MODULE(_tensorlift, m) {
@@ -337,6 +344,65 @@ NB_MODULE(_tensorlift, m) {
            "Memory the load planned (device buffers, conversion slots, pinned staging).")
       .def("release", [](PyLoaded& s) { s.loaded.reset(); },
            "Drops this object's reference to the buffers (tensors handed out keep theirs).");
+
+  nb::class_<PyStreamer>(m, "LayerStreamer")
+      .def(
+          "__init__",
+          [](PyStreamer* self, const std::string& path, std::vector<std::vector<std::string>> layers,
+             uint64_t budget, const std::string& mode) {
+            LoadOptions opts;
+            opts.mode = Unwrap(ParseIoMode(mode));
+            Result<LayerStreamer> r = InternalError("not run");
+            {
+              nb::gil_scoped_release nogil;  // Open reads the headers (and sparse groups' shapes).
+              auto ckpt = Checkpoint::Open(path);
+              r = ckpt.ok() ? LayerStreamer::Open(*ckpt, std::move(layers), budget, std::move(opts))
+                            : Result<LayerStreamer>(ckpt.status());
+            }
+            new (self) PyStreamer{std::make_unique<LayerStreamer>(Unwrap(std::move(r)))};
+          },
+          nb::arg("path"), nb::arg("layers"), nb::arg("budget"), nb::arg("mode") = "auto",
+          "Streams the layers (dense tensor names per layer, in execution order) of the checkpoint "
+          "at `path` under a memory budget in bytes: those that fit stay resident, the next one "
+          "is prefetched while the current one is in use (include/tensorlift/streamer.h).")
+      .def(
+          "acquire",
+          [](PyStreamer& s, size_t layer) {
+            Result<std::shared_ptr<const LoadedCheckpoint>> r = InternalError("not run");
+            {
+              nb::gil_scoped_release nogil;
+              r = s.streamer->Acquire(layer);
+            }
+            return PyLoaded{Unwrap(std::move(r))};
+          },
+          nb::arg("layer"), "The layer's tensors (a Loaded), waiting for its load without the GIL.")
+      .def("release", [](PyStreamer& s, size_t layer) { s.streamer->Release(layer); }, nb::arg("layer"),
+           "Drops the streamer's reference to a streamed layer (tensors handed out keep theirs).")
+      .def("resident_layers",
+           [](const PyStreamer& s) {
+             std::vector<size_t> out;
+             for (size_t i = 0; i < s.streamer->num_layers(); ++i) {
+               if (s.streamer->resident(i)) out.push_back(i);
+             }
+             return out;
+           })
+      .def("num_layers", [](const PyStreamer& s) { return s.streamer->num_layers(); })
+      .def("layer_bytes",
+           [](const PyStreamer& s, size_t layer) {
+             if (layer >= s.streamer->num_layers()) Raise(OutOfRangeError("no such layer"));
+             return nb::make_tuple(s.streamer->dense_bytes(layer), s.streamer->stored_bytes(layer));
+           },
+           nb::arg("layer"), "(dense bytes, stored bytes) of a layer.")
+      .def("stats", [](const PyStreamer& s) {
+        const LayerStreamer::Stats st = s.streamer->stats();
+        nb::dict d;
+        d["bytes_read"] = st.bytes_read;
+        d["loads"] = st.loads;
+        d["prefetch_hits"] = st.prefetch_hits;
+        d["prefetch_misses"] = st.prefetch_misses;
+        d["wait_seconds"] = st.wait_seconds;
+        return d;
+      });
 
   m.def(
       "parse_header",

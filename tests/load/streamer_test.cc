@@ -1,0 +1,274 @@
+// LayerStreamer (include/tensorlift/streamer.h): the layers it hands out are the bytes
+// a plain Load gives, for dense and sparse-bitmask checkpoints; the
+// resident/streamed split follows the budget; acquiring in order hits the
+// prefetch, across passes too (wrap-around); a budget too small and a file
+// that disappears mid-stream are clean errors.
+#include "tensorlift/streamer.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sparse/bitmask.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/safetensors.h"
+
+namespace tensorlift {
+namespace {
+
+constexpr size_t kLayers = 4;
+constexpr uint64_t kRows = 24, kCols = 40;
+
+std::span<const std::byte> AsBytes(const std::vector<uint8_t>& v) {
+  return {reinterpret_cast<const std::byte*>(v.data()), v.size()};
+}
+std::span<const std::byte> AsBytes(const std::vector<int64_t>& v) {
+  return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(int64_t)};
+}
+
+// Random BF16 elements, about half of them zero.
+std::vector<std::byte> RandomBf16(uint64_t count, uint32_t seed) {
+  std::vector<std::byte> out(count * 2);
+  std::mt19937 rng(seed);
+  for (uint64_t e = 0; e < count; ++e) {
+    if (rng() % 2 == 0) continue;
+    out[2 * e] = static_cast<std::byte>(rng() & 0xff);
+    out[2 * e + 1] = static_cast<std::byte>(rng() & 0xff);
+  }
+  return out;
+}
+
+// The four parts of a [kRows, kCols] BF16 weight, as compressed-tensors writes them.
+struct Parts {
+  std::vector<std::byte> values, shape;
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> offsets;
+  uint64_t nnz = 0;
+};
+Parts Encode(const std::vector<std::byte>& dense) {
+  Parts p;
+  sparse::BitmaskShape s{kRows, kCols, 2};
+  p.nnz = sparse::CountNonZero(dense.data(), s);
+  p.values.resize(p.nnz * 2);
+  p.mask.resize(s.mask_bytes());
+  p.offsets.resize(kRows);
+  EXPECT_EQ(sparse::Encode(dense.data(), s, p.values.data(), p.mask.data(), p.offsets.data()), p.nnz);
+  const int64_t dims[2] = {static_cast<int64_t>(kRows), static_cast<int64_t>(kCols)};
+  p.shape.resize(16);
+  std::memcpy(p.shape.data(), dims, 16);
+  return p;
+}
+
+std::string WeightName(size_t i) { return "model.layers." + std::to_string(i) + ".mlp.down_proj.weight"; }
+std::string NormName(size_t i) { return "model.layers." + std::to_string(i) + ".input_layernorm.weight"; }
+
+// Four layers of a weight (a sparse group, or plain) and a plain norm; layers
+// 0-1 in a.safetensors, 2 and layer 3's weight in b.safetensors, layer 3's
+// norm alone in c.safetensors (a file without groups: a sparse Load scans
+// every group's shape in every file, so only such a file can vanish without
+// failing the loads of the other layers).
+class StreamerTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override {
+    char templ[] = "/tmp/tl_streamer_XXXXXX";
+    ASSERT_NE(mkdtemp(templ), nullptr);
+    dir_ = templ;
+    const bool sparse = GetParam();
+    std::vector<std::vector<std::byte>> weights, norms;
+    std::vector<Parts> parts;
+    for (size_t i = 0; i < kLayers; ++i) {
+      weights.push_back(RandomBf16(kRows * kCols, 10 + i));
+      norms.push_back(RandomBf16(kCols, 20 + i));
+      parts.push_back(Encode(weights.back()));
+    }
+    std::vector<TensorView> a, b, c;
+    for (size_t i = 0; i < kLayers; ++i) {
+      auto& views = i < 2 ? a : b;
+      (i == 3 ? c : views).push_back({NormName(i), Dtype::kBF16, {kCols}, norms[i]});
+      if (!sparse) {
+        views.push_back({WeightName(i), Dtype::kBF16, {kRows, kCols}, weights[i]});
+        continue;
+      }
+      const std::string prefix = "model.layers." + std::to_string(i) + ".mlp.down_proj";
+      views.push_back({prefix + ".shape", Dtype::kI64, {2}, parts[i].shape});
+      views.push_back({prefix + ".bitmask", Dtype::kU8, {kRows, (kCols + 7) / 8}, AsBytes(parts[i].mask)});
+      views.push_back({prefix + ".row_offsets", Dtype::kI64, {kRows}, AsBytes(parts[i].offsets)});
+      views.push_back({prefix + ".compressed", Dtype::kBF16, {parts[i].nnz}, parts[i].values});
+    }
+    ASSERT_TRUE(WriteFile(dir_ + "/a.safetensors", a, std::nullopt).ok());
+    ASSERT_TRUE(WriteFile(dir_ + "/b.safetensors", b, std::nullopt).ok());
+    ASSERT_TRUE(WriteFile(dir_ + "/c.safetensors", c, std::nullopt).ok());
+    auto ckpt = Checkpoint::Open(dir_);
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    ckpt_ = std::move(ckpt).value();
+    for (size_t i = 0; i < kLayers; ++i) layers_.push_back({WeightName(i), NormName(i)});
+    options_.mode = IoMode::kDirect;  // As streaming uses it; falls back where refused.
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Result<LayerStreamer> Open(uint64_t budget) { return LayerStreamer::Open(ckpt_, layers_, budget, options_); }
+
+  // A budget that makes layer 0 resident and streams the others.
+  uint64_t OneResidentBudget() {
+    auto all = Open(~uint64_t{0});
+    EXPECT_TRUE(all.ok());
+    uint64_t largest = 0;
+    for (size_t i = 1; i < kLayers; ++i) largest = std::max(largest, all->peak_bytes(i));
+    return all->dense_bytes(0) + 2 * largest;
+  }
+
+  std::string dir_;
+  Checkpoint ckpt_;
+  std::vector<std::vector<std::string>> layers_;
+  LoadOptions options_;
+};
+
+std::vector<std::byte> HostBytes(const LoadedCheckpoint& l, const std::string& name) {
+  const LoadedTensor* t = l.Find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (t == nullptr) return {};
+  std::vector<std::byte> out(t->nbytes);
+  EXPECT_TRUE(l.CopyToHost(name, out.data()).ok());
+  return out;
+}
+
+TEST_P(StreamerTest, LayersAreTheBytesOfAPlainLoad) {
+  auto full = Load(ckpt_);
+  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  auto s = Open(OneResidentBudget());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < kLayers; ++i) {
+      auto layer = s->Acquire(i);
+      ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+      EXPECT_EQ((*layer)->tensors().size(), 2u);
+      for (const std::string& name : layers_[i]) {
+        EXPECT_EQ(HostBytes(**layer, name), HostBytes(*full, name)) << name;
+        EXPECT_EQ((*layer)->Find(name)->shape, full->Find(name)->shape) << name;
+      }
+      s->Release(i);
+    }
+  }
+}
+
+TEST_P(StreamerTest, ResidentSplitFollowsTheBudget) {
+  auto all = Open(~uint64_t{0});
+  ASSERT_TRUE(all.ok());
+  for (size_t i = 0; i < kLayers; ++i) {
+    EXPECT_TRUE(all->resident(i));
+    EXPECT_EQ(all->dense_bytes(i), (kRows * kCols + kCols) * 2);
+    if (GetParam()) {
+      // The four parts, not the dense bytes; held beside the dense ones while decoding.
+      EXPECT_NE(all->stored_bytes(i), all->dense_bytes(i));
+      EXPECT_EQ(all->peak_bytes(i), all->dense_bytes(i) + all->stored_bytes(i) - kCols * 2);
+    } else {
+      EXPECT_EQ(all->stored_bytes(i), all->dense_bytes(i));
+      EXPECT_EQ(all->peak_bytes(i), all->dense_bytes(i));  // Read in place.
+    }
+  }
+  auto one = Open(OneResidentBudget());
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_TRUE(one->resident(0));
+  for (size_t i = 1; i < kLayers; ++i) EXPECT_FALSE(one->resident(i)) << i;
+  auto none = Open(OneResidentBudget() - 1);
+  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  for (size_t i = 0; i < kLayers; ++i) EXPECT_FALSE(none->resident(i)) << i;
+}
+
+TEST_P(StreamerTest, InOrderAcquiresHitThePrefetchAcrossPasses) {
+  auto s = Open(OneResidentBudget());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  constexpr int kPasses = 3;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    for (size_t i = 0; i < kLayers; ++i) {
+      ASSERT_TRUE(s->Acquire(i).ok());
+      s->Release(i);
+    }
+  }
+  const LayerStreamer::Stats st = s->stats();
+  // Every streamed Acquire was prefetched, including layer 1 of each later
+  // pass, which the last layer's Acquire prefetched (wrap-around).
+  EXPECT_EQ(st.prefetch_hits, kPasses * (kLayers - 1));
+  EXPECT_EQ(st.prefetch_misses, 0u);
+  // Layer 0 once (resident) and the others every pass, plus what the last
+  // layer prefetched for a pass that never came: layer 1, and layer 2 when
+  // layer 1 was loaded before the streamer was dropped (two slots free).
+  const uint64_t min_loads = 1 + kPasses * (kLayers - 1);
+  EXPECT_GE(st.loads, min_loads + 1);
+  EXPECT_LE(st.loads, min_loads + 2);
+  uint64_t min_bytes = s->stored_bytes(0) + s->stored_bytes(1);
+  for (size_t i = 1; i < kLayers; ++i) min_bytes += kPasses * s->stored_bytes(i);
+  EXPECT_GE(st.bytes_read, min_bytes);
+  EXPECT_LE(st.bytes_read, min_bytes + s->stored_bytes(2));
+  EXPECT_GE(st.wait_seconds, 0.0);
+}
+
+TEST_P(StreamerTest, OutOfOrderAcquireLoadsOnTheSpot) {
+  auto s = Open(OneResidentBudget());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto layer = s->Acquire(2);
+  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  EXPECT_NE((*layer)->Find(WeightName(2)), nullptr);
+  EXPECT_EQ(s->stats().prefetch_misses, 1u);
+  // Releasing drops the streamer's reference only: the caller's stays valid.
+  s->Release(2);
+  EXPECT_EQ(HostBytes(**layer, NormName(2)).size(), kCols * 2);
+  EXPECT_TRUE(s->Acquire(1).ok());
+  EXPECT_EQ(s->Acquire(kLayers).status().code(), StatusCode::kOutOfRange);
+}
+
+TEST_P(StreamerTest, BudgetBelowTwoStreamedLayersIsAnError) {
+  auto all = Open(~uint64_t{0});
+  ASSERT_TRUE(all.ok());
+  uint64_t largest = 0;
+  for (size_t i = 0; i < kLayers; ++i) largest = std::max(largest, all->peak_bytes(i));
+  EXPECT_TRUE(Open(2 * largest).ok());
+  auto small = Open(2 * largest - 1);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(small.status().message().find("a budget of " + std::to_string(2 * largest - 1) + " bytes"),
+            std::string::npos)
+      << small.status().message();
+  EXPECT_NE(small.status().message().find(std::to_string(largest) + " bytes"), std::string::npos)
+      << small.status().message();
+}
+
+TEST_P(StreamerTest, UnknownOrRepeatedNamesAreErrors) {
+  layers_[1].push_back("model.layers.9.mlp.down_proj.weight");
+  EXPECT_EQ(Open(~uint64_t{0}).status().code(), StatusCode::kNotFound);
+  layers_[1].back() = NormName(0);
+  EXPECT_EQ(Open(~uint64_t{0}).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_P(StreamerTest, AMissingFileFailsThatAcquireOnly) {
+  auto s = Open(OneResidentBudget());
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  std::filesystem::remove(dir_ + "/c.safetensors");  // Layer 3's norm.
+  for (size_t i = 0; i < 3; ++i) {
+    auto layer = s->Acquire(i);
+    ASSERT_TRUE(layer.ok()) << i << layer.status().ToString();
+    s->Release(i);
+  }
+  for (int attempt = 0; attempt < 2; ++attempt) {  // Reported again, not cached as success.
+    auto failed = s->Acquire(3);
+    ASSERT_FALSE(failed.ok());
+    EXPECT_NE(failed.status().message().find("layer 3"), std::string::npos) << failed.status().message();
+    EXPECT_NE(failed.status().message().find("c.safetensors"), std::string::npos) << failed.status().message();
+  }
+  // The layers whose file is still there keep working.
+  auto again = s->Acquire(1);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_NE((*again)->Find(WeightName(1)), nullptr);
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseAndSparse, StreamerTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Sparse" : "Dense"; });
+
+}  // namespace
+}  // namespace tensorlift
