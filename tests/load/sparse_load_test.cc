@@ -97,8 +97,8 @@ class SparseLoadTest : public ::testing::Test {
   // one, the others (old naming, ".weight" kept) in another; optionally with
   // one group's values in the other shard.
   void Write(bool split_group = false, int64_t corrupt_offset = 0) {
-    std::vector<Parts> parts;
-    for (const auto& d : dense_) parts.push_back(Encode(d));
+    std::vector<Parts> parts;  // Of the groups: every tensor but the last (plain, 1-D).
+    for (size_t i = 0; i + 1 < dense_.size(); ++i) parts.push_back(Encode(dense_[i]));
     if (corrupt_offset != 0) parts[0].offsets[parts[0].offsets.size() / 2] += corrupt_offset;
     std::vector<TensorView> a, b;
     for (size_t i = 0; i + 1 < dense_.size(); ++i) {
