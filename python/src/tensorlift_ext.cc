@@ -15,12 +15,14 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "device/convert.h"
 #include "device/convert_host.h"
+#include "sparse/sparse_checkpoint.h"
 #include "tensorlift/streamer.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
@@ -223,6 +225,22 @@ NB_MODULE(_tensorlift, m) {
           "Opens a file, an index or a directory and validates every header (as_file: one "
           ".safetensors file whatever its name).")
       .def_prop_ro("path", [](const PyCheckpoint& s) { return s.ckpt->path(); })
+      .def("load_names",
+           [](const PyCheckpoint& s) {
+             // A sparse-bitmask group counts as its dense tensor (as load() returns it).
+             auto catalog = [&] {
+               nb::gil_scoped_release nogil;  // Reads each group's shape.
+               return sparse::FindSparse(*s.ckpt);
+             }();
+             const sparse::SparseCatalog c = Unwrap(std::move(catalog));
+             std::vector<std::string> out;
+             for (auto loc : c.dense) out.push_back(s.ckpt->info(loc).name);
+             for (const auto& g : c.sparse) out.push_back(g.name);
+             std::sort(out.begin(), out.end());
+             return out;
+           },
+           "The names load() returns by default, in name order: sparse-bitmask groups as their "
+           "dense tensors.")
       .def("tensors",
            [](const PyCheckpoint& s) {
              nb::list out;

@@ -111,7 +111,7 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
             if isinstance(filter, str):
                 regex = filter
             elif callable(filter):
-                names = [t[0] for t in ckpt.tensors() if filter(t[0])]
+                names = [n for n in ckpt.load_names() if filter(n)]
             elif filter is not None:
                 names = list(filter)
             loaded = ckpt.load(names=names, regex=regex, mode=mode, threads=threads or 0,

@@ -93,3 +93,16 @@ def test_corrupt_group_is_a_clear_error(sparse_ckpt, tmp_path):
     save_file(bad, str(path))
     with pytest.raises(Exception, match="down_proj.weight"):
         tensorlift.load(str(path))
+
+
+def test_callable_filter_sees_dense_names(sparse_ckpt):
+    path, dense, _ = sparse_ckpt
+    seen = []
+
+    def keep(name):
+        seen.append(name)
+        return name.endswith("down_proj.weight") and ".1." in name
+
+    got = tensorlift.load(str(path), filter=keep)
+    assert sorted(seen) == sorted(dense)  # dense names, not the stored parts
+    assert list(got) == ["model.layers.1.mlp.down_proj.weight"]

@@ -269,3 +269,24 @@ def test_sparse_errors(cli, dense_model, tmp_path):
     r = run(cli, "sparsify", src, tmp_path / "o3", "--prune", "magnitude:1.5")
     assert r.returncode == 1 and "in [0, 1]" in r.stderr
     assert not (tmp_path / "o3").exists()
+
+
+def test_verify_checks_sparse_groups(cli, tmp_path):
+    g = torch.Generator().manual_seed(3)
+    t = torch.randn(16, 40, generator=g).to(torch.bfloat16)
+    t[torch.rand(16, 40, generator=g) < 0.5] = 0
+    parts = {f"m.q_proj.{k}": v for k, v in ct_compress(t).items()}
+    good = tmp_path / "good.safetensors"
+    save_file(parts, str(good))
+    r = run(cli, "verify", good)
+    assert r.returncode == 0 and "1 sparse-bitmask groups checked" in r.stdout, r.stdout + r.stderr
+    # A row offset that does not match the bitmask: verify says which group.
+    offsets = parts["m.q_proj.row_offsets"].clone()
+    offsets[3] += 1
+    bad = tmp_path / "bad.safetensors"
+    save_file({**parts, "m.q_proj.row_offsets": offsets}, str(bad))
+    r = run(cli, "verify", good, bad)
+    assert r.returncode == 1
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith(f"{good}: OK")
+    assert lines[1].startswith(f"{bad}: ") and "m.q_proj.weight" in lines[1] and "row_offsets" in lines[1], lines
