@@ -109,18 +109,21 @@ struct LoaderImpl::Selection {
 
 namespace {
 
-LoaderImpl::Selection Select(const Checkpoint& ckpt, const sparse::SparseCatalog& catalog,
-                             const TensorFilter& filter) {
+// The groups and plain tensors the load's filter accepts; only those groups'
+// shapes are read.
+Result<sparse::SparseCatalog> CatalogFor(const Checkpoint& ckpt, const TensorFilter& filter) {
+  return sparse::FindSparse(ckpt, [&](std::string_view name) { return filter.Matches(name); });
+}
+
+// The catalog holds only what the load's filter accepts (CatalogFor).
+LoaderImpl::Selection Select(const Checkpoint& ckpt, const sparse::SparseCatalog& catalog) {
   LoaderImpl::Selection sel;
   for (const auto& g : catalog.sparse) {
-    if (!filter.Matches(g.name)) continue;
     sel.groups.push_back(&g);
     sel.dense_offset.push_back(sel.dense_total);
     sel.dense_total += (g.dense_bytes() + kDenseAlign - 1) / kDenseAlign * kDenseAlign;
   }
-  for (auto loc : catalog.dense) {
-    if (filter.Matches(ckpt.info(loc).name)) sel.plain.push_back(ckpt.info(loc).name);
-  }
+  for (auto loc : catalog.dense) sel.plain.push_back(ckpt.info(loc).name);
   return sel;
 }
 
@@ -165,9 +168,13 @@ int DecodeThreads() {
 Result<LoadedCheckpoint> LoaderImpl::RunSparse(const Checkpoint& ckpt, const LoadOptions& options,
                                                const EngineWrapper& wrap) {
   const auto t0 = std::chrono::steady_clock::now();
-  TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(ckpt));
-  if (catalog.empty()) return Run(ckpt, options, wrap);
-  const Selection sel = Select(ckpt, catalog, options.filter);
+  TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, CatalogFor(ckpt, options.filter));
+  const Selection sel = Select(ckpt, catalog);
+  if (sel.groups.empty()) {  // The plain tensors only (a filter may still match parts' names).
+    LoadOptions plain = options;
+    plain.filter = TensorFilter::Names(sel.plain);
+    return Run(ckpt, plain, wrap);
+  }
   std::shared_ptr<HostBuffer> dense;
   if (sel.dense_total > 0) {
     TL_ASSIGN_OR_RETURN(dense, HostBuffer::Allocate(sel.dense_total));
@@ -509,9 +516,13 @@ bool MayBeSparse(const Checkpoint& ckpt) {
 Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const LoadOptions& options,
                                                  const std::shared_ptr<Device>& device) {
   const auto t0 = std::chrono::steady_clock::now();
-  TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(ckpt));
-  if (catalog.empty()) return LoadThroughDevice(ckpt, options, device, nullptr);
-  const LoaderImpl::Selection sel = Select(ckpt, catalog, options.filter);
+  TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, CatalogFor(ckpt, options.filter));
+  const LoaderImpl::Selection sel = Select(ckpt, catalog);
+  if (sel.groups.empty()) {  // The plain tensors only (a filter may still match parts' names).
+    LoadOptions plain = options;
+    plain.filter = TensorFilter::Names(sel.plain);
+    return LoadThroughDevice(ckpt, plain, device, nullptr);
+  }
   const auto& groups = sel.groups;
   std::vector<std::string> stored = sel.plain;
   for (const auto* g : groups) {

@@ -1,9 +1,12 @@
 #include "sparse/sparse_checkpoint.h"
 
+#include <functional>
+
 #include <algorithm>
 #include <array>
 #include <bit>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "sparse/shard_files.h"
@@ -164,7 +167,8 @@ const SparseTensor* SparseCatalog::Find(std::string_view dense_name) const {
   return it != sparse.end() && it->name == dense_name ? &*it : nullptr;
 }
 
-Result<SparseCatalog> FindSparse(const Checkpoint& ckpt) {
+Result<SparseCatalog> FindSparse(const Checkpoint& ckpt,
+                                 const std::function<bool(std::string_view)>& wanted) {
   std::map<std::string, Candidate> candidates;
   for (auto loc : ckpt.tensors()) {
     const std::string& name = ckpt.info(loc).name;
@@ -183,6 +187,8 @@ Result<SparseCatalog> FindSparse(const Checkpoint& ckpt) {
   for (size_t s = 0; s < ckpt.shards().size(); ++s) {
     grouped[s].assign(ckpt.shards()[s].header.tensors().size(), false);
   }
+  // Every group's dense name and prefix (read or not), for the name checks.
+  std::vector<std::pair<std::string, std::string>> names;
   for (const auto& [prefix, cand] : candidates) {
     const int count = cand.count();
     if (count == 1) continue;  // A plain tensor that happens to end in a part's suffix.
@@ -198,30 +204,32 @@ Result<SparseCatalog> FindSparse(const Checkpoint& ckpt) {
           lack +
           (sparse24 ? " (a compressed-tensors sparse-24-bitmask group, which is not read)" : ""));
     }
-    TL_ASSIGN_OR_RETURN(SparseTensor st, ReadGroup(ckpt, prefix, cand, &files));
     for (const auto& loc : cand.parts) grouped[loc->shard][loc->index] = true;
+    names.emplace_back(DenseName(prefix), prefix);
+    if (wanted && !wanted(names.back().first)) continue;  // Not read: no I/O for it.
+    TL_ASSIGN_OR_RETURN(SparseTensor st, ReadGroup(ckpt, prefix, cand, &files));
     catalog.sparse.push_back(std::move(st));
   }
 
   std::sort(catalog.sparse.begin(), catalog.sparse.end(),
             [](const SparseTensor& a, const SparseTensor& b) { return a.name < b.name; });
-  for (size_t i = 1; i < catalog.sparse.size(); ++i) {
-    if (catalog.sparse[i].name == catalog.sparse[i - 1].name) {
-      return CorruptionError(ckpt.path() + ": sparse groups " +
-                             QuoteName(catalog.sparse[i - 1].prefix) + " and " +
-                             QuoteName(catalog.sparse[i].prefix) + " both stand for " +
-                             QuoteName(catalog.sparse[i].name));
+  std::sort(names.begin(), names.end());
+  for (size_t i = 1; i < names.size(); ++i) {
+    if (names[i].first == names[i - 1].first) {
+      return CorruptionError(ckpt.path() + ": sparse groups " + QuoteName(names[i - 1].second) +
+                             " and " + QuoteName(names[i].second) + " both stand for " +
+                             QuoteName(names[i].first));
     }
   }
   for (auto loc : ckpt.tensors()) {
     if (grouped[loc.shard][loc.index]) continue;
     const std::string& name = ckpt.info(loc).name;
-    if (const SparseTensor* st = catalog.Find(name)) {
+    auto it = std::lower_bound(names.begin(), names.end(), std::pair<std::string, std::string>(name, ""));
+    if (it != names.end() && it->first == name) {
       return CorruptionError(ckpt.shards()[loc.shard].path + ": tensor " + QuoteName(name) +
-                             " is stored both dense and as the sparse group " +
-                             QuoteName(st->prefix));
+                             " is stored both dense and as the sparse group " + QuoteName(it->second));
     }
-    catalog.dense.push_back(loc);
+    if (!wanted || wanted(name)) catalog.dense.push_back(loc);
   }
   return catalog;
 }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -84,6 +85,12 @@ struct SparseCatalog {
 // those are not a prefix sum over rows), a compressed-tensors
 // "sparse-24-bitmask" group (no row_offsets; not read), a plain tensor or
 // another group with the same dense name.
-Result<SparseCatalog> FindSparse(const Checkpoint& ckpt);
+//
+// With `wanted`, only the groups and plain tensors whose (dense) names it
+// accepts are in the result, and only their shapes are read: a load of a few
+// tensors reads nothing for the others. The structure of every group and the
+// name checks (headers only) still cover them all.
+Result<SparseCatalog> FindSparse(const Checkpoint& ckpt,
+                                 const std::function<bool(std::string_view)>& wanted = {});
 
 }  // namespace tensorlift::sparse
