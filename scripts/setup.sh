@@ -8,7 +8,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 apt_pkgs=(cmake make g++ pkg-config libsimdjson-dev libcli11-dev libxxhash-dev
           liburing-dev libgtest-dev libgmock-dev libbenchmark-dev clang
-          libclang-rt-14-dev python3 python3-venv libopenmpi-dev openmpi-bin)
+          libclang-rt-14-dev python3 python3-venv libopenmpi-dev openmpi-bin
+          libucx-dev ucx-utils libcpp-httplib-dev libssl-dev etcd-server etcd-client
+          iproute2)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,9 +12,9 @@ bash scripts/install_python.sh
 echo "== C++ tests"
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
-echo "== C++ format and loader tests under ASan + UBSan (and LeakSanitizer)"
+echo "== C++ format, loader, device, dist, sparse and remote tests under ASan + UBSan (and LeakSanitizer)"
 bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BENCH=OFF
-ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load|device|dist|sparse' 
+ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load|device|dist|sparse|remote'
 
 echo "== fuzz (bounded)"
 bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"

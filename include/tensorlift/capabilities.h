@@ -85,12 +85,20 @@ struct CommCapabilities {
   std::string nccl_reason;   // Why not built or not loaded.
 };
 
+struct RemoteCapabilities {
+  bool ucx_built = false;    // The UCX data plane was compiled in (peer loading).
+  std::string ucx_version;   // "1.13.1", when built.
+  std::string ucx_reason;    // Why not built.
+  std::string etcd;          // The etcd binary on PATH (for tests), or empty.
+};
+
 struct CapabilityReport {
   std::string version;  // tensorlift's version, "0.1.0".
   CudaCapabilities cuda;
   UringCapabilities io_uring;
   GdsCapabilities gds;
   CommCapabilities comm;
+  RemoteCapabilities remote;
 };
 
 // Probes this machine. `path_for_gds`, when not empty, is a file or

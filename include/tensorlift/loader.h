@@ -204,6 +204,7 @@ class LoadedCheckpoint {
  private:
   friend class LoaderImpl;
   friend class DevicePipeline;
+  friend class PeerAccess;  // Peer loading (src/remote/peer_access.h).
   friend Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint&, const LoadOptions&,
                                                           const std::shared_ptr<Device>&);
   struct Owners;

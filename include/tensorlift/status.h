@@ -77,6 +77,7 @@ Status UnimplementedError(std::string message);
 Status ResourceExhaustedError(std::string message);
 Status InternalError(std::string message);
 Status PermissionDeniedError(std::string message);
+Status UnavailableError(std::string message);
 
 // Holds either a T or a non-OK Status.
 template <typename T>

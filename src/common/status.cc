@@ -49,5 +49,6 @@ Status UnimplementedError(std::string m) { return Status(StatusCode::kUnimplemen
 Status ResourceExhaustedError(std::string m) { return Status(StatusCode::kResourceExhausted, std::move(m)); }
 Status InternalError(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
 Status PermissionDeniedError(std::string m) { return Status(StatusCode::kPermissionDenied, std::move(m)); }
+Status UnavailableError(std::string m) { return Status(StatusCode::kUnavailable, std::move(m)); }
 
 }  // namespace tensorlift

@@ -3,10 +3,12 @@
 
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -15,6 +17,7 @@
 #include "dist/communicator.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
+#include "remote/ucx_transport.h"
 #include "tensorlift/version.h"
 
 namespace tensorlift {
@@ -159,6 +162,25 @@ CommCapabilities QueryComm() {
   return c;
 }
 
+RemoteCapabilities QueryRemote() {
+  RemoteCapabilities c;
+  c.ucx_built = remote::UcxBuilt();
+  (c.ucx_built ? c.ucx_version : c.ucx_reason) = remote::UcxVersion();
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  for (size_t begin = 0; begin <= dirs.size();) {
+    size_t end = dirs.find(':', begin);
+    if (end == std::string::npos) end = dirs.size();
+    const std::string candidate = dirs.substr(begin, end - begin) + "/etcd";
+    if (end > begin && ::access(candidate.c_str(), X_OK) == 0) {
+      c.etcd = candidate;
+      break;
+    }
+    begin = end + 1;
+  }
+  return c;
+}
+
 CapabilityReport Capabilities(const std::string& path_for_gds) {
   CapabilityReport report;
   report.version = kVersion;
@@ -166,6 +188,7 @@ CapabilityReport Capabilities(const std::string& path_for_gds) {
   report.io_uring = QueryUring();
   report.gds = QueryGds(path_for_gds);
   report.comm = QueryComm();
+  report.remote = QueryRemote();
   return report;
 }
 

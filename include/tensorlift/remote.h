@@ -1,0 +1,196 @@
+// Loading from a running peer (R-Fork): a process that holds tensors serves
+// them; a new process pulls them one-sided over UCX into its own buffers,
+// checks every chunk's XXH3, and gets the same LoadedCheckpoint a disk load
+// returns. docs/remote.md has the protocol.
+//
+//   // Source: load from disk (or register your own buffers) and serve.
+//   tensorlift::PeerKey key;
+//   key.model = "llama-7b";
+//   key.revision = "abc123";
+//   auto server = tensorlift::PeerServer::ServeCheckpoint("model_dir", key, {});
+//   // (*server)->url() is "http://host:port"; it serves until destroyed.
+//
+//   // Destination: pull from the first peer that works, else from disk.
+//   tensorlift::PeerLoadOptions opts;
+//   opts.peers = {"http://host:port"};
+//   opts.fallback_path = "model_dir";
+//   tensorlift::PeerLoadReport report;
+//   auto loaded = tensorlift::LoadFromPeer(key, opts, &report);
+//
+// Trust: a manifest is untrusted input, validated like a file header before
+// anything is allocated; every chunk is checked before a tensor is returned;
+// on any failure what was pulled is freed and the next source is tried.
+// Thread safety: a PeerServer serves from its own threads; its methods may be
+// called from any thread. LoadFromPeer may run concurrently.
+#ifndef TENSORLIFT_REMOTE_H_
+#define TENSORLIFT_REMOTE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensorlift/dtype.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/status.h"
+
+namespace tensorlift {
+
+// The version of the control and data protocols; part of every key.
+inline constexpr int kPeerProtocolVersion = 1;
+
+// What must match between a source and a destination before any byte moves.
+// The parallel layout is `layout` (the sharding rules, docs/remote.md,
+// "Layouts") with each side's size and rank in its manifest: sources and
+// destinations with the same rules but different tensor-parallel sizes are
+// compatible (the destination reads its slices from the source ranks).
+struct PeerKey {
+  std::string model;                   // Model id, e.g. "meta-llama/Llama-2-7b-hf".
+  std::string revision;                // An immutable revision (commit or digest).
+  std::string dtype = "as-stored";     // Tensor dtypes: "as-stored" or the converted-to dtype.
+  std::string quantization = "none";
+  std::string layout;                  // Sharding rules ("" = every tensor whole).
+  int protocol = kPeerProtocolVersion;
+
+  // "tensorlift-peer\nprotocol=1\nmodel=...\n...": one line per field, in
+  // this order, values as given (a newline in a value is an error of
+  // Validate()).
+  std::string Canonical() const;
+  // 16 hex digits of XXH3-64 over Canonical(): the registry's key.
+  std::string Digest() const;
+  // "" when equal, else the first field that differs and both values, e.g.
+  // "revision: 'abc' (ours) != 'abd' (peer's)".
+  std::string Mismatch(const PeerKey& peer) const;
+  Status Validate() const;  // Non-empty model, bounded lengths, no control characters.
+  bool operator==(const PeerKey& other) const { return Mismatch(other).empty(); }
+};
+
+// A key for the checkpoint at `path` (file, index or directory): model is its
+// name (the directory's, or the file's without .safetensors), revision "h:"
+// and 16 hex digits of XXH3-64 over every tensor's name, dtype, shape and
+// byte range in the headers (no tensor data is read: give a real revision
+// when weights may change under the same headers).
+Result<PeerKey> PeerKeyForCheckpoint(const std::string& path);
+
+// A tensor-parallel position: this process's rank among `size` ranks.
+struct TensorParallel {
+  int size = 1;
+  int rank = 0;
+};
+
+struct ServeOptions {
+  std::string host = "127.0.0.1";  // Address the control endpoint binds and advertises.
+  int port = 0;                    // 0: any free port (see PeerServer::port()).
+  // When non-empty, every request must carry an HMAC-SHA256 of itself under
+  // this token (docs/remote.md, "Security"); remote keys go only to clients
+  // that sign.
+  std::string token;
+  // Bytes per second the source lets clients pull in all (0: no limit); each
+  // session gets an equal share, and clients pace themselves to it.
+  uint64_t rate_limit = 0;
+  int max_sessions = 16;                // Concurrent clients.
+  uint64_t chunk_bytes = 4ull << 20;    // Checksum granularity (4 KiB .. 1 GiB).
+  TensorParallel parallel;              // This source's position.
+  // etcd endpoint ("http://host:2379"); empty: not registered.
+  std::string registry;
+  int registry_ttl_s = 10;              // Lease TTL; renewed every TTL/3.
+  // UCX transports (UCX_TLS syntax, e.g. "tcp" or "sm,self"); empty: UCX's
+  // defaults (or UCX_TLS from the environment).
+  std::string transports;
+};
+
+// Serves tensors to peers until destroyed.
+class PeerServer {
+ public:
+  // Loads `path` from disk (LoadOptions `load`) and serves the tensors of
+  // this rank: with options.parallel.size > 1, only its slices of the
+  // tensors the key's layout shards, and the other tensors whole.
+  static Result<std::unique_ptr<PeerServer>> ServeCheckpoint(const std::string& path, const PeerKey& key,
+                                                             const ServeOptions& options,
+                                                             const LoadOptions& load = {});
+  // Serves tensors already loaded (they stay alive as long as the server).
+  static Result<std::unique_ptr<PeerServer>> Serve(std::shared_ptr<const LoadedCheckpoint> loaded,
+                                                   const PeerKey& key, const ServeOptions& options);
+
+  // A buffer the caller owns, served by name; `data` must stay valid and
+  // unchanged until the server is destroyed. For Serve(tensors) below.
+  struct Tensor {
+    std::string name;
+    Dtype dtype = Dtype::kU8;
+    std::vector<int64_t> shape;  // This rank's shape.
+    const void* data = nullptr;
+    // Sharding of the full tensor: dim (-1: whole) and where this rank's
+    // slice starts along it; full_shape empty means `shape`.
+    int shard_dim = -1;
+    int64_t shard_start = 0;
+    std::vector<int64_t> full_shape;
+  };
+  // Serves user-registered host buffers. `keep_alive` is held until the
+  // server is destroyed (may be null).
+  static Result<std::unique_ptr<PeerServer>> ServeBuffers(std::vector<Tensor> tensors, const PeerKey& key,
+                                                          const ServeOptions& options,
+                                                          std::shared_ptr<const void> keep_alive = nullptr);
+
+  virtual ~PeerServer() = default;
+  virtual std::string url() const = 0;  // "http://host:port"
+  virtual int port() const = 0;
+  virtual const PeerKey& key() const = 0;
+  virtual uint64_t served_bytes() const = 0;  // Bytes of tensors served so far (as reported by clients' sessions).
+  virtual int active_sessions() const = 0;
+  // Test hook: flips one bit of the served copy of `tensor`'s bytes at
+  // `offset` so that its chunk no longer matches the manifest. Only for
+  // fault-injection tests; the manifest keeps the original checksum.
+  virtual Status CorruptForTesting(const std::string& tensor, uint64_t offset) = 0;
+};
+
+struct PeerLoadOptions {
+  // Control endpoints to try in order ("http://host:port").
+  std::vector<std::string> peers;
+  // etcd endpoint: live seeds for the key are tried (least loaded first)
+  // after `peers`.
+  std::string registry;
+  std::string token;           // As ServeOptions::token.
+  TensorParallel parallel;     // The destination's position.
+  // Where to load from when no peer works ("" = fail instead).
+  std::string fallback_path;
+  LoadOptions fallback_load;   // For the disk fallback (filter and dtype are ignored on peers).
+  // Time-outs: each control request, connecting the data plane, and the
+  // longest a pull may go without finishing a get.
+  int request_timeout_ms = 5000;
+  int connect_timeout_ms = 5000;
+  int stall_timeout_ms = 10000;
+  uint64_t batch_bytes = 8ull << 20;  // The largest single get.
+  int max_in_flight = 16;             // Gets outstanding per source rank.
+  std::string transports;             // As ServeOptions::transports.
+  // After a peer load: serve the result (become a seed) with these options
+  // (registry and token are taken from above when empty). See PeerLoad.
+  bool become_seed = false;
+  ServeOptions seed;
+};
+
+// What LoadFromPeer did.
+struct PeerLoadReport {
+  std::string source;                 // The peer URL used, or "disk:PATH".
+  std::vector<std::string> failures;  // One line per source that failed, and why.
+  uint64_t bytes = 0;                 // Tensor bytes pulled (or loaded).
+  double seconds = 0;
+  int source_ranks = 0;               // Source ranks read from (layout translation when != 1).
+};
+
+// Pulls the tensors for options.parallel from the first compatible peer,
+// else loads them from disk; the same LoadedCheckpoint a disk load returns.
+Result<LoadedCheckpoint> LoadFromPeer(const PeerKey& key, const PeerLoadOptions& options,
+                                      PeerLoadReport* report = nullptr);
+
+// LoadFromPeer, then (options.become_seed) serving what it got.
+struct PeerLoad {
+  std::shared_ptr<const LoadedCheckpoint> loaded;
+  PeerLoadReport report;
+  std::unique_ptr<PeerServer> seed;  // Null unless become_seed.
+};
+Result<PeerLoad> LoadFromPeerAndSeed(const PeerKey& key, const PeerLoadOptions& options);
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_REMOTE_H_

@@ -1,0 +1,67 @@
+// Tensor-parallel layouts (docs/remote.md, "Layouts"): which tensors are split
+// along which dim, how a dim is split among ranks, and which bytes of a source
+// shard land where in a destination shard when the two sides' sizes differ.
+#ifndef TENSORLIFT_REMOTE_LAYOUT_H_
+#define TENSORLIFT_REMOTE_LAYOUT_H_
+
+#include <cstdint>
+#include <regex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensorlift/status.h"
+
+namespace tensorlift::remote {
+
+// Rules "REGEX=DIM" separated by ';' (the first rule whose ECMAScript regex
+// matches anywhere in the name wins); e.g. the Llama layout
+//   "(q|k|v|gate|up)_proj\.weight$=0;(o|down)_proj\.weight$=1;embed_tokens=0;lm_head=0"
+// Names no rule matches are whole on every rank.
+class Layout {
+ public:
+  Layout() = default;
+  // InvalidArgument on a bad regex, a dim that is not 0..7, or an empty rule.
+  static Result<Layout> Parse(std::string_view text);
+  // The rules as given, re-joined with ';' (whitespace around them trimmed).
+  const std::string& text() const { return text_; }
+  // The dim `name` is split along, or -1.
+  int DimFor(std::string_view name) const;
+  bool empty() const { return rules_.empty(); }
+
+ private:
+  struct Rule {
+    std::regex re;
+    int dim;
+  };
+  std::string text_;
+  std::vector<Rule> rules_;
+};
+
+// Rank `rank` of `world`'s part of a dim of `extent` elements: the first
+// extent % world ranks get one more. InvalidArgument when rank/world are out
+// of range or world > extent is fine (some ranks get 0).
+struct Range {
+  int64_t start = 0;
+  int64_t length = 0;
+};
+Result<Range> ShardRange(int64_t extent, int rank, int world);
+
+// A copy from a source shard's bytes to a destination shard's bytes.
+struct CopyPiece {
+  uint64_t src_offset = 0;
+  uint64_t dst_offset = 0;
+  uint64_t bytes = 0;
+};
+// The pieces that move the overlap of a source shard [src.start, +length)
+// and a destination shard [dst.start, +length) along `dim` of a row-major
+// tensor of `full_shape` with elements of `elem_bits` bits, offsets relative
+// to each shard's first byte; adjacent pieces merged (one piece for dim 0).
+// Empty when they do not overlap. InvalidArgument for a dim out of range, a
+// sub-byte inner row, or sizes that overflow.
+Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shape, uint32_t elem_bits, int dim,
+                                           Range src, Range dst);
+
+}  // namespace tensorlift::remote
+
+#endif  // TENSORLIFT_REMOTE_LAYOUT_H_

@@ -1,0 +1,628 @@
+// LoadFromPeer: find compatible sources, check the key before any byte moves,
+// validate each manifest, pull one-sided in bounded batches, verify every
+// chunk, and fall back (next source, then disk) on any failure, discarding
+// what was pulled. docs/remote.md, "Pulling".
+#include <httplib.h>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+
+#include "common/checked_math.h"
+#include "remote/auth.h"
+#include "remote/layout.h"
+#include "remote/manifest.h"
+#include "remote/peer_access.h"
+#include "remote/registry.h"
+#include "remote/server.h"
+#include "remote/ucx_transport.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/checksum.h"
+
+namespace tensorlift {
+namespace remote {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// One control endpoint: signed requests with time-outs and bounded bodies.
+class Control {
+ public:
+  static Result<Control> Make(const std::string& url, const std::string& token, int timeout_ms) {
+    Control c;
+    c.url_ = url;
+    c.token_ = token;
+    c.timeout_ms_ = timeout_ms;
+    TL_RETURN_IF_ERROR(ParseHttpUrl(url, &c.host_, &c.port_));
+    return c;
+  }
+  const std::string& url() const { return url_; }
+
+  // The response body (at most max_body bytes); `header` (when non-null) gets
+  // X-Tensorlift-Session.
+  Result<std::string> Send(const std::string& method, const std::string& path, const std::string& body,
+                           uint64_t max_body, std::string* session = nullptr) const {
+    httplib::Client cli(host_, port_);
+    const time_t s = timeout_ms_ / 1000;
+    const time_t us = (timeout_ms_ % 1000) * 1000;
+    cli.set_connection_timeout(s, us);
+    cli.set_read_timeout(s, us);
+    cli.set_write_timeout(s, us);
+    httplib::Request req;
+    req.method = method;
+    req.path = path;
+    req.body = body;
+    if (!body.empty()) req.set_header("Content-Type", "text/plain");
+    if (!token_.empty()) req.set_header(kAuthHeader, SignRequest(token_, method, path, NowSeconds(), RandomNonce()));
+    std::string received;
+    bool too_big = false;
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (received.size() + n > max_body) {
+        too_big = true;
+        return false;
+      }
+      received.append(data, n);
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    const bool ok = cli.send(req, res, err);
+    if (too_big) {
+      return CorruptionError(url_ + ": " + method + " " + path + ": response larger than " +
+                             std::to_string(max_body) + " bytes");
+    }
+    if (!ok) {
+      return UnavailableError(url_ + ": " + method + " " + path + ": " + httplib::to_string(err));
+    }
+    if (res.status != 200) {
+      std::string what = received.substr(0, 300);
+      const std::string m = url_ + ": " + method + " " + path + ": HTTP " + std::to_string(res.status) +
+                            (what.empty() ? "" : " (" + what + ")");
+      if (res.status == 401 || res.status == 403) return PermissionDeniedError(m);
+      return UnavailableError(m);
+    }
+    if (session) {
+      *session = res.get_header_value("X-Tensorlift-Session");
+      if (session->empty() || session->size() > 64 ||
+          !std::all_of(session->begin(), session->end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); })) {
+        return CorruptionError(url_ + ": bad or missing session id");
+      }
+    }
+    return received;
+  }
+
+ private:
+  std::string url_, token_, host_;
+  int port_ = 0;
+  int timeout_ms_ = 5000;
+};
+
+// What GET /v1/key says.
+struct PeerInfo {
+  std::string url;
+  PeerKey key;
+  TensorParallel parallel;
+  double load = 0;
+};
+
+Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json) {
+  simdjson::ondemand::parser parser;
+  simdjson::padded_string padded(json);
+  PeerInfo info;
+  info.url = url;
+  auto bad = [&](const std::string& what) { return CorruptionError(url + ": GET /v1/key: " + what); };
+  simdjson::ondemand::document doc;
+  if (parser.iterate(padded).get(doc)) return bad("not JSON");
+  simdjson::ondemand::object root;
+  if (doc.get_object().get(root)) return bad("not a JSON object");
+  simdjson::ondemand::object key;
+  if (root["key"].get_object().get(key)) return bad("no \"key\" object");
+  auto str = [&](simdjson::ondemand::object& o, const char* field, std::string* out) -> Status {
+    std::string_view v;
+    if (o[field].get_string().get(v)) return bad(std::string("key.") + field + " missing or not a string");
+    *out = std::string(v);
+    return Status::Ok();
+  };
+  TL_RETURN_IF_ERROR(str(key, "model", &info.key.model));
+  TL_RETURN_IF_ERROR(str(key, "revision", &info.key.revision));
+  TL_RETURN_IF_ERROR(str(key, "dtype", &info.key.dtype));
+  TL_RETURN_IF_ERROR(str(key, "quantization", &info.key.quantization));
+  TL_RETURN_IF_ERROR(str(key, "layout", &info.key.layout));
+  int64_t protocol = 0;
+  if (key["protocol"].get_int64().get(protocol) || protocol < 0 || protocol > 1000000) {
+    return bad("key.protocol missing or out of range");
+  }
+  info.key.protocol = static_cast<int>(protocol);
+  Status valid = info.key.Validate();
+  if (!valid.ok()) return bad(valid.message());
+  simdjson::ondemand::object par;
+  if (root["parallel"].get_object().get(par)) return bad("no \"parallel\" object");
+  int64_t size = 0, rank = 0;
+  if (par["size"].get_int64().get(size) || par["rank"].get_int64().get(rank) || size < 1 || size > (1 << 16) ||
+      rank < 0 || rank >= size) {
+    return bad("parallel size/rank missing or out of range");
+  }
+  info.parallel = {static_cast<int>(size), static_cast<int>(rank)};
+  int64_t sessions = 0;
+  if (!root["sessions"].get_int64().get(sessions) && sessions >= 0) info.load = static_cast<double>(sessions);
+  return info;
+}
+
+// A source rank's pull: its endpoint, session and manifest.
+struct Source {
+  const Control* control = nullptr;
+  std::string session;
+  Manifest manifest;
+  std::unique_ptr<UcxClient> ucx;
+  std::vector<uint32_t> regions;  // Manifest region -> client region index.
+  uint64_t pulled = 0;
+};
+
+// One destination tensor.
+struct Wanted {
+  std::string name;
+  Dtype dtype;
+  std::vector<int64_t> full_shape;
+  int dim = -1;
+  Range range;  // Along dim (dim >= 0).
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+  uint64_t offset = 0;  // In the destination buffer.
+};
+
+uint64_t Elements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+class Puller {
+ public:
+  Puller(const PeerKey& key, const PeerLoadOptions& options) : key_(key), options_(options) {}
+
+  // Pulls from `group` (one endpoint per source rank, index = rank).
+  Result<LoadedCheckpoint> Pull(const std::vector<const Control*>& group, std::vector<ShardOf>* shards,
+                                PeerLoadReport* report, std::string* failed_url) {
+    const auto t0 = Clock::now();
+    const int n = static_cast<int>(group.size());
+    TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key_.layout));
+    std::vector<Source> sources(n);
+    // Close every session we opened, whatever happens.
+    struct Closer {
+      std::vector<Source>* s;
+      ~Closer() {
+        for (Source& src : *s) {
+          src.ucx.reset();
+          if (!src.session.empty()) {
+            src.control->Send("DELETE", "/v1/session/" + src.session, std::to_string(src.pulled), 1024).status().IgnoreError();
+          }
+        }
+      }
+    } closer{&sources};
+    for (int r = 0; r < n; ++r) {
+      *failed_url = group[r]->url();
+      sources[r].control = group[r];
+      TL_ASSIGN_OR_RETURN(std::string json, group[r]->Send("POST", "/v1/session", "", ManifestLimits().max_json_bytes,
+                                                           &sources[r].session));
+      auto m = ParseManifest(json);
+      if (!m.ok()) return m.status().WithContext(group[r]->url() + ": manifest");
+      sources[r].manifest = std::move(m).value();
+      const Manifest& mf = sources[r].manifest;
+      if (!mf.key.Mismatch(key_).empty()) {
+        return InvalidArgumentError(group[r]->url() + ": manifest key differs: " + key_.Mismatch(mf.key));
+      }
+      if (mf.parallel.size != n || mf.parallel.rank != r) {
+        return CorruptionError(group[r]->url() + ": manifest says rank " + std::to_string(mf.parallel.rank) + " of " +
+                               std::to_string(mf.parallel.size) + ", its key said rank " + std::to_string(r) + " of " +
+                               std::to_string(n));
+      }
+    }
+
+    // The destination's tensors, checked across the source ranks.
+    *failed_url = group[0]->url();
+    std::vector<Wanted> wanted;
+    const Manifest& m0 = sources[0].manifest;
+    for (const ManifestTensor& t : m0.tensors) {
+      Wanted w;
+      w.name = t.name;
+      w.dtype = t.dtype;
+      w.full_shape = t.full_shape;
+      w.dim = t.shard_dim;
+      const int rule = layout.DimFor(t.name);
+      if (w.dim != rule && !(rule >= static_cast<int>(t.full_shape.size()) && w.dim == -1)) {
+        return CorruptionError(group[0]->url() + ": tensor '" + t.name + "' is split along dim " +
+                               std::to_string(w.dim) + ", the layout says " + std::to_string(rule));
+      }
+      for (int r = 0; r < n; ++r) {
+        const ManifestTensor* o = sources[r].manifest.Find(t.name);
+        if (!o || o->dtype != t.dtype || o->full_shape != t.full_shape || o->shard_dim != t.shard_dim) {
+          *failed_url = group[r]->url();
+          return CorruptionError(group[r]->url() + ": tensor '" + t.name + "' differs from rank 0's or is missing");
+        }
+        if (w.dim >= 0) {
+          TL_ASSIGN_OR_RETURN(Range expect, ShardRange(t.full_shape[w.dim], r, n));
+          if (o->shard_start != expect.start || o->shape[w.dim] != expect.length) {
+            *failed_url = group[r]->url();
+            return CorruptionError(group[r]->url() + ": tensor '" + t.name + "': rank " + std::to_string(r) +
+                                   " holds [" + std::to_string(o->shard_start) + ", +" +
+                                   std::to_string(o->shape[w.dim]) + ") of dim " + std::to_string(w.dim) +
+                                   ", expected [" + std::to_string(expect.start) + ", +" +
+                                   std::to_string(expect.length) + ")");
+          }
+        }
+      }
+      w.shape = w.full_shape;
+      if (w.dim >= 0) {
+        TL_ASSIGN_OR_RETURN(w.range, ShardRange(w.full_shape[w.dim], options_.parallel.rank, options_.parallel.size));
+        w.shape[w.dim] = w.range.length;
+      }
+      // The full tensor's bytes were bounded by the manifest's checks on
+      // each shard; the destination's part is no larger than the full tensor.
+      w.nbytes = Elements(w.shape) * static_cast<uint64_t>(DtypeBits(w.dtype)) / 8;
+      wanted.push_back(std::move(w));
+    }
+    for (int r = 1; r < n; ++r) {
+      if (sources[r].manifest.tensors.size() != m0.tensors.size()) {
+        *failed_url = group[r]->url();
+        return CorruptionError(group[r]->url() + ": serves " + std::to_string(sources[r].manifest.tensors.size()) +
+                               " tensors, rank 0 serves " + std::to_string(m0.tensors.size()));
+      }
+    }
+    uint64_t total = 0;
+    for (Wanted& w : wanted) {
+      total = (total + 63) / 64 * 64;
+      w.offset = total;
+      if (!CheckedAdd(total, w.nbytes, &total) || total > ManifestLimits().max_total_bytes) {
+        return CorruptionError(group[0]->url() + ": the tensors' bytes exceed the limit");
+      }
+    }
+    TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, HostBuffer::Allocate(total));
+
+    // Per source rank: the gets (straight into the destination where a whole
+    // chunk lands in one place, else into a staging chunk), then the copies
+    // out of the staging chunks, once every chunk has checked out.
+    const int whole_rank = options_.parallel.rank % n;
+    int ranks_used = 0;
+    uint64_t pulled = 0;
+    for (int r = 0; r < n; ++r) {
+      *failed_url = group[r]->url();
+      Source& src = sources[r];
+      const Manifest& mf = src.manifest;
+      struct Chunk {
+        const ManifestTensor* t;
+        uint64_t index;
+        std::byte* dst;
+      };
+      struct Staged {
+        std::byte* dst_base;                // The destination tensor's bytes.
+        std::vector<CopyPiece> pieces;      // Source-shard offsets -> destination offsets.
+        uint64_t chunk_begin;               // Source-shard offset of the chunk.
+        std::unique_ptr<std::byte[]> bytes; // The chunk.
+        uint64_t size;
+      };
+      std::vector<UcxClient::Get> gets;
+      std::vector<Chunk> chunks;
+      std::vector<Staged> staged;
+      for (const Wanted& w : wanted) {
+        const ManifestTensor* t = mf.Find(w.name);
+        std::byte* dst = buffer->data() + w.offset;
+        std::vector<CopyPiece> pieces;
+        if (w.dim < 0) {
+          if (r != whole_rank) continue;
+          pieces.push_back({0, 0, t->nbytes});
+        } else {
+          const Range src_range{t->shard_start, t->shape[w.dim]};
+          TL_ASSIGN_OR_RETURN(pieces, SlicePieces(w.full_shape, static_cast<uint32_t>(DtypeBits(w.dtype)), w.dim,
+                                                  src_range, w.range));
+        }
+        if (pieces.empty() || t->nbytes == 0) continue;
+        const uint64_t cb = mf.chunk_bytes;
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (const CopyPiece& p : pieces) {
+          lo = std::min(lo, p.src_offset);
+          hi = std::max(hi, p.src_offset + p.bytes);
+        }
+        size_t piece = 0;
+        for (uint64_t c = lo / cb; c * cb < hi; ++c) {
+          const uint64_t begin = c * cb, end = std::min(t->nbytes, begin + cb);
+          while (piece < pieces.size() && pieces[piece].src_offset + pieces[piece].bytes <= begin) ++piece;
+          std::byte* into = nullptr;
+          if (piece < pieces.size() && pieces[piece].src_offset <= begin &&
+              end <= pieces[piece].src_offset + pieces[piece].bytes) {
+            into = dst + pieces[piece].dst_offset + (begin - pieces[piece].src_offset);
+          } else {
+            Staged s;
+            s.dst_base = dst;
+            for (const CopyPiece& p : pieces) {
+              const uint64_t a = std::max(p.src_offset, begin), b = std::min(p.src_offset + p.bytes, end);
+              if (a < b) s.pieces.push_back({a, p.dst_offset + (a - p.src_offset), b - a});
+            }
+            if (s.pieces.empty()) continue;
+            s.chunk_begin = begin;
+            s.size = end - begin;
+            s.bytes.reset(new (std::nothrow) std::byte[s.size]);
+            if (!s.bytes) return ResourceExhaustedError("peer load: no memory for a staging chunk");
+            into = s.bytes.get();
+            staged.push_back(std::move(s));
+          }
+          gets.push_back({t->region, t->offset + begin, end - begin, into});
+          chunks.push_back({t, c, into});
+        }
+      }
+      if (gets.empty()) continue;
+      ++ranks_used;
+      UcxOptions uo;
+      uo.transports = options_.transports;
+      TL_ASSIGN_OR_RETURN(src.ucx, UcxClient::Connect(mf.worker_address, uo,
+                                                      std::chrono::milliseconds(options_.connect_timeout_ms)));
+      for (const Region& region : mf.regions) {
+        if (region.rkey.empty()) return PermissionDeniedError(group[r]->url() + ": the manifest has no remote keys");
+        TL_ASSIGN_OR_RETURN(uint32_t idx, src.ucx->AddRegion(region.rkey, region.address, region.bytes));
+        src.regions.push_back(idx);
+      }
+      for (auto& g : gets) g.region = src.regions[g.region];
+      TL_RETURN_IF_ERROR(src.ucx->MapLocal(buffer->data(), buffer->size()));
+      UcxClient::GetOptions go;
+      go.max_in_flight = options_.max_in_flight;
+      go.max_get_bytes = options_.batch_bytes;
+      go.rate_limit = mf.rate_limit;
+      go.stall_timeout = std::chrono::milliseconds(options_.stall_timeout_ms);
+      Status bad = Status::Ok();
+      go.on_done = [&](size_t i) {
+        const Chunk& c = chunks[i];
+        const uint64_t sum = Xxh3_64(c.dst, gets[i].bytes);
+        src.pulled += gets[i].bytes;
+        if (sum != c.t->chunk_xxh3[c.index] && bad.ok()) {
+          bad = CorruptionError(group[r]->url() + ": tensor '" + c.t->name + "' chunk " + std::to_string(c.index) +
+                                " (bytes " + std::to_string(c.index * mf.chunk_bytes) + ".." +
+                                std::to_string(c.index * mf.chunk_bytes + gets[i].bytes) + "): XXH3 " + HexU64(sum) +
+                                ", the manifest says " + HexU64(c.t->chunk_xxh3[c.index]));
+        }
+      };
+      TL_RETURN_IF_ERROR(src.ucx->GetAll(gets, go).WithContext(group[r]->url()));
+      TL_RETURN_IF_ERROR(bad);
+      for (const Staged& s : staged) {
+        for (const CopyPiece& p : s.pieces) {
+          std::memcpy(s.dst_base + p.dst_offset, s.bytes.get() + (p.src_offset - s.chunk_begin), p.bytes);
+        }
+      }
+      pulled += src.pulled;
+      src.ucx.reset();
+    }
+
+    std::vector<LoadedTensor> tensors;
+    std::vector<std::shared_ptr<Buffer>> owners;
+    shards->clear();
+    for (const Wanted& w : wanted) {
+      LoadedTensor t;
+      t.name = w.name;
+      t.dtype = w.dtype;
+      t.shape = w.shape;
+      t.strides.resize(t.shape.size());
+      int64_t stride = 1;
+      for (size_t d = t.shape.size(); d-- > 0;) {
+        t.strides[d] = stride;
+        stride *= t.shape[d];
+      }
+      t.data = buffer->data() + w.offset;
+      t.nbytes = w.nbytes;
+      tensors.push_back(std::move(t));
+      owners.push_back(buffer);
+      shards->push_back({w.dim, w.dim >= 0 ? w.range.start : 0, w.full_shape});
+    }
+    std::vector<FileReport> files;
+    for (int r = 0; r < n; ++r) {
+      FileReport f;
+      f.path = group[r]->url();
+      f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n);
+      f.bytes = sources[r].pulled;
+      files.push_back(std::move(f));
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    report->bytes = pulled;
+    report->seconds = seconds;
+    report->source_ranks = ranks_used;
+    failed_url->clear();
+    return PeerAccess::Make(std::move(tensors), std::move(owners), std::move(files), seconds);
+  }
+
+ private:
+  const PeerKey& key_;
+  const PeerLoadOptions& options_;
+};
+
+}  // namespace
+
+// The load, and each tensor's shard (for become-a-seed).
+Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLoadOptions& options,
+                                                PeerLoadReport* report, std::vector<ShardOf>* shards) {
+  const auto t0 = Clock::now();
+  PeerLoadReport local;
+  if (!report) report = &local;
+  *report = PeerLoadReport();
+  TL_RETURN_IF_ERROR(key.Validate());
+  TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key.layout));
+  if (options.parallel.size < 1 || options.parallel.rank < 0 || options.parallel.rank >= options.parallel.size) {
+    return InvalidArgumentError("peer load: tensor parallel rank " + std::to_string(options.parallel.rank) +
+                                " of size " + std::to_string(options.parallel.size) + " is out of range");
+  }
+  const std::string& token = options.token;
+
+  // The endpoints: the given ones, then the registry's live seeds.
+  std::vector<std::string> urls = options.peers;
+  if (!options.registry.empty()) {
+    auto reg = Registry::Connect(options.registry, std::chrono::milliseconds(options.request_timeout_ms));
+    Result<std::vector<SeedInfo>> seeds = reg.ok() ? (*reg)->List(key.Digest()) : reg.status();
+    if (!seeds.ok()) {
+      report->failures.push_back("registry " + options.registry + ": " + seeds.status().message());
+    } else if (seeds->empty()) {
+      report->failures.push_back("registry " + options.registry + ": no live seed for key " + key.Digest());
+    } else {
+      for (const SeedInfo& s : *seeds) {
+        if (std::find(urls.begin(), urls.end(), s.url) == urls.end()) urls.push_back(s.url);
+      }
+    }
+  }
+  std::vector<Control> controls;
+  std::vector<PeerInfo> infos;
+  controls.reserve(urls.size());
+  for (const std::string& url : urls) {
+    auto c = Control::Make(url, token, options.request_timeout_ms);
+    if (!c.ok()) {
+      report->failures.push_back(url + ": " + c.status().message());
+      continue;
+    }
+    auto body = c->Send("GET", "/v1/key", "", 64 << 10);
+    Result<PeerInfo> info = body.ok() ? ParseKeyJson(url, *body) : Result<PeerInfo>(body.status());
+    if (!info.ok()) {
+      report->failures.push_back(info.status().message());
+      continue;
+    }
+    const std::string mismatch = key.Mismatch(info->key);
+    if (!mismatch.empty()) {
+      report->failures.push_back(url + ": incompatible: " + mismatch);
+      continue;
+    }
+    controls.push_back(std::move(c).value());
+    infos.push_back(std::move(info).value());
+  }
+
+  // Source groups by size (the destination's own size first), each rank's
+  // endpoints least loaded first; a failed endpoint is dropped and the group
+  // tried again while every rank still has one.
+  std::map<int, std::vector<std::vector<size_t>>> groups;  // size -> rank -> endpoint indexes.
+  for (size_t i = 0; i < infos.size(); ++i) {
+    auto& g = groups[infos[i].parallel.size];
+    g.resize(infos[i].parallel.size);
+    g[infos[i].parallel.rank].push_back(i);
+  }
+  std::vector<int> sizes;
+  if (groups.count(options.parallel.size)) sizes.push_back(options.parallel.size);
+  for (const auto& [size, g] : groups) {
+    if (size != options.parallel.size) sizes.push_back(size);
+  }
+  std::set<size_t> failed;
+  Puller puller(key, options);
+  for (int size : sizes) {
+    auto& g = groups[size];
+    for (auto& endpoints : g) {
+      std::stable_sort(endpoints.begin(), endpoints.end(),
+                       [&](size_t a, size_t b) { return infos[a].load < infos[b].load; });
+    }
+    for (;;) {
+      std::vector<const Control*> pick;
+      std::string missing;
+      for (int r = 0; r < size; ++r) {
+        auto it = std::find_if(g[r].begin(), g[r].end(), [&](size_t i) { return !failed.count(i); });
+        if (it == g[r].end()) {
+          missing = "rank " + std::to_string(r);
+          break;
+        }
+        pick.push_back(&controls[*it]);
+      }
+      if (!missing.empty()) {
+        report->failures.push_back("sources of size " + std::to_string(size) + ": no live endpoint for " + missing);
+        break;
+      }
+      std::string failed_url;
+      auto loaded = puller.Pull(pick, shards, report, &failed_url);
+      if (loaded.ok()) {
+        std::string used;
+        for (const Control* c : pick) used += (used.empty() ? "" : ",") + c->url();
+        report->source = used;
+        report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        return loaded;
+      }
+      report->failures.push_back(loaded.status().message());
+      size_t culprit = 0;
+      for (int r = 0; r < size; ++r) {
+        if (pick[r]->url() == failed_url) culprit = static_cast<size_t>(pick[r] - controls.data());
+      }
+      if (failed_url.empty()) culprit = static_cast<size_t>(pick[0] - controls.data());
+      failed.insert(culprit);
+    }
+  }
+  if (urls.empty()) report->failures.push_back("no peers given and none found");
+
+  if (options.fallback_path.empty()) {
+    std::string why;
+    for (const auto& f : report->failures) why += "\n  " + f;
+    return UnavailableError("peer load: no peer worked and there is no fallback path:" + why);
+  }
+  LoadOptions disk = options.fallback_load;
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(options.fallback_path, disk));
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine, SliceForRank(std::move(whole), layout, options.parallel, shards));
+  report->source = "disk:" + options.fallback_path;
+  report->bytes = mine.total_bytes();
+  report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  report->source_ranks = 0;
+  return mine;
+}
+
+}  // namespace remote
+
+Result<LoadedCheckpoint> LoadFromPeer(const PeerKey& key, const PeerLoadOptions& options, PeerLoadReport* report) {
+  std::vector<remote::ShardOf> shards;
+  return remote::LoadFromPeerWithShards(key, options, report, &shards);
+}
+
+Result<PeerLoad> LoadFromPeerAndSeed(const PeerKey& key, const PeerLoadOptions& options) {
+  PeerLoad out;
+  std::vector<remote::ShardOf> shards;
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, remote::LoadFromPeerWithShards(key, options, &out.report, &shards));
+  out.loaded = std::make_shared<const LoadedCheckpoint>(std::move(loaded));
+  if (options.become_seed) {
+    ServeOptions seed = options.seed;
+    if (seed.registry.empty()) seed.registry = options.registry;
+    if (seed.token.empty()) seed.token = options.token;
+    if (seed.transports.empty()) seed.transports = options.transports;
+    seed.parallel = options.parallel;
+    TL_ASSIGN_OR_RETURN(out.seed, remote::ServeShards(out.loaded, std::move(shards), key, seed));
+  }
+  return out;
+}
+
+}  // namespace tensorlift
+
+namespace tensorlift {
+
+Result<PeerKey> PeerKeyForCheckpoint(const std::string& path) {
+  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(path));
+  std::string desc;
+  for (const auto& loc : ckpt.tensors()) {
+    const TensorInfo& t = ckpt.info(loc);
+    desc += t.name;
+    desc += '\0';
+    desc += DtypeName(t.dtype);
+    for (uint64_t d : t.shape) desc += "," + std::to_string(d);
+    desc += ";" + std::to_string(t.nbytes()) + "\n";
+  }
+  PeerKey key;
+  std::string name = path;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  name = name.substr(name.find_last_of('/') == std::string::npos ? 0 : name.find_last_of('/') + 1);
+  for (const char* suffix : {".safetensors.index.json", ".safetensors"}) {
+    const std::string s(suffix);
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+      name.resize(name.size() - s.size());
+    }
+  }
+  if (name == "model" || name.empty()) {  // model.safetensors: the directory's name says more.
+    std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
+    const size_t slash = dir.find_last_of('/');
+    if (!dir.empty()) name = dir.substr(slash == std::string::npos ? 0 : slash + 1);
+  }
+  key.model = name.empty() ? "model" : name;
+  key.revision = "h:" + HexU64(Xxh3_64(desc.data(), desc.size()));
+  return key;
+}
+
+}  // namespace tensorlift

@@ -1,0 +1,441 @@
+// PeerServer: the control endpoint (cpp-httplib) over UCX-registered memory.
+//
+// Endpoints (docs/remote.md, "Control endpoint"); with a token, every request
+// must be signed (remote/auth.h), else 401:
+//   GET    /v1/key            {"protocol","key":{...},"digest","parallel":{size,rank},
+//                              "tensors","total_bytes","sessions"}; no remote keys.
+//   POST   /v1/session        opens a session (503 past max_sessions); the body is
+//                              the manifest with remote keys and this session's rate
+//                              share, the session id in X-Tensorlift-Session.
+//   DELETE /v1/session/ID     closes it; the body is the bytes the client pulled.
+//   GET    /v1/health         "ok".
+// Pulls are one-sided UCX gets: no handler runs per tensor.
+#include "remote/server.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "remote/auth.h"
+#include "remote/layout.h"
+#include "remote/manifest.h"
+#include "remote/registry.h"
+#include "remote/ucx_transport.h"
+#include "tensorlift/checksum.h"
+
+namespace tensorlift {
+namespace remote {
+
+Status ParseHttpUrl(const std::string& url, std::string* host, int* port) {
+  constexpr std::string_view kScheme = "http://";
+  if (url.size() > 1024 || url.compare(0, kScheme.size(), kScheme) != 0) {
+    return InvalidArgumentError("peer URL '" + url + "' is not http://HOST:PORT");
+  }
+  std::string rest = url.substr(kScheme.size());
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  const size_t colon = rest.rfind(':');
+  if (colon == std::string::npos || colon == 0 || rest.find('/') != std::string::npos) {
+    return InvalidArgumentError("peer URL '" + url + "' is not http://HOST:PORT");
+  }
+  const std::string p = rest.substr(colon + 1);
+  if (p.empty() || p.size() > 5 || !std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return InvalidArgumentError("peer URL '" + url + "': bad port '" + p + "'");
+  }
+  const int n = std::stoi(p);
+  if (n < 1 || n > 65535) return InvalidArgumentError("peer URL '" + url + "': port " + p + " out of range");
+  *host = rest.substr(0, colon);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  *port = n;
+  return Status::Ok();
+}
+
+namespace {
+
+struct Served {
+  std::string name;
+  Dtype dtype = Dtype::kU8;
+  std::vector<int64_t> shape;
+  std::byte* data = nullptr;
+  uint64_t nbytes = 0;
+  ShardOf shard;
+};
+
+std::string JsonEscape(std::string_view s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
+int64_t NowSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+class PeerServerImpl final : public PeerServer {
+ public:
+  PeerServerImpl(PeerKey key, ServeOptions options) : key_(std::move(key)), options_(std::move(options)) {}
+
+  ~PeerServerImpl() override {
+    registration_.reset();
+    if (http_) http_->stop();
+    if (http_thread_.joinable()) http_thread_.join();
+    ucx_.reset();  // Unmaps the regions before the memory goes.
+  }
+
+  Status Start(std::vector<Served> tensors, std::vector<std::pair<std::byte*, uint64_t>> regions,
+               std::shared_ptr<const void> keep_alive) {
+    keep_alive_ = std::move(keep_alive);
+    TL_RETURN_IF_ERROR(key_.Validate());
+    if (options_.parallel.size < 1 || options_.parallel.rank < 0 ||
+        options_.parallel.rank >= options_.parallel.size) {
+      return InvalidArgumentError("serve: tensor parallel rank " + std::to_string(options_.parallel.rank) +
+                                  " of size " + std::to_string(options_.parallel.size) + " is out of range");
+    }
+    if (options_.chunk_bytes < 4096 || options_.chunk_bytes > (1ull << 30)) {
+      return InvalidArgumentError("serve: chunk_bytes " + std::to_string(options_.chunk_bytes) +
+                                  " is outside [4096, 1 GiB]");
+    }
+    if (options_.max_sessions < 1) return InvalidArgumentError("serve: max_sessions must be at least 1");
+    std::sort(tensors.begin(), tensors.end(), [](const Served& a, const Served& b) { return a.name < b.name; });
+    for (size_t i = 1; i < tensors.size(); ++i) {
+      if (tensors[i].name == tensors[i - 1].name) {
+        return InvalidArgumentError("serve: tensor '" + tensors[i].name + "' is given twice");
+      }
+    }
+    tensors_ = std::move(tensors);
+
+    // Regions: the given ones (one per buffer), else the tensors' ranges with
+    // touching or overlapping ones merged.
+    if (regions.empty()) {
+      for (const Served& t : tensors_) {
+        if (t.nbytes) regions.push_back({t.data, t.nbytes});
+      }
+    }
+    std::sort(regions.begin(), regions.end());
+    std::vector<std::pair<std::byte*, uint64_t>> merged;
+    for (const auto& r : regions) {
+      if (!merged.empty() && r.first <= merged.back().first + merged.back().second) {
+        auto& m = merged.back();
+        m.second = std::max<uint64_t>(m.second, static_cast<uint64_t>(r.first - m.first) + r.second);
+      } else {
+        merged.push_back(r);
+      }
+    }
+    if (merged.empty()) merged.push_back({empty_region_, sizeof empty_region_});
+
+    UcxOptions uo;
+    uo.transports = options_.transports;
+    TL_ASSIGN_OR_RETURN(ucx_, UcxServer::Create(uo));
+    manifest_.key = key_;
+    manifest_.parallel = options_.parallel;
+    manifest_.chunk_bytes = options_.chunk_bytes;
+    manifest_.worker_address = ucx_->WorkerAddress();
+    for (const auto& [ptr, bytes] : merged) {
+      TL_ASSIGN_OR_RETURN(uint32_t index, ucx_->Register(ptr, bytes));
+      Region region;
+      region.address = ucx_->RegionAddress(index);
+      region.bytes = bytes;
+      TL_ASSIGN_OR_RETURN(region.rkey, ucx_->PackedRkey(index));
+      manifest_.regions.push_back(std::move(region));
+    }
+
+    // The manifest, with each chunk's checksum (computed once, here).
+    manifest_.tensors.resize(tensors_.size());
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const Served& t = tensors_[i];
+      ManifestTensor& m = manifest_.tensors[i];
+      m.name = t.name;
+      m.dtype = t.dtype;
+      m.shape = t.shape;
+      m.nbytes = t.nbytes;
+      m.shard_dim = t.shard.dim;
+      m.shard_start = t.shard.start;
+      m.full_shape = t.shard.full_shape.empty() ? t.shape : t.shard.full_shape;
+      if (t.nbytes == 0) continue;
+      size_t r = 0;
+      while (r < merged.size() && !(t.data >= merged[r].first && t.data + t.nbytes <= merged[r].first + merged[r].second)) {
+        ++r;
+      }
+      if (r == merged.size()) return InternalError("serve: tensor '" + t.name + "' is in no registered region");
+      m.region = static_cast<uint32_t>(r);
+      m.offset = static_cast<uint64_t>(t.data - merged[r].first);
+      manifest_.total_bytes += t.nbytes;
+    }
+    {
+      const unsigned threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+      std::atomic<size_t> next{0};
+      auto work = [&] {
+        for (size_t i; (i = next.fetch_add(1)) < tensors_.size();) {
+          manifest_.tensors[i].chunk_xxh3 = ChunkChecksums(tensors_[i].data, tensors_[i].nbytes, options_.chunk_bytes);
+        }
+      };
+      std::vector<std::thread> pool;
+      for (unsigned k = 1; k < threads; ++k) pool.emplace_back(work);
+      work();
+      for (auto& t : pool) t.join();
+    }
+    // Refuse to serve what a client would refuse (bounds, names).
+    auto check = ParseManifest(manifest_.ToJson());
+    if (!check.ok()) return check.status().WithContext("serve: the manifest would be invalid");
+
+    TL_RETURN_IF_ERROR(StartHttp());
+    if (!options_.registry.empty()) {
+      TL_ASSIGN_OR_RETURN(registry_, Registry::Connect(options_.registry, std::chrono::milliseconds(5000)));
+      SeedInfo seed;
+      seed.key_digest = key_.Digest();
+      seed.url = url();
+      seed.rank = options_.parallel.rank;
+      seed.world = options_.parallel.size;
+      seed.load = 0;
+      TL_ASSIGN_OR_RETURN(registration_, registry_->Register(seed, options_.registry_ttl_s));
+    }
+    return Status::Ok();
+  }
+
+  std::string url() const override { return "http://" + options_.host + ":" + std::to_string(port_); }
+  int port() const override { return port_; }
+  const PeerKey& key() const override { return key_; }
+  uint64_t served_bytes() const override { return served_bytes_.load(); }
+  int active_sessions() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(sessions_.size());
+  }
+
+  Status CorruptForTesting(const std::string& tensor, uint64_t offset) override {
+    for (Served& t : tensors_) {
+      if (t.name != tensor) continue;
+      if (offset >= t.nbytes) return OutOfRangeError("tensor '" + tensor + "': offset past its bytes");
+      t.data[offset] ^= std::byte{1};
+      return Status::Ok();
+    }
+    return NotFoundError("tensor '" + tensor + "' is not served");
+  }
+
+ private:
+  Status StartHttp() {
+    http_ = std::make_unique<httplib::Server>();
+    if (!options_.token.empty()) verifier_ = std::make_unique<RequestVerifier>(options_.token);
+    http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      if (!verifier_) return httplib::Server::HandlerResponse::Unhandled;
+      auto it = req.headers.find(kAuthHeader);
+      Status st = verifier_->Verify(it == req.headers.end() ? std::string_view() : std::string_view(it->second),
+                                    req.method, req.path, NowSeconds());
+      if (st.ok()) return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 401;
+      res.set_content(st.message(), "text/plain");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+    http_->Get("/v1/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok", "text/plain"); });
+    http_->Get("/v1/key", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(KeyJson(), "application/json");
+    });
+    http_->Post("/v1/session", [this](const httplib::Request&, httplib::Response& res) { OpenSession(res); });
+    http_->Delete(R"(/v1/session/([0-9a-f]{1,64}))", [this](const httplib::Request& req, httplib::Response& res) {
+      CloseSession(req.matches[1], req.body, res);
+    });
+    port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host)
+                               : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+    if (port_ <= 0) {
+      return IOError("serve: cannot listen on " + options_.host + ":" + std::to_string(options_.port));
+    }
+    http_thread_ = std::thread([this] { http_->listen_after_bind(); });
+    // Until the loop runs, stop() would be lost (and the destructor's join
+    // would wait forever).
+    for (int i = 0; i < 5000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!http_->is_running()) return InternalError("serve: the control endpoint did not start");
+    return Status::Ok();
+  }
+
+  std::string KeyJson() const {
+    std::string j = "{\"protocol\":" + std::to_string(kPeerProtocolVersion) + ",\"key\":{";
+    j += "\"model\":\"" + JsonEscape(key_.model) + "\",\"revision\":\"" + JsonEscape(key_.revision) +
+         "\",\"dtype\":\"" + JsonEscape(key_.dtype) + "\",\"quantization\":\"" + JsonEscape(key_.quantization) +
+         "\",\"layout\":\"" + JsonEscape(key_.layout) + "\",\"protocol\":" + std::to_string(key_.protocol) + "}";
+    j += ",\"digest\":\"" + key_.Digest() + "\",\"parallel\":{\"size\":" + std::to_string(options_.parallel.size) +
+         ",\"rank\":" + std::to_string(options_.parallel.rank) + "}";
+    j += ",\"tensors\":" + std::to_string(manifest_.tensors.size()) +
+         ",\"total_bytes\":" + std::to_string(manifest_.total_bytes) +
+         ",\"sessions\":" + std::to_string(active_sessions()) + "}";
+    return j;
+  }
+
+  void OpenSession(httplib::Response& res) {
+    std::string id;
+    uint64_t share = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ExpireSessionsLocked();
+      if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
+        res.status = 503;
+        res.set_content("serve: " + std::to_string(sessions_.size()) + " sessions open (max_sessions " +
+                            std::to_string(options_.max_sessions) + ")",
+                        "text/plain");
+        return;
+      }
+      id = RandomNonce().substr(0, 16);
+      sessions_[id] = std::chrono::steady_clock::now();
+      if (options_.rate_limit) share = std::max<uint64_t>(1, options_.rate_limit / sessions_.size());
+    }
+    UpdateLoad();
+    Manifest m = manifest_;  // Copy: the rate share differs per session.
+    m.rate_limit = share;
+    res.set_header("X-Tensorlift-Session", id);
+    res.set_content(m.ToJson(), "application/json");
+  }
+
+  void CloseSession(const std::string& id, const std::string& body, httplib::Response& res) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (sessions_.erase(id) == 0) {
+        res.status = 404;
+        res.set_content("no session " + id, "text/plain");
+        return;
+      }
+    }
+    if (!body.empty() && body.size() <= 20 && std::all_of(body.begin(), body.end(), ::isdigit)) {
+      served_bytes_ += std::min<uint64_t>(std::stoull(body), manifest_.total_bytes);
+    }
+    UpdateLoad();
+    res.set_content("closed", "text/plain");
+  }
+
+  // Sessions a client never closed (it died) go after an hour.
+  void ExpireSessionsLocked() {
+    const auto now = std::chrono::steady_clock::now();
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      it = now - it->second > std::chrono::hours(1) ? sessions_.erase(it) : std::next(it);
+    }
+  }
+
+  void UpdateLoad() {
+    if (!registration_) return;
+    registration_->UpdateLoad(active_sessions()).IgnoreError();  // health() keeps the last error.
+  }
+
+  PeerKey key_;
+  ServeOptions options_;
+  std::shared_ptr<const void> keep_alive_;
+  std::vector<Served> tensors_;
+  std::byte empty_region_[64] = {};
+  std::unique_ptr<UcxServer> ucx_;
+  Manifest manifest_;
+  std::unique_ptr<RequestVerifier> verifier_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  int port_ = 0;
+  mutable std::mutex mu_;
+  std::map<std::string, std::chrono::steady_clock::time_point> sessions_;
+  std::atomic<uint64_t> served_bytes_{0};
+  std::unique_ptr<Registry> registry_;
+  std::unique_ptr<Registration> registration_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<PeerServer>> ServeShards(std::shared_ptr<const LoadedCheckpoint> loaded,
+                                                std::vector<ShardOf> shards, const PeerKey& key,
+                                                const ServeOptions& options) {
+  if (!loaded) return InvalidArgumentError("serve: no checkpoint");
+  const auto& tensors = loaded->tensors();
+  if (shards.size() != tensors.size()) return InternalError("serve: shards do not match the tensors");
+  std::vector<Served> served;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const LoadedTensor& t = tensors[i];
+    if (t.device != DeviceType::kCpu) {
+      return UnimplementedError("serve: tensor '" + t.name + "' is not in host memory (GPU memory over UCX is not "
+                                "served yet: load with device='cpu')");
+    }
+    served.push_back({t.name, t.dtype, t.shape, static_cast<std::byte*>(t.data), t.nbytes, shards[i]});
+  }
+  std::vector<std::pair<std::byte*, uint64_t>> regions;
+  std::vector<const Buffer*> seen;
+  for (const auto& owner : PeerAccess::Owners(*loaded)) {
+    if (!owner || std::find(seen.begin(), seen.end(), owner.get()) != seen.end()) continue;
+    seen.push_back(owner.get());
+    if (owner->size()) regions.push_back({owner->data(), owner->size()});
+  }
+  auto server = std::make_unique<PeerServerImpl>(key, options);
+  TL_RETURN_IF_ERROR(server->Start(std::move(served), std::move(regions), loaded));
+  return std::unique_ptr<PeerServer>(std::move(server));
+}
+
+}  // namespace remote
+
+Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::string& path, const PeerKey& key,
+                                                                const ServeOptions& options, const LoadOptions& load) {
+  TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
+  if (load.device != "cpu") return UnimplementedError("serve: only host memory is served (device 'cpu')");
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(path, load));
+  std::vector<remote::ShardOf> shards;
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine, remote::SliceForRank(std::move(whole), layout, options.parallel, &shards));
+  auto server = remote::ServeShards(std::make_shared<const LoadedCheckpoint>(std::move(mine)), std::move(shards),
+                                    key, options);
+  if (!server.ok()) return server.status().WithContext(path);
+  return server;
+}
+
+Result<std::unique_ptr<PeerServer>> PeerServer::Serve(std::shared_ptr<const LoadedCheckpoint> loaded,
+                                                      const PeerKey& key, const ServeOptions& options) {
+  if (!loaded) return InvalidArgumentError("serve: no checkpoint");
+  TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
+  std::vector<remote::ShardOf> shards;
+  for (const LoadedTensor& t : loaded->tensors()) {
+    // Whole tensors: the layout's dim, covering all of it.
+    remote::ShardOf s;
+    s.full_shape = t.shape;
+    s.dim = layout.DimFor(t.name);
+    if (s.dim >= static_cast<int>(t.shape.size())) s.dim = -1;
+    if (s.dim >= 0 && options.parallel.size > 1) {
+      return InvalidArgumentError("serve: tensor '" + t.name + "' is split by the layout, and Serve(loaded) takes "
+                                  "whole tensors; with parallel.size > 1 use ServeCheckpoint or ServeBuffers");
+    }
+    shards.push_back(std::move(s));
+  }
+  return remote::ServeShards(std::move(loaded), std::move(shards), key, options);
+}
+
+Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(std::vector<Tensor> tensors, const PeerKey& key,
+                                                             const ServeOptions& options,
+                                                             std::shared_ptr<const void> keep_alive) {
+  std::vector<remote::Served> list;
+  for (Tensor& t : tensors) {
+    uint64_t elements = 1;
+    for (int64_t d : t.shape) {
+      if (d < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements)) {
+        return InvalidArgumentError("serve: tensor '" + t.name + "' has a bad shape");
+      }
+    }
+    uint64_t bits = 0;
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(DtypeBits(t.dtype)), &bits) || bits % 8) {
+      return InvalidArgumentError("serve: tensor '" + t.name + "' is not a whole number of bytes");
+    }
+    if (bits && !t.data) return InvalidArgumentError("serve: tensor '" + t.name + "' has no data");
+    remote::ShardOf s;
+    s.dim = t.shard_dim;
+    s.start = t.shard_start;
+    s.full_shape = t.full_shape.empty() ? t.shape : t.full_shape;
+    list.push_back({t.name, t.dtype, t.shape, static_cast<std::byte*>(const_cast<void*>(t.data)), bits / 8, s});
+  }
+  auto server = std::make_unique<remote::PeerServerImpl>(key, options);
+  TL_RETURN_IF_ERROR(server->Start(std::move(list), {}, std::move(keep_alive)));
+  return std::unique_ptr<PeerServer>(std::move(server));
+}
+
+}  // namespace tensorlift

@@ -1,0 +1,129 @@
+// PeerAccess and a rank's slices of a whole checkpoint.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "common/checked_math.h"
+#include "load/owners.h"
+#include "remote/peer_access.h"
+
+namespace tensorlift {
+
+LoadedCheckpoint PeerAccess::Make(std::vector<LoadedTensor> tensors, std::vector<std::shared_ptr<Buffer>> owners,
+                                  std::vector<FileReport> files, double seconds) {
+  std::vector<size_t> order(tensors.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
+  LoadedCheckpoint out;
+  for (size_t i : order) {
+    out.total_bytes_ += tensors[i].nbytes;
+    out.tensors_.push_back(std::move(tensors[i]));
+    out.owners_->buffers.push_back(std::move(owners[i]));
+  }
+  out.files_ = std::move(files);
+  out.seconds_ = seconds;
+  return out;
+}
+
+const std::vector<std::shared_ptr<Buffer>>& PeerAccess::Owners(const LoadedCheckpoint& checkpoint) {
+  return checkpoint.owners_->buffers;
+}
+
+namespace remote {
+
+Result<ShardOf> ShardFor(const Layout& layout, std::string_view name, const std::vector<int64_t>& full_shape,
+                         const TensorParallel& parallel) {
+  ShardOf s;
+  s.full_shape = full_shape;
+  const int dim = layout.DimFor(name);
+  if (dim < 0) return s;
+  if (dim >= static_cast<int>(full_shape.size())) {
+    return InvalidArgumentError("tensor '" + std::string(name) + "': the layout splits dim " + std::to_string(dim) +
+                                " but it has " + std::to_string(full_shape.size()) + " dims");
+  }
+  TL_ASSIGN_OR_RETURN(Range r, ShardRange(full_shape[dim], parallel.rank, parallel.size));
+  s.dim = dim;
+  s.start = r.start;
+  return s;
+}
+
+namespace {
+
+std::vector<int64_t> ShardShape(const ShardOf& s, int64_t length) {
+  std::vector<int64_t> shape = s.full_shape;
+  if (s.dim >= 0) shape[s.dim] = length;
+  return shape;
+}
+
+}  // namespace
+
+Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layout, const TensorParallel& parallel,
+                                      std::vector<ShardOf>* shards) {
+  if (parallel.size < 1 || parallel.rank < 0 || parallel.rank >= parallel.size) {
+    return InvalidArgumentError("tensor parallel rank " + std::to_string(parallel.rank) + " of size " +
+                                std::to_string(parallel.size) + " is out of range");
+  }
+  for (const LoadedTensor& t : whole.tensors()) {
+    if (t.device != DeviceType::kCpu) {
+      return UnimplementedError("tensor '" + t.name + "': slicing for a rank needs host tensors");
+    }
+  }
+  std::vector<ShardOf> of(whole.tensors().size());
+  std::vector<Range> ranges(of.size());
+  std::vector<uint64_t> offsets(of.size());
+  uint64_t total = 0;
+  bool any_split = false;
+  for (size_t i = 0; i < of.size(); ++i) {
+    const LoadedTensor& t = whole.tensors()[i];
+    TL_ASSIGN_OR_RETURN(of[i], ShardFor(layout, t.name, t.shape, parallel));
+    if (of[i].dim < 0) {
+      ranges[i] = {0, t.shape.empty() ? 1 : t.shape[0]};
+    } else {
+      TL_ASSIGN_OR_RETURN(ranges[i], ShardRange(t.shape[of[i].dim], parallel.rank, parallel.size));
+      any_split = any_split || parallel.size > 1;
+    }
+    total = (total + 63) / 64 * 64;
+    offsets[i] = total;
+    uint64_t bytes = t.nbytes;
+    if (of[i].dim >= 0 && t.shape[of[i].dim] > 0) {
+      bytes = t.nbytes / static_cast<uint64_t>(t.shape[of[i].dim]) * static_cast<uint64_t>(ranges[i].length);
+    }
+    total += bytes;
+  }
+  if (shards) *shards = of;
+  if (!any_split) return whole;
+
+  TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, HostBuffer::Allocate(total));
+  std::vector<LoadedTensor> tensors;
+  std::vector<std::shared_ptr<Buffer>> owners;
+  for (size_t i = 0; i < of.size(); ++i) {
+    const LoadedTensor& t = whole.tensors()[i];
+    LoadedTensor s = t;
+    std::byte* dst = buffer->data() + offsets[i];
+    if (of[i].dim < 0) {
+      if (t.nbytes) std::memcpy(dst, t.data, t.nbytes);
+    } else {
+      const Range full{0, t.shape[of[i].dim]};
+      TL_ASSIGN_OR_RETURN(auto pieces,
+                          SlicePieces(t.shape, static_cast<uint32_t>(DtypeBits(t.dtype)), of[i].dim, full, ranges[i]));
+      s.shape = ShardShape(of[i], ranges[i].length);
+      s.nbytes = 0;
+      for (const CopyPiece& p : pieces) {
+        std::memcpy(dst + p.dst_offset, static_cast<const std::byte*>(t.data) + p.src_offset, p.bytes);
+        s.nbytes += p.bytes;
+      }
+      int64_t stride = 1;
+      for (size_t d = s.shape.size(); d-- > 0;) {
+        s.strides[d] = stride;
+        stride *= s.shape[d];
+      }
+    }
+    s.data = dst;
+    tensors.push_back(std::move(s));
+    owners.push_back(buffer);
+  }
+  return PeerAccess::Make(std::move(tensors), std::move(owners), whole.files(), whole.seconds());
+}
+
+}  // namespace remote
+}  // namespace tensorlift

@@ -1,0 +1,841 @@
+// The UCX data plane (see ucx_transport.h). Built when UCX is found.
+//
+// Wire blobs. WorkerAddress() and PackedRkey() return UCX's bytes inside a
+// small frame: "TLUX", a kind byte ('A' address, 'K' remote key), three zero
+// bytes, the payload length (u64 little endian), the payload's XXH3-64 and the
+// payload. UCX parses addresses and keys without a length, so Connect and
+// AddRegion check the frame before UCX sees a byte: garbage is an
+// InvalidArgument error, never a read past the end.
+//
+// Failure handling. Endpoints use UCP_ERR_HANDLING_MODE_PEER with an error
+// handler, so a dead peer fails requests instead of hanging them. UCX cannot
+// cancel RMA requests one by one, so a failed or stalled GetAll force-closes
+// the endpoint, which completes every outstanding request, and progresses the
+// worker until all of them are released. The client is then disconnected.
+//
+// Shared memory. In UCX 1.13 the posix and sysv transports refuse peer-failure
+// detection, so over them the endpoint is made without it: a dead or frozen
+// peer shows only as a stall (GetAll's stall_timeout). Its outstanding gets
+// can then never be released, so the client abandons the connection: the
+// endpoint is force-closed and the worker and context destroyed with the
+// stuck requests in them (UCX warns that they were not returned). Over these
+// transports a get's bytes are copied into the destination only while this
+// process progresses its own worker (cma reads, or the replies of UCX's
+// software RMA), so nothing writes to a destination after GetAll returns,
+// even if the peer wakes up later.
+#include "remote/ucx_transport.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <ucp/api/ucp.h>
+#include <ucs/config/global_opts.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "common/checked_math.h"
+#include "common/posix_file.h"
+#include "tensorlift/checksum.h"
+
+#ifndef TENSORLIFT_UCX_VERSION
+#error "TENSORLIFT_UCX_VERSION must be defined by the build"
+#endif
+
+namespace tensorlift::remote {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Status UnavailableError(std::string message) { return Status(StatusCode::kUnavailable, std::move(message)); }
+
+std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
+
+// --- Frames -----------------------------------------------------------------
+
+constexpr char kFrameMagic[4] = {'T', 'L', 'U', 'X'};
+constexpr size_t kFrameHeader = 24;
+constexpr uint64_t kMaxFramePayload = 1ull << 20;  // UCX's blobs are a few KiB.
+
+void PutU64(char* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+
+uint64_t GetU64(const char* p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
+std::string Frame(char kind, const void* payload, size_t size) {
+  std::string out(kFrameHeader + size, '\0');
+  std::memcpy(out.data(), kFrameMagic, 4);
+  out[4] = kind;
+  PutU64(out.data() + 8, size);
+  PutU64(out.data() + 16, Xxh3_64(payload, size));
+  if (size > 0) std::memcpy(out.data() + kFrameHeader, payload, size);
+  return out;
+}
+
+// Returns a copy of the payload (UCX may read it unaligned; the copy also
+// outlives the caller's view while UCX parses it).
+Result<std::string> Unframe(std::string_view blob, char kind, std::string_view what) {
+  if (blob.size() < kFrameHeader) {
+    return InvalidArgumentError(std::string(what) + ": " + std::to_string(blob.size()) +
+                                " bytes is shorter than the " + std::to_string(kFrameHeader) + "-byte frame header");
+  }
+  if (std::memcmp(blob.data(), kFrameMagic, 4) != 0 || blob[4] != kind || blob[5] != 0 || blob[6] != 0 ||
+      blob[7] != 0) {
+    return InvalidArgumentError(std::string(what) + ": not a tensorlift UCX " +
+                                (kind == 'A' ? "worker address" : "remote key") + " (bad magic or kind)");
+  }
+  const uint64_t size = GetU64(blob.data() + 8);
+  if (size == 0 || size > kMaxFramePayload || size != blob.size() - kFrameHeader) {
+    return InvalidArgumentError(std::string(what) + ": payload length " + std::to_string(size) + " does not match the " +
+                                std::to_string(blob.size() - kFrameHeader) + " bytes after the header");
+  }
+  std::string payload(blob.substr(kFrameHeader));
+  const uint64_t want = GetU64(blob.data() + 16);
+  const uint64_t got = Xxh3_64(payload.data(), payload.size());
+  if (want != got) {
+    return InvalidArgumentError(std::string(what) + ": checksum " + HexU64(got) + " does not match the frame's " +
+                                HexU64(want));
+  }
+  return payload;
+}
+
+// --- Context and worker -------------------------------------------------------
+
+// Owns a UCP context and one worker; destroys them in order.
+class UcxCore {
+ public:
+  UcxCore() = default;
+  ~UcxCore() { Reset(); }
+  UcxCore(UcxCore&& other) noexcept
+      : context_(std::exchange(other.context_, nullptr)), worker_(std::exchange(other.worker_, nullptr)) {}
+  UcxCore& operator=(UcxCore&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      context_ = std::exchange(other.context_, nullptr);
+      worker_ = std::exchange(other.worker_, nullptr);
+    }
+    return *this;
+  }
+  UcxCore(const UcxCore&) = delete;
+  UcxCore& operator=(const UcxCore&) = delete;
+
+  static Result<UcxCore> Create(const UcxOptions& options, ucs_thread_mode_t thread_mode, bool shared_context,
+                                const char* name) {
+    ucp_config_t* config = nullptr;
+    ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+    if (st != UCS_OK) return InternalError("ucp_config_read: " + UcsText(st));
+    if (!options.transports.empty()) {
+      st = ucp_config_modify(config, "TLS", options.transports.c_str());
+      if (st != UCS_OK) {
+        ucp_config_release(config);
+        return InvalidArgumentError("UCX rejected transports '" + options.transports + "': " + UcsText(st));
+      }
+    }
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_WAKEUP;
+    params.name = name;
+    if (shared_context) {
+      params.field_mask |= UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+      params.mt_workers_shared = 1;
+    }
+    UcxCore core;
+    st = ucp_init(&params, config, &core.context_);
+    ucp_config_release(config);
+    if (st != UCS_OK) {
+      core.context_ = nullptr;
+      return UnimplementedError("ucp_init with transports '" +
+                                (options.transports.empty() ? std::string("default") : options.transports) +
+                                "': " + UcsText(st));
+    }
+    ucp_worker_params_t wparams{};
+    wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wparams.thread_mode = thread_mode;
+    st = ucp_worker_create(core.context_, &wparams, &core.worker_);
+    if (st != UCS_OK) {
+      core.worker_ = nullptr;
+      return UnimplementedError("ucp_worker_create with transports '" + options.transports + "': " + UcsText(st));
+    }
+    if (thread_mode == UCS_THREAD_MODE_MULTI) {
+      ucp_worker_attr_t attr{};
+      attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
+      if (ucp_worker_query(core.worker_, &attr) == UCS_OK && attr.thread_mode != UCS_THREAD_MODE_MULTI) {
+        return UnimplementedError("this UCX was built without multi-thread support (--enable-mt)");
+      }
+    }
+    return core;
+  }
+
+  ucp_context_h context() const { return context_; }
+  ucp_worker_h worker() const { return worker_; }
+
+ private:
+  void Reset() {
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    worker_ = nullptr;
+    context_ = nullptr;
+  }
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+};
+
+// Runs a UCX print function into a string.
+template <typename F>
+std::string CaptureUcxPrint(F&& print) {
+  char* buf = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&buf, &size);
+  if (f == nullptr) return {};
+  print(f);
+  std::fclose(f);
+  std::string out(buf != nullptr ? buf : "", size);
+  std::free(buf);
+  return out;
+}
+
+// Collects transport names, in order and without repeats, from UCX's printed
+// info: endpoint lanes ("#  lane[0]:  0:tcp/lo.0 md[0] ...") or context
+// resources ("#  resource 1  :  md 1  dev 1  flags -- tcp/lo").
+std::string ParseTransports(const std::string& text, bool lanes) {
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
+    size_t start;
+    if (lanes) {
+      const size_t lane = line.find("lane[");
+      if (lane == std::string_view::npos) continue;
+      start = line.find(':', line.find("]:", lane) + 2);
+      if (start == std::string_view::npos) continue;
+      ++start;
+    } else {
+      if (line.find("resource") == std::string_view::npos) continue;
+      start = line.find("-- ");
+      if (start == std::string_view::npos) continue;
+      start += 3;
+    }
+    const size_t slash = line.find('/', start);
+    if (slash == std::string_view::npos || slash == start) continue;
+    std::string name(line.substr(start, slash - start));
+    if (name.find_first_of(" :") != std::string::npos) continue;
+    if (seen.insert(name).second) names.push_back(name);
+  }
+  std::string out;
+  for (const std::string& n : names) {
+    if (!out.empty()) out += ',';
+    out += n;
+  }
+  return out;
+}
+
+// Waits until the worker has an event or `deadline` passes; returns at once
+// when events are pending (the caller progresses and comes back).
+void WaitForWorker(ucp_worker_h worker, int efd, Clock::time_point deadline) {
+  if (ucp_worker_arm(worker) != UCS_OK) return;  // Busy: events are pending.
+  const auto now = Clock::now();
+  if (deadline <= now) return;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(ns / 1000000000);
+  ts.tv_nsec = static_cast<long>(ns % 1000000000);
+  pollfd pfd{efd, POLLIN, 0};
+  (void)ppoll(&pfd, 1, &ts, nullptr);  // EINTR or timeout: the caller loops.
+}
+
+// --- Server -----------------------------------------------------------------
+
+class UcxServerImpl final : public UcxServer {
+ public:
+  UcxServerImpl(UcxCore core, PosixFile stop_fd, int worker_efd, std::string address, std::string transports)
+      : core_(std::move(core)),
+        stop_fd_(std::move(stop_fd)),
+        worker_efd_(worker_efd),
+        address_(std::move(address)),
+        transports_(std::move(transports)) {
+    thread_ = std::thread([this] { ProgressLoop(); });
+  }
+
+  ~UcxServerImpl() override {
+    stop_.store(true, std::memory_order_release);
+    const uint64_t one = 1;
+    ssize_t n;
+    do {
+      n = ::write(stop_fd_.fd(), &one, sizeof(one));
+    } while (n < 0 && errno == EINTR);
+    (void)ucp_worker_signal(core_.worker());
+    thread_.join();
+    for (Region& r : regions_) ucp_mem_unmap(core_.context(), r.memh);
+    regions_.clear();
+    // core_ destroys the worker, then the context.
+  }
+
+  Result<uint32_t> Register(const void* data, uint64_t bytes) override {
+    if (data == nullptr || bytes == 0) {
+      return InvalidArgumentError("UCX Register: empty region (data " + std::string(data ? "set" : "null") +
+                                  ", " + std::to_string(bytes) + " bytes)");
+    }
+    uint64_t end;
+    if (!CheckedAdd(reinterpret_cast<uint64_t>(data), bytes, &end)) {
+      return InvalidArgumentError("UCX Register: region of " + std::to_string(bytes) + " bytes wraps the address space");
+    }
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = const_cast<void*>(data);
+    params.length = bytes;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (regions_.size() >= UINT32_MAX) return ResourceExhaustedError("UCX Register: too many regions");
+    ucp_mem_h memh = nullptr;
+    const ucs_status_t st = ucp_mem_map(core_.context(), &params, &memh);
+    if (st != UCS_OK) {
+      return ResourceExhaustedError("UCX Register: ucp_mem_map of " + std::to_string(bytes) +
+                                    " bytes: " + UcsText(st));
+    }
+    void* rkey_buf = nullptr;
+    size_t rkey_size = 0;
+    const ucs_status_t pst = ucp_rkey_pack(core_.context(), memh, &rkey_buf, &rkey_size);
+    if (pst != UCS_OK) {
+      ucp_mem_unmap(core_.context(), memh);
+      return InternalError("UCX Register: ucp_rkey_pack: " + UcsText(pst));
+    }
+    std::string rkey = Frame('K', rkey_buf, rkey_size);
+    ucp_rkey_buffer_release(rkey_buf);
+    regions_.push_back(Region{reinterpret_cast<uint64_t>(data), bytes, memh, std::move(rkey)});
+    return static_cast<uint32_t>(regions_.size() - 1);
+  }
+
+  std::string WorkerAddress() const override { return address_; }
+
+  Result<std::string> PackedRkey(uint32_t region) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (region >= regions_.size()) {
+      return OutOfRangeError("UCX region " + std::to_string(region) + " does not exist (" +
+                             std::to_string(regions_.size()) + " registered)");
+    }
+    return regions_[region].rkey;
+  }
+
+  uint64_t RegionAddress(uint32_t region) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return region < regions_.size() ? regions_[region].address : 0;
+  }
+
+  uint64_t RegionBytes(uint32_t region) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return region < regions_.size() ? regions_[region].bytes : 0;
+  }
+
+  std::string TransportsInUse() const override { return transports_; }
+
+ private:
+  struct Region {
+    uint64_t address;
+    uint64_t bytes;
+    ucp_mem_h memh;
+    std::string rkey;  // Framed.
+  };
+
+  // Answers emulated gets and wireup; sleeps in poll() on the worker's event
+  // fd and the stop eventfd between events.
+  void ProgressLoop() {
+    const ucp_worker_h worker = core_.worker();
+    while (!stop_.load(std::memory_order_acquire)) {
+      while (ucp_worker_progress(worker) != 0) {
+      }
+      const ucs_status_t st = ucp_worker_arm(worker);
+      if (st == UCS_ERR_BUSY) continue;
+      pollfd fds[2] = {{worker_efd_, POLLIN, 0}, {stop_fd_.fd(), POLLIN, 0}};
+      // If the worker cannot be armed, poll it every millisecond instead.
+      const int timeout_ms = st == UCS_OK ? -1 : 1;
+      const int n = ::poll(fds, 2, timeout_ms);
+      if (n < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  UcxCore core_;
+  PosixFile stop_fd_;
+  int worker_efd_;
+  const std::string address_;     // Framed.
+  const std::string transports_;
+  std::atomic<bool> stop_{false};
+  mutable std::mutex mu_;
+  std::vector<Region> regions_;  // Guarded by mu_.
+  std::thread thread_;
+};
+
+// --- Client -----------------------------------------------------------------
+
+class UcxClientImpl final : public UcxClient {
+ public:
+  explicit UcxClientImpl(UcxCore core, int efd) : core_(std::move(core)), efd_(efd) {}
+
+  ~UcxClientImpl() override {
+    if (abandoned_) return;  // Everything went with the abandoned worker.
+    for (RemoteRegion& r : regions_) ucp_rkey_destroy(r.rkey);
+    regions_.clear();
+    if (ep_ != nullptr) {
+      // A graceful close when the peer is healthy (it then drops its side
+      // without errors); forced when it is not. Bounded: the worker's
+      // destruction below releases anything left.
+      CloseEndpoint(/*force=*/ep_status_ != UCS_OK, std::chrono::seconds(2));
+    }
+    for (LocalMap& m : local_) ucp_mem_unmap(core_.context(), m.memh);
+    local_.clear();
+  }
+
+  // `address` is the unframed UCX worker address.
+  Status Connect(const std::string& address, const std::string& /*transports_name*/, std::chrono::milliseconds timeout) {
+    ucp_ep_params_t params{};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &UcxClientImpl::OnEndpointError;
+    params.err_handler.arg = this;
+    ucs_status_t st;
+    {
+      // UCX logs the shared-memory transports' refusal (below) as an error,
+      // on stdout; it is expected here, so quiet for this one call.
+      char level[64] = "";
+      const bool saved = ucs_global_opts_get_value("LOG_LEVEL", level, sizeof level) == UCS_OK;
+      if (saved) (void)ucs_global_opts_set_value("LOG_LEVEL", "fatal");
+      st = ucp_ep_create(core_.worker(), &params, &ep_);
+      if (saved) (void)ucs_global_opts_set_value("LOG_LEVEL", level);
+    }
+    if (st == UCS_ERR_UNREACHABLE) {
+      // Shared memory (see the top of this file): no peer-failure detection;
+      // stalls end the pull, and a failed client abandons its worker.
+      ep_ = nullptr;
+      params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+      params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      st = ucp_ep_create(core_.worker(), &params, &ep_);
+      if (st == UCS_OK) detects_failures_ = false;
+    }
+    if (st != UCS_OK) {
+      ep_ = nullptr;
+      return UnavailableError("UCX connect: ucp_ep_create: " + UcsText(st));
+    }
+    // Creating an endpoint does not contact the peer; a flush waits for the
+    // wireup to finish, so it fails or times out when the peer is not there.
+    ucp_request_param_t fparam{};
+    void* req = ucp_ep_flush_nbx(ep_, &fparam);
+    ucs_status_t result = UCS_OK;
+    const auto deadline = Clock::now() + timeout;
+    if (UCS_PTR_IS_ERR(req)) {
+      result = UCS_PTR_STATUS(req);
+    } else if (req != nullptr) {
+      for (;;) {
+        while (ucp_worker_progress(core_.worker()) != 0) {
+        }
+        result = ucp_request_check_status(req);
+        if (result != UCS_INPROGRESS) break;
+        if (Clock::now() >= deadline) break;
+        WaitForWorker(core_.worker(), efd_, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+      }
+      if (result == UCS_INPROGRESS) {
+        if (!detects_failures_) {
+          Abandon();
+          return UnavailableError("UCX connect: the peer did not answer within " +
+                                  std::to_string(timeout.count()) + " ms");
+        }
+        // Timed out: the forced close completes the flush with an error.
+        CloseEndpoint(/*force=*/true, std::chrono::seconds(30));
+        ucp_request_free(req);  // Released now or when UCX completes it.
+        return UnavailableError("UCX connect: the peer did not answer within " + std::to_string(timeout.count()) +
+                                " ms");
+      }
+      ucp_request_free(req);
+    }
+    if (result == UCS_OK && ep_status_ != UCS_OK) result = ep_status_;
+    if (result != UCS_OK) {
+      CloseEndpoint(/*force=*/true, std::chrono::seconds(30));
+      return UnavailableError("UCX connect: " + UcsText(result));
+    }
+    transports_ = ParseTransports(CaptureUcxPrint([this](FILE* f) { ucp_ep_print_info(ep_, f); }),
+                                  /*lanes=*/true);
+    return Status::Ok();
+  }
+
+  Result<uint32_t> AddRegion(std::string_view packed_rkey, uint64_t remote_address, uint64_t bytes) override {
+    TL_RETURN_IF_ERROR(CheckConnected());
+    TL_ASSIGN_OR_RETURN(std::string rkey_bytes, Unframe(packed_rkey, 'K', "UCX remote key"));
+    uint64_t end;
+    if (bytes == 0 || !CheckedAdd(remote_address, bytes, &end)) {
+      return InvalidArgumentError("UCX remote region [" + std::to_string(remote_address) + ", +" +
+                                  std::to_string(bytes) + ") is empty or wraps the address space");
+    }
+    if (regions_.size() >= UINT32_MAX) return ResourceExhaustedError("UCX AddRegion: too many regions");
+    ucp_rkey_h rkey = nullptr;
+    const ucs_status_t st = ucp_ep_rkey_unpack(ep_, rkey_bytes.data(), &rkey);
+    if (st != UCS_OK) return InvalidArgumentError("UCX remote key: ucp_ep_rkey_unpack: " + UcsText(st));
+    regions_.push_back(RemoteRegion{rkey, remote_address, bytes});
+    return static_cast<uint32_t>(regions_.size() - 1);
+  }
+
+  Status MapLocal(void* data, uint64_t bytes) override {
+    uint64_t end;
+    if (data == nullptr || bytes == 0 || !CheckedAdd(reinterpret_cast<uint64_t>(data), bytes, &end)) {
+      return InvalidArgumentError("UCX MapLocal: empty or wrapping range of " + std::to_string(bytes) + " bytes");
+    }
+    ucp_mem_map_params_t params{};
+    params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    params.address = data;
+    params.length = bytes;
+    ucp_mem_h memh = nullptr;
+    const ucs_status_t st = ucp_mem_map(core_.context(), &params, &memh);
+    if (st != UCS_OK) {
+      return ResourceExhaustedError("UCX MapLocal: ucp_mem_map of " + std::to_string(bytes) + " bytes: " + UcsText(st));
+    }
+    local_.push_back(LocalMap{reinterpret_cast<uint64_t>(data), end, memh});
+    return Status::Ok();
+  }
+
+  Status GetAll(const std::vector<Get>& gets, const GetOptions& options) override {
+    if (options.max_in_flight < 1 || options.max_get_bytes == 0 || options.stall_timeout.count() <= 0) {
+      return InvalidArgumentError("UCX GetAll: max_in_flight " + std::to_string(options.max_in_flight) +
+                                  ", max_get_bytes " + std::to_string(options.max_get_bytes) + " and stall_timeout " +
+                                  std::to_string(options.stall_timeout.count()) + " ms must all be positive");
+    }
+    TL_RETURN_IF_ERROR(CheckConnected());
+    // Validate every get before issuing any.
+    for (size_t i = 0; i < gets.size(); ++i) {
+      const Get& g = gets[i];
+      if (g.region >= regions_.size()) {
+        return OutOfRangeError("UCX get " + std::to_string(i) + ": region " + std::to_string(g.region) +
+                               " does not exist (" + std::to_string(regions_.size()) + " added)");
+      }
+      uint64_t end;
+      if (!CheckedAdd(g.offset, g.bytes, &end) || end > regions_[g.region].bytes) {
+        return OutOfRangeError("UCX get " + std::to_string(i) + ": [" + std::to_string(g.offset) + ", +" +
+                               std::to_string(g.bytes) + ") runs past the end of region " + std::to_string(g.region) +
+                               " (" + std::to_string(regions_[g.region].bytes) + " bytes)");
+      }
+      uint64_t dst_end;
+      if (g.bytes > 0 && (g.dst == nullptr || !CheckedAdd(reinterpret_cast<uint64_t>(g.dst), g.bytes, &dst_end))) {
+        return InvalidArgumentError("UCX get " + std::to_string(i) + ": null or wrapping destination");
+      }
+    }
+
+    struct InFlight {
+      void* request;
+      size_t get;
+      uint64_t bytes;
+    };
+    std::vector<InFlight> in_flight;
+    in_flight.reserve(static_cast<size_t>(options.max_in_flight));
+    std::vector<uint64_t> remaining(gets.size());
+    for (size_t i = 0; i < gets.size(); ++i) remaining[i] = gets[i].bytes;
+
+    size_t next_get = 0;        // The get being split and issued.
+    uint64_t next_offset = 0;   // Within it.
+    uint64_t issued_bytes = 0;  // For the rate limit.
+    const auto start = Clock::now();
+    auto last_event = start;  // Last completion, or first issue after idle.
+    ucs_status_t failure = UCS_OK;
+    bool stalled = false;
+
+    auto finish_piece = [&](size_t get, uint64_t bytes) {
+      remaining[get] -= bytes;
+      if (remaining[get] == 0 && options.on_done) options.on_done(get);
+    };
+    // Skips (and reports) empty gets at the cursor.
+    auto skip_empty = [&]() {
+      while (next_get < gets.size() && gets[next_get].bytes == 0) {
+        if (options.on_done) options.on_done(next_get);
+        ++next_get;
+      }
+    };
+    skip_empty();
+
+    while ((next_get < gets.size() || !in_flight.empty()) && failure == UCS_OK) {
+      auto now = Clock::now();
+      // Issue while slots and the rate allow.
+      Clock::time_point rate_wait = Clock::time_point::max();
+      while (next_get < gets.size() && in_flight.size() < static_cast<size_t>(options.max_in_flight)) {
+        if (options.rate_limit > 0) {
+          const auto allowed = start + std::chrono::nanoseconds(static_cast<int64_t>(
+                                           static_cast<long double>(issued_bytes) * 1e9L / options.rate_limit));
+          if (allowed > now) {
+            rate_wait = allowed;
+            break;
+          }
+        }
+        const Get& g = gets[next_get];
+        const uint64_t piece = std::min(options.max_get_bytes, g.bytes - next_offset);
+        const RemoteRegion& r = regions_[g.region];
+        char* dst = static_cast<char*>(g.dst) + next_offset;
+        ucp_request_param_t param{};
+        if (ucp_mem_h memh = LocalMemh(dst, piece)) {
+          param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+          param.memh = memh;
+        }
+        void* req = ucp_get_nbx(ep_, dst, piece, r.address + g.offset + next_offset, r.rkey, &param);
+        if (UCS_PTR_IS_ERR(req)) {
+          failure = UCS_PTR_STATUS(req);
+          break;
+        }
+        if (in_flight.empty()) last_event = now;
+        issued_bytes += piece;
+        const size_t get_index = next_get;
+        next_offset += piece;
+        if (next_offset == g.bytes) {
+          ++next_get;
+          next_offset = 0;
+        }
+        if (req == nullptr) {
+          finish_piece(get_index, piece);
+          last_event = now;
+        } else {
+          in_flight.push_back(InFlight{req, get_index, piece});
+        }
+        skip_empty();
+      }
+      if (failure != UCS_OK) break;
+
+      unsigned progressed = 0;
+      for (int i = 0; i < 64; ++i) {
+        const unsigned n = ucp_worker_progress(core_.worker());
+        progressed += n;
+        if (n == 0) break;
+      }
+      bool completed = false;
+      for (size_t i = 0; i < in_flight.size();) {
+        const ucs_status_t st = ucp_request_check_status(in_flight[i].request);
+        if (st == UCS_INPROGRESS) {
+          ++i;
+          continue;
+        }
+        ucp_request_free(in_flight[i].request);
+        const InFlight done = in_flight[i];
+        in_flight[i] = in_flight.back();
+        in_flight.pop_back();
+        if (st != UCS_OK) {
+          if (failure == UCS_OK) failure = st;
+          continue;
+        }
+        completed = true;
+        finish_piece(done.get, done.bytes);
+      }
+      if (failure != UCS_OK) break;
+      if (ep_status_ != UCS_OK) {
+        failure = ep_status_;
+        break;
+      }
+      now = Clock::now();
+      if (completed) {
+        last_event = now;
+        continue;
+      }
+      if (!in_flight.empty() && now - last_event >= options.stall_timeout) {
+        stalled = true;
+        break;
+      }
+      if (progressed > 0) continue;
+      // Nothing happened: sleep until an event, the rate allows the next get,
+      // or the stall deadline; at most 50 ms between checks.
+      auto deadline = now + std::chrono::milliseconds(50);
+      if (!in_flight.empty()) deadline = std::min(deadline, last_event + options.stall_timeout);
+      if (rate_wait != Clock::time_point::max()) deadline = std::min(deadline, rate_wait);
+      WaitForWorker(core_.worker(), efd_, deadline);
+    }
+    if (failure == UCS_OK && !stalled) return Status::Ok();
+
+    // Failure: close the endpoint so UCX completes every outstanding request,
+    // then release them; nothing writes to a destination after this.
+    const size_t outstanding = in_flight.size();
+    if (!detects_failures_) {
+      Abandon();  // Never progressed again: its gets cannot land.
+      return UnavailableError("UCX GetAll: " +
+                              std::string(stalled ? "no get finished within " +
+                                                        std::to_string(options.stall_timeout.count()) + " ms"
+                                                  : "get failed: " + UcsText(failure)) +
+                              " (" + std::to_string(outstanding) +
+                              " outstanding gets abandoned with the connection: shared memory has no peer-failure "
+                              "detection)");
+    }
+    const ucs_status_t ep_status = ep_status_;
+    CloseEndpoint(/*force=*/true, std::chrono::hours(24));  // Forced close always completes.
+    bool leaked = false;
+    const auto drain_deadline = Clock::now() + std::chrono::seconds(30);
+    while (!in_flight.empty()) {
+      ucp_worker_progress(core_.worker());
+      for (size_t i = 0; i < in_flight.size();) {
+        if (ucp_request_check_status(in_flight[i].request) == UCS_INPROGRESS) {
+          ++i;
+          continue;
+        }
+        ucp_request_free(in_flight[i].request);
+        in_flight[i] = in_flight.back();
+        in_flight.pop_back();
+      }
+      if (!in_flight.empty() && Clock::now() > drain_deadline) {
+        leaked = true;
+        break;
+      }
+    }
+    if (leaked) {
+      return InternalError("UCX GetAll: " + std::to_string(in_flight.size()) +
+                           " requests were not released after the endpoint was closed");
+    }
+    const std::string cancelled = " (" + std::to_string(outstanding) + " outstanding gets cancelled)";
+    if (stalled) {
+      return UnavailableError("UCX GetAll: no get finished within " + std::to_string(options.stall_timeout.count()) +
+                              " ms" + cancelled);
+    }
+    const ucs_status_t shown = ep_status != UCS_OK ? ep_status : failure;
+    return UnavailableError("UCX GetAll: get failed: " + UcsText(shown) + cancelled);
+  }
+
+  std::string TransportsInUse() const override { return transports_; }
+
+ private:
+  struct RemoteRegion {
+    ucp_rkey_h rkey;
+    uint64_t address;
+    uint64_t bytes;
+  };
+  struct LocalMap {
+    uint64_t begin;
+    uint64_t end;
+    ucp_mem_h memh;
+  };
+
+  // Gives up the connection over a transport without peer-failure
+  // detection: the endpoint is closed (forced, not waited for) and the worker
+  // and context destroyed with the stuck gets inside them, so nothing can
+  // progress them again; UCX reports their requests as not returned.
+  void Abandon() {
+    if (ep_ != nullptr) {
+      ucp_request_param_t param{};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      void* req = ucp_ep_close_nbx(ep_, &param);
+      (void)req;  // Released with the worker.
+      ep_ = nullptr;
+    }
+    for (RemoteRegion& r : regions_) ucp_rkey_destroy(r.rkey);
+    regions_.clear();
+    for (LocalMap& m : local_) ucp_mem_unmap(core_.context(), m.memh);
+    local_.clear();
+    core_ = UcxCore();  // ucp_worker_destroy, ucp_cleanup.
+    abandoned_ = true;
+    if (ep_status_ == UCS_OK) ep_status_ = UCS_ERR_NOT_CONNECTED;
+  }
+
+  static void OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
+    auto* self = static_cast<UcxClientImpl*>(arg);
+    if (self->ep_status_ == UCS_OK) self->ep_status_ = status == UCS_OK ? UCS_ERR_CONNECTION_RESET : status;
+  }
+
+  Status CheckConnected() const {
+    if (ep_ == nullptr) {
+      return UnavailableError("UCX: the connection to the peer was closed after an earlier error (" +
+                              UcsText(ep_status_ != UCS_OK ? ep_status_ : UCS_ERR_NOT_CONNECTED) + ")");
+    }
+    return Status::Ok();
+  }
+
+  ucp_mem_h LocalMemh(const void* dst, uint64_t bytes) const {
+    const uint64_t begin = reinterpret_cast<uint64_t>(dst);
+    for (const LocalMap& m : local_) {
+      if (begin >= m.begin && begin + bytes <= m.end) return m.memh;
+    }
+    return nullptr;
+  }
+
+  // Closes ep_ and progresses until the close completes or `limit` passes.
+  void CloseEndpoint(bool force, std::chrono::milliseconds limit) {
+    if (ep_ == nullptr) return;
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* req = ucp_ep_close_nbx(ep_, &param);
+    ep_ = nullptr;
+    if (ep_status_ == UCS_OK) ep_status_ = UCS_ERR_NOT_CONNECTED;
+    if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
+    const auto deadline = Clock::now() + limit;
+    while (ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < deadline) {
+      if (ucp_worker_progress(core_.worker()) == 0) {
+        WaitForWorker(core_.worker(), efd_, std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
+      }
+    }
+    if (ucp_request_check_status(req) != UCS_INPROGRESS) ucp_request_free(req);
+    // Else the worker's destruction releases it.
+  }
+
+  UcxCore core_;
+  int efd_;
+  bool detects_failures_ = true;  // False over shared memory (see the top).
+  bool abandoned_ = false;
+  ucp_ep_h ep_ = nullptr;
+  ucs_status_t ep_status_ = UCS_OK;  // First endpoint error; set by the error handler.
+  std::vector<RemoteRegion> regions_;
+  std::vector<LocalMap> local_;
+  std::string transports_;
+};
+
+Result<int> WorkerEventFd(ucp_worker_h worker) {
+  int efd = -1;
+  const ucs_status_t st = ucp_worker_get_efd(worker, &efd);
+  if (st != UCS_OK) return UnimplementedError("UCX worker has no event fd: " + UcsText(st));
+  return efd;
+}
+
+}  // namespace
+
+bool UcxBuilt() { return true; }
+
+std::string UcxVersion() { return TENSORLIFT_UCX_VERSION; }
+
+Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& options) {
+  TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_MULTI, /*shared_context=*/true,
+                                                    "tensorlift-server"));
+  TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core.worker()));
+  const int stop = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (stop < 0) return PosixError("eventfd", errno);
+  PosixFile stop_fd = PosixFile::Adopt(stop);
+  ucp_address_t* addr = nullptr;
+  size_t addr_len = 0;
+  const ucs_status_t st = ucp_worker_get_address(core.worker(), &addr, &addr_len);
+  if (st != UCS_OK) return InternalError("ucp_worker_get_address: " + UcsText(st));
+  std::string address = Frame('A', addr, addr_len);
+  ucp_worker_release_address(core.worker(), addr);
+  std::string transports = ParseTransports(
+      CaptureUcxPrint([&](FILE* f) { ucp_context_print_info(core.context(), f); }), /*lanes=*/false);
+  if (transports.empty()) transports = options.transports.empty() ? "default" : options.transports;
+  return std::unique_ptr<UcxServer>(
+      new UcxServerImpl(std::move(core), std::move(stop_fd), efd, std::move(address), std::move(transports)));
+}
+
+Result<std::unique_ptr<UcxClient>> UcxClient::Connect(std::string_view worker_address, const UcxOptions& options,
+                                                      std::chrono::milliseconds timeout) {
+  // Checked before UCX is started: garbage costs nothing.
+  TL_ASSIGN_OR_RETURN(std::string address, Unframe(worker_address, 'A', "UCX worker address"));
+  TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_SERIALIZED, /*shared_context=*/false,
+                                                    "tensorlift-client"));
+  TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core.worker()));
+  auto client = std::make_unique<UcxClientImpl>(std::move(core), efd);
+  TL_RETURN_IF_ERROR(client->Connect(address, options.transports.empty() ? "default" : options.transports, timeout));
+  return std::unique_ptr<UcxClient>(std::move(client));
+}
+
+}  // namespace tensorlift::remote

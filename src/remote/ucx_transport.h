@@ -1,0 +1,88 @@
+// The data plane over UCX (docs/remote.md, "Data plane"): the source maps its
+// memory once in a few large regions and publishes its worker address and
+// packed remote keys; a client connects an endpoint and reads one-sided
+// (ucp_get_nbx), so the source does no per-tensor work. Over transports
+// without hardware RMA (TCP) UCX emulates the get, which the source's
+// progress thread answers; it sleeps in ucp_worker_wait between events.
+//
+// Built from ucx_transport.cc when UCX is found (TENSORLIFT_WITH_UCX), else
+// from ucx_none.cc, whose functions return kUnimplemented "built without
+// UCX ...". Thread safety: UcxServer's methods may be called from any thread;
+// a UcxClient is used by one thread at a time.
+#ifndef TENSORLIFT_REMOTE_UCX_TRANSPORT_H_
+#define TENSORLIFT_REMOTE_UCX_TRANSPORT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tensorlift/status.h"
+
+namespace tensorlift::remote {
+
+bool UcxBuilt();
+std::string UcxVersion();  // "1.13.1", or why not built.
+
+struct UcxOptions {
+  // UCX_TLS syntax ("tcp", "sm,self", "rc,cuda_copy"); empty: UCX's default
+  // or the UCX_TLS environment variable. Applied through ucp_config_modify,
+  // not the environment.
+  std::string transports;
+};
+
+class UcxServer {
+ public:
+  // A context and worker with a progress thread.
+  static Result<std::unique_ptr<UcxServer>> Create(const UcxOptions& options);
+  virtual ~UcxServer() = default;
+  // Maps [data, data + bytes) for remote reads (ucp_mem_map); the memory must
+  // stay valid until the server is destroyed. Returns the region's index.
+  virtual Result<uint32_t> Register(const void* data, uint64_t bytes) = 0;
+  virtual std::string WorkerAddress() const = 0;           // Raw bytes.
+  virtual Result<std::string> PackedRkey(uint32_t region) const = 0;  // Raw bytes.
+  virtual uint64_t RegionAddress(uint32_t region) const = 0;
+  virtual uint64_t RegionBytes(uint32_t region) const = 0;
+  // Transports UCX chose ("tcp", "posix,cma", ...), for reports.
+  virtual std::string TransportsInUse() const = 0;
+};
+
+class UcxClient {
+ public:
+  // Connects to a server's worker; kUnavailable after `timeout`.
+  static Result<std::unique_ptr<UcxClient>> Connect(std::string_view worker_address, const UcxOptions& options,
+                                                    std::chrono::milliseconds timeout);
+  virtual ~UcxClient() = default;
+  // Unpacks a region's remote key; returns its index for Get::region.
+  virtual Result<uint32_t> AddRegion(std::string_view packed_rkey, uint64_t remote_address, uint64_t bytes) = 0;
+  // Maps local memory that gets land in (optional; faster zero-copy gets).
+  virtual Status MapLocal(void* data, uint64_t bytes) = 0;
+
+  struct Get {
+    uint32_t region = 0;
+    uint64_t offset = 0;  // In the region.
+    uint64_t bytes = 0;
+    void* dst = nullptr;
+  };
+  struct GetOptions {
+    int max_in_flight = 16;
+    uint64_t max_get_bytes = 8ull << 20;  // Larger gets are split.
+    uint64_t rate_limit = 0;              // Bytes/s this client paces itself to (0: none).
+    std::chrono::milliseconds stall_timeout{10000};  // Longest wait with no get finishing.
+    // Called (on this thread) as each Get of `gets` has fully landed.
+    std::function<void(size_t index)> on_done;
+  };
+  // Reads every get; bounds-checked against its region (kOutOfRange) before
+  // any is issued. kUnavailable when a get fails (peer gone) or stalls; the
+  // outstanding requests are cancelled before returning, so no get writes to
+  // `dst` after this returns.
+  virtual Status GetAll(const std::vector<Get>& gets, const GetOptions& options) = 0;
+  virtual std::string TransportsInUse() const = 0;
+};
+
+}  // namespace tensorlift::remote
+
+#endif  // TENSORLIFT_REMOTE_UCX_TRANSPORT_H_

@@ -1,0 +1,398 @@
+// PeerServer + LoadFromPeer in one process (UCX over loopback): pulls that
+// match a disk load byte for byte, every fallback (wrong key, wrong token,
+// corrupt chunk, dead peer, malformed manifest, no peer), layout translation
+// between tensor-parallel sizes, rate limits and becoming a seed. The
+// two-process, CLI and registry cases are in tests/python/test_cli_remote.py.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "../load/test_files.h"
+#include "remote/layout.h"
+#include "remote/ucx_transport.h"
+#include "tensorlift/checksum.h"
+#include "tensorlift/remote.h"
+
+namespace tensorlift {
+namespace {
+
+using ::testing::HasSubstr;
+using tensorlift::testing::Random;
+using tensorlift::testing::RawTensor;
+using tensorlift::testing::TempDir;
+using tensorlift::testing::WriteRaw;
+
+constexpr const char* kLayout = "w0=0;w1=1;w3=2";
+
+std::vector<RawTensor> Tensors() {
+  return {
+      Random("w0", Dtype::kF32, {10, 6}, 1),      // dim 0: TP 4 gets 3,3,2,2 rows.
+      Random("w1", Dtype::kBF16, {4, 9}, 2),      // dim 1.
+      Random("w2", Dtype::kF16, {5, 3, 7}, 3),    // whole.
+      Random("w3", Dtype::kF32, {2, 3, 5}, 4),    // dim 2.
+      Random("big", Dtype::kU8, {3 << 20}, 5),    // several chunks (1 MiB each below).
+      Random("h.f4", Dtype::kF4, {2, 6}, 6),      // sub-byte, whole.
+      Random("z.empty", Dtype::kF64, {0, 4}, 7),  // no bytes.
+  };
+}
+
+class PeerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!remote::UcxBuilt()) GTEST_SKIP() << remote::UcxVersion();
+    tensors_ = Tensors();
+    path_ = dir_.File("model.safetensors");
+    WriteRaw(path_, tensors_);
+    key_.model = "test-model";
+    key_.revision = "r1";
+    key_.layout = kLayout;
+  }
+
+  ServeOptions Serve(int size = 1, int rank = 0) {
+    ServeOptions o;
+    o.chunk_bytes = 1 << 20;
+    o.parallel = {size, rank};
+    return o;
+  }
+
+  std::unique_ptr<PeerServer> Start(const ServeOptions& o, const PeerKey* key = nullptr) {
+    auto s = PeerServer::ServeCheckpoint(path_, key ? *key : key_, o);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  PeerLoadOptions Pull(std::vector<std::string> peers, int size = 1, int rank = 0) {
+    PeerLoadOptions o;
+    o.peers = std::move(peers);
+    o.parallel = {size, rank};
+    o.request_timeout_ms = 3000;
+    o.connect_timeout_ms = 3000;
+    o.stall_timeout_ms = 3000;
+    o.batch_bytes = 256 << 10;  // Several gets per chunk.
+    o.max_in_flight = 4;
+    return o;
+  }
+
+  // The bytes rank `rank` of `size` should hold of tensor t (element copy).
+  static std::vector<uint8_t> Expected(const RawTensor& t, int size, int rank) {
+    auto layout = remote::Layout::Parse(kLayout);
+    const int dim = layout->DimFor(t.name);
+    if (dim < 0 || size == 1) return t.bytes;
+    const uint64_t esize = static_cast<uint64_t>(DtypeBits(t.dtype)) / 8;
+    auto r = remote::ShardRange(static_cast<int64_t>(t.shape[dim]), rank, size);
+    uint64_t outer = 1, inner = 1;
+    for (int d = 0; d < dim; ++d) outer *= t.shape[d];
+    for (size_t d = dim + 1; d < t.shape.size(); ++d) inner *= t.shape[d];
+    std::vector<uint8_t> out;
+    for (uint64_t o = 0; o < outer; ++o) {
+      for (int64_t x = r->start; x < r->start + r->length; ++x) {
+        const uint64_t src = ((o * t.shape[dim] + x) * inner) * esize;
+        out.insert(out.end(), t.bytes.begin() + src, t.bytes.begin() + src + inner * esize);
+      }
+    }
+    return out;
+  }
+
+  void ExpectRank(const LoadedCheckpoint& got, int size, int rank) {
+    ASSERT_EQ(got.tensors().size(), tensors_.size());
+    for (const RawTensor& t : tensors_) {
+      const LoadedTensor* g = got.Find(t.name);
+      ASSERT_NE(g, nullptr) << t.name;
+      const auto want = Expected(t, size, rank);
+      ASSERT_EQ(g->nbytes, want.size()) << t.name << " rank " << rank << " of " << size;
+      EXPECT_EQ(std::memcmp(g->data, want.data(), want.size()), 0) << t.name << " rank " << rank << " of " << size;
+    }
+  }
+
+  TempDir dir_;
+  std::string path_;
+  std::vector<RawTensor> tensors_;
+  PeerKey key_;
+};
+
+TEST_F(PeerTest, PullsWhatADiskLoadGives) {
+  auto server = Start(Serve());
+  ASSERT_NE(server, nullptr);
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, Pull({server->url()}), &report);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(report.source, server->url());
+  EXPECT_TRUE(report.failures.empty()) << report.failures[0];
+  EXPECT_EQ(report.source_ranks, 1);
+  auto disk = Load(path_);
+  ASSERT_TRUE(disk.ok());
+  ASSERT_EQ(got->tensors().size(), disk->tensors().size());
+  for (const LoadedTensor& d : disk->tensors()) {
+    const LoadedTensor* g = got->Find(d.name);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(g->dtype, d.dtype);
+    EXPECT_EQ(g->shape, d.shape);
+    ASSERT_EQ(g->nbytes, d.nbytes);
+    EXPECT_EQ(Xxh3_64(g->data, g->nbytes), Xxh3_64(d.data, d.nbytes)) << d.name;
+  }
+  // The session was closed and its bytes counted.
+  for (int i = 0; i < 100 && server->active_sessions() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(server->active_sessions(), 0);
+  EXPECT_EQ(server->served_bytes(), got->total_bytes());
+}
+
+TEST_F(PeerTest, WrongKeyFallsBackToDiskAndSaysWhy) {
+  auto server = Start(Serve());
+  ASSERT_NE(server, nullptr);
+  PeerKey other = key_;
+  other.revision = "r2";
+  auto opts = Pull({server->url()});
+  opts.fallback_path = path_;
+  PeerLoadReport report;
+  auto got = LoadFromPeer(other, opts, &report);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(report.source, "disk:" + path_);
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("revision: 'r2' (ours) != 'r1' (peer's)"));
+  EXPECT_EQ(server->active_sessions(), 0);  // No session: nothing moved.
+  EXPECT_EQ(server->served_bytes(), 0u);
+  ExpectRank(*got, 1, 0);
+}
+
+TEST_F(PeerTest, NoPeerAndNoFallbackIsUnavailableWithReasons) {
+  auto got = LoadFromPeer(key_, Pull({"http://127.0.0.1:1"}));
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+  EXPECT_THAT(got.status().message(), HasSubstr("http://127.0.0.1:1"));
+  auto bad_url = LoadFromPeer(key_, Pull({"ftp://x"}));
+  ASSERT_FALSE(bad_url.ok());
+  EXPECT_THAT(bad_url.status().message(), HasSubstr("not http://HOST:PORT"));
+}
+
+TEST_F(PeerTest, TokenIsRequiredAndChecked) {
+  auto o = Serve();
+  o.token = "s3cret";
+  auto server = Start(o);
+  ASSERT_NE(server, nullptr);
+  // Unsigned and wrongly signed requests are refused, with the reason.
+  auto opts = Pull({server->url()});
+  PeerLoadReport report;
+  auto none = LoadFromPeer(key_, opts, &report);
+  ASSERT_FALSE(none.ok());
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("HTTP 401"));
+  opts.token = "wrong";
+  auto wrong = LoadFromPeer(key_, opts, &report);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_THAT(report.failures[0], HasSubstr("HTTP 401"));
+  opts.token = "s3cret";
+  auto right = LoadFromPeer(key_, opts, &report);
+  ASSERT_TRUE(right.ok()) << right.status().ToString();
+  ExpectRank(*right, 1, 0);
+  // A raw request with a replayed signature is refused too.
+  httplib::Client cli("127.0.0.1", server->port());
+  auto res = cli.Get("/v1/key");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 401);
+}
+
+TEST_F(PeerTest, CorruptChunkFailsOverToTheNextPeer) {
+  auto bad = Start(Serve());
+  auto good = Start(Serve());
+  ASSERT_TRUE(bad && good);
+  ASSERT_TRUE(bad->CorruptForTesting("big", (2 << 20) + 12345).ok());
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, Pull({bad->url(), good->url()}), &report);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(report.source, good->url());
+  ASSERT_EQ(report.failures.size(), 1u);
+  EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 2"));
+  EXPECT_THAT(report.failures[0], HasSubstr("XXH3"));
+  ExpectRank(*got, 1, 0);
+  // Only the corrupt peer: no fallback means an error, never the tensors.
+  auto alone = LoadFromPeer(key_, Pull({bad->url()}));
+  ASSERT_FALSE(alone.ok());
+  EXPECT_THAT(alone.status().message(), HasSubstr("chunk 2"));
+}
+
+TEST_F(PeerTest, MalformedManifestIsRejectedLikeAFileHeader) {
+  // A fake peer: a valid key, then a manifest that lies about its bytes.
+  httplib::Server fake;
+  const std::string key_json =
+      R"({"protocol":1,"key":{"model":"test-model","revision":"r1","dtype":"as-stored","quantization":"none",)"
+      R"("layout":"w0=0;w1=1;w3=2","protocol":1},"digest":"0","parallel":{"size":1,"rank":0},"tensors":1,)"
+      R"("total_bytes":8,"sessions":0})";
+  fake.Get("/v1/key", [&](const httplib::Request&, httplib::Response& res) { res.set_content(key_json, "application/json"); });
+  fake.Post("/v1/session", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("X-Tensorlift-Session", "ab");
+    res.set_content(R"({"protocol":1,"tensors":[{"name":"w0","nbytes":18446744073709551615}]})", "application/json");
+  });
+  fake.Delete(R"(/v1/session/(\w+))", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok", "text/plain"); });
+  const int port = fake.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { fake.listen_after_bind(); });
+  auto opts = Pull({"http://127.0.0.1:" + std::to_string(port)});
+  opts.fallback_path = path_;
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, opts, &report);
+  fake.stop();
+  t.join();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(report.source, "disk:" + path_);
+  ASSERT_EQ(report.failures.size(), 2u);  // The manifest, then "no live endpoint".
+  EXPECT_THAT(report.failures[0], HasSubstr("manifest"));
+  ExpectRank(*got, 1, 0);
+}
+
+TEST_F(PeerTest, DeadPeerFailsOverWithinTheTimeOut) {
+  std::string url;
+  {
+    auto gone = Start(Serve());
+    ASSERT_NE(gone, nullptr);
+    url = gone->url();
+  }
+  auto good = Start(Serve());
+  const auto t0 = std::chrono::steady_clock::now();
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, Pull({url, good->url()}), &report);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
+  EXPECT_EQ(report.source, good->url());
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr(url));
+}
+
+// A source of one size serving a destination of another: each destination
+// rank reads its slices from the source ranks that hold them.
+TEST_F(PeerTest, TranslatesBetweenTensorParallelSizes) {
+  for (int src_size : {1, 2, 3}) {
+    std::vector<std::unique_ptr<PeerServer>> servers;
+    std::vector<std::string> urls;
+    for (int r = 0; r < src_size; ++r) {
+      servers.push_back(Start(Serve(src_size, r)));
+      ASSERT_NE(servers.back(), nullptr);
+      urls.push_back(servers.back()->url());
+    }
+    for (int dst_size : {1, 2, 4}) {
+      for (int rank = 0; rank < dst_size; ++rank) {
+        SCOPED_TRACE("source TP " + std::to_string(src_size) + ", destination rank " + std::to_string(rank) + " of " +
+                     std::to_string(dst_size));
+        PeerLoadReport report;
+        auto got = LoadFromPeer(key_, Pull(urls, dst_size, rank), &report);
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_TRUE(report.failures.empty()) << report.failures[0];
+        EXPECT_GE(report.source_ranks, 1);
+        ExpectRank(*got, dst_size, rank);
+        // The disk fallback gives the same slices.
+        auto opts = Pull({}, dst_size, rank);
+        opts.fallback_path = path_;
+        auto disk = LoadFromPeer(key_, opts);
+        ASSERT_TRUE(disk.ok()) << disk.status().ToString();
+        ExpectRank(*disk, dst_size, rank);
+      }
+    }
+  }
+}
+
+TEST_F(PeerTest, IncompleteSourceGroupFallsBack) {
+  auto rank0 = Start(Serve(2, 0));  // Rank 1 of 2 is missing.
+  ASSERT_NE(rank0, nullptr);
+  auto opts = Pull({rank0->url()});
+  opts.fallback_path = path_;
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, opts, &report);
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(report.source, "disk:" + path_);
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures.back(), HasSubstr("no live endpoint for rank 1"));
+}
+
+TEST_F(PeerTest, RateLimitPacesThePull) {
+  auto o = Serve();
+  o.rate_limit = 8 << 20;  // 8 MiB/s: the 3 MiB tensor takes about 0.4 s.
+  auto server = Start(o);
+  ASSERT_NE(server, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = LoadFromPeer(key_, Pull({server->url()}));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_GT(s, 0.25);
+}
+
+TEST_F(PeerTest, MaxSessionsRefusesExtraClients) {
+  auto o = Serve();
+  o.max_sessions = 1;
+  o.rate_limit = 4 << 20;  // The first pull takes a while.
+  auto server = Start(o);
+  ASSERT_NE(server, nullptr);
+  std::thread first([&] { (void)LoadFromPeer(key_, Pull({server->url()})); });
+  for (int i = 0; i < 200 && server->active_sessions() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  PeerLoadReport report;
+  auto second = LoadFromPeer(key_, Pull({server->url()}), &report);
+  first.join();
+  ASSERT_FALSE(second.ok());
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("HTTP 503"));
+}
+
+TEST_F(PeerTest, ALoadedInstanceBecomesASeed) {
+  auto origin = Start(Serve(2, 0));
+  auto origin1 = Start(Serve(2, 1));
+  ASSERT_TRUE(origin && origin1);
+  auto opts = Pull({origin->url(), origin1->url()}, 2, 1);
+  opts.become_seed = true;
+  opts.seed.chunk_bytes = 64 << 10;
+  auto seeded = LoadFromPeerAndSeed(key_, opts);
+  ASSERT_TRUE(seeded.ok()) << seeded.status().ToString();
+  ASSERT_NE(seeded->seed, nullptr);
+  ExpectRank(*seeded->loaded, 2, 1);
+  origin1.reset();  // The seed now stands in for rank 1.
+  auto got = LoadFromPeer(key_, Pull({origin->url(), seeded->seed->url()}, 1, 0));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectRank(*got, 1, 0);
+}
+
+TEST_F(PeerTest, ServesUserBuffers) {
+  std::vector<float> a(1000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.5f;
+  std::vector<uint16_t> b(77, 0xBEEF);
+  std::vector<PeerServer::Tensor> tensors = {
+      {"a", Dtype::kF32, {10, 100}, a.data(), -1, 0, {}},
+      {"b", Dtype::kU16, {77}, b.data(), -1, 0, {}},
+  };
+  PeerKey key;
+  key.model = "buffers";
+  key.revision = "1";
+  auto server = PeerServer::ServeBuffers(tensors, key, {});
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  auto got = LoadFromPeer(key, Pull({(*server)->url()}));
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(got->Find("a")->nbytes, a.size() * 4);
+  EXPECT_EQ(std::memcmp(got->Find("a")->data, a.data(), a.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(got->Find("b")->data, b.data(), b.size() * 2), 0);
+  // Bad requests are refused before anything is served.
+  std::vector<PeerServer::Tensor> dup = {{"a", Dtype::kF32, {1}, a.data(), -1, 0, {}},
+                                         {"a", Dtype::kF32, {1}, a.data(), -1, 0, {}}};
+  EXPECT_FALSE(PeerServer::ServeBuffers(dup, key, {}).ok());
+}
+
+TEST(PeerKeyTest, ForCheckpointIsStableAndNamesTheModel) {
+  TempDir dir;
+  const std::string sub = dir.path() + "/llama-tiny";
+  std::filesystem::create_directory(sub);
+  WriteRaw(sub + "/model.safetensors", Tensors());
+  auto a = PeerKeyForCheckpoint(sub);
+  auto b = PeerKeyForCheckpoint(sub + "/model.safetensors");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->model, "llama-tiny");
+  EXPECT_EQ(b->model, "llama-tiny");
+  EXPECT_EQ(a->revision, b->revision);
+  EXPECT_EQ(a->revision.substr(0, 2), "h:");
+  auto other = Tensors();
+  other[0].name = "w0x";
+  WriteRaw(sub + "/model.safetensors", other);
+  auto c = PeerKeyForCheckpoint(sub);
+  ASSERT_TRUE(c.ok());
+  EXPECT_NE(a->revision, c->revision);
+}
+
+}  // namespace
+}  // namespace tensorlift

@@ -1,0 +1,480 @@
+// The UCX data plane between two processes on one host: a forked child serves
+// a pattern-filled buffer, the test process reads it back with UcxClient.
+// Parameterized over TCP (over loopback) and shared memory ("sm"); a
+// transport UCX cannot start here makes its tests skip, with the reason.
+#include "remote/ucx_transport.h"
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace tensorlift::remote {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kRegionBytes = (64ull << 20) + 4099;  // 64 MiB and an odd tail.
+
+uint8_t Pattern(uint64_t i) { return static_cast<uint8_t>((i * 0x9E3779B97F4A7C15ull) >> 56) ^ static_cast<uint8_t>(i); }
+
+// --- Pipe helpers (both processes) -------------------------------------------
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+bool WriteBlob(int fd, const std::string& s) {
+  const uint64_t n = s.size();
+  return WriteAll(fd, &n, sizeof(n)) && WriteAll(fd, s.data(), s.size());
+}
+
+// Reads exactly n bytes, waiting at most until `deadline`.
+bool ReadAll(int fd, void* data, size_t n, Clock::time_point deadline) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd pfd{fd, POLLIN, 0};
+    const int pr = ::poll(&pfd, 1, static_cast<int>(left));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) return false;
+    const ssize_t r = ::read(fd, p, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return true;
+}
+
+bool ReadBlob(int fd, std::string* s, Clock::time_point deadline) {
+  uint64_t n = 0;
+  if (!ReadAll(fd, &n, sizeof(n), deadline) || n > (1u << 24)) return false;
+  s->resize(n);
+  return ReadAll(fd, s->data(), n, deadline);
+}
+
+// --- The serving child -------------------------------------------------------
+
+// Runs in the forked child; never returns. Sends "ok" + address + rkey +
+// region address and size, or an error code and message; then serves until
+// the parent closes `control_fd` (or kills it).
+[[noreturn]] void ServeInChild(const std::string& transports, int info_fd, int control_fd) {
+  auto fail = [&](const Status& s) {
+    WriteBlob(info_fd, std::to_string(static_cast<int>(s.code())));
+    WriteBlob(info_fd, s.ToString());
+    ::_exit(0);
+  };
+  std::vector<uint8_t> data(kRegionBytes);
+  for (uint64_t i = 0; i < kRegionBytes; ++i) data[i] = Pattern(i);
+  auto server = UcxServer::Create(UcxOptions{transports});
+  if (!server.ok()) fail(server.status());
+  auto region = (*server)->Register(data.data(), data.size());
+  if (!region.ok()) fail(region.status());
+  auto rkey = (*server)->PackedRkey(*region);
+  if (!rkey.ok()) fail(rkey.status());
+  const uint64_t addr = (*server)->RegionAddress(*region);
+  const uint64_t bytes = (*server)->RegionBytes(*region);
+  if (!WriteBlob(info_fd, "ok") || !WriteBlob(info_fd, (*server)->WorkerAddress()) || !WriteBlob(info_fd, *rkey) ||
+      !WriteAll(info_fd, &addr, sizeof(addr)) || !WriteAll(info_fd, &bytes, sizeof(bytes)) ||
+      !WriteBlob(info_fd, (*server)->TransportsInUse())) {
+    ::_exit(3);
+  }
+  char c;
+  while (::read(control_fd, &c, 1) != 0) {
+    if (errno != EINTR) break;
+  }
+  server->reset();
+  ::_exit(0);
+}
+
+// The parent's view of a serving child. Destruction ends the child.
+class Child {
+ public:
+  Child() = default;
+  ~Child() { Stop(); }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  // Starts the child; on failure `error` says why (and `error_code` the
+  // server's status code, when it got that far).
+  bool Start(const std::string& transports) {
+    int info[2], control[2];
+    if (::pipe(info) != 0 || ::pipe(control) != 0) {
+      error = "pipe failed";
+      return false;
+    }
+    std::fflush(nullptr);
+    pid_ = ::fork();
+    if (pid_ < 0) {
+      error = "fork failed";
+      return false;
+    }
+    if (pid_ == 0) {
+      ::close(info[0]);
+      ::close(control[1]);
+      ServeInChild(transports, info[1], control[0]);
+    }
+    ::close(info[1]);
+    ::close(control[0]);
+    info_fd_ = info[0];
+    control_fd_ = control[1];
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    std::string tag;
+    if (!ReadBlob(info_fd_, &tag, deadline)) {
+      error = "the child sent nothing";
+      return false;
+    }
+    if (tag != "ok") {
+      error_code = static_cast<StatusCode>(std::stoi(tag));
+      ReadBlob(info_fd_, &error, deadline);
+      return false;
+    }
+    if (!ReadBlob(info_fd_, &address, deadline) || !ReadBlob(info_fd_, &rkey, deadline) ||
+        !ReadAll(info_fd_, &region_address, sizeof(region_address), deadline) ||
+        !ReadAll(info_fd_, &region_bytes, sizeof(region_bytes), deadline) ||
+        !ReadBlob(info_fd_, &server_transports, deadline)) {
+      error = "short reply from the child";
+      return false;
+    }
+    return true;
+  }
+
+  // SIGKILL, then reap.
+  void Kill() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      Reap();
+    }
+  }
+
+  // Asks the child to exit (closes the control pipe), then reaps it.
+  void Stop() {
+    if (control_fd_ >= 0) ::close(control_fd_);
+    control_fd_ = -1;
+    if (pid_ > 0) {
+      // Give it a while to exit cleanly, then kill it.
+      for (int i = 0; i < 500 && pid_ > 0; ++i) {
+        int st;
+        if (::waitpid(pid_, &st, WNOHANG) == pid_) pid_ = -1;
+        else ::usleep(10000);
+      }
+      Kill();
+    }
+    if (info_fd_ >= 0) ::close(info_fd_);
+    info_fd_ = -1;
+  }
+
+  pid_t pid() const { return pid_; }
+
+  std::string error;
+  StatusCode error_code = StatusCode::kOk;
+  std::string address, rkey, server_transports;
+  uint64_t region_address = 0, region_bytes = 0;
+
+ private:
+  void Reap() {
+    int st;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+  }
+
+  pid_t pid_ = -1;
+  int info_fd_ = -1;
+  int control_fd_ = -1;
+};
+
+class UcxTransportTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
+  }
+
+  // Starts the child and connects; skips when the transport is unavailable.
+  // Callers return when IsSkipped() or HasFailure() afterwards.
+  void StartAndConnect(Child* child, std::unique_ptr<UcxClient>* client, uint32_t* region) {
+    if (!child->Start(GetParam())) {
+      if (child->error_code == StatusCode::kUnimplemented) {
+        GTEST_SKIP() << "UCX transport unavailable here (server): " << child->error;
+      }
+      FAIL() << "server child failed: " << child->error;
+    }
+    ASSERT_EQ(child->region_bytes, kRegionBytes);
+    auto c = UcxClient::Connect(child->address, UcxOptions{GetParam()}, std::chrono::seconds(10));
+    if (!c.ok() && c.status().code() == StatusCode::kUnimplemented) {
+      GTEST_SKIP() << "UCX transport unavailable here (client): " << c.status().ToString();
+    }
+    ASSERT_TRUE(c.ok()) << "Connect: " << c.status().ToString();
+    *client = std::move(*c);
+    auto r = (*client)->AddRegion(child->rkey, child->region_address, child->region_bytes);
+    ASSERT_TRUE(r.ok()) << "AddRegion: " << r.status().ToString();
+    *region = *r;
+  }
+};
+
+// Gets of odd sizes that tile [0, total).
+std::vector<UcxClient::Get> TileGets(uint32_t region, uint64_t total, uint8_t* dst) {
+  static constexpr uint64_t kSizes[] = {1, 7, 4093, 65537, 1000003, 3u << 20, 333333, 12345678, 17, 262144 + 1};
+  std::vector<UcxClient::Get> gets;
+  uint64_t offset = 0;
+  for (size_t i = 0; offset < total; ++i) {
+    const uint64_t n = std::min(kSizes[i % std::size(kSizes)], total - offset);
+    gets.push_back(UcxClient::Get{region, offset, n, dst + offset});
+    offset += n;
+  }
+  return gets;
+}
+
+TEST_P(UcxTransportTest, ReadsWholeRegionInManyGets) {
+  Child child;
+  std::unique_ptr<UcxClient> client;
+  uint32_t region = 0;
+  StartAndConnect(&child, &client, &region);
+  if (IsSkipped() || HasFailure()) return;
+
+  std::vector<uint8_t> dst(kRegionBytes, 0);
+  // Map the first half only: gets inside it use the memory handle, the rest
+  // do not; both must give the same bytes.
+  ASSERT_TRUE(client->MapLocal(dst.data(), kRegionBytes / 2).ok());
+  std::vector<UcxClient::Get> gets = TileGets(region, kRegionBytes, dst.data());
+  // Also some gets in reverse order at the end (same bytes again).
+  std::vector<int> done(gets.size(), 0);
+  UcxClient::GetOptions options;
+  options.max_in_flight = 4;
+  options.max_get_bytes = (256u << 10) + 3;  // Forces splitting, odd pieces.
+  options.on_done = [&](size_t i) { ++done.at(i); };
+  const auto t0 = Clock::now();
+  Status st = client->GetAll(gets, options);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  for (size_t i = 0; i < done.size(); ++i) ASSERT_EQ(done[i], 1) << "get " << i;
+  for (uint64_t i = 0; i < kRegionBytes; ++i) {
+    if (dst[i] != Pattern(i)) FAIL() << "byte " << i << " is " << int(dst[i]) << ", want " << int(Pattern(i));
+  }
+  std::printf("[ %s ] %zu gets, %.1f MiB in %.3f s (%.0f MiB/s); client lanes: %s; server: %s\n", GetParam().c_str(),
+              gets.size(), kRegionBytes / 1048576.0, secs, kRegionBytes / 1048576.0 / secs,
+              client->TransportsInUse().c_str(), child.server_transports.c_str());
+
+  // A second GetAll on the same connection: unsplit gets, many in flight.
+  std::vector<uint8_t> again(kRegionBytes, 0);
+  std::vector<UcxClient::Get> big = {{region, 0, kRegionBytes / 2, again.data()},
+                                     {region, kRegionBytes / 2, kRegionBytes - kRegionBytes / 2,
+                                      again.data() + kRegionBytes / 2}};
+  UcxClient::GetOptions fast;
+  fast.max_get_bytes = 64ull << 20;
+  ASSERT_TRUE(client->GetAll(big, fast).ok());
+  EXPECT_EQ(std::memcmp(again.data(), dst.data(), kRegionBytes), 0);
+}
+
+TEST_P(UcxTransportTest, OutOfRangeGetIsRejectedBeforeAnythingIsIssued) {
+  Child child;
+  std::unique_ptr<UcxClient> client;
+  uint32_t region = 0;
+  StartAndConnect(&child, &client, &region);
+  if (IsSkipped() || HasFailure()) return;
+
+  std::vector<uint8_t> dst(1 << 20, 0xAA);
+  int done = 0;
+  UcxClient::GetOptions options;
+  options.on_done = [&](size_t) { ++done; };
+  // The first get is fine; the second runs one byte past the end.
+  std::vector<UcxClient::Get> gets = {{region, 0, 4096, dst.data()}, {region, kRegionBytes - 100, 101, dst.data() + 4096}};
+  Status st = client->GetAll(gets, options);
+  EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
+  // Offset + bytes overflowing 64 bits, and a region that does not exist.
+  gets = {{region, ~0ull - 10, 100, dst.data()}};
+  EXPECT_EQ(client->GetAll(gets, options).code(), StatusCode::kOutOfRange);
+  gets = {{region + 7, 0, 1, dst.data()}};
+  EXPECT_EQ(client->GetAll(gets, options).code(), StatusCode::kOutOfRange);
+  EXPECT_EQ(done, 0);
+  for (uint8_t b : dst) ASSERT_EQ(b, 0xAA) << "a rejected GetAll wrote to its destination";
+
+  // The connection still works.
+  gets = {{region, kRegionBytes - 100, 100, dst.data()}};
+  ASSERT_TRUE(client->GetAll(gets, options).ok());
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(dst[i], Pattern(kRegionBytes - 100 + i));
+  EXPECT_EQ(done, 1);
+}
+
+TEST_P(UcxTransportTest, PeerKilledMidTransferIsUnavailableNotAHang) {
+  Child child;
+  std::unique_ptr<UcxClient> client;
+  uint32_t region = 0;
+  StartAndConnect(&child, &client, &region);
+  if (IsSkipped() || HasFailure()) return;
+
+  std::vector<uint8_t> dst(kRegionBytes, 0);
+  std::vector<UcxClient::Get> gets;
+  for (uint64_t off = 0; off < kRegionBytes; off += 1 << 20) {
+    gets.push_back({region, off, std::min<uint64_t>(1 << 20, kRegionBytes - off), dst.data() + off});
+  }
+  UcxClient::GetOptions options;
+  options.max_in_flight = 4;
+  options.max_get_bytes = 256 << 10;
+  options.rate_limit = 16ull << 20;  // 64 MiB would take 4 s.
+  options.stall_timeout = std::chrono::milliseconds(2000);
+  size_t done = 0;
+  options.on_done = [&](size_t) {
+    if (++done == 3) child.Kill();  // SIGKILL mid-transfer.
+  };
+  const auto t0 = Clock::now();
+  Status st = client->GetAll(gets, options);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_GE(done, 3u);
+  EXPECT_LT(done, gets.size());
+  std::printf("[ %s ] peer killed after %zu gets: %s after %.2f s\n", GetParam().c_str(), done, st.ToString().c_str(),
+              secs);
+  // The client is disconnected now, and says so.
+  EXPECT_EQ(client->GetAll(gets, options).code(), StatusCode::kUnavailable);
+  client.reset();  // Destroying a client whose peer died must not hang.
+}
+
+TEST_P(UcxTransportTest, FrozenPeerStallsIntoUnavailable) {
+  Child child;
+  std::unique_ptr<UcxClient> client;
+  uint32_t region = 0;
+  StartAndConnect(&child, &client, &region);
+  if (IsSkipped() || HasFailure()) return;
+
+  std::vector<uint8_t> dst(kRegionBytes, 0);
+  std::vector<UcxClient::Get> gets = {{region, 0, kRegionBytes, dst.data()}};
+  UcxClient::GetOptions options;
+  options.max_in_flight = 4;
+  options.max_get_bytes = 1 << 20;
+  options.rate_limit = 32ull << 20;
+  options.stall_timeout = std::chrono::milliseconds(1000);
+  // Freeze the peer (SIGSTOP): its connection stays open, nothing answers.
+  ASSERT_EQ(::kill(child.pid(), SIGSTOP), 0);
+  const auto t0 = Clock::now();
+  Status st = client->GetAll(gets, options);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_GE(secs, 0.9);
+  std::printf("[ %s ] frozen peer: %s after %.2f s\n", GetParam().c_str(), st.ToString().c_str(), secs);
+  // Thaw it: any late answer must not land in dst (the requests are gone).
+  std::vector<uint8_t> snapshot = dst;
+  ::kill(child.pid(), SIGCONT);
+  ::usleep(300000);
+  EXPECT_EQ(std::memcmp(snapshot.data(), dst.data(), dst.size()), 0) << "a cancelled get wrote after GetAll returned";
+  EXPECT_EQ(client->GetAll(gets, options).code(), StatusCode::kUnavailable);
+}
+
+TEST_P(UcxTransportTest, ConnectToGarbageOrDeadPeerFailsCleanly) {
+  if (!UcxBuilt()) GTEST_SKIP();
+  const UcxOptions options{GetParam()};
+  // Not an address at all.
+  auto r = UcxClient::Connect("definitely not a UCX worker address", options, std::chrono::seconds(2));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  EXPECT_EQ(UcxClient::Connect("", options, std::chrono::seconds(2)).status().code(), StatusCode::kInvalidArgument);
+
+  Child child;
+  if (!child.Start(GetParam())) {
+    if (child.error_code == StatusCode::kUnimplemented) GTEST_SKIP() << "UCX transport unavailable: " << child.error;
+    FAIL() << child.error;
+  }
+  // A real address with one byte flipped in the middle, and one cut short.
+  std::string flipped = child.address;
+  flipped[flipped.size() / 2] ^= 0x5a;
+  r = UcxClient::Connect(flipped, options, std::chrono::seconds(2));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  r = UcxClient::Connect(child.address.substr(0, child.address.size() - 1), options, std::chrono::seconds(2));
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+  // A garbage remote key on a good connection.
+  auto good = UcxClient::Connect(child.address, options, std::chrono::seconds(10));
+  if (!good.ok() && good.status().code() == StatusCode::kUnimplemented) {
+    GTEST_SKIP() << "UCX transport unavailable here (client): " << good.status().ToString();
+  }
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ((*good)->AddRegion("garbage", child.region_address, child.region_bytes).status().code(),
+            StatusCode::kInvalidArgument);
+  good->reset();
+
+  // The address of a peer that is gone: kUnavailable, within the timeout.
+  const std::string address = child.address;
+  child.Kill();
+  const auto t0 = Clock::now();
+  r = UcxClient::Connect(address, options, std::chrono::seconds(3));
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+  std::printf("[ %s ] connect to a dead peer: %s after %.2f s\n", GetParam().c_str(), r.status().ToString().c_str(),
+              secs);
+}
+
+TEST_P(UcxTransportTest, RateLimitIsRespected) {
+  Child child;
+  std::unique_ptr<UcxClient> client;
+  uint32_t region = 0;
+  StartAndConnect(&child, &client, &region);
+  if (IsSkipped() || HasFailure()) return;
+
+  constexpr uint64_t kBytes = 8ull << 20;
+  std::vector<uint8_t> dst(kBytes, 0);
+  std::vector<UcxClient::Get> gets = {{region, 12345, kBytes, dst.data()}};
+  UcxClient::GetOptions options;
+  options.max_get_bytes = 256 << 10;
+  options.rate_limit = 16ull << 20;  // 8 MiB at 16 MiB/s: about 0.5 s.
+  const auto t0 = Clock::now();
+  Status st = client->GetAll(gets, options);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  ASSERT_TRUE(st.ok()) << st.ToString();
+  EXPECT_GE(secs, 0.4);  // A loose lower bound only.
+  for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ(dst[i], Pattern(12345 + i)) << i;
+  std::printf("[ %s ] 8 MiB at 16 MiB/s took %.3f s\n", GetParam().c_str(), secs);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& c : name) if (c == ',') c = '_';
+                           return name;
+                         });
+
+TEST(UcxTransport, VersionAndUnknownTransport) {
+  if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
+  EXPECT_FALSE(UcxVersion().empty());
+  auto server = UcxServer::Create(UcxOptions{"no_such_transport"});
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(server.status().ToString().find("no_such_transport"), std::string::npos) << server.status().ToString();
+}
+
+TEST(UcxTransport, ServerRejectsEmptyRegionAndUnknownIndex) {
+  if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
+  auto server = UcxServer::Create(UcxOptions{"tcp"});
+  if (!server.ok() && server.status().code() == StatusCode::kUnimplemented) {
+    GTEST_SKIP() << server.status().ToString();
+  }
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  char buf[64];
+  EXPECT_EQ((*server)->Register(buf, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*server)->PackedRkey(3).status().code(), StatusCode::kOutOfRange);
+  auto r = (*server)->Register(buf, sizeof(buf));
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ((*server)->RegionBytes(*r), sizeof(buf));
+  EXPECT_EQ((*server)->RegionAddress(*r), reinterpret_cast<uint64_t>(buf));
+  EXPECT_FALSE((*server)->WorkerAddress().empty());
+}
+
+}  // namespace
+}  // namespace tensorlift::remote
