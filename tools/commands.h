@@ -48,6 +48,44 @@ int RunSparsify(const SparsifyArgs& args);
 // "12.3 MiB": bytes for people.
 std::string HumanBytes(uint64_t bytes);
 
+// Peer loading: the key's fields and this side's position (serve, fetch).
+struct PeerArgs {
+  std::string model;     // Default: the checkpoint's name.
+  std::string revision;  // Default: a digest of the checkpoint's headers.
+  std::string dtype = "as-stored";
+  std::string quantization = "none";
+  std::string layout;    // Sharding rules ("" = whole tensors).
+  int tp_size = 1;
+  int tp_rank = 0;
+  std::string transports;  // UCX_TLS syntax; empty: UCX's default.
+};
+struct ServeArgs {
+  std::string path;
+  PeerArgs peer;
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string registry;
+  int registry_ttl_s = 10;
+  std::string token_file;
+  double rate_limit_mbps = 0;  // MB/s for all clients; 0: none.
+  int max_sessions = 16;
+  std::string ready_file;      // Written with the URL once serving.
+};
+// Loads a checkpoint and serves it until SIGINT/SIGTERM.
+int RunServe(const ServeArgs& args);
+struct FetchArgs {
+  std::vector<std::string> urls;
+  PeerArgs peer;
+  std::string registry;
+  std::string token_file;
+  std::string fallback;  // Checkpoint to load when no peer works.
+  std::string out;       // Directory to write model.safetensors into.
+  bool checksum = false;
+  int timeout_ms = 10000;
+};
+// Pulls a checkpoint from peers (or the fallback) and writes or checksums it.
+int RunFetch(const FetchArgs& args);
+
 // Prints what was built and what works here (Capabilities()); always 0.
 int RunDoctor(const std::string& path, bool json);
 

@@ -87,6 +87,10 @@ void PrintText(const CapabilityReport& r) {
                             : Or(m.nccl_loaded, "built, library " + m.nccl_version, "built",
                                  m.nccl_reason)
                                   .c_str());
+  const RemoteCapabilities& rc = r.remote;
+  std::printf("UCX (peer loading): %s\n",
+              rc.ucx_built ? ("built, " + rc.ucx_version).c_str() : ("not built (" + rc.ucx_reason + ")").c_str());
+  std::printf("etcd (registry tests): %s\n", rc.etcd.empty() ? "not on PATH" : rc.etcd.c_str());
 }
 
 // A JSON string, or null for an empty one.
@@ -137,7 +141,11 @@ void PrintJson(const CapabilityReport& r) {
          ",\"mpi_reason\":" + JsonOrNull(m.mpi_reason) +
          ",\"nccl_built\":" + JsonBool(m.nccl_built) + ",\"nccl_loaded\":" + JsonBool(m.nccl_loaded) +
          ",\"nccl_version\":" + JsonOrNull(m.nccl_version) +
-         ",\"nccl_reason\":" + JsonOrNull(m.nccl_reason) + "}}";
+         ",\"nccl_reason\":" + JsonOrNull(m.nccl_reason) + "}";
+  const RemoteCapabilities& rc = r.remote;
+  out += ",\"remote\":{\"ucx_built\":" + std::string(JsonBool(rc.ucx_built)) +
+         ",\"ucx_version\":" + JsonOrNull(rc.ucx_version) + ",\"ucx_reason\":" + JsonOrNull(rc.ucx_reason) +
+         ",\"etcd\":" + JsonOrNull(rc.etcd) + "}}";
   std::printf("%s\n", out.c_str());
 }
 

@@ -84,6 +84,48 @@ int main(int argc, char** argv) {
                        "Tensor bytes per output shard: BYTES, or with KB, MB, GB, KiB, MiB, GiB")
       ->capture_default_str();
 
+  auto add_peer = [](CLI::App* cmd, PeerArgs& p) {
+    cmd->add_option("--model", p.model, "Model id of the key (default: the checkpoint's name)");
+    cmd->add_option("--revision", p.revision, "Revision of the key (default: a digest of the headers)");
+    cmd->add_option("--dtype", p.dtype, "Dtype of the key")->capture_default_str();
+    cmd->add_option("--quantization", p.quantization, "Quantization of the key")->capture_default_str();
+    cmd->add_option("--layout", p.layout, "Sharding rules REGEX=DIM;... (docs/remote.md)");
+    cmd->add_option("--tp-size", p.tp_size, "Tensor-parallel size of this side")->check(CLI::Range(1, 65536))
+        ->capture_default_str();
+    cmd->add_option("--tp-rank", p.tp_rank, "Tensor-parallel rank of this side")->check(CLI::Range(0, 65535))
+        ->capture_default_str();
+    cmd->add_option("--transports", p.transports, "UCX transports (UCX_TLS syntax, e.g. tcp or sm,self)");
+  };
+  ServeArgs serve_args;
+  auto* serve = app.add_subcommand("serve", "Load a checkpoint and serve it to peers until interrupted");
+  serve->add_option("PATH", serve_args.path, "File, model.safetensors.index.json, or directory")->required();
+  add_peer(serve, serve_args.peer);
+  serve->add_option("--host", serve_args.host, "Address to listen on and advertise")->capture_default_str();
+  serve->add_option("--port", serve_args.port, "Control port (0: any free one)")->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  serve->add_option("--registry", serve_args.registry, "etcd endpoint to register with (http://host:port)");
+  serve->add_option("--registry-ttl", serve_args.registry_ttl_s, "Seconds the registration outlives this process")
+      ->check(CLI::Range(1, 3600))->capture_default_str();
+  serve->add_option("--token-file", serve_args.token_file, "Require requests signed with this token (chmod 600)");
+  serve->add_option("--rate-limit", serve_args.rate_limit_mbps, "MB/s all clients may pull in total (0: no limit)")
+      ->check(CLI::Range(0.0, 1e9));
+  serve->add_option("--max-sessions", serve_args.max_sessions, "Concurrent clients")->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  serve->add_option("--ready-file", serve_args.ready_file, "Write the URL to this file once serving");
+
+  FetchArgs fetch_args;
+  auto* fetch = app.add_subcommand("fetch", "Pull a checkpoint from a running peer (or the registry's seeds)");
+  fetch->add_option("URL", fetch_args.urls, "Peer control endpoints http://host:port, tried in order");
+  add_peer(fetch, fetch_args.peer);
+  fetch->add_option("--registry", fetch_args.registry, "etcd endpoint to find seeds for the key");
+  fetch->add_option("--token-file", fetch_args.token_file, "Sign requests with this token");
+  fetch->add_option("--fallback", fetch_args.fallback, "Checkpoint to load from disk when no peer works");
+  fetch->add_option("--out", fetch_args.out, "Write the tensors to DIR/model.safetensors");
+  fetch->add_flag("--checksum", fetch_args.checksum,
+                  "Print name<TAB>xxh3-64 of each tensor's bytes, as tensorlift load --checksum does");
+  fetch->add_option("--timeout-ms", fetch_args.timeout_ms, "Each request, connection and stalled pull")
+      ->check(CLI::Range(100, 3600000))->capture_default_str();
+
   std::string doctor_path;
   bool doctor_json = false;
   auto* doctor = app.add_subcommand(
@@ -102,5 +144,7 @@ int main(int argc, char** argv) {
   if (*load) return RunLoad(load_args);
   if (*doctor) return RunDoctor(doctor_path, doctor_json);
   if (*sparsify) return RunSparsify(sparsify_args);
+  if (*serve) return RunServe(serve_args);
+  if (*fetch) return RunFetch(fetch_args);
   return kExitUsage;
 }

@@ -100,3 +100,13 @@ def test_communicators_are_reported(monkeypatch):
         assert f"NCCL: built ({missing['nccl_reason']})" in doctor()
     else:
         assert "built without" in comm["nccl_reason"]
+
+
+def test_peer_loading_is_reported():
+    remote = json.loads(doctor("--json"))["remote"]
+    assert remote["ucx_built"] == bool(remote["ucx_version"])
+    assert remote["ucx_built"] or "UCX" in remote["ucx_reason"]
+    text = doctor()
+    if remote["ucx_built"]:
+        assert f"UCX (peer loading): built, {remote['ucx_version']}" in text
+    assert ("etcd (registry tests): " + (remote["etcd"] or "not on PATH")) in text

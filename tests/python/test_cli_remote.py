@@ -1,0 +1,314 @@
+"""`tensorlift serve` and `tensorlift fetch` as two processes: pulls over UCX
+(TCP and shared memory) that match `tensorlift load --checksum`; the seed killed
+mid-transfer, a wrong key, a wrong token, the registry (etcd) and etcd down,
+each ending in the documented fallback or error, never in corrupt tensors; and
+two network namespaces joined by veth acting as two hosts."""
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+MODEL = ["--model", "tiny", "--revision", "r1"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """A 24 MB checkpoint in two shards."""
+    d = tmp_path_factory.mktemp("remote_ckpt")
+    g = torch.Generator().manual_seed(7)
+    a = {f"layers.{i}.w": torch.randn(512, 1024, generator=g).to(torch.bfloat16) for i in range(6)}
+    b = {f"layers.{i}.b": torch.randn(1024, 1024, generator=g) for i in range(3)}
+    b["empty"] = torch.zeros(0, 3)
+    save_file(a, str(d / "model-00001-of-00002.safetensors"))
+    save_file(b, str(d / "model-00002-of-00002.safetensors"))
+    return d
+
+
+def run(cli, *args, timeout=120, **kw):
+    r = subprocess.run([str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout, **kw)
+    assert r.returncode >= 0, f"{args} died of signal {-r.returncode}: {r.stderr}"
+    return r
+
+
+class Serving:
+    """`tensorlift serve` in the background; .url once it is ready."""
+
+    def __init__(self, cli, path, *args, prefix=()):
+        self.ready = pathlib.Path(tempfile.mkdtemp(prefix="tl_serve_")) / "url"
+        self.proc = subprocess.Popen([*prefix, str(cli), "serve", str(path), *map(str, args),
+                                      "--ready-file", str(self.ready)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not self.ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode}: {self.proc.stderr.read()}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise RuntimeError("serve did not become ready in 60 s")
+            time.sleep(0.05)
+        self.url = self.ready.read_text().strip()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.ready.parent, ignore_errors=True)
+
+
+@pytest.fixture
+def serving(cli):
+    started = []
+
+    def start(path, *args, prefix=()):
+        s = Serving(cli, path, *args, prefix=prefix)
+        started.append(s)
+        return s
+    yield start
+    for s in started:
+        s.stop()
+
+
+def load_checksums(cli, path):
+    r = run(cli, "load", path, "--checksum", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.mark.parametrize("transports", ["tcp", "sm"])
+def test_fetch_matches_a_disk_load(cli, ckpt, serving, transports):
+    s = serving(ckpt, *MODEL, "--transports", transports)
+    r = run(cli, "fetch", s.url, *MODEL, "--transports", transports, "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert "fallback:" not in r.stderr
+    assert f"from {s.url}" in r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+
+
+def test_fetch_out_writes_a_checkpoint(cli, ckpt, serving, tmp_path):
+    s = serving(ckpt, *MODEL)
+    r = run(cli, "fetch", s.url, *MODEL, "--out", tmp_path / "out")
+    assert r.returncode == 0, r.stderr
+    got = load_file(str(tmp_path / "out" / "model.safetensors"))
+    want = {}
+    for f in sorted(ckpt.glob("*.safetensors")):
+        want.update(load_file(str(f)))
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+def test_default_key_comes_from_the_checkpoint(cli, ckpt, serving):
+    s = serving(ckpt)  # Key: the directory's name and a digest of its headers.
+    r = run(cli, "fetch", s.url, "--fallback", ckpt, "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert "fallback:" not in r.stderr, r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+
+
+def test_seed_killed_mid_transfer_falls_back_to_disk(cli, ckpt, serving):
+    s = serving(ckpt, *MODEL, "--rate-limit", "4")  # 4 MB/s: about 6 s for the 24 MB.
+    fetch = subprocess.Popen([str(cli), "fetch", s.url, *MODEL, "--fallback", str(ckpt), "--checksum",
+                              "--timeout-ms", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    s.kill()
+    out, err = fetch.communicate(timeout=60)
+    assert fetch.returncode == 0, err
+    assert "fallback:" in err and s.url in err, err
+    assert f"from disk:{ckpt}" in err, err
+    assert out == load_checksums(cli, ckpt)
+
+
+def test_seed_killed_without_fallback_is_an_error_and_no_tensors(cli, ckpt, serving):
+    s = serving(ckpt, *MODEL, "--rate-limit", "4")
+    fetch = subprocess.Popen([str(cli), "fetch", s.url, *MODEL, "--checksum", "--timeout-ms", "2000"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.5)
+    s.kill()
+    out, err = fetch.communicate(timeout=60)
+    assert fetch.returncode == 1, err
+    assert out == ""  # Nothing was handed out.
+    assert "no peer worked" in err
+
+
+def test_wrong_key_moves_no_bytes(cli, ckpt, serving):
+    s = serving(ckpt, *MODEL)
+    r = run(cli, "fetch", s.url, "--model", "tiny", "--revision", "r2", "--fallback", ckpt, "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert "incompatible: revision: 'r2' (ours) != 'r1' (peer's)" in r.stderr
+    assert f"from disk:{ckpt}" in r.stderr
+    r = run(cli, "fetch", s.url, "--model", "tiny", "--revision", "r1", "--layout", "w=0", "--checksum")
+    assert r.returncode == 1
+    assert "layout" in r.stderr
+
+
+def test_token(cli, ckpt, serving, tmp_path):
+    good = tmp_path / "good"
+    good.write_text("correct horse\n")
+    good.chmod(0o600)
+    bad = tmp_path / "bad"
+    bad.write_text("battery staple\n")
+    bad.chmod(0o600)
+    s = serving(ckpt, *MODEL, "--token-file", good)
+    r = run(cli, "fetch", s.url, *MODEL, "--checksum")
+    assert r.returncode == 1 and "HTTP 401" in r.stderr, r.stderr
+    r = run(cli, "fetch", s.url, *MODEL, "--checksum", "--token-file", bad, "--fallback", ckpt)
+    assert r.returncode == 0 and "HTTP 401" in r.stderr and f"from disk:{ckpt}" in r.stderr, r.stderr
+    r = run(cli, "fetch", s.url, *MODEL, "--checksum", "--token-file", good)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+    loose = tmp_path / "loose"
+    loose.write_text("x")
+    loose.chmod(0o644)
+    r = run(cli, "fetch", s.url, *MODEL, "--token-file", loose)
+    assert r.returncode == 1 and "chmod 600" in r.stderr, r.stderr
+
+
+def test_tensor_parallel_sources_serve_another_size(cli, ckpt, serving):
+    layout = ["--layout", r"\.w$=0;\.b$=1"]
+    s0 = serving(ckpt, *MODEL, *layout, "--tp-size", "2", "--tp-rank", "0")
+    s1 = serving(ckpt, *MODEL, *layout, "--tp-size", "2", "--tp-rank", "1")
+    # TP=2 -> TP=1: the whole tensors, from both ranks.
+    r = run(cli, "fetch", s0.url, s1.url, *MODEL, *layout, "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert "(2 source ranks)" in r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+    # TP=2 -> TP=4 rank 3: the last quarter of each split dim.
+    r = run(cli, "fetch", s0.url, s1.url, *MODEL, *layout, "--tp-size", "4", "--tp-rank", "3", "--checksum")
+    assert r.returncode == 0, r.stderr
+    got = dict(line.split("\t") for line in r.stdout.splitlines())
+    import xxhash
+    for f in sorted(ckpt.glob("*.safetensors")):
+        for k, v in load_file(str(f)).items():
+            if k.endswith(".w"):
+                v = v[384:512]
+            elif k.endswith(".b"):
+                v = v[:, 768:1024]
+            raw = v.contiguous().view(torch.uint8).numpy().tobytes() if v.numel() else b""
+            assert got[k] == xxhash.xxh3_64_hexdigest(raw), k
+
+
+ETCD = shutil.which("etcd")
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    if ETCD is None:
+        pytest.skip("etcd is not installed (Debian etcd-server)")
+    client, peer = free_port(), free_port()
+    url = f"http://127.0.0.1:{client}"
+    proc = subprocess.Popen([ETCD, "--data-dir", str(tmp_path / "etcd"), "--listen-client-urls", url,
+                             "--advertise-client-urls", url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                             "--initial-cluster", f"default=http://127.0.0.1:{peer}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", client), timeout=0.5):
+                break
+        except OSError:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                pytest.fail("etcd did not start")
+            time.sleep(0.1)
+    yield url
+    proc.kill()
+    proc.wait()
+
+
+def test_registry_finds_the_seed_and_forgets_a_dead_one(cli, ckpt, serving, etcd):
+    s = serving(ckpt, *MODEL, "--registry", etcd, "--registry-ttl", "2")
+    r = run(cli, "fetch", "--registry", etcd, *MODEL, "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert f"from {s.url}" in r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+    s.kill()  # Its lease is not renewed any more: the entry goes after the TTL.
+    time.sleep(4)
+    r = run(cli, "fetch", "--registry", etcd, *MODEL, "--fallback", ckpt, "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert "no live seed" in r.stderr, r.stderr
+    assert f"from disk:{ckpt}" in r.stderr
+
+
+def test_registry_down_falls_back(cli, ckpt):
+    dead = f"http://127.0.0.1:{free_port()}"
+    r = run(cli, "fetch", "--registry", dead, *MODEL, "--fallback", ckpt, "--checksum", "--timeout-ms", "2000")
+    assert r.returncode == 0, r.stderr
+    assert f"registry {dead}" in r.stderr, r.stderr
+    assert f"from disk:{ckpt}" in r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+
+
+def _netns_reason():
+    if os.geteuid() != 0:
+        return "needs root for ip netns"
+    if shutil.which("ip") is None:
+        return "iproute2 (ip) is not installed"
+    name = f"tlprobe{os.getpid()}"
+    r = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
+    if r.returncode != 0:
+        return f"ip netns add failed: {r.stderr.strip()}"
+    r = subprocess.run(["ip", "link", "add", f"tlp{os.getpid() % 10000}a", "type", "veth", "peer", "name",
+                        f"tlp{os.getpid() % 10000}b"], capture_output=True, text=True)
+    subprocess.run(["ip", "link", "del", f"tlp{os.getpid() % 10000}a"], capture_output=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    if r.returncode != 0:
+        return f"veth pairs are not allowed here: {r.stderr.strip()}"
+    return None
+
+
+@pytest.fixture
+def two_hosts():
+    reason = _netns_reason()
+    if reason:
+        pytest.skip(reason)
+    tag = os.getpid() % 10000
+    a, b = f"tlA{tag}", f"tlB{tag}"
+    cmds = [["ip", "netns", "add", a], ["ip", "netns", "add", b],
+            ["ip", "link", "add", f"va{tag}", "type", "veth", "peer", "name", f"vb{tag}"],
+            ["ip", "link", "set", f"va{tag}", "netns", a], ["ip", "link", "set", f"vb{tag}", "netns", b],
+            ["ip", "-n", a, "addr", "add", "10.77.0.1/24", "dev", f"va{tag}"],
+            ["ip", "-n", b, "addr", "add", "10.77.0.2/24", "dev", f"vb{tag}"],
+            ["ip", "-n", a, "link", "set", f"va{tag}", "up"], ["ip", "-n", b, "link", "set", f"vb{tag}", "up"],
+            ["ip", "-n", a, "link", "set", "lo", "up"], ["ip", "-n", b, "link", "set", "lo", "up"]]
+    try:
+        for c in cmds:
+            subprocess.run(c, check=True, capture_output=True)
+        yield a, b
+    finally:
+        subprocess.run(["ip", "netns", "del", a], capture_output=True)
+        subprocess.run(["ip", "netns", "del", b], capture_output=True)
+
+
+def test_two_hosts_over_veth(cli, ckpt, serving, two_hosts):
+    a, b = two_hosts
+    s = serving(ckpt, *MODEL, "--host", "10.77.0.1", "--transports", "tcp", prefix=("ip", "netns", "exec", a))
+    assert s.url.startswith("http://10.77.0.1:")
+    r = run("ip", "netns", "exec", b, str(cli), "fetch", s.url, *MODEL, "--transports", "tcp", "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert "fallback:" not in r.stderr, r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)

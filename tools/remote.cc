@@ -1,0 +1,140 @@
+// tensorlift serve / fetch: peer loading from the command line.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "remote/auth.h"
+#include "tensorlift/checksum.h"
+#include "tensorlift/remote.h"
+#include "tensorlift/safetensors.h"
+
+namespace tensorlift::cli {
+namespace {
+
+// The key from the flags, with the defaults taken from `path` (when given).
+Result<PeerKey> KeyFrom(const PeerArgs& a, const std::string& path) {
+  PeerKey key;
+  if (!path.empty() && (a.model.empty() || a.revision.empty())) {
+    TL_ASSIGN_OR_RETURN(key, PeerKeyForCheckpoint(path));
+  }
+  if (!a.model.empty()) key.model = a.model;
+  if (!a.revision.empty()) key.revision = a.revision;
+  if (key.model.empty()) return InvalidArgumentError("--model is needed (or a checkpoint path to take it from)");
+  key.dtype = a.dtype;
+  key.quantization = a.quantization;
+  key.layout = a.layout;
+  TL_RETURN_IF_ERROR(key.Validate());
+  return key;
+}
+
+Result<std::string> Token(const std::string& file) {
+  if (file.empty()) return std::string();
+  return remote::ReadTokenFile(file);
+}
+
+int Fail(const Status& st, int code = kExitInvalid) {
+  std::fprintf(stderr, "%s\n", st.ToString().c_str());
+  return code;
+}
+
+}  // namespace
+
+int RunServe(const ServeArgs& args) {
+  auto key = KeyFrom(args.peer, args.path);
+  if (!key.ok()) return Fail(key.status(), kExitUsage);
+  auto token = Token(args.token_file);
+  if (!token.ok()) return Fail(token.status());
+  ServeOptions opts;
+  opts.host = args.host;
+  opts.port = args.port;
+  opts.token = *token;
+  opts.rate_limit = static_cast<uint64_t>(args.rate_limit_mbps * 1e6);
+  opts.max_sessions = args.max_sessions;
+  opts.parallel = {args.peer.tp_size, args.peer.tp_rank};
+  opts.registry = args.registry;
+  opts.registry_ttl_s = args.registry_ttl_s;
+  opts.transports = args.peer.transports;
+  // Block the signals before any thread starts, so that sigwait gets them.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  auto server = PeerServer::ServeCheckpoint(args.path, *key, opts);
+  if (!server.ok()) return Fail(server.status());
+  std::printf("serving %s (rank %d of %d) at %s\nkey %s revision %s digest %s\n", args.path.c_str(),
+              opts.parallel.rank, opts.parallel.size, (*server)->url().c_str(), key->model.c_str(),
+              key->revision.c_str(), key->Digest().c_str());
+  std::fflush(stdout);
+  if (!args.ready_file.empty()) {
+    const std::string tmp = args.ready_file + ".tmp";
+    std::ofstream(tmp) << (*server)->url() << "\n";
+    if (std::rename(tmp.c_str(), args.ready_file.c_str()) != 0) {
+      return Fail(IOError("cannot write " + args.ready_file));
+    }
+  }
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::printf("stopping (signal %d): served %llu bytes\n", sig,
+              static_cast<unsigned long long>((*server)->served_bytes()));
+  return kExitOk;
+}
+
+int RunFetch(const FetchArgs& args) {
+  auto key = KeyFrom(args.peer, args.fallback);
+  if (!key.ok()) return Fail(key.status(), kExitUsage);
+  auto token = Token(args.token_file);
+  if (!token.ok()) return Fail(token.status());
+  PeerLoadOptions opts;
+  opts.peers = args.urls;
+  opts.registry = args.registry;
+  opts.token = *token;
+  opts.parallel = {args.peer.tp_size, args.peer.tp_rank};
+  opts.fallback_path = args.fallback;
+  opts.transports = args.peer.transports;
+  opts.request_timeout_ms = args.timeout_ms;
+  opts.connect_timeout_ms = args.timeout_ms;
+  opts.stall_timeout_ms = args.timeout_ms;
+  if (opts.peers.empty() && opts.registry.empty() && opts.fallback_path.empty()) {
+    return Fail(InvalidArgumentError("fetch: give a peer URL, --registry, or --fallback"), kExitUsage);
+  }
+  PeerLoadReport report;
+  auto loaded = LoadFromPeer(*key, opts, &report);
+  for (const std::string& f : report.failures) std::fprintf(stderr, "fallback: %s\n", f.c_str());
+  if (!loaded.ok()) return Fail(loaded.status());
+  FILE* out = args.checksum ? stderr : stdout;
+  std::fprintf(out, "fetched %zu tensors, %llu bytes from %s (%d source ranks) in %.3f s: %.2f GB/s\n",
+               loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
+               report.source.c_str(), report.source_ranks, report.seconds,
+               report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
+  if (!args.out.empty()) {
+    std::vector<TensorView> views;
+    for (const LoadedTensor& t : loaded->tensors()) {
+      std::vector<uint64_t> shape(t.shape.begin(), t.shape.end());
+      views.push_back({t.name, t.dtype, shape,
+                       std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes)});
+    }
+    ::mkdir(args.out.c_str(), 0755);
+    Metadata md{{"format", "pt"}, {"tensorlift.peer.model", key->model},
+                {"tensorlift.peer.revision", key->revision}};
+    const std::string file = args.out + "/model.safetensors";
+    Status st = WriteFile(file, views, md);
+    if (!st.ok()) return Fail(st.WithContext(file));
+    std::fprintf(out, "wrote %s\n", file.c_str());
+  }
+  if (args.checksum) {
+    for (const LoadedTensor& t : loaded->tensors()) {
+      std::printf("%s\t%s\n", t.name.c_str(), HexU64(Xxh3_64(t.data, t.nbytes)).c_str());
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace tensorlift::cli
