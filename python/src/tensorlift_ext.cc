@@ -26,6 +26,7 @@
 #include "tensorlift/streamer.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
+#include "tensorlift/remote.h"
 #include "tensorlift/safetensors.h"
 #include "tensorlift/version.h"
 
@@ -181,6 +182,63 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
     throw nb::python_error();
   }
   return PyLoaded{std::make_shared<const LoadedCheckpoint>(Unwrap(std::move(r)))};
+}
+
+// Peer loading: keys travel as dicts of their fields.
+PeerKey KeyFromDict(const nb::dict& d) {
+  PeerKey key;
+  for (auto [k, v] : d) {
+    const std::string name = nb::cast<std::string>(k);
+    if (name == "protocol") {
+      key.protocol = nb::cast<int>(v);
+      continue;
+    }
+    const std::string value = nb::cast<std::string>(v);
+    if (name == "model") key.model = value;
+    else if (name == "revision") key.revision = value;
+    else if (name == "dtype") key.dtype = value;
+    else if (name == "quantization") key.quantization = value;
+    else if (name == "layout") key.layout = value;
+    else Raise(InvalidArgumentError("unknown peer key field '" + name + "'"));
+  }
+  return key;
+}
+
+nb::dict KeyToDict(const PeerKey& key) {
+  nb::dict d;
+  d["model"] = key.model;
+  d["revision"] = key.revision;
+  d["dtype"] = key.dtype;
+  d["quantization"] = key.quantization;
+  d["layout"] = key.layout;
+  d["protocol"] = key.protocol;
+  d["digest"] = key.Digest();
+  return d;
+}
+
+struct PyPeerServer {
+  std::unique_ptr<PeerServer> server;
+  PeerServer& get() const {
+    if (!server) Raise(InvalidArgumentError("the peer server was closed"));
+    return *server;
+  }
+};
+
+ServeOptions MakeServeOptions(const std::string& host, int port, const std::string& token, uint64_t rate_limit,
+                              int max_sessions, int tp_size, int tp_rank, const std::string& registry,
+                              const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
+  ServeOptions o;
+  o.host = host;
+  o.port = port;
+  o.token = token;
+  o.rate_limit = rate_limit;
+  o.max_sessions = max_sessions;
+  o.parallel = {tp_size, tp_rank};
+  o.registry = registry;
+  o.transports = transports;
+  o.chunk_bytes = chunk_bytes;
+  o.registry_ttl_s = registry_ttl;
+  return o;
 }
 
 // LayerStreamer is move-only and joins its thread on destruction; the Python
@@ -421,6 +479,143 @@ NB_MODULE(_tensorlift, m) {
         d["wait_seconds"] = st.wait_seconds;
         return d;
       });
+
+  nb::class_<PyPeerServer>(m, "PeerServer")
+      .def_prop_ro("url", [](const PyPeerServer& s) { return s.get().url(); })
+      .def_prop_ro("port", [](const PyPeerServer& s) { return s.get().port(); })
+      .def_prop_ro("key", [](const PyPeerServer& s) { return KeyToDict(s.get().key()); })
+      .def_prop_ro("served_bytes", [](const PyPeerServer& s) { return s.get().served_bytes(); })
+      .def_prop_ro("active_sessions", [](const PyPeerServer& s) { return s.get().active_sessions(); })
+      .def("corrupt_for_testing",
+           [](PyPeerServer& s, const std::string& name, uint64_t offset) {
+             Status st = s.get().CorruptForTesting(name, offset);
+             if (!st.ok()) Raise(st);
+           })
+      .def("close",
+           [](PyPeerServer& s) {
+             nb::gil_scoped_release nogil;
+             s.server.reset();
+           },
+           "Stops serving (waits for the control thread; pulls in progress fail over on the clients).");
+
+#define TL_SERVE_ARGS                                                                                     \
+  nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("token") = "", nb::arg("rate_limit") = 0,   \
+      nb::arg("max_sessions") = 16, nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0, nb::arg("registry") = "", \
+      nb::arg("transports") = "", nb::arg("chunk_bytes") = uint64_t{4} << 20, nb::arg("registry_ttl") = 10
+  m.def(
+      "serve_checkpoint",
+      [](const std::string& path, const nb::dict& key, const std::string& host, int port, const std::string& token,
+         uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank, const std::string& registry,
+         const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
+        const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank,
+                                                registry, transports, chunk_bytes, registry_ttl);
+        const PeerKey k = KeyFromDict(key);
+        Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
+        {
+          nb::gil_scoped_release nogil;
+          r = PeerServer::ServeCheckpoint(path, k, o);
+        }
+        return PyPeerServer{Unwrap(std::move(r))};
+      },
+      nb::arg("path"), nb::arg("key"), TL_SERVE_ARGS, "Loads `path` and serves this rank's tensors to peers.");
+  m.def(
+      "serve_loaded",
+      [](const PyLoaded& loaded, const nb::dict& key, const std::string& host, int port, const std::string& token,
+         uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank, const std::string& registry,
+         const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
+        const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank,
+                                                registry, transports, chunk_bytes, registry_ttl);
+        const PeerKey k = KeyFromDict(key);
+        auto held = loaded.loaded;
+        if (!held) Raise(InvalidArgumentError("the loaded checkpoint was released"));
+        Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
+        {
+          nb::gil_scoped_release nogil;
+          r = PeerServer::Serve(held, k, o);
+        }
+        return PyPeerServer{Unwrap(std::move(r))};
+      },
+      nb::arg("loaded"), nb::arg("key"), TL_SERVE_ARGS, "Serves tensors already loaded (whole tensors).");
+  m.def(
+      "serve_buffers",
+      [](const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>, uintptr_t, int, int64_t,
+                                      std::vector<int64_t>>>& specs,
+         nb::object keep_alive, const nb::dict& key, const std::string& host, int port, const std::string& token,
+         uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank, const std::string& registry,
+         const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
+        const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank,
+                                                registry, transports, chunk_bytes, registry_ttl);
+        const PeerKey k = KeyFromDict(key);
+        std::vector<PeerServer::Tensor> tensors;
+        for (const auto& [name, dtype, shape, ptr, dim, start, full] : specs) {
+          auto d = DtypeFromName(dtype);
+          if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + name + "'"));
+          tensors.push_back({name, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full});
+        }
+        // The Python objects owning the buffers stay referenced until the
+        // server is gone (released with the GIL held).
+        auto* ref = new nb::object(keep_alive);
+        std::shared_ptr<const void> hold(ref, [](const void* p) {
+          nb::gil_scoped_acquire gil;
+          delete static_cast<const nb::object*>(p);
+        });
+        Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
+        {
+          nb::gil_scoped_release nogil;
+          r = PeerServer::ServeBuffers(std::move(tensors), k, o, hold);
+          hold.reset();
+        }
+        return PyPeerServer{Unwrap(std::move(r))};
+      },
+      nb::arg("tensors"), nb::arg("keep_alive"), nb::arg("key"), TL_SERVE_ARGS,
+      "Serves host buffers: (name, dtype, shape, data_ptr, shard_dim, shard_start, full_shape) each.");
+#undef TL_SERVE_ARGS
+  m.def(
+      "peer_key_for",
+      [](const std::string& path) { return KeyToDict(Unwrap(PeerKeyForCheckpoint(path))); },
+      nb::arg("path"), "The default key of a checkpoint (its name and a digest of its headers).");
+  m.def(
+      "load_from_peer",
+      [](const nb::dict& key, const std::vector<std::string>& peers, const std::string& registry,
+         const std::string& token, int tp_size, int tp_rank, const std::string& fallback, const std::string& mode,
+         int timeout_ms, const std::string& transports, bool become_seed, const std::string& seed_host,
+         uint64_t batch_bytes, int max_in_flight) {
+        PeerLoadOptions o;
+        o.peers = peers;
+        o.registry = registry;
+        o.token = token;
+        o.parallel = {tp_size, tp_rank};
+        o.fallback_path = fallback;
+        o.fallback_load.mode = Unwrap(ParseIoMode(mode));
+        o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = timeout_ms;
+        o.transports = transports;
+        o.become_seed = become_seed;
+        o.seed.host = seed_host;
+        o.batch_bytes = batch_bytes;
+        o.max_in_flight = max_in_flight;
+        const PeerKey k = KeyFromDict(key);
+        Result<PeerLoad> r = InternalError("not run");
+        {
+          nb::gil_scoped_release nogil;
+          r = LoadFromPeerAndSeed(k, o);
+        }
+        PeerLoad pl = Unwrap(std::move(r));
+        nb::dict report;
+        report["source"] = pl.report.source;
+        report["failures"] = pl.report.failures;
+        report["bytes"] = pl.report.bytes;
+        report["seconds"] = pl.report.seconds;
+        report["source_ranks"] = pl.report.source_ranks;
+        nb::object seed = nb::none();
+        if (pl.seed) seed = nb::cast(PyPeerServer{std::move(pl.seed)});
+        return nb::make_tuple(PyLoaded{pl.loaded}, report, seed);
+      },
+      nb::arg("key"), nb::arg("peers") = std::vector<std::string>{}, nb::arg("registry") = "",
+      nb::arg("token") = "", nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0, nb::arg("fallback") = "",
+      nb::arg("mode") = "auto", nb::arg("timeout_ms") = 10000, nb::arg("transports") = "",
+      nb::arg("become_seed") = false, nb::arg("seed_host") = "127.0.0.1", nb::arg("batch_bytes") = uint64_t{8} << 20,
+      nb::arg("max_in_flight") = 16,
+      "Pulls from the first working peer (then the registry's seeds, then disk): (Loaded, report, seed or None).");
 
   m.def(
       "parse_header",

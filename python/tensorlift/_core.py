@@ -82,7 +82,8 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
     """Loads tensors fast: returns name -> tensor, zero-copy over tensorlift's buffers.
 
     paths: a .safetensors file, a model.safetensors.index.json, a directory of
-    shards, or a list of files. device: "cpu" or "cuda:N" (also an int or a
+    shards, or a list of files; or a tensorlift.remote.Peer, to pull from a
+    running peer (else its fallback from disk). device: "cpu" or "cuda:N" (also an int or a
     torch.device): GPU loads read through pinned staging buffers (or GPUDirect
     Storage) straight into GPU memory. filter: a regex (str), a collection of
     names, or a predicate on names. mode: auto | buffered | direct | mmap.
@@ -90,6 +91,11 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
     loading (a torch dtype or "F32"/"F16"/"BF16"). progress: a tqdm bar. The
     GIL is released while reading.
     """
+    from .remote import Peer, load_peer
+    if isinstance(paths, Peer):
+        if device_name(device) != "cpu" or dtype is not None:
+            raise ValueError("tensorlift.load: a Peer source loads to the host as served (no device=, dtype=)")
+        return load_peer(paths, framework=framework, filter=filter)
     device = device_name(device)
     target = _dtypes.safetensors_name(dtype) if dtype is not None else None
     out: Dict[str, object] = {}

@@ -1,0 +1,251 @@
+"""Loading from a running peer (R-Fork): serve loaded weights, pull them one-sided.
+
+    import tensorlift.remote as remote
+
+    # Source: load a checkpoint and serve it (until close() or exit).
+    server = remote.serve("model_dir", model="llama-7b", revision="abc123")
+    print(server.url)                       # http://127.0.0.1:PORT
+
+    # Destination: pull from the peer (else the registry's seeds, else disk).
+    tensors = remote.load_from_peer(server.url, model="llama-7b", revision="abc123",
+                                    fallback="model_dir")
+    # or, through the fast-load API:
+    tensors = tensorlift.load(remote.Peer(server.url, model="llama-7b", revision="abc123"))
+
+The key (model, revision, dtype, quantization, layout) must match before any
+byte moves; every chunk's XXH3 is checked; on any failure (peer gone, corrupt
+chunk, wrong key or token, registry down) what was pulled is dropped and the
+next source is tried, then `fallback` is loaded from disk. `last_report()` says
+which source was used and why the others failed. docs/remote.md has the
+protocol; the C++ API is include/tensorlift/remote.h.
+"""
+import os
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+from . import _tensorlift as _tl
+from ._core import tensor_from
+
+__all__ = ["Peer", "Server", "serve", "serve_tensors", "load_from_peer", "key_for", "last_report"]
+
+_last_report: Optional[dict] = None
+
+
+def _token(token: Optional[str], token_file: Optional[str]) -> str:
+    if token is not None:
+        return token
+    if token_file is None:
+        return ""
+    st = os.stat(token_file)
+    if st.st_mode & 0o077:
+        raise PermissionError(f"token file {token_file} is readable by others: chmod 600 it")
+    with open(token_file) as f:
+        value = f.read().strip()
+    if not value:
+        raise ValueError(f"token file {token_file} is empty")
+    return value
+
+
+def key_for(path: Union[str, os.PathLike]) -> dict:
+    """The default key of a checkpoint: its name and a digest of its headers."""
+    return _tl.peer_key_for(os.fspath(path))
+
+
+def _key(model, revision, dtype, quantization, layout, path=None) -> dict:
+    key = {}
+    if path is not None and (model is None or revision is None):
+        key = {k: v for k, v in key_for(path).items() if k in ("model", "revision")}
+    if model is not None:
+        key["model"] = model
+    if revision is not None:
+        key["revision"] = revision
+    if "model" not in key:
+        raise ValueError("tensorlift.remote: model= is needed (or a checkpoint path to take it from)")
+    key.setdefault("revision", "")
+    key["dtype"] = dtype
+    key["quantization"] = quantization
+    key["layout"] = layout or ""
+    return key
+
+
+class Server:
+    """A running peer server; serves until close() (or garbage collection)."""
+
+    def __init__(self, native):
+        self._native = native
+
+    @property
+    def url(self) -> str:
+        return self._native.url
+
+    @property
+    def port(self) -> int:
+        return self._native.port
+
+    @property
+    def key(self) -> dict:
+        return self._native.key
+
+    @property
+    def served_bytes(self) -> int:
+        return self._native.served_bytes
+
+    @property
+    def active_sessions(self) -> int:
+        return self._native.active_sessions
+
+    def corrupt_for_testing(self, name: str, offset: int = 0) -> None:
+        """Flips a bit of the served bytes (fault-injection tests only)."""
+        self._native.corrupt_for_testing(name, offset)
+
+    def close(self) -> None:
+        if self._native is not None:
+            self._native.close()
+            self._native = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"tensorlift.remote.Server({self.url if self._native else 'closed'})"
+
+
+def _serve_kwargs(host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry, transports,
+                  chunk_bytes, registry_ttl):
+    return dict(host=host, port=port, token=_token(token, token_file), rate_limit=int(rate_limit),
+                max_sessions=max_sessions, tp_size=tp_size, tp_rank=tp_rank, registry=registry or "",
+                transports=transports or "", chunk_bytes=chunk_bytes, registry_ttl=registry_ttl)
+
+
+def serve(path: Union[str, os.PathLike], *, model: Optional[str] = None, revision: Optional[str] = None,
+          dtype: str = "as-stored", quantization: str = "none", layout: str = "", host: str = "127.0.0.1",
+          port: int = 0, token: Optional[str] = None, token_file: Optional[str] = None, rate_limit: float = 0,
+          max_sessions: int = 16, tp_size: int = 1, tp_rank: int = 0, registry: Optional[str] = None,
+          transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10) -> Server:
+    """Loads a checkpoint (this rank's slices under `layout`) and serves it.
+
+    rate_limit: bytes/s all clients may pull in total (0: none). registry: an
+    etcd endpoint ("http://host:2379") to register with (a lease renewed in the
+    background). token / token_file: require HMAC-signed requests.
+    """
+    path = os.fspath(path)
+    key = _key(model, revision, dtype, quantization, layout, path)
+    return Server(_tl.serve_checkpoint(path, key, **_serve_kwargs(
+        host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry, transports,
+        chunk_bytes, registry_ttl)))
+
+
+def serve_tensors(tensors: Dict[str, object], *, model: str, revision: str, dtype: str = "as-stored",
+                  quantization: str = "none", layout: str = "", shards: Optional[Dict[str, tuple]] = None,
+                  host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
+                  token_file: Optional[str] = None, rate_limit: float = 0, max_sessions: int = 16,
+                  tp_size: int = 1, tp_rank: int = 0, registry: Optional[str] = None,
+                  transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10) -> Server:
+    """Serves host tensors you hold (torch CPU tensors or numpy arrays), by name.
+
+    They must stay unchanged while served (the server keeps references to
+    them). shards: name -> (dim, start, full_shape) for tensors that are this
+    rank's slice of a larger one; others are whole.
+    """
+    from ._dtypes import safetensors_name
+    specs = []
+    for name, t in tensors.items():
+        if hasattr(t, "is_contiguous"):  # torch
+            if t.device.type != "cpu":
+                raise ValueError(f"tensor {name!r}: only host tensors are served")
+            if not t.is_contiguous():
+                raise ValueError(f"tensor {name!r} is not contiguous")
+            dt, shape, ptr = safetensors_name(t.dtype), list(t.shape), t.data_ptr()
+        else:  # numpy
+            if not t.flags["C_CONTIGUOUS"]:
+                raise ValueError(f"array {name!r} is not C-contiguous")
+            dt, shape, ptr = safetensors_name(t.dtype), list(t.shape), t.ctypes.data
+        dim, start, full = (shards or {}).get(name, (-1, 0, []))
+        specs.append((name, dt, shape, ptr, dim, start, list(full)))
+    key = _key(model, revision, dtype, quantization, layout)
+    return Server(_tl.serve_buffers(specs, dict(tensors), key, **_serve_kwargs(
+        host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry, transports,
+        chunk_bytes, registry_ttl)))
+
+
+class Peer:
+    """A peer source for tensorlift.load (and load_from_peer): URLs and/or a registry, the key, a fallback."""
+
+    def __init__(self, urls: Union[None, str, Sequence[str]] = None, *, model: Optional[str] = None,
+                 revision: Optional[str] = None, dtype: str = "as-stored", quantization: str = "none",
+                 layout: str = "", registry: Optional[str] = None, fallback: Union[None, str, os.PathLike] = None,
+                 token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0,
+                 timeout: float = 10.0, transports: Optional[str] = None, mode: str = "auto"):
+        self.urls = [urls] if isinstance(urls, str) else list(urls or [])
+        self.fallback = os.fspath(fallback) if fallback is not None else ""
+        self.key = _key(model, revision, dtype, quantization, layout, self.fallback or None)
+        self.registry = registry or ""
+        self.token = _token(token, token_file)
+        self.tp_size, self.tp_rank = tp_size, tp_rank
+        self.timeout_ms = int(timeout * 1000)
+        self.transports = transports or ""
+        self.mode = mode
+
+    def pull(self, become_seed: bool = False, seed_host: str = "127.0.0.1"):
+        """(Loaded, report, seed Server or None)."""
+        global _last_report
+        loaded, report, seed = _tl.load_from_peer(
+            self.key, peers=self.urls, registry=self.registry, token=self.token, tp_size=self.tp_size,
+            tp_rank=self.tp_rank, fallback=self.fallback, mode=self.mode, timeout_ms=self.timeout_ms,
+            transports=self.transports, become_seed=become_seed, seed_host=seed_host)
+        _last_report = report
+        return loaded, report, (Server(seed) if seed is not None else None)
+
+    def __repr__(self):
+        return f"tensorlift.remote.Peer({self.urls}, registry={self.registry!r}, key={self.key})"
+
+
+def _select(names: List[str], filter) -> List[str]:
+    if filter is None:
+        return names
+    if isinstance(filter, str):
+        import re
+        rx = re.compile(filter)
+        return [n for n in names if rx.search(n)]
+    if callable(filter):
+        return [n for n in names if filter(n)]
+    wanted = set(filter)
+    return [n for n in names if n in wanted]
+
+
+def load_peer(peer: Peer, framework: str = "pt",
+              filter: Union[None, str, Iterable[str], Callable[[str], bool]] = None) -> Dict[str, object]:
+    """tensorlift.load for a Peer: name -> tensor (zero-copy over the pulled buffer)."""
+    loaded, _, _ = peer.pull()
+    out = {name: tensor_from(loaded, name, framework) for name in _select(loaded.names(), filter)}
+    loaded.release()
+    return out
+
+
+def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optional[str] = None,
+                   revision: Optional[str] = None, dtype: str = "as-stored", quantization: str = "none",
+                   layout: str = "", registry: Optional[str] = None, fallback: Union[None, str, os.PathLike] = None,
+                   token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1,
+                   tp_rank: int = 0, timeout: float = 10.0, transports: Optional[str] = None,
+                   framework: str = "pt", become_seed: bool = False, seed_host: str = "127.0.0.1"):
+    """Pulls this rank's tensors from a peer; returns name -> tensor.
+
+    With become_seed, returns (tensors, Server): the process serves what it got.
+    last_report() says which source was used and why the others failed.
+    """
+    peer = Peer(urls, model=model, revision=revision, dtype=dtype, quantization=quantization, layout=layout,
+                registry=registry, fallback=fallback, token=token, token_file=token_file, tp_size=tp_size,
+                tp_rank=tp_rank, timeout=timeout, transports=transports)
+    loaded, _, seed = peer.pull(become_seed=become_seed, seed_host=seed_host)
+    out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
+    if not become_seed:
+        loaded.release()
+        return out
+    return out, seed
+
+
+def last_report() -> Optional[dict]:
+    """The report of this process's last peer load: source, failures, bytes, seconds, source_ranks."""
+    return _last_report

@@ -1,0 +1,96 @@
+"""tensorlift.remote: serving and pulling from Python, the same tensors as a
+disk load (tensorlift.load takes a Peer as its source), user buffers,
+fallbacks with their reasons, and a loaded instance becoming a seed."""
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import tensorlift
+import tensorlift.remote as remote
+
+KEY = dict(model="tiny", revision="r1")
+
+
+@pytest.fixture()
+def ckpt(tmp_path):
+    tensors = {
+        "a": torch.randn(64, 33),
+        "b": torch.arange(10, dtype=torch.int64),
+        "c": torch.randn(7, 5).to(torch.bfloat16),
+        "d": torch.zeros(0, 3),
+        "e": torch.tensor(3.5, dtype=torch.float64),
+        "f8": torch.randn(16).to(torch.float8_e4m3fn),
+        "big": torch.randn(1024, 1024),
+    }
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    return path
+
+
+def same(got, ref):
+    assert sorted(got) == sorted(ref)
+    for k, v in ref.items():
+        assert got[k].dtype == v.dtype and got[k].shape == v.shape, k
+        # Bitwise (fp8 has no torch.equal): the bytes of each.
+        assert got[k].reshape(-1).view(torch.uint8).tolist() == v.reshape(-1).view(torch.uint8).tolist(), k
+
+
+def test_serve_and_pull(ckpt):
+    with remote.serve(ckpt, **KEY) as server:
+        assert server.url.startswith("http://127.0.0.1:")
+        got = remote.load_from_peer(server.url, **KEY)
+        same(got, load_file(str(ckpt)))
+        report = remote.last_report()
+        assert report["source"] == server.url and report["failures"] == []
+        # tensorlift.load takes a Peer as its source (with its filter).
+        peer = remote.Peer(server.url, **KEY)
+        same(tensorlift.load(peer), load_file(str(ckpt)))
+        part = tensorlift.load(peer, filter=r"^[ab]$", framework="np")
+        assert sorted(part) == ["a", "b"] and isinstance(part["a"], np.ndarray)
+
+
+def test_default_key_and_fallback(ckpt):
+    with remote.serve(ckpt) as server:
+        assert server.key["model"] == "m" and server.key["revision"].startswith("h:")
+        got = remote.load_from_peer(server.url, fallback=ckpt)  # The key from the fallback path.
+        assert remote.last_report()["source"] == server.url
+        same(got, load_file(str(ckpt)))
+        got = remote.load_from_peer(server.url, model="m", revision="other", fallback=ckpt)
+        report = remote.last_report()
+        assert report["source"] == f"disk:{ckpt}"
+        assert "revision: 'other' (ours)" in report["failures"][0]
+        same(got, load_file(str(ckpt)))
+
+
+def test_errors_map_to_exceptions(ckpt):
+    with pytest.raises(ConnectionError, match="no peer worked"):
+        remote.load_from_peer("http://127.0.0.1:1", **KEY, timeout=2)
+    with pytest.raises(ConnectionError, match="'nope' is not http://HOST:PORT"):
+        remote.load_from_peer("nope", **KEY)
+    with pytest.raises(ValueError, match="model"):
+        remote.Peer("http://127.0.0.1:1")
+
+
+def test_token_and_corruption(ckpt):
+    with remote.serve(ckpt, **KEY, token="t0ken") as server, remote.serve(ckpt, **KEY, token="t0ken") as bad:
+        with pytest.raises(ConnectionError, match="HTTP 401"):
+            remote.load_from_peer(server.url, **KEY)
+        bad.corrupt_for_testing("big", 100)
+        got = remote.load_from_peer([bad.url, server.url], **KEY, token="t0ken")
+        report = remote.last_report()
+        assert report["source"] == server.url
+        assert "tensor 'big' chunk 0" in report["failures"][0]
+        same(got, load_file(str(ckpt)))
+
+
+def test_serve_tensors_and_become_seed(ckpt):
+    w = torch.randn(12, 8)
+    v = np.arange(30, dtype=np.int16).reshape(5, 6)
+    with remote.serve_tensors({"w": w, "v": v}, model="live", revision="7") as server:
+        got, seed = remote.load_from_peer(server.url, model="live", revision="7", become_seed=True)
+        assert torch.equal(got["w"], w) and np.array_equal(got["v"].numpy(), v)
+        with seed:
+            server.close()  # The new instance now serves what it got.
+            again = remote.load_from_peer(seed.url, model="live", revision="7")
+            assert torch.equal(again["w"], w)
