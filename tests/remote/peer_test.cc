@@ -104,7 +104,9 @@ class PeerTest : public ::testing::Test {
       ASSERT_NE(g, nullptr) << t.name;
       const auto want = Expected(t, size, rank);
       ASSERT_EQ(g->nbytes, want.size()) << t.name << " rank " << rank << " of " << size;
-      EXPECT_EQ(std::memcmp(g->data, want.data(), want.size()), 0) << t.name << " rank " << rank << " of " << size;
+      if (!want.empty()) {
+        EXPECT_EQ(std::memcmp(g->data, want.data(), want.size()), 0) << t.name << " rank " << rank << " of " << size;
+      }
     }
   }
 
