@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import _dtypes
-from ._core import tensor_from
+from ._core import _DLPackBytes, tensor_from
 from ._tensorlift import Checkpoint, FormatError, SafetensorError
 
 __all__ = ["safe_open"]
@@ -164,6 +164,51 @@ class _OpenFile:
             return {name: tensor_from(loaded, name, framework) for name in self.order}
         finally:
             loaded.release()
+
+
+class _PeerFile:
+    """safe_open's file for a tensorlift.remote.Peer: the tensors pulled once
+    (verified, else from the peer's fallback), laid out as one virtual data
+    section in name order so that slices read byte ranges as from a file."""
+
+    __slots__ = ("name", "loaded", "metadata", "order", "info", "__weakref__")
+
+    def __init__(self, peer):
+        self.loaded, report, _ = peer.pull()
+        self.name = report["source"]
+        self.metadata = None
+        self.order = sorted(self.loaded.names())
+        self.info: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {}
+        offset = 0
+        for n in self.order:
+            dtype, shape, nbytes = self.loaded.info(n)
+            self.info[n] = (dtype, tuple(shape), offset, offset + nbytes)
+            offset += nbytes
+
+    def lookup(self, name: str):
+        try:
+            return self.info[name]
+        except (KeyError, TypeError):
+            raise _TensorNotFound(f"File does not contain tensor {name}") from None
+
+    def read_range(self, framework: str, offset: int, nbytes: int):
+        """A copy of `nbytes` bytes at `offset` of the virtual data section (within one tensor)."""
+        for n in self.order:
+            _, _, begin, end = self.info[n]
+            if begin <= offset and offset + nbytes <= end:
+                raw = np.from_dlpack(_DLPackBytes(self.loaded, n))[offset - begin:offset - begin + nbytes].copy()
+                if framework == "pt":
+                    import torch
+                    return torch.from_numpy(raw)
+                return raw
+        raise IndexError(f"{self.name}: bytes [{offset}, {offset + nbytes}) are not within one tensor")
+
+    def read_tensor(self, name: str, framework: str):
+        self.lookup(name)
+        return tensor_from(self.loaded, name, framework)
+
+    def read_all(self, framework: str) -> Dict[str, Any]:
+        return {n: tensor_from(self.loaded, n, framework) for n in self.order}
 
 
 def _view(raw, dtype: str, shape, framework: str):
@@ -342,6 +387,8 @@ class safe_open:
 
     safe_open(filename, framework, device="cpu", *, backend="mmap")
 
+    filename: a .safetensors file, or a tensorlift.remote.Peer (its tensors
+    are pulled once, verified, and served from memory; metadata() is None).
     framework: "pt" (also "torch", "pytorch") or "np" (also "numpy").
     device: "cpu"; with "pt", any torch device (tensors are read into host
     memory, then moved). backend: accepted for compatibility ("mmap" or
@@ -355,7 +402,7 @@ class safe_open:
     """
 
     def __init__(self, filename, framework, device="cpu", *, backend: str = "mmap"):
-        self._file: Optional[_OpenFile] = None
+        self._file = None
         fw = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
         if fw is None:
             raise _UsageError(f"framework {framework} is invalid (tensorlift supports 'pt' and 'np')")
@@ -363,7 +410,8 @@ class safe_open:
             raise _UsageError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
         self._framework = fw
         self._device = _parse_device(device, fw)
-        self._file = _OpenFile(filename)
+        from .remote import Peer
+        self._file = _PeerFile(filename) if isinstance(filename, Peer) else _OpenFile(filename)
 
     def _open(self) -> _OpenFile:
         f = self._file

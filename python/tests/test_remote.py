@@ -94,3 +94,15 @@ def test_serve_tensors_and_become_seed(ckpt):
             server.close()  # The new instance now serves what it got.
             again = remote.load_from_peer(seed.url, model="live", revision="7")
             assert torch.equal(again["w"], w)
+
+
+def test_safe_open_takes_a_peer(ckpt):
+    ref = load_file(str(ckpt))
+    with remote.serve(ckpt, **KEY) as server:
+        with tensorlift.safe_open(remote.Peer(server.url, **KEY), framework="pt") as f:
+            assert sorted(f.keys()) == sorted(ref)
+            assert torch.equal(f.get_tensor("a"), ref["a"])
+            assert torch.equal(f.get_slice("big")[10:20, 5:7], ref["big"][10:20, 5:7])
+            assert f.metadata() is None
+        with tensorlift.safe_open(remote.Peer(server.url, **KEY), framework="np") as f:
+            assert np.array_equal(f.get_tensor("b"), ref["b"].numpy())
