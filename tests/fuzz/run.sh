@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Fuzzes the safetensors header parser: tests/fuzz/run.sh SECONDS [libFuzzer flags...]
+# then the peer manifest parser for MANIFEST_SECONDS (default 30; 0 skips it).
 #
 # Configures and builds build-fuzz with clang and -fsanitize=fuzzer,address,undefined
 # (idempotent), seeds tests/fuzz/corpus-work/ from tests/fuzz/seeds/ (and from
@@ -38,7 +39,7 @@ if [ ! -f "$build/CMakeCache.txt" ] || [ "$(cat "$build/.configured" 2>/dev/null
     || { cat "$build/cmake.log"; echo "fuzz: configure failed" >&2; exit 1; }
   printf '%s' "$stamp" > "$build/.configured"
 fi
-cmake --build "$build" --target tl_header_fuzz -j 2 > "$build/build.log" 2>&1 \
+cmake --build "$build" --target tl_header_fuzz tl_manifest_fuzz -j 2 > "$build/build.log" 2>&1 \
   || { grep -E 'error|warning' "$build/build.log" | head -40 || true; echo "fuzz: build failed (build-fuzz/build.log)" >&2; exit 1; }
 
 # --- seed the work corpus (idempotent) ---------------------------------------------
@@ -86,3 +87,28 @@ if [ "$rc" -ne 0 ] || [ -n "$findings" ]; then
   exit 1
 fi
 echo "fuzz: no findings (log: build-fuzz/fuzz.log)"
+
+# --- the peer manifest parser (src/remote/manifest.cc) --------------------------------
+manifest_secs=${MANIFEST_SECONDS:-30}
+if [ "$manifest_secs" -gt 0 ]; then
+  mcorpus=$fuzz_dir/corpus-work-manifest
+  mkdir -p "$mcorpus"
+  cp -n "$fuzz_dir"/manifest-seeds/*.json "$mcorpus/" 2>/dev/null || true
+  mlog=$build/fuzz-manifest.log
+  touch "$build/.run-start"
+  set +e
+  "$build/tl_manifest_fuzz" "$mcorpus" -max_total_time="$manifest_secs" -max_len=65536 -rss_limit_mb=2048 \
+    -malloc_limit_mb="$malloc_limit_mb" -timeout=30 -print_final_stats=1 -artifact_prefix="$build/artifacts/" \
+    > "$mlog" 2>&1
+  rc=$?
+  set -e
+  mexecs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$mlog" | tail -1)
+  mcov=$(grep -E '^#[0-9]+' "$mlog" | tail -1 | sed -n 's/.* cov: \([0-9]*\).*/\1/p')
+  mfindings=$(find "$build/artifacts" -type f -newer "$build/.run-start" -printf '%f ')
+  echo "fuzz (manifest): ${manifest_secs}s, ${mexecs:-?} execs, cov ${mcov:-?}"
+  if [ "$rc" -ne 0 ] || [ -n "$mfindings" ]; then
+    echo "fuzz (manifest): FAILED (exit $rc): $(grep -m1 -E '^==[0-9]+==ERROR|^SUMMARY|invariant broken|out-of-memory|runtime error' "$mlog" || echo 'see log'); artifacts: ${mfindings:-none}; log: build-fuzz/fuzz-manifest.log"
+    exit 1
+  fi
+  echo "fuzz (manifest): no findings (log: build-fuzz/fuzz-manifest.log)"
+fi
