@@ -12,6 +12,7 @@
 #include <set>
 
 #include "common/checked_math.h"
+#include "load/loader_internal.h"
 #include "remote/auth.h"
 #include "remote/layout.h"
 #include "remote/manifest.h"
@@ -285,6 +286,10 @@ class Puller {
       }
     }
     TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, HostBuffer::Allocate(total));
+    // Fresh memory is faulted in by helper threads ahead of the gets, as a
+    // disk load does (docs/loading.md, "Memory"): first touches cost more
+    // than the transfer itself on the machine measured (docs/remote.md).
+    PopulateAhead populate({{buffer->data(), buffer->size()}}, FaultThreads(options_.fallback_load));
 
     // Per source rank: the gets (straight into the destination where a whole
     // chunk lands in one place, else into a staging chunk), then the copies
