@@ -114,6 +114,10 @@ int RunFetch(const FetchArgs& args) {
                loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
                report.source.c_str(), report.source_ranks, report.seconds,
                report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
+  for (const FileReport& f : loaded->files()) {
+    if (f.bytes) std::fprintf(out, "  %s: %s, %llu bytes\n", f.path.c_str(), f.reason.c_str(),
+                              static_cast<unsigned long long>(f.bytes));
+  }
   if (!args.out.empty()) {
     std::vector<TensorView> views;
     for (const LoadedTensor& t : loaded->tensors()) {

@@ -165,6 +165,7 @@ struct Source {
   std::unique_ptr<UcxClient> ucx;
   std::vector<uint32_t> regions;  // Manifest region -> client region index.
   uint64_t pulled = 0;
+  std::string transports;  // What UCX used, for the report.
 };
 
 // One destination tensor.
@@ -400,6 +401,7 @@ class Puller {
         }
       }
       pulled += src.pulled;
+      src.transports = src.ucx->TransportsInUse();
       src.ucx.reset();
     }
 
@@ -427,7 +429,8 @@ class Puller {
     for (int r = 0; r < n; ++r) {
       FileReport f;
       f.path = group[r]->url();
-      f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n);
+      f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n) +
+                 (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports);
       f.bytes = sources[r].pulled;
       files.push_back(std::move(f));
     }
