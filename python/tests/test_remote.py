@@ -106,3 +106,13 @@ def test_safe_open_takes_a_peer(ckpt):
             assert f.metadata() is None
         with tensorlift.safe_open(remote.Peer(server.url, **KEY), framework="np") as f:
             assert np.array_equal(f.get_tensor("b"), ref["b"].numpy())
+
+
+def test_load_file_takes_a_peer(ckpt):
+    import tensorlift.numpy
+    import tensorlift.torch
+    ref = load_file(str(ckpt))
+    with remote.serve(ckpt, **KEY) as server:
+        same(tensorlift.torch.load_file(remote.Peer(server.url, **KEY)), ref)
+        got = tensorlift.numpy.load_file(remote.Peer(server.url, **KEY))
+        assert np.array_equal(got["a"], ref["a"].numpy())
