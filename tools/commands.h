@@ -82,6 +82,11 @@ struct FetchArgs {
   std::string out;       // Directory to write model.safetensors into.
   bool checksum = false;
   int timeout_ms = 10000;
+  // Then serve what was pulled (become a seed) until SIGINT/SIGTERM.
+  bool seed = false;
+  std::string seed_host = "127.0.0.1";
+  int registry_ttl_s = 10;
+  std::string ready_file;  // Written with the seed's URL once serving.
 };
 // Pulls a checkpoint from peers (or the fallback) and writes or checksums it.
 int RunFetch(const FetchArgs& args);

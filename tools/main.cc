@@ -125,6 +125,13 @@ int main(int argc, char** argv) {
                   "Print name<TAB>xxh3-64 of each tensor's bytes, as tensorlift load --checksum does");
   fetch->add_option("--timeout-ms", fetch_args.timeout_ms, "Each request, connection and stalled pull")
       ->check(CLI::Range(100, 3600000))->capture_default_str();
+  fetch->add_flag("--seed", fetch_args.seed,
+                  "Then serve what was pulled (registered with --registry) until interrupted");
+  fetch->add_option("--seed-host", fetch_args.seed_host, "With --seed: the address to listen on and advertise")
+      ->capture_default_str();
+  fetch->add_option("--registry-ttl", fetch_args.registry_ttl_s, "With --seed: the registration's lease, seconds")
+      ->check(CLI::Range(1, 3600))->capture_default_str();
+  fetch->add_option("--ready-file", fetch_args.ready_file, "With --seed: write the seed's URL here once serving");
 
   std::string doctor_path;
   bool doctor_json = false;

@@ -44,6 +44,30 @@ int Fail(const Status& st, int code = kExitInvalid) {
   return code;
 }
 
+// SIGINT and SIGTERM blocked in this thread and every thread started after,
+// so that WaitServing's sigwait gets them.
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+// Writes the URL to `ready_file` (when given), then serves until a signal.
+int WaitServing(const PeerServer& server, const std::string& ready_file, const sigset_t& set) {
+  if (!ready_file.empty()) {
+    const std::string tmp = ready_file + ".tmp";
+    std::ofstream(tmp) << server.url() << "\n";
+    if (std::rename(tmp.c_str(), ready_file.c_str()) != 0) return Fail(IOError("cannot write " + ready_file));
+  }
+  int sig = 0;
+  sigwait(&set, &sig);
+  std::printf("stopping (signal %d): served %llu bytes\n", sig, static_cast<unsigned long long>(server.served_bytes()));
+  return kExitOk;
+}
+
 }  // namespace
 
 int RunServe(const ServeArgs& args) {
@@ -61,30 +85,14 @@ int RunServe(const ServeArgs& args) {
   opts.registry = args.registry;
   opts.registry_ttl_s = args.registry_ttl_s;
   opts.transports = args.peer.transports;
-  // Block the signals before any thread starts, so that sigwait gets them.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  const sigset_t set = BlockStopSignals();  // Before any thread starts.
   auto server = PeerServer::ServeCheckpoint(args.path, *key, opts);
   if (!server.ok()) return Fail(server.status());
   std::printf("serving %s (rank %d of %d) at %s\nkey %s revision %s digest %s\n", args.path.c_str(),
               opts.parallel.rank, opts.parallel.size, (*server)->url().c_str(), key->model.c_str(),
               key->revision.c_str(), key->Digest().c_str());
   std::fflush(stdout);
-  if (!args.ready_file.empty()) {
-    const std::string tmp = args.ready_file + ".tmp";
-    std::ofstream(tmp) << (*server)->url() << "\n";
-    if (std::rename(tmp.c_str(), args.ready_file.c_str()) != 0) {
-      return Fail(IOError("cannot write " + args.ready_file));
-    }
-  }
-  int sig = 0;
-  sigwait(&set, &sig);
-  std::printf("stopping (signal %d): served %llu bytes\n", sig,
-              static_cast<unsigned long long>((*server)->served_bytes()));
-  return kExitOk;
+  return WaitServing(**server, args.ready_file, set);
 }
 
 int RunFetch(const FetchArgs& args) {
@@ -105,10 +113,18 @@ int RunFetch(const FetchArgs& args) {
   if (opts.peers.empty() && opts.registry.empty() && opts.fallback_path.empty()) {
     return Fail(InvalidArgumentError("fetch: give a peer URL, --registry, or --fallback"), kExitUsage);
   }
-  PeerLoadReport report;
-  auto loaded = LoadFromPeer(*key, opts, &report);
+  sigset_t set;
+  if (args.seed) {
+    set = BlockStopSignals();
+    opts.become_seed = true;
+    opts.seed.host = args.seed_host;
+    opts.seed.registry_ttl_s = args.registry_ttl_s;
+  }
+  auto pulled = LoadFromPeerAndSeed(*key, opts);
+  if (!pulled.ok()) return Fail(pulled.status());
+  const PeerLoadReport& report = pulled->report;
   for (const std::string& f : report.failures) std::fprintf(stderr, "fallback: %s\n", f.c_str());
-  if (!loaded.ok()) return Fail(loaded.status());
+  const std::shared_ptr<const LoadedCheckpoint>& loaded = pulled->loaded;
   FILE* out = args.checksum ? stderr : stdout;
   std::fprintf(out, "fetched %zu tensors, %llu bytes from %s (%d source ranks) in %.3f s: %.2f GB/s\n",
                loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
@@ -137,6 +153,12 @@ int RunFetch(const FetchArgs& args) {
     for (const LoadedTensor& t : loaded->tensors()) {
       std::printf("%s\t%s\n", t.name.c_str(), HexU64(Xxh3_64(t.data, t.nbytes)).c_str());
     }
+  }
+  if (args.seed && pulled->seed) {
+    std::fprintf(out, "seeding at %s\n", pulled->seed->url().c_str());
+    std::fflush(out);
+    std::fflush(stdout);
+    return WaitServing(*pulled->seed, args.ready_file, set);
   }
   return kExitOk;
 }

@@ -312,3 +312,29 @@ def test_two_hosts_over_veth(cli, ckpt, serving, two_hosts):
     assert r.returncode == 0, r.stderr
     assert "fallback:" not in r.stderr, r.stderr
     assert r.stdout == load_checksums(cli, ckpt)
+
+
+def test_fetched_instance_becomes_a_seed(cli, ckpt, serving, etcd, tmp_path):
+    a = serving(ckpt, *MODEL, "--registry", etcd, "--registry-ttl", "2")
+    ready = tmp_path / "seed-url"
+    b = subprocess.Popen([str(cli), "fetch", "--registry", etcd, *MODEL, "--seed", "--registry-ttl", "2",
+                          "--ready-file", str(ready)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert b.poll() is None, b.stderr.read()
+            assert time.monotonic() < deadline, "fetch --seed did not start serving"
+            time.sleep(0.05)
+        seed_url = ready.read_text().strip()
+        assert seed_url != a.url
+        a.kill()  # The original seed goes; its lease expires.
+        time.sleep(4)
+        r = run(cli, "fetch", "--registry", etcd, *MODEL, "--checksum")
+        assert r.returncode == 0, r.stderr
+        assert f"from {seed_url}" in r.stderr, r.stderr
+        assert r.stdout == load_checksums(cli, ckpt)
+    finally:
+        b.send_signal(signal.SIGTERM)
+        out, err = b.communicate(timeout=30)
+    assert b.returncode == 0, err
+    assert f"seeding at {seed_url}" in out
