@@ -114,6 +114,7 @@ int RunFetch(const FetchArgs& args) {
     return Fail(InvalidArgumentError("fetch: give a peer URL, --registry, or --fallback"), kExitUsage);
   }
   sigset_t set;
+  sigemptyset(&set);
   if (args.seed) {
     set = BlockStopSignals();
     opts.become_seed = true;
