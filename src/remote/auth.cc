@@ -10,6 +10,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <string>
@@ -66,6 +67,11 @@ bool IsSpace(char c) {
 }
 
 }  // namespace
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 std::string HmacSha256Hex(std::string_view token, std::string_view message) {
   unsigned char mac[EVP_MAX_MD_SIZE];

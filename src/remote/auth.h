@@ -23,6 +23,8 @@ inline constexpr const char* kAuthHeader = "X-Tensorlift-Auth";
 std::string HmacSha256Hex(std::string_view token, std::string_view message);
 // 32 hex digits from the OS's random source.
 std::string RandomNonce();
+// The system clock in whole seconds since the epoch (what requests carry).
+int64_t UnixSeconds();
 // The header value for a request.
 std::string SignRequest(std::string_view token, std::string_view method, std::string_view path,
                         int64_t unix_seconds, std::string_view nonce);

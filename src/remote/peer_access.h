@@ -19,6 +19,8 @@ class PeerAccess {
   // by owners[i].
   static LoadedCheckpoint Make(std::vector<LoadedTensor> tensors, std::vector<std::shared_ptr<Buffer>> owners,
                                std::vector<FileReport> files, double seconds);
+  // Sets t->strides to the row-major strides (in elements) of t->shape.
+  static void SetRowMajorStrides(LoadedTensor* t);
   // The buffer owning each of checkpoint.tensors()[i].
   static const std::vector<std::shared_ptr<Buffer>>& Owners(const LoadedCheckpoint& checkpoint);
 };

@@ -29,11 +29,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int64_t NowSeconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 // One control endpoint: signed requests with time-outs and bounded bodies.
 class Control {
  public:
@@ -62,7 +57,7 @@ class Control {
     req.path = path;
     req.body = body;
     if (!body.empty()) req.set_header("Content-Type", "text/plain");
-    if (!token_.empty()) req.set_header(kAuthHeader, SignRequest(token_, method, path, NowSeconds(), RandomNonce()));
+    if (!token_.empty()) req.set_header(kAuthHeader, SignRequest(token_, method, path, UnixSeconds(), RandomNonce()));
     std::string received;
     bool too_big = false;
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
@@ -413,12 +408,7 @@ class Puller {
       t.name = w.name;
       t.dtype = w.dtype;
       t.shape = w.shape;
-      t.strides.resize(t.shape.size());
-      int64_t stride = 1;
-      for (size_t d = t.shape.size(); d-- > 0;) {
-        t.strides[d] = stride;
-        stride *= t.shape[d];
-      }
+      PeerAccess::SetRowMajorStrides(&t);
       t.data = buffer->data() + w.offset;
       t.nbytes = w.nbytes;
       tensors.push_back(std::move(t));

@@ -29,6 +29,8 @@
 #include <thread>
 #include <utility>
 
+#include "tensorlift/text.h"
+
 namespace tensorlift::remote {
 namespace {
 
@@ -129,25 +131,6 @@ bool Base64Decode(std::string_view in, std::string* out) {
     if (pad < 1) out->push_back(static_cast<char>(v & 0xff));
   }
   return true;
-}
-
-std::string JsonString(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      static constexpr char kHex[] = "0123456789abcdef";
-      out += "\\u00";
-      out += kHex[(c >> 4) & 0xf];
-      out += kHex[c & 0xf];
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
-  return out;
 }
 
 // Shortest text that reads back as the same double.

@@ -22,12 +22,14 @@
 #include <mutex>
 #include <thread>
 
+#include "common/checked_math.h"
 #include "remote/auth.h"
 #include "remote/layout.h"
 #include "remote/manifest.h"
 #include "remote/registry.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
+#include "tensorlift/text.h"
 
 namespace tensorlift {
 namespace remote {
@@ -65,28 +67,6 @@ struct Served {
   uint64_t nbytes = 0;
   ShardOf shard;
 };
-
-std::string JsonEscape(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out;
-}
-
-int64_t NowSeconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 class PeerServerImpl final : public PeerServer {
  public:
@@ -236,7 +216,7 @@ class PeerServerImpl final : public PeerServer {
       if (!verifier_) return httplib::Server::HandlerResponse::Unhandled;
       auto it = req.headers.find(kAuthHeader);
       Status st = verifier_->Verify(it == req.headers.end() ? std::string_view() : std::string_view(it->second),
-                                    req.method, req.path, NowSeconds());
+                                    req.method, req.path, UnixSeconds());
       if (st.ok()) return httplib::Server::HandlerResponse::Unhandled;
       res.status = 401;
       res.set_content(st.message(), "text/plain");
@@ -265,9 +245,9 @@ class PeerServerImpl final : public PeerServer {
 
   std::string KeyJson() const {
     std::string j = "{\"protocol\":" + std::to_string(kPeerProtocolVersion) + ",\"key\":{";
-    j += "\"model\":\"" + JsonEscape(key_.model) + "\",\"revision\":\"" + JsonEscape(key_.revision) +
-         "\",\"dtype\":\"" + JsonEscape(key_.dtype) + "\",\"quantization\":\"" + JsonEscape(key_.quantization) +
-         "\",\"layout\":\"" + JsonEscape(key_.layout) + "\",\"protocol\":" + std::to_string(key_.protocol) + "}";
+    j += "\"model\":" + JsonString(key_.model) + ",\"revision\":" + JsonString(key_.revision) +
+         ",\"dtype\":" + JsonString(key_.dtype) + ",\"quantization\":" + JsonString(key_.quantization) +
+         ",\"layout\":" + JsonString(key_.layout) + ",\"protocol\":" + std::to_string(key_.protocol) + "}";
     j += ",\"digest\":\"" + key_.Digest() + "\",\"parallel\":{\"size\":" + std::to_string(options_.parallel.size) +
          ",\"rank\":" + std::to_string(options_.parallel.rank) + "}";
     j += ",\"tensors\":" + std::to_string(manifest_.tensors.size()) +
@@ -418,12 +398,12 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(std::vector<Tensor>
   for (Tensor& t : tensors) {
     uint64_t elements = 1;
     for (int64_t d : t.shape) {
-      if (d < 0 || __builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements)) {
+      if (d < 0 || !CheckedMul(elements, static_cast<uint64_t>(d), &elements)) {
         return InvalidArgumentError("serve: tensor '" + t.name + "' has a bad shape");
       }
     }
     uint64_t bits = 0;
-    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(DtypeBits(t.dtype)), &bits) || bits % 8) {
+    if (!CheckedMul(elements, static_cast<uint64_t>(DtypeBits(t.dtype)), &bits) || bits % 8) {
       return InvalidArgumentError("serve: tensor '" + t.name + "' is not a whole number of bytes");
     }
     if (bits && !t.data) return InvalidArgumentError("serve: tensor '" + t.name + "' has no data");

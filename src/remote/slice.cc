@@ -25,6 +25,15 @@ LoadedCheckpoint PeerAccess::Make(std::vector<LoadedTensor> tensors, std::vector
   return out;
 }
 
+void PeerAccess::SetRowMajorStrides(LoadedTensor* t) {
+  t->strides.resize(t->shape.size());
+  int64_t stride = 1;
+  for (size_t d = t->shape.size(); d-- > 0;) {
+    t->strides[d] = stride;
+    stride *= t->shape[d];
+  }
+}
+
 const std::vector<std::shared_ptr<Buffer>>& PeerAccess::Owners(const LoadedCheckpoint& checkpoint) {
   return checkpoint.owners_->buffers;
 }
@@ -112,11 +121,7 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
         std::memcpy(dst + p.dst_offset, static_cast<const std::byte*>(t.data) + p.src_offset, p.bytes);
         s.nbytes += p.bytes;
       }
-      int64_t stride = 1;
-      for (size_t d = s.shape.size(); d-- > 0;) {
-        s.strides[d] = stride;
-        stride *= s.shape[d];
-      }
+      PeerAccess::SetRowMajorStrides(&s);
     }
     s.data = dst;
     tensors.push_back(std::move(s));
