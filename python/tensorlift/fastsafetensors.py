@@ -64,6 +64,10 @@ same calls in the same order, with the same arguments.
   been handed out; asking for a tensor of that file again raises ValueError on
   every rank (set `fb.auto_mem_delete = False` first to keep the buffers).
   `close()` drops everything. Returned tensors are copies and own their memory.
+- Exit: every collective returns only once the backend has released the
+  tensors it was given, so nothing is left in flight when the script ends
+  (gloo's worker used to drop a finished scatter's tensors during interpreter
+  shutdown and abort the process).
 - Failure: after each rank opens (add_filenames) and reads
   (copy_files_to_device) its files, the ranks exchange a status; if any rank
   failed, that rank raises its own error and every other rank raises
@@ -200,7 +204,20 @@ class _Comm:
 
     Every payload travels as uint8, so dtypes a backend lacks (gloo: float8)
     work; ranks are group ranks, converted to global ranks for torch.
+
+    No work is left in flight: on the CPU (gloo), every collective returns
+    only once the backend's worker thread has let go of the tensors it was
+    given. gloo's worker keeps a finished collective, and with it references
+    to its tensors, a moment after wait() returns; dropping a tensor that has
+    a Python object takes the GIL, and a worker that tries that after the
+    interpreter began to shut down is cancelled mid-destructor, which aborts
+    the process ("terminate called without an active exception"). Objects
+    travel as pickled bytes through the same path (not all_gather_object,
+    whose internal tensors could not be waited for).
     """
+
+    # How long a collective may wait for the backend to release its tensors.
+    RELEASE_TIMEOUT_S = 60.0
 
     def __init__(self, pg: Any, size: int, rank: int, device: str):
         import torch
@@ -208,18 +225,44 @@ class _Comm:
         self.torch, self.dist, self.pg = torch, dist, pg
         self.size, self.rank = size, rank
         self.device = torch.device(device)
+        self._stuck: List[Any] = []  # tensors a backend never released (kept, never freed off-thread)
 
     def _global(self, group_rank: int) -> int:
         return self.dist.get_global_rank(self.pg, group_rank)
 
+    def _run(self, what: str, collective: Callable[[], Any], tensors: Sequence[Any]) -> None:
+        """Runs one blocking collective over `tensors`; returns once the backend holds none of them."""
+        base = [t._use_count() for t in tensors]
+        collective()
+        if self.device.type != "cpu":
+            return  # nccl: tensors are stream-ordered; the watchdog's release is not waited for here
+        import time
+        deadline = time.monotonic() + self.RELEASE_TIMEOUT_S
+        pause = 0.0
+        while any(t._use_count() > b for t, b in zip(tensors, base)):
+            if time.monotonic() > deadline:
+                self._stuck.extend(tensors)
+                raise DistributedLoadError(
+                    f"tensorlift.fastsafetensors: {what}: the process group's backend still holds the "
+                    f"tensors of a finished collective after {self.RELEASE_TIMEOUT_S:.0f} s")
+            time.sleep(pause)  # releases the GIL, which the worker needs to drop them
+            pause = min(0.001, pause * 2 or 1e-5)
+
     def all_gather_object(self, obj: Any) -> List[Any]:
-        out: List[Any] = [None] * self.size
-        if self.device.type == "cuda":  # nccl sends objects through the current device
-            with self.torch.cuda.device(self.device):
-                self.dist.all_gather_object(out, obj, group=self.pg)
-        else:
-            self.dist.all_gather_object(out, obj, group=self.pg)
-        return out
+        """Every rank's picklable `obj`, in rank order."""
+        import pickle
+        torch = self.torch
+        payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        mine = torch.tensor([len(payload)], dtype=torch.int64, device=self.device)
+        sizes = [torch.empty(1, dtype=torch.int64, device=self.device) for _ in range(self.size)]
+        self._run("all_gather", lambda: self.dist.all_gather(sizes, mine, group=self.pg), [mine] + sizes)
+        lengths = [int(t.item()) for t in sizes]
+        most = max(lengths)
+        buf = self.empty(most)
+        buf[: len(payload)].copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        outs = [self.empty(most) for _ in range(self.size)]
+        self._run("all_gather", lambda: self.dist.all_gather(outs, buf, group=self.pg), [buf] + outs)
+        return [pickle.loads(o[:n].cpu().numpy().tobytes()) for o, n in zip(outs, lengths)]
 
     def agree(self, what: str, err: Optional[BaseException], extra: Any = None) -> List[Any]:
         """Exchanges (status, extra) among all ranks; raises on every rank if any failed.
@@ -242,7 +285,7 @@ class _Comm:
         return self.torch.empty(nbytes, dtype=self.torch.uint8, device=self.device)
 
     def broadcast(self, buf, src: int) -> None:
-        self.dist.broadcast(buf, src=self._global(src), group=self.pg)
+        self._run("broadcast", lambda: self.dist.broadcast(buf, src=self._global(src), group=self.pg), [buf])
 
     def scatter(self, chunks: Optional[List[Any]], nbytes: List[int], src: int):
         """Rank r gets chunks[r] (uint8, nbytes[r] bytes) from src; chunks is None off src."""
@@ -258,14 +301,15 @@ class _Comm:
                     padded[c.numel():].zero_()
                     c = padded
                 scatter_list.append(c)
-        self.dist.scatter(out, scatter_list=scatter_list, src=self._global(src), group=self.pg)
+        self._run("scatter", lambda: self.dist.scatter(out, scatter_list=scatter_list, src=self._global(src),
+                                                       group=self.pg), [out] + (scatter_list or []))
         return out if nbytes[self.rank] == most else out[: nbytes[self.rank]]
 
     def send(self, buf, dst: int, tag: int) -> None:
-        self.dist.send(buf, dst=self._global(dst), group=self.pg, tag=tag)
+        self._run("send", lambda: self.dist.send(buf, dst=self._global(dst), group=self.pg, tag=tag), [buf])
 
     def recv(self, buf, src: int, tag: int) -> None:
-        self.dist.recv(buf, src=self._global(src), group=self.pg, tag=tag)
+        self._run("recv", lambda: self.dist.recv(buf, src=self._global(src), group=self.pg, tag=tag), [buf])
 
 
 def _as_bytes(t):
