@@ -1,6 +1,6 @@
 # tensorlift: every target installs what it needs first (scripts/setup.sh is
 # idempotent and quiet when all is present).
-.PHONY: all setup build test demo bench fuzz format clean
+.PHONY: all setup build test demo bench fuzz format clean gpu-check
 
 all: build
 
@@ -19,6 +19,11 @@ demo: build
 
 bench: build
 	@bash bench/run.sh
+
+# The GPU validation (docs/gpu.md): STEP=setup|test|bench|all|bundle, OUT=DIR.
+# Without a GPU it checks its scripts and says so in one line.
+gpu-check:
+	@STEP=$${STEP:-all} bash scripts/gpu_check.sh
 
 fuzz: setup
 	@bash tests/fuzz/run.sh $${FUZZ_SECONDS:-600}

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# make gpu-check STEP=bundle: prepares .gpu-bundle/ (git-ignored) on a machine
+# that reaches Debian's and PyPI's registries, for a GPU machine that reaches
+# neither (the lent ones): the Debian packages tensorlift's build needs
+# (headers and libraries, unpacked there without overwriting anything) and
+# the wheels of the Python packages the GPU image lacks, for its Python
+# (GPU_PY_VERSION, default 3.12). It stays under GPU_BUNDLE_MAX_MIB (default
+# 48) so that it travels with the checkout; the optional parts (UCX, MPI,
+# etcd) are left out and those tests skip there.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+bundle=$root/.gpu-bundle
+pyver=${GPU_PY_VERSION:-3.12}
+max_mib=${GPU_BUNDLE_MAX_MIB:-48}
+grep -q "^/\.gpu-bundle/$" .gitignore \
+  || { echo "gpu-bundle: .gpu-bundle/ must be ignored by git (.gitignore)" >&2; exit 1; }
+rm -rf "$bundle"
+mkdir -p "$bundle/debs" "$bundle/wheels"
+
+# Debian: the -dev packages of the required libraries, their runtime
+# libraries, and the test frameworks (the static GoogleTest libraries).
+debs=(libsimdjson-dev libsimdjson14 libcli11-dev libxxhash-dev libxxhash0 liburing-dev liburing2
+      libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libcpp-httplib-dev libcpp-httplib0.11
+      libssl-dev zlib1g-dev libbrotli-dev libbrotli1 pkgconf pkgconf-bin libpkgconf3)
+sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+$sudo apt-get update -qq
+(cd "$bundle/debs" && apt-get download -qq "${debs[@]}")
+
+# PyPI: what the GPU image lacks (it has torch, safetensors, nanobind,
+# scikit-build-core, pytest, xxhash, ml-dtypes, psutil, tqdm, nvidia-cufile).
+wheels=(fastsafetensors runai-model-streamer instanttensor apache-tvm-ffi)
+for w in "${wheels[@]}"; do
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64 \
+    -d "$bundle/wheels" "$w" || echo "gpu-bundle: no wheel of $w for Python $pyver (that contender will say so)" >&2
+done
+
+mib=$(du -sm "$bundle" | cut -f1)
+echo "gpu-bundle: $bundle: $(ls "$bundle/debs" | wc -l) Debian packages, $(ls "$bundle/wheels" | wc -l) wheels, ${mib} MiB"
+if [ "$mib" -gt "$max_mib" ]; then
+  echo "gpu-bundle: ${mib} MiB is over ${max_mib} MiB: it would not travel with the checkout" >&2
+  exit 1
+fi

@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# make gpu-check [STEP=setup|test|bench|all|bundle] [OUT=DIR]: validates and
+# measures tensorlift's GPU path on the machine's first GPU, from a fresh copy
+# of the checkout, and leaves the results in one folder (docs/gpu.md).
+#
+#   setup   Debian packages and a Python environment with CUDA torch, then a
+#           CUDA build for the GPU present (build-gpu/, cached: a second call
+#           only rebuilds what changed). Offline, from .gpu-bundle/ when the
+#           checkout carries one (STEP=bundle makes it on a machine with
+#           the registries; lent GPU machines reach none).
+#   test    every C++ test (ctest) and Python test (pytest) on the device, the
+#           kernels' tests again under compute-sanitizer where it is installed.
+#   bench   bench/gpu/gpu_bench.py: checkpoint -> GPU memory, cold and warm,
+#           tensorlift against the other loaders and the limits; the kernels
+#           against a device-to-device copy.
+#   all     setup, test, bench (the default); exits non-zero if a test failed.
+#
+# Each step fits one 10-minute command. Results: $OUT (default
+# bench/out/gpu/): results.json, results.md (printed at the end), and each
+# step's log.
+#
+# Without a GPU it says so in one line and exits 0, after checking that its
+# scripts are complete. GPU_CHECK_EMULATED=1 runs the whole sequence against
+# tensorlift's emulated device instead (small sizes, the device tests only),
+# which is how `make test` tests these scripts.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+step=${STEP:-all}
+out=${OUT:-$root/bench/out/gpu}
+case "$step" in setup|test|bench|all|bundle) ;; *)
+  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all or bundle)" >&2; exit 2 ;;
+esac
+
+# The files this check needs; a missing or broken one fails the dry run too.
+check_scripts() {
+  local f n=0
+  for f in scripts/gpu_check.sh scripts/gpu_bundle.sh; do
+    [ -f "$f" ] || { echo "gpu-check: $f is missing" >&2; return 1; }
+    bash -n "$f" || { echo "gpu-check: $f does not parse" >&2; return 1; }
+    n=$((n + 1))
+  done
+  for f in bench/gpu/gpu_bench.py bench/gpu/contender.py bench/load/gen_checkpoint.py; do
+    [ -f "$f" ] || { echo "gpu-check: $f is missing" >&2; return 1; }
+    python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" "$f" \
+      || { echo "gpu-check: $f does not parse" >&2; return 1; }
+    n=$((n + 1))
+  done
+  for f in bench/gpu/kernels_bench.cc docs/gpu.md; do
+    [ -f "$f" ] || { echo "gpu-check: $f is missing" >&2; return 1; }
+    n=$((n + 1))
+  done
+  grep -q tl_gpu_kernels_bench bench/CMakeLists.txt \
+    || { echo "gpu-check: bench/CMakeLists.txt does not build tl_gpu_kernels_bench" >&2; return 1; }
+  echo "$n"
+}
+
+if [ "$step" = bundle ]; then
+  exec bash scripts/gpu_bundle.sh
+fi
+
+gpu_reason=""
+if [ -n "${GPU_CHECK_EMULATED:-}" ]; then
+  mode=emulated
+elif ! command -v nvidia-smi >/dev/null 2>&1; then
+  mode=none; gpu_reason="nvidia-smi is not installed"
+elif ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  mode=none; gpu_reason="nvidia-smi lists no GPU"
+else
+  mode=gpu
+fi
+if [ "$mode" = none ]; then
+  n=$(check_scripts)
+  echo "gpu-check: no GPU here ($gpu_reason); checked its $n files, ran nothing (GPU_CHECK_EMULATED=1 runs it on the emulated device)"
+  exit 0
+fi
+check_scripts >/dev/null
+
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+if [ "$mode" = gpu ]; then
+  build=build-gpu
+  device=cuda:0
+else
+  build=build
+  device=emulated
+fi
+envfile=$root/$build/gpu-env.sh
+failed=0
+
+log() { echo "gpu-check [$mode] $*"; }
+
+do_setup() {
+  log "setup"
+  if [ "$mode" = emulated ]; then
+    bash scripts/setup.sh
+    py=$root/.venv/bin/python
+    bash scripts/build.sh "$build"
+    cmake --build "$build" --target tl_gpu_kernels_bench tl_limits -j "$(nproc)" > "$out/build.log" 2>&1 \
+      || { cat "$out/build.log"; return 1; }
+    bash scripts/install_python.sh
+    printf 'py=%q\nsite=\n' "$py" > "$envfile"
+    return 0
+  fi
+  local site=$root/$build/site
+  if [ -d "$root/.gpu-bundle" ]; then
+    # Offline: the carried Debian packages, unpacked without overwriting any
+    # file the machine has, and the carried wheels, next to the machine's own
+    # Python (the one with CUDA torch).
+    log "setup: offline, from .gpu-bundle/"
+    local deb x
+    x=$(mktemp -d)
+    for deb in "$root"/.gpu-bundle/debs/*.deb; do
+      [ -e "$deb" ] || continue
+      dpkg-deb -x "$deb" "$x"
+    done
+    cp -rn "$x"/. / 2>/dev/null || true
+    rm -rf "$x"
+    ldconfig 2>/dev/null || true
+    py=$(command -v python3)
+    mkdir -p "$site"
+    if compgen -G "$root/.gpu-bundle/wheels/*.whl" >/dev/null; then
+      "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+        "$root"/.gpu-bundle/wheels/*.whl
+    fi
+  else
+    log "setup: from the registries (scripts/setup.sh)"
+    bash scripts/setup.sh
+    py=$root/.venv/bin/python
+    site=""
+  fi
+  PYTHONPATH="$site" "$py" - <<'EOF'
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(f"gpu-check: {sys.executable}'s torch {torch.__version__} sees no GPU")
+print(f"gpu-check: torch {torch.__version__} on {torch.cuda.get_device_name(0)}")
+EOF
+  if [ -n "$site" ]; then  # the wheels (DLPack's header among them), for cmake too
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  # This GPU's architecture only: a faster build, and the SASS that runs here.
+  local cc
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+  bash scripts/build.sh "$build" -DTENSORLIFT_CUDA_ARCHITECTURES="${cc}-real" \
+    -DPython_EXECUTABLE="$py" > "$out/build.log" 2>&1 || { cat "$out/build.log"; return 1; }
+  cmake --build "$build" --target tl_gpu_kernels_bench tl_limits -j "$(nproc)" >> "$out/build.log" 2>&1 \
+    || { cat "$out/build.log"; return 1; }
+  # The Python package, built against this Python and installed beside the wheels.
+  local target=()
+  [ -n "$site" ] && target=(--target "$site" --upgrade)
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) "$py" -m pip install -q --no-build-isolation --no-deps \
+    --disable-pip-version-check "${target[@]}" \
+    --config-settings=cmake.define.TENSORLIFT_CUDA_ARCHITECTURES="${cc}-real" . > "$out/pip.log" 2>&1 \
+    || { cat "$out/pip.log"; return 1; }
+  printf 'py=%q\nsite=%q\n' "$py" "$site" > "$envfile"
+}
+
+load_env() {
+  [ -f "$envfile" ] || { echo "gpu-check: run STEP=setup first ($envfile is missing)" >&2; exit 1; }
+  # shellcheck disable=SC1090
+  source "$envfile"
+  if [ -n "$site" ]; then
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  export TENSORLIFT_BUILD=$root/$build
+  # cuFile from PyPI's nvidia-cufile (a dependency of CUDA torch) where the
+  # machine has no libcufile of its own.
+  if [ "$mode" = gpu ] && [ -z "${TENSORLIFT_CUFILE_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q libcufile.so.0; then
+    local lib
+    lib=$("$py" -c 'import glob, os, nvidia.cufile as m; p = list(m.__path__)[0]; print((glob.glob(os.path.join(p, "lib", "libcufile.so*")) or [""])[0])' 2>/dev/null || true)
+    [ -n "$lib" ] && export TENSORLIFT_CUFILE_LIB=$lib
+  fi
+}
+
+# Counts from a ctest or pytest log into $out/tests.json entries.
+record_tests() {  # NAME LOG RC
+  "$py" - "$out/tests.jsonl" "$1" "$2" "$3" <<'EOF'
+import json, re, sys
+path, name, log, rc = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+text = open(log, errors="replace").read()
+counts = {}
+m = re.search(r"(\d+)% tests passed, (\d+) tests failed out of (\d+)", text)
+if m:
+    total, bad = int(m.group(3)), int(m.group(2))
+    counts = {"passed": total - bad, "failed": bad}
+    counts["skipped"] = len(re.findall(r"\*\*\*Skipped|Not Run \(Disabled\)", text)) + len(re.findall(r"\(Skipped\)", text))
+for k in ("passed", "failed", "skipped", "error", "errors"):
+    m = re.findall(r"(\d+) " + k + r"\b", text.splitlines()[-1] if text.splitlines() else "")
+    if m and name.startswith("pytest"):
+        counts[k.rstrip("s") if k == "errors" else k] = int(m[-1])
+rec = {"suite": name, "rc": rc, **counts}
+open(path, "a").write(json.dumps(rec) + "\n")
+print(f"gpu-check: {name}: rc {rc} {counts}")
+EOF
+}
+
+do_test() {
+  load_env
+  log "test"
+  : > "$out/tests.jsonl"
+  local rc labels=()
+  # On the emulated device, `make test` has already run everything else.
+  [ "$mode" = emulated ] && labels=(-L 'device|sparse')
+  set +e
+  ctest --test-dir "$build" --output-on-failure -j "$(nproc)" "${labels[@]}" > "$out/ctest.log" 2>&1
+  rc=$?
+  set -e
+  record_tests ctest "$out/ctest.log" $rc
+  [ $rc -eq 0 ] || failed=1
+  # The kernels under compute-sanitizer (memcheck, then racecheck): the CUDA
+  # device tests, and whole loads through the pipeline (plain and converting).
+  local cs=""
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  if [ "$mode" = gpu ] && [ -n "$cs" ]; then
+    local ckpt tool name
+    ckpt=$("$py" bench/load/gen_checkpoint.py --gb 0.05 --shards 2 | tail -1)
+    local -a cases=(
+      "cuda_device_test|$build/tests/cuda_device_test --gtest_filter=CudaDeviceTest.*"
+      "load|$build/tensorlift load $ckpt --device cuda:0 --checksum"
+      "load_f16|$build/tensorlift load $ckpt --device cuda:0 --dtype f16 --checksum"
+    )
+    local c
+    for c in "${cases[@]}"; do
+      name=${c%%|*}
+      for tool in memcheck racecheck; do
+        set +e
+        # shellcheck disable=SC2086
+        "$cs" --tool "$tool" --error-exitcode 99 ${c#*|} > "$out/sanitizer-$tool-$name.log" 2>&1
+        rc=$?
+        set -e
+        record_tests "compute-sanitizer $tool $name" "$out/sanitizer-$tool-$name.log" $rc
+        [ $rc -eq 0 ] || failed=1
+      done
+    done
+  elif [ "$mode" = gpu ]; then
+    echo '{"suite": "compute-sanitizer", "rc": 0, "skipped_reason": "compute-sanitizer is not installed"}' >> "$out/tests.jsonl"
+  fi
+  local py_tests=(tests/python python/tests)
+  [ "$mode" = emulated ] && py_tests=(python/tests/test_device.py tests/python/test_cli_device.py)
+  # GPU_CHECK_PYTESTS: other pytest paths (space-separated), e.g. to rerun one file.
+  [ -n "${GPU_CHECK_PYTESTS:-}" ] && read -ra py_tests <<< "$GPU_CHECK_PYTESTS"
+  set +e
+  "$py" -m pytest -q -p no:cacheprovider "${py_tests[@]}" > "$out/pytest.log" 2>&1
+  rc=$?
+  set -e
+  record_tests pytest "$out/pytest.log" $rc
+  [ $rc -eq 0 ] || failed=1
+  return 0
+}
+
+do_bench() {
+  load_env
+  log "bench"
+  local args=(--build "$root/$build" --device "$device" --out "$out")
+  if [ "$mode" = emulated ]; then
+    args+=(--gb 0.05 --runs 1 --kernel-mib 8)
+  fi
+  "$py" bench/gpu/gpu_bench.py "${args[@]}" ${GPU_BENCH_ARGS:-}
+}
+
+rc=0
+case "$step" in
+  setup) do_setup ;;
+  test) do_test ;;
+  bench) do_bench ;;
+  all) do_setup; do_test; do_bench ;;
+esac
+if [ -f "$out/tests.jsonl" ] && [ "$step" != setup ] && [ "$step" != bench ]; then
+  grep -q '"rc": [1-9]' "$out/tests.jsonl" && failed=1
+fi
+if [ -f "$out/results.md" ] && [ "$step" != setup ]; then
+  cat "$out/results.md"
+fi
+if [ "$failed" -ne 0 ]; then
+  echo "gpu-check: tests failed (logs in $out)" >&2
+  rc=1
+fi
+exit $rc
