@@ -51,28 +51,22 @@ def run_tensorlift(files, device):
     return t0, out
 
 
-def run_tensorlift_pinned(files, device):
-    # tensorlift.load has no GDS switch: the checkpoint's own load(gds=False).
+def run_tensorlift_checkpoint(files, device, gds, torch_tensors):
+    """Each file's Checkpoint.load (tensorlift.load has no GDS switch). With
+    torch_tensors False (the emulated device, which torch cannot touch) the
+    results are the Loaded objects, {file: Loaded}."""
     from tensorlift._core import tensor_from
     from tensorlift._tensorlift import Checkpoint
     t0 = time.perf_counter()
     out = {}
     for f in files:
-        loaded = Checkpoint.open(f).load(device=device, gds=False)
-        out.update({n: tensor_from(loaded, n, "pt") for n in loaded.names()})
+        loaded = Checkpoint.open(f).load(device=device, gds=gds)
+        if torch_tensors:
+            out.update({n: tensor_from(loaded, n, "pt") for n in loaded.names()})
+        else:
+            out[f] = loaded
     sync(device)
     return t0, out
-
-
-def run_tensorlift_emulated(files, device):
-    # torch cannot touch emulated memory: the Loaded object is the result.
-    from tensorlift._tensorlift import Checkpoint
-    t0 = time.perf_counter()
-    loaded = {}
-    for f in files:
-        lo = Checkpoint.open(f).load(device=device)
-        loaded[f] = lo
-    return t0, loaded
 
 
 def run_st_load_file(files, device):
@@ -139,11 +133,11 @@ def main():
     if device == "emulated":
         if name != "tensorlift":
             sys.exit(f"contender {name}: needs a GPU (torch cannot use the emulated device)")
-        t0, out = run_tensorlift_emulated(files, device)
+        t0, out = run_tensorlift_checkpoint(files, device, True, False)
     elif name == "tensorlift":
         t0, out = run_tensorlift(files, device)
     elif name == "tensorlift_pinned":
-        t0, out = run_tensorlift_pinned(files, device)
+        t0, out = run_tensorlift_checkpoint(files, device, False, True)
     elif name == "st_load_file":
         t0, out = run_st_load_file(files, device)
     elif name.startswith("fastsafetensors"):
