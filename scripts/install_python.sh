@@ -1,15 +1,29 @@
 #!/usr/bin/env bash
-# Builds the Python package from this checkout (scikit-build-core; build tree
-# cached in build/python-<tag>) and installs it into the project's venv, so
-# that `.venv/bin/python -c "import tensorlift"` works.
+# Builds the Python package from this checkout as a wheel (scikit-build-core;
+# build tree cached in build/python-<tag>, the wheel in build/dist) and
+# installs it into the project's venv, so that `.venv/bin/python -c "import
+# tensorlift"` works, and into the vLLM venv (.venv-vllm, same Python) where
+# setup made one: an installed distribution, so that vLLM finds the
+# `vllm.general_plugins` entry point of --load-format tensorlift.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 log=build/pip-install.log
 mkdir -p build
-if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" .venv/bin/python -m pip install --no-build-isolation --no-deps \
-      --disable-pip-version-check -q . > "$log" 2>&1; then
+rm -rf build/dist
+if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" .venv/bin/python -m pip wheel --no-build-isolation --no-deps \
+      --disable-pip-version-check -q -w build/dist . > "$log" 2>&1; then
   cat "$log"
-  echo "install_python: pip install . failed" >&2
+  echo "install_python: pip wheel . failed" >&2
   exit 1
 fi
+wheel=$(ls build/dist/tensorlift-*.whl)
+for venv in .venv .venv-vllm; do
+  [ -x "$venv/bin/python" ] || continue
+  if ! "$venv/bin/python" -m pip install --no-deps --force-reinstall --disable-pip-version-check -q "$wheel" \
+        >> "$log" 2>&1; then
+    cat "$log"
+    echo "install_python: installing $wheel into $venv failed" >&2
+    exit 1
+  fi
+done

