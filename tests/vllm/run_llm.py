@@ -1,0 +1,30 @@
+"""One vLLM engine for tests/vllm/test_vllm.py (vLLM spawns workers, hence a script with a main guard).
+
+    python run_llm.py MODEL_DIR LOAD_FORMAT [EXTRA_CONFIG_JSON]
+
+Starts LLM(model=MODEL_DIR, load_format=LOAD_FORMAT) on the CPU without a
+tokenizer, generates greedy tokens for fixed prompts (token ids) and prints
+one JSON line: {"tokens": [[...], ...], "ready_s": ...}. Exits non-zero if
+the engine cannot start (the error is on stderr).
+"""
+import json
+import sys
+import time
+
+PROMPTS = [[1, 2, 3, 4], [7, 100, 42, 5, 9, 300]]
+
+
+def main():
+    from vllm import LLM, SamplingParams
+    model, load_format = sys.argv[1], sys.argv[2]
+    extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    t0 = time.perf_counter()
+    llm = LLM(model=model, load_format=load_format, model_loader_extra_config=extra, skip_tokenizer_init=True,
+              dtype="bfloat16", enforce_eager=True, gpu_memory_utilization=0.1, max_model_len=128)
+    ready = time.perf_counter() - t0
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=8, temperature=0))
+    print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "ready_s": ready}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

