@@ -5,9 +5,11 @@
 Starts LLM(model=MODEL_DIR, load_format=LOAD_FORMAT) on the CPU without a
 tokenizer, generates greedy tokens for fixed prompts (token ids) and prints
 one JSON line: {"tokens": [[...], ...], "ready_s": ...}. Exits non-zero if
-the engine cannot start (the error is on stderr).
+the engine cannot start (the error is in the output). With TL_HOLD=1 it then
+stays up until its standard input closes (a seed serving its weights).
 """
 import json
+import os
 import sys
 import time
 
@@ -24,6 +26,8 @@ def main():
     ready = time.perf_counter() - t0
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=8, temperature=0))
     print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "ready_s": ready}), flush=True)
+    if os.environ.get("TL_HOLD") == "1":
+        sys.stdin.read()  # until the test closes our stdin
 
 
 if __name__ == "__main__":

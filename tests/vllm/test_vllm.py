@@ -145,3 +145,93 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+class Seed:
+    """A vLLM instance (run_llm.py, TL_HOLD=1) that loaded with tensorlift and serves its weights."""
+
+    def __init__(self, model, tmp_path, extra=None):
+        self.ready_file = tmp_path / "seed.url"
+        self.log = open(tmp_path / "seed.log", "w+")
+        opts = {"serve": {"ready_file": str(self.ready_file)}}
+        opts.update(extra or {})
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "run_llm.py"), str(model), "tensorlift",
+                                      json.dumps(opts)], stdin=subprocess.PIPE, stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=dict(ENV, TL_HOLD="1"), start_new_session=True)
+        deadline = time.monotonic() + 400
+        while not (self.ready_file.exists() and '{"tokens"' in open(self.log.name).read()):
+            assert self.proc.poll() is None, open(self.log.name).read()[-4000:]
+            assert time.monotonic() < deadline, "the seed did not come up: " + open(self.log.name).read()[-4000:]
+            time.sleep(0.5)
+        self.url = self.ready_file.read_text().strip()
+        line = [x for x in open(self.log.name).read().splitlines() if x.startswith('{"tokens"')][-1]
+        self.tokens = json.loads(line)["tokens"]
+
+    def stop(self):
+        import signal
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def weights_line(output):
+    lines = [x for x in output.splitlines() if "tensorlift: weights from" in x]
+    assert lines, output[-4000:]
+    return lines[-1]
+
+
+def run_llm_output(model, load_format, extra):
+    cmd = [sys.executable, str(HERE / "run_llm.py"), str(model), load_format, json.dumps(extra)]
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, timeout=600)
+    assert p.returncode == 0, p.stdout[-4000:]
+    tokens = json.loads([x for x in p.stdout.splitlines() if x.startswith('{"tokens"')][-1])["tokens"]
+    return tokens, p.stdout
+
+
+def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):
+    seed = Seed(llama, tmp_path)
+    try:
+        assert seed.url.startswith("http://127.0.0.1:") and seed.tokens == llama_reference
+        # No fallback: the weights can only come from the seed.
+        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "fallback": False})
+        assert tokens == llama_reference
+        assert f"weights from {seed.url}" in weights_line(out)
+    finally:
+        seed.stop()
+    # The seed is gone: the same instance now falls back to its own files, with the same tokens.
+    tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "timeout": 2})
+    assert tokens == llama_reference
+    line = weights_line(out)
+    assert "weights from disk:" in line and seed.url in line, line
+
+
+def test_a_lying_peer_falls_back_to_disk(llama, llama_reference, tmp_path):
+    # A seed whose served bytes no longer match its manifest (one corrupted chunk).
+    ready = tmp_path / "liar.url"
+    code = ("import sys, tensorlift.remote as r\n"
+            "s = r.serve(sys.argv[1])\n"
+            "import json, os; idx = os.path.join(sys.argv[1], 'model.safetensors.index.json')\n"
+            "name = sorted(json.load(open(idx))['weight_map'])[0]\n"
+            "s.corrupt_for_testing(name)\n"
+            "open(sys.argv[2] + '.tmp', 'w').write(s.url)\n"
+            "os.replace(sys.argv[2] + '.tmp', sys.argv[2])\n"
+            "sys.stdin.read()\n")
+    liar = subprocess.Popen([sys.executable, "-c", code, str(llama), str(ready)], stdin=subprocess.PIPE, env=ENV)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert liar.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        url = ready.read_text().strip()
+        tokens, out = run_llm_output(llama, "tensorlift", {"peer": url})
+        assert tokens == llama_reference
+        line = weights_line(out)
+        assert "weights from disk:" in line and "the manifest says" in line, line
+    finally:
+        liar.stdin.close()
+        liar.wait(timeout=60)

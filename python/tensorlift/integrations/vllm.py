@@ -35,6 +35,21 @@ read; reading only a rank's byte ranges is not done yet).
   threads   reader threads (a positive int; default: tensorlift's choice)
   filter    a regex: only matching tensor names are read
   progress  true: a progress bar per shard
+Peer loading (R-Fork; tensor parallel size 1):
+  serve     true or {"host", "port", "registry", "token_file", "ready_file"}:
+            once loaded, this instance serves the checkpoint's tensors to new
+            instances (tensorlift.remote; registered in etcd with registry;
+            ready_file gets the URL). A disk load serves the checkpoint read
+            again from the page cache (one more host copy of the weights); a
+            peer load serves the very buffers it pulled.
+  peer      a URL or a list of URLs of serving instances;
+  registry  or an etcd endpoint to find them in;
+  fallback  true (default): the model's own files when every peer fails;
+  model, revision  the key, when the model is not a local directory
+            (default: the directory's name and a digest of its headers);
+  token_file, timeout  HMAC token file; seconds before a peer counts as dead.
+  The key is checked before any byte moves and every chunk's checksum where
+  it lands; a dead or lying peer falls back to the next, then to disk.
 Any other key is refused with a ValueError naming the allowed ones.
 """
 from __future__ import annotations
@@ -45,7 +60,9 @@ import re
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-ALLOWED_OPTIONS = ("mode", "threads", "filter", "progress")
+ALLOWED_OPTIONS = ("mode", "threads", "filter", "progress", "peer", "registry", "fallback", "model", "revision",
+                   "token_file", "timeout", "serve")
+SERVE_OPTIONS = ("host", "port", "registry", "token_file", "ready_file")
 MODES = ("auto", "buffered", "direct", "mmap")
 
 
@@ -75,6 +92,31 @@ def parse_options(extra: Any) -> Dict[str, Any]:
             raise ValueError(f"tensorlift load format: filter {opts['filter']!r} is not a regex: {e}") from None
     if "progress" in opts and not isinstance(opts["progress"], bool):
         raise ValueError(f"tensorlift load format: progress must be true or false, not {opts['progress']!r}")
+    if "peer" in opts:
+        peers = [opts["peer"]] if isinstance(opts["peer"], str) else opts["peer"]
+        if not isinstance(peers, list) or not peers or not all(isinstance(u, str) and u for u in peers):
+            raise ValueError(f"tensorlift load format: peer must be a URL or a list of URLs, not {opts['peer']!r}")
+        opts["peer"] = peers
+    for k in ("registry", "model", "revision", "token_file"):
+        if k in opts and not (isinstance(opts[k], str) and opts[k]):
+            raise ValueError(f"tensorlift load format: {k} must be a non-empty string, not {opts[k]!r}")
+    if "fallback" in opts and not isinstance(opts["fallback"], bool):
+        raise ValueError(f"tensorlift load format: fallback must be true or false (the model's own files), "
+                         f"not {opts['fallback']!r}")
+    if "timeout" in opts and not (isinstance(opts["timeout"], (int, float)) and not isinstance(opts["timeout"], bool)
+                                  and opts["timeout"] > 0):
+        raise ValueError(f"tensorlift load format: timeout must be a positive number of seconds, "
+                         f"not {opts['timeout']!r}")
+    if ("fallback" in opts or "timeout" in opts) and not ("peer" in opts or "registry" in opts):
+        raise ValueError("tensorlift load format: fallback and timeout apply to a peer load: give peer or registry")
+    if "serve" in opts:
+        serve = opts["serve"]
+        if serve is True:
+            serve = {}
+        if not isinstance(serve, dict) or set(serve) - set(SERVE_OPTIONS):
+            raise ValueError(f"tensorlift load format: serve must be true or an object with keys from "
+                             f"{', '.join(SERVE_OPTIONS)}, not {opts['serve']!r}")
+        opts["serve"] = serve
     return opts
 
 
@@ -148,6 +190,68 @@ def iterate_weights(files: List[str], device: str, options: Dict[str, Any]) -> I
                 pending.cancel()
 
 
+# The peer servers this process runs (kept for the life of the process: a
+# seed serves until vLLM exits).
+SERVERS: List[Any] = []
+
+
+def _announce(server, serve: Dict[str, Any]) -> None:
+    SERVERS.append(server)
+    if serve.get("ready_file"):
+        tmp = serve["ready_file"] + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(server.url + "\n")
+        os.replace(tmp, serve["ready_file"])
+
+
+def peer_weights(model_dir: str, device: str, options: Dict[str, Any], log) -> Iterator[Tuple[str, Any]]:
+    """(name, tensor) pulled from a running peer (options peer / registry), checked by key and
+    chunk checksums; on any failure the next peer, then (fallback) the model's own files.
+    With serve, this process then serves what it pulled (a seed)."""
+    from .. import remote
+    from .._core import tensor_from
+    local = os.path.isdir(model_dir)
+    model, revision = options.get("model"), options.get("revision")
+    if model is None or revision is None:
+        if not local:
+            raise ValueError("tensorlift load format: a peer load of a model that is not a local directory "
+                             "needs model and revision in --model-loader-extra-config (the seed's key)")
+        default = remote.key_for(model_dir)  # what a seed of this directory serves under
+        model = model or default["model"]
+        revision = revision if revision is not None else default["revision"]
+    peer = remote.Peer(options.get("peer"), model=model, revision=revision, registry=options.get("registry"),
+                       fallback=model_dir if options.get("fallback", True) and local else None,
+                       token_file=options.get("token_file"), timeout=float(options.get("timeout", 10.0)),
+                       mode=options.get("mode", "auto"))
+    serve = options.get("serve")
+    loaded, report, seed = peer.pull(become_seed=serve is not None, seed_host=(serve or {}).get("host", "127.0.0.1"))
+    log("tensorlift: weights from %s (%s bytes)%s", report.get("source"), report.get("bytes"),
+        "; " + "; ".join(report.get("failures") or []) if report.get("failures") else "")
+    if seed is not None:
+        _announce(seed, serve)
+        log("tensorlift: serving the pulled weights at %s", seed.url)
+    pattern = re.compile(options["filter"]) if options.get("filter") else None
+    try:
+        for name in loaded.names():
+            if pattern is None or pattern.search(name):
+                t = tensor_from(loaded, name, "pt")
+                yield name, (t if device == "cpu" else t.to(device))
+    finally:
+        if seed is None:
+            loaded.release()
+
+
+def serve_checkpoint(model_dir: str, options: Dict[str, Any], log) -> None:
+    """Serves the model's checkpoint (read again, from the page cache) as a seed for new instances."""
+    from .. import remote
+    serve = options["serve"]
+    server = remote.serve(model_dir, model=options.get("model"), revision=options.get("revision"),
+                          host=serve.get("host", "127.0.0.1"), port=int(serve.get("port", 0)),
+                          registry=serve.get("registry"), token_file=serve.get("token_file"))
+    _announce(server, serve)
+    log("tensorlift: serving the weights at %s", server.url)
+
+
 def _natural_key(path: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", os.path.basename(path))]
 
@@ -188,6 +292,12 @@ def _make_loader_class():
             self._files(model_config.model, model_config.revision)
 
         def _weights(self, model: nn.Module, model_config: ModelConfig, device: str):
+            if self.options.get("peer") or self.options.get("registry"):
+                yield from peer_weights(model_config.model, device, self.options, logger.info)
+                for s in getattr(model, "secondary_weights", ()):
+                    raise ValueError(f"tensorlift load format: {type(model).__name__} has secondary weights "
+                                     f"({s.model_or_path}); a peer load serves one checkpoint")
+                return
             sources = [("", model_config.model, model_config.revision, None,
                         getattr(model, "allow_patterns_overrides", None))]
             for s in getattr(model, "secondary_weights", ()):
@@ -204,8 +314,16 @@ def _make_loader_class():
             if device is None:
                 raise ValueError(f"tensorlift load format: the model is on {dev}, tensorlift loads to cpu or cuda")
             t0 = time.perf_counter()
+            from vllm.distributed import get_tensor_model_parallel_world_size
+            peer_or_serve = any(k in self.options for k in ("peer", "registry", "serve"))
+            if peer_or_serve and get_tensor_model_parallel_world_size() > 1:
+                raise ValueError("tensorlift load format: peer loading and serving take tensor parallel size 1 "
+                                 "for now (each rank would need its own layout and key)")
             loaded = model.load_weights(self._weights(model, model_config, device))
             logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)
+            if self.options.get("serve") is not None and not (self.options.get("peer") or
+                                                              self.options.get("registry")):
+                serve_checkpoint(model_config.model, self.options, logger.info)
             # vLLM's own check that every parameter got a weight, under its rule
             # (unquantized models that report what they loaded; not with a filter).
             if loaded is not None and model_config.quantization is None and not self.options.get("filter"):
