@@ -41,6 +41,7 @@ struct SparsifyArgs {
   double min_sparsity = 0.3;
   std::string targets = R"(\.weight$)";
   std::string max_shard_size = "5GB";  // Bytes, or with KB/MB/GB/KiB/MiB/GiB.
+  bool no_sparsity_config = false;     // Leave config.json as it is.
 };
 // Writes a sparse-bitmask copy of a checkpoint and prints what it did.
 int RunSparsify(const SparsifyArgs& args);

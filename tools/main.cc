@@ -83,6 +83,9 @@ int main(int argc, char** argv) {
   sparsify->add_option("--max-shard-size", sparsify_args.max_shard_size,
                        "Tensor bytes per output shard: BYTES, or with KB, MB, GB, KiB, MiB, GiB")
       ->capture_default_str();
+  sparsify->add_flag("--no-sparsity-config", sparsify_args.no_sparsity_config,
+                     "Copy config.json unchanged (no quantization_config.sparsity_config): for servers that "
+                     "refuse it, such as vLLM 0.32 with --load-format tensorlift, which decodes the weights");
 
   auto add_peer = [](CLI::App* cmd, PeerArgs& p) {
     cmd->add_option("--model", p.model, "Model id of the key (default: the checkpoint's name)");

@@ -70,6 +70,7 @@ int RunSparsify(const SparsifyArgs& args) {
   }
   opts.min_sparsity = args.min_sparsity;
   opts.targets = args.targets;
+  opts.write_sparsity_config = !args.no_sparsity_config;
   const std::optional<uint64_t> shard_size = ParseSize(args.max_shard_size);
   if (!shard_size) {
     std::fprintf(stderr,

@@ -395,7 +395,7 @@ Status CopyCompanions(const std::string& dir, const SparsifyOptions& opts,
     auto read = ReadSmall(path, size);
     if (!read.ok()) return read.status().WithContext(path);
     std::string data = std::move(read).value();
-    if (name == "config.json" && !sparsity_config.empty()) {
+    if (name == "config.json" && !sparsity_config.empty() && opts.write_sparsity_config) {
       auto merged = MergeConfig(data, sparsity_config);
       if (!merged.ok()) return merged.status().WithContext(path);
       data = std::move(merged).value();

@@ -62,6 +62,12 @@ struct SparsifyOptions {
   std::string targets = R"(\.weight$)";
   uint64_t max_shard_bytes = 5'000'000'000;  // As transformers' "5GB".
   uint64_t max_copy_bytes = 64ull << 20;     // Per companion file.
+  // Merge quantization_config.sparsity_config into the copied config.json
+  // (compressed-tensors' description of the encoding). False leaves
+  // config.json as it is, for servers that refuse that key (vLLM 0.32 stops
+  // at any compressed-tensors sparsity config); tensorlift decodes the
+  // weights either way.
+  bool write_sparsity_config = true;
 };
 
 struct SparsifyReport {

@@ -88,6 +88,16 @@ def dense_model(tmp_path):
     return d, tensors
 
 
+def test_sparsify_can_leave_config_json_as_it_is(cli, dense_model, tmp_path):
+    src, _ = dense_model
+    out = tmp_path / "out"
+    r = run(cli, "sparsify", src, out, "--prune", "magnitude:0.5", "--no-sparsity-config")
+    assert r.returncode == 0, r.stderr
+    assert "encoded     3 of 5 tensors (3 targets)" in r.stdout
+    assert (out / "config.json").read_bytes() == (src / "config.json").read_bytes()
+    assert {s["name"] for s in inspect_json(cli, out)["sparse"]}  # the weights are encoded all the same
+
+
 def test_sparsify_prunes_and_encodes_as_compressed_tensors(cli, dense_model, tmp_path):
     src, tensors = dense_model
     out = tmp_path / "out"
