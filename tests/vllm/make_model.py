@@ -1,6 +1,6 @@
 """Writes a small random-weight model with transformers, as a user's checkpoint is saved.
 
-    python make_model.py ARCH OUT_DIR      # ARCH: llama (untied, 3 shards) | qwen2 (tied embeddings)
+    python make_model.py ARCH OUT_DIR      # ARCH: llama (untied) | qwen2 (tied embeddings) | mixtral (MoE)
 
 bf16, sharded by save_pretrained (max_shard_size) with model.safetensors.index.json.
 head_dim is 64: vLLM's CPU attention does not take smaller heads.
@@ -21,6 +21,10 @@ def main():
     elif arch == "qwen2":
         from transformers import Qwen2Config, Qwen2ForCausalLM
         model = Qwen2ForCausalLM(Qwen2Config(tie_word_embeddings=True, **common))
+    elif arch == "mixtral":  # mixture of experts: 4 experts, 2 per token
+        from transformers import MixtralConfig, MixtralForCausalLM
+        model = MixtralForCausalLM(MixtralConfig(tie_word_embeddings=False, num_local_experts=4,
+                                                 num_experts_per_tok=2, **dict(common, intermediate_size=256)))
     else:
         sys.exit(f"unknown architecture {arch}")
     model = model.to(torch.bfloat16)

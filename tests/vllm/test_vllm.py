@@ -78,6 +78,33 @@ def test_qwen2_with_tied_embeddings(tmp_path):
     assert got == ref
 
 
+def test_a_mixture_of_experts_model(tmp_path):
+    model = make_model("mixtral", tmp_path / "mixtral")
+    ref = run_llm(model, "safetensors")["tokens"]
+    assert run_llm(model, "tensorlift")["tokens"] == ref
+
+
+def test_a_sparse_bitmask_checkpoint_loads_dense(llama, tmp_path):
+    # tensorlift sparsify (pruned to half), config.json left as it is: vLLM 0.32
+    # refuses any compressed-tensors sparsity config before a loader runs.
+    import shutil
+    import tensorlift
+    from safetensors.torch import save_file
+    cli = pathlib.Path(os.environ.get("TENSORLIFT_BUILD", HERE.parents[1] / "build")) / "tensorlift"
+    sparse = tmp_path / "sparse"
+    p = subprocess.run([str(cli), "sparsify", str(llama), str(sparse), "--prune", "magnitude:0.5",
+                        "--no-sparsity-config"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    # The reference: the same pruned weights written dense, served by vLLM's own format.
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    save_file({n: t.contiguous() for n, t in tensorlift.load(str(sparse)).items()}, str(dense / "model.safetensors"))
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(sparse / name, dense / name)
+    ref = run_llm(dense, "safetensors")["tokens"]
+    assert run_llm(sparse, "tensorlift")["tokens"] == ref
+
+
 def test_a_corrupt_shard_stops_start_up_with_the_one_line_error(llama, tmp_path):
     bad = tmp_path / "bad"
     bad.mkdir()
