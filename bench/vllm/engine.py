@@ -1,0 +1,61 @@
+"""One vLLM engine start for bench/vllm/vllm_bench.py, in its own process (.venv-vllm's Python).
+
+    python engine.py MODEL_DIR LOAD_FORMAT [EXTRA_CONFIG_JSON]
+
+Runs vLLM in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0, the "uni"
+executor), so that the same timer wraps every format's load: each model
+loader class's load_weights (reading the checkpoint and copying it into the
+model's parameters) is timed here, whatever the format logs. Prints one JSON
+line: ready_s (LLM() constructed: config, model init, weights, warm-up, KV
+cache), weights_s, the first greedy tokens (to check every format gave the
+same model), peak RSS. With TL_HOLD=1 it stays up until stdin closes (a seed).
+"""
+import json
+import os
+import resource
+import sys
+import time
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def main():
+    model, load_format = sys.argv[1], sys.argv[2]
+    extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    from vllm import LLM, SamplingParams
+    from vllm.plugins import load_general_plugins
+    load_general_plugins()  # registers --load-format tensorlift (the installed entry point)
+    import vllm.model_executor.model_loader as ml
+
+    timings = []
+
+    def timed(cls):
+        original = cls.load_weights
+
+        def load_weights(self, model, model_config):
+            t0 = time.perf_counter()
+            try:
+                return original(self, model, model_config)
+            finally:
+                timings.append(time.perf_counter() - t0)
+        cls.load_weights = load_weights
+
+    for cls in set(ml._LOAD_FORMAT_TO_MODEL_LOADER.values()):
+        if "load_weights" in cls.__dict__:
+            timed(cls)
+    t0 = time.perf_counter()
+    llm = LLM(model=model, load_format=load_format, model_loader_extra_config=extra, skip_tokenizer_init=True,
+              dtype="bfloat16", enforce_eager=True, gpu_memory_utilization=0.1, max_model_len=128,
+              distributed_executor_backend="uni")
+    ready = time.perf_counter() - t0
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(max_tokens=4, temperature=0))
+    print(json.dumps({"format": load_format, "extra": extra, "ready_s": ready,
+                      "weights_s": sum(timings) if timings else None,
+                      "tokens": list(out[0].outputs[0].token_ids),
+                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), flush=True)
+    if os.environ.get("TL_HOLD") == "1":
+        sys.stdin.read()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""vLLM start-up with each load format, in one run (issue 15): bench/vllm/run.sh.
+
+    .venv/bin/python bench/vllm/vllm_bench.py [--gb 2] [--runs 3] [--formats ...] [--out DIR]
+
+The checkpoint: bench/load/gen_checkpoint.py's Llama-shaped bf16 checkpoint of
+at least --gb GB (random bytes, 4 shards, the reference writer's layout) with
+a config.json for its shape. Each run is one fresh engine process
+(bench/vllm/engine.py, vLLM in-process on the CPU) timed two ways: ready_s,
+LLM() constructed (what a server waits for before it serves), and weights_s,
+the model loader's load_weights (reading the checkpoint and copying it into
+the parameters), timed around every format's loader the same way.
+
+Formats: vLLM's safetensors (its default), runai_streamer, tensorlift (disk),
+tensorlift-peer (pulled from a running vLLM instance that loaded with
+tensorlift and serves; the seed is started once, outside the timings, and its
+memory is the source, so it has no cold state). fastsafetensors and
+instanttensor are vLLM formats that load to CUDA only: on a machine without a
+GPU they are listed as not runnable.
+
+Cold: every shard fsync'ed and evicted (posix_fadvise DONTNEED) before each
+run. Warm: every shard read once before each run. Medians of --runs, the
+formats in a seeded shuffled order each round. Every run's greedy tokens must
+equal the safetensors format's.
+
+Writes DIR/vllm.json and DIR/vllm.md (the table docs/inference-servers.md shows).
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "bench", "load"))
+import gen_checkpoint  # noqa: E402
+from load_bench import evict, read_through  # noqa: E402
+
+VLLM_PY = os.path.join(ROOT, ".venv-vllm", "bin", "python")
+FORMATS = ["safetensors", "runai_streamer", "tensorlift", "tensorlift-peer"]
+CUDA_ONLY = {"fastsafetensors": "vLLM's fastsafetensors format loads to cuda:N only",
+             "instanttensor": "vLLM's instanttensor format loads to cuda:N only"}
+ENV = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+
+
+def model_dir(gb):
+    d = gen_checkpoint.checkpoint_dir(gb, 4)
+    meta = json.load(open(os.path.join(d, ".complete")))
+    name = meta["shape"]
+    _, hidden, inter, vocab, heads, kv = next(s for s in gen_checkpoint.LLAMA_SHAPES if s[0] == name)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": hidden,
+           "intermediate_size": inter, "num_attention_heads": heads, "num_key_value_heads": kv,
+           "num_hidden_layers": meta["layers"], "vocab_size": vocab, "max_position_embeddings": 2048,
+           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "bfloat16", "tie_word_embeddings": False,
+           "hidden_act": "silu"}
+    path = os.path.join(d, "config.json")
+    if not os.path.exists(path) or json.load(open(path)) != cfg:
+        with open(path + ".tmp", "w") as f:
+            json.dump(cfg, f, indent=1)
+        os.replace(path + ".tmp", path)
+    return d, meta
+
+
+def engine(model, fmt, extra=None, hold=False, log=None):
+    cmd = [VLLM_PY, os.path.join(HERE, "engine.py"), model, fmt, json.dumps(extra or {})]
+    env = dict(ENV, TL_HOLD="1") if hold else ENV
+    if hold:
+        return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=1800)
+    lines = [x for x in p.stdout.splitlines() if x.startswith('{"format"')]
+    if p.returncode != 0 or not lines:
+        tail = [x for x in p.stdout.splitlines() if "Error" in x][-1:] or p.stdout.splitlines()[-1:]
+        return {"error": tail}
+    return json.loads(lines[-1])
+
+
+class PeerSeed:
+    def __init__(self, model, out_dir):
+        self.ready = os.path.join(out_dir, "seed.url")
+        if os.path.exists(self.ready):
+            os.unlink(self.ready)
+        self.log = open(os.path.join(out_dir, "seed.log"), "w+")
+        self.proc = engine(model, "tensorlift", {"serve": {"ready_file": self.ready}}, hold=True, log=self.log)
+        deadline = time.monotonic() + 1200
+        while not os.path.exists(self.ready):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the seed did not come up: " + open(self.log.name).read()[-3000:])
+            time.sleep(0.5)
+        self.url = open(self.ready).read().strip()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=120)
+        self.log.close()
+
+
+def measure(args):
+    d, meta = model_dir(args.gb)
+    shards = gen_checkpoint.shard_paths(d)
+    data = {"date": datetime.date.today().isoformat(), "host": platform.node(), "cpus": os.cpu_count(),
+            "checkpoint": {"dir": d, "bytes": meta["bytes"], "shape": meta["shape"], "layers": meta["layers"],
+                           "shards": len(shards)}, "runs": args.runs, "results": {}, "not_run": dict(CUDA_ONLY)}
+    formats = args.formats.split(",")
+    seed = None
+    if "tensorlift-peer" in formats:
+        print("vllm bench: starting the seed (a vLLM instance serving its weights)", flush=True)
+        seed = PeerSeed(d, args.out)
+        data["seed_url"] = seed.url
+    rng = random.Random(15)
+    try:
+        for state in ("cold", "warm"):
+            for r in range(args.runs):
+                order = [f for f in formats if not (f == "tensorlift-peer" and state == "cold")]
+                rng.shuffle(order)
+                for fmt in order:
+                    if state == "cold":
+                        evict(shards)
+                    else:
+                        read_through(shards)
+                    if fmt == "tensorlift-peer":
+                        res = engine(d, "tensorlift", {"peer": seed.url, "fallback": False})
+                    else:
+                        res = engine(d, fmt)
+                    data["results"].setdefault(fmt, {}).setdefault(state, []).append(res)
+                    shown = (f"ready {res['ready_s']:.2f} s, weights {res['weights_s']:.2f} s"
+                             if "ready_s" in res else f"failed: {res['error']}")
+                    print(f"vllm bench: {state} {r + 1}/{args.runs} {fmt}: {shown}", flush=True)
+    finally:
+        if seed is not None:
+            seed.stop()
+    return data
+
+
+def med(runs, key):
+    xs = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarize(data):
+    gb = data["checkpoint"]["bytes"] / 1e9
+    ref_tokens = next((r["tokens"] for s in data["results"].get("safetensors", {}).values() for r in s
+                       if "tokens" in r), None)
+    base = {s: med(data["results"].get("safetensors", {}).get(s, []), "weights_s") for s in ("cold", "warm")}
+    lines = [f"vLLM {data.get('vllm', '')} on the CPU, {data['date']}: {data['checkpoint']['shape']} shapes, "
+             f"{data['checkpoint']['layers']} layers, {gb:.2f} GB bf16 in {data['checkpoint']['shards']} shards; "
+             f"medians of {data['runs']} runs; {data['cpus']} CPUs", "",
+             "| format | cold: weights s | cold: ready s | warm: weights s | warm: ready s | weights vs safetensors (cold / warm) | peak RSS GiB |",
+             "|---|---|---|---|---|---|---|"]
+    for fmt, states in data["results"].items():
+        cells, ratio, rss, notes = [], [], [], []
+        for s in ("cold", "warm"):
+            runs = states.get(s, [])
+            w, rd = med(runs, "weights_s"), med(runs, "ready_s")
+            cells += [f"{w:.2f}" if w else "–", f"{rd:.2f}" if rd else "–"]
+            ratio.append(f"{w / base[s]:.2f}x" if w and base.get(s) else "–")
+            rss += [r["peak_rss_bytes"] for r in runs if "peak_rss_bytes" in r]
+            if any("error" in r for r in runs):
+                notes.append(f"{s} failed: {next(r['error'] for r in runs if 'error' in r)}")
+            if ref_tokens and any(r.get("tokens") not in (None, ref_tokens) for r in runs):
+                notes.append(f"{s}: DIFFERENT TOKENS")
+        note = f" ({'; '.join(notes)})" if notes else ""
+        label = fmt + (" (from a running vLLM; no cold state)" if fmt == "tensorlift-peer" else "")
+        lines.append(f"| {label}{note} | " + " | ".join(cells) + f" | {' / '.join(ratio)} | "
+                     + (f"{max(rss) / 2**30:.2f} |" if rss else "– |"))
+    for fmt, why in data["not_run"].items():
+        lines.append(f"| {fmt} | not run: {why} ||||||")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gb", type=float, default=2.0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--formats", default=",".join(FORMATS))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out"))
+    ap.add_argument("--report", metavar="JSON", help="print the table of a saved run and exit")
+    args = ap.parse_args()
+    if args.report:
+        print(summarize(json.load(open(args.report))), end="")
+        return
+    os.makedirs(args.out, exist_ok=True)
+    data = measure(args)
+    data["vllm"] = subprocess.run([VLLM_PY, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                                  text=True, env=ENV).stdout.strip().splitlines()[-1:]
+    data["vllm"] = data["vllm"][0] if data["vllm"] else ""
+    with open(os.path.join(args.out, "vllm.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    md = summarize(data)
+    with open(os.path.join(args.out, "vllm.md"), "w") as f:
+        f.write(md)
+    print(md, end="")
+
+
+if __name__ == "__main__":
+    main()
