@@ -204,8 +204,8 @@ def summarize(data):
             cells += [f"{m:.3f}" if m else "–", f"{gbps:.2f}" if gbps else "–",
                       f"{gbps / limit_gbps:.2f}x" if gbps and limit_gbps else "–"]
         note = f" ({'; '.join(bad)})" if bad else ""
-        lines.append(f"| {c}{note} | " + " | ".join(cells) + f" | {max(rss) / 2**30:.2f} |" if rss else
-                     f"| {c}{note} | " + " | ".join(cells) + " | – |")
+        rss_cell = f"{max(rss) / 2**30:.2f}" if rss else "–"
+        lines.append(f"| {c}{note} | " + " | ".join(cells) + f" | {rss_cell} |")
     for c, why in data["skipped"].items():
         lines.append(f"| {c} | not run: {why} |||||||")
     lines += ["", "| limit | GB/s | seconds for the checkpoint |", "|---|---|---|"]

@@ -44,7 +44,7 @@ def run_llm(model, load_format, extra=None, expect_ok=True, inproc=True):
         assert p.returncode == 0, p.stdout[-4000:]
         result = [line for line in p.stdout.splitlines() if line.startswith('{"tokens"')]
         assert result, p.stdout[-4000:]
-        return json.loads(result[-1])
+        return dict(json.loads(result[-1]), output=p.stdout)
     assert p.returncode != 0, p.stdout[-2000:]
     return p.stdout
 
@@ -219,12 +219,9 @@ def weights_line(output):
 
 
 def run_llm_output(model, load_format, extra):
-    cmd = [sys.executable, str(HERE / "run_llm.py"), str(model), load_format, json.dumps(extra)]
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=dict(ENV, TL_INPROC="1"), timeout=600)
-    assert p.returncode == 0, p.stdout[-4000:]
-    tokens = json.loads([x for x in p.stdout.splitlines() if x.startswith('{"tokens"')][-1])["tokens"]
-    return tokens, p.stdout
+    """(tokens, the engine's whole output): an in-process run whose log the test reads."""
+    result = run_llm(model, load_format, extra)
+    return result["tokens"], result["output"]
 
 
 def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):

@@ -273,6 +273,7 @@ def _make_loader_class():
         def __init__(self, load_config: LoadConfig):
             super().__init__(load_config)
             self.options = parse_options(load_config.model_loader_extra_config)
+            self.from_peer = bool(self.options.get("peer") or self.options.get("registry"))
             # vLLM's own file discovery (local directory or Hugging Face, the
             # index filtering duplicate shards), as its "safetensors" format does.
             finder_config = LoadConfig(load_format="safetensors", download_dir=load_config.download_dir,
@@ -292,7 +293,7 @@ def _make_loader_class():
             self._files(model_config.model, model_config.revision)
 
         def _weights(self, model: nn.Module, model_config: ModelConfig, device: str):
-            if self.options.get("peer") or self.options.get("registry"):
+            if self.from_peer:
                 yield from peer_weights(model_config.model, device, self.options, logger.info)
                 for s in getattr(model, "secondary_weights", ()):
                     raise ValueError(f"tensorlift load format: {type(model).__name__} has secondary weights "
@@ -315,14 +316,12 @@ def _make_loader_class():
                 raise ValueError(f"tensorlift load format: the model is on {dev}, tensorlift loads to cpu or cuda")
             t0 = time.perf_counter()
             from vllm.distributed import get_tensor_model_parallel_world_size
-            peer_or_serve = any(k in self.options for k in ("peer", "registry", "serve"))
-            if peer_or_serve and get_tensor_model_parallel_world_size() > 1:
+            if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
                 raise ValueError("tensorlift load format: peer loading and serving take tensor parallel size 1 "
                                  "for now (each rank would need its own layout and key)")
             loaded = model.load_weights(self._weights(model, model_config, device))
             logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)
-            if self.options.get("serve") is not None and not (self.options.get("peer") or
-                                                              self.options.get("registry")):
+            if self.options.get("serve") is not None and not self.from_peer:  # a peer load's seed serves already
                 serve_checkpoint(model_config.model, self.options, logger.info)
             # vLLM's own check that every parameter got a weight, under its rule
             # (unquantized models that report what they loaded; not with a filter).
