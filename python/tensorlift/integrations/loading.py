@@ -1,0 +1,213 @@
+"""What the inference-server load formats share (vLLM's and SGLang's `tensorlift`).
+
+Options from the server's `--model-loader-extra-config` (parse_options), the
+checkpoint read in ~256 MiB pieces one ahead (plan_groups, iterate_weights),
+the peer pull (peer_weights) and serving a loaded model (serve_checkpoint).
+None of it imports a server: the loaders in `vllm.py` and `sglang.py` are thin
+classes over these functions, so both servers get the same reads, the same
+option rules and the same errors.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+FORMAT = "tensorlift load format"  # how every error starts
+ALLOWED_OPTIONS = ("mode", "threads", "filter", "progress", "peer", "registry", "fallback", "model", "revision",
+                   "token_file", "timeout", "serve")
+SERVE_OPTIONS = ("host", "port", "registry", "token_file", "ready_file")
+MODES = ("auto", "buffered", "direct", "mmap")
+
+
+def parse_options(extra: Any) -> Dict[str, Any]:
+    """Validates --model-loader-extra-config for the tensorlift format."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"{FORMAT}: --model-loader-extra-config must be a JSON object, "
+                         f"not {type(extra).__name__}")
+    unknown = sorted(set(extra) - set(ALLOWED_OPTIONS))
+    if unknown:
+        raise ValueError(f"{FORMAT}: unknown option(s) {unknown} in --model-loader-extra-config "
+                         f"(allowed: {', '.join(ALLOWED_OPTIONS)})")
+    opts = dict(extra)
+    if "mode" in opts and opts["mode"] not in MODES:
+        raise ValueError(f"{FORMAT}: mode must be one of {', '.join(MODES)}, not {opts['mode']!r}")
+    if "threads" in opts and not (isinstance(opts["threads"], int) and not isinstance(opts["threads"], bool)
+                                  and opts["threads"] > 0):
+        raise ValueError(f"{FORMAT}: threads must be a positive integer, not {opts['threads']!r}")
+    if "filter" in opts:
+        if not isinstance(opts["filter"], str):
+            raise ValueError(f"{FORMAT}: filter must be a regex string, not {opts['filter']!r}")
+        try:
+            re.compile(opts["filter"])
+        except re.error as e:
+            raise ValueError(f"{FORMAT}: filter {opts['filter']!r} is not a regex: {e}") from None
+    if "progress" in opts and not isinstance(opts["progress"], bool):
+        raise ValueError(f"{FORMAT}: progress must be true or false, not {opts['progress']!r}")
+    if "peer" in opts:
+        peers = [opts["peer"]] if isinstance(opts["peer"], str) else opts["peer"]
+        if not isinstance(peers, list) or not peers or not all(isinstance(u, str) and u for u in peers):
+            raise ValueError(f"{FORMAT}: peer must be a URL or a list of URLs, not {opts['peer']!r}")
+        opts["peer"] = peers
+    for k in ("registry", "model", "revision", "token_file"):
+        if k in opts and not (isinstance(opts[k], str) and opts[k]):
+            raise ValueError(f"{FORMAT}: {k} must be a non-empty string, not {opts[k]!r}")
+    if "fallback" in opts and not isinstance(opts["fallback"], bool):
+        raise ValueError(f"{FORMAT}: fallback must be true or false (the model's own files), "
+                         f"not {opts['fallback']!r}")
+    if "timeout" in opts and not (isinstance(opts["timeout"], (int, float)) and not isinstance(opts["timeout"], bool)
+                                  and opts["timeout"] > 0):
+        raise ValueError(f"{FORMAT}: timeout must be a positive number of seconds, "
+                         f"not {opts['timeout']!r}")
+    if ("fallback" in opts or "timeout" in opts) and not ("peer" in opts or "registry" in opts):
+        raise ValueError(f"{FORMAT}: fallback and timeout apply to a peer load: give peer or registry")
+    if "serve" in opts:
+        serve = opts["serve"]
+        if serve is True:
+            serve = {}
+        if not isinstance(serve, dict) or set(serve) - set(SERVE_OPTIONS):
+            raise ValueError(f"{FORMAT}: serve must be true or an object with keys from "
+                             f"{', '.join(SERVE_OPTIONS)}, not {opts['serve']!r}")
+        opts["serve"] = serve
+    return opts
+
+
+GROUP_BYTES = 256 << 20  # the unit read ahead: large reads, small wait for the first tensors
+
+
+def plan_groups(files: List[str], regex: Optional[str],
+                group_bytes: Optional[int] = None) -> List[Tuple[str, List[str]]]:
+    """(file, [tensor names]) pieces in file order, each about group_bytes of stored bytes.
+
+    A file with sparse-bitmask groups (whose dense tensors have no single byte
+    range) is one piece; the filter regex keeps matching names only.
+    """
+    from .._tensorlift import Checkpoint
+    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes  # read at call time
+    pattern = re.compile(regex) if regex else None
+    pieces: List[Tuple[str, List[str]]] = []
+    for path in files:
+        ckpt = Checkpoint.open(path)
+        stored = ckpt.shard_tensors(0)  # (name, dtype, shape, begin, end), in file order
+        dense = ckpt.load_names()
+        if len(ckpt.shards()) != 1 or set(dense) != {t[0] for t in stored}:
+            names = [n for n in dense if pattern is None or pattern.search(n)]
+            if names:
+                pieces.append((path, names))
+            continue
+        group: List[str] = []
+        size = 0
+        for name, _, _, begin, end in stored:
+            if pattern is not None and not pattern.search(name):
+                continue
+            group.append(name)
+            size += end - begin
+            if size >= group_bytes:
+                pieces.append((path, group))
+                group, size = [], 0
+        if group:
+            pieces.append((path, group))
+    return pieces
+
+
+def iterate_weights(files: List[str], device: str, options: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
+    """(name, tensor) for every tensor of `files`, read with tensorlift one piece ahead.
+
+    The tensors are cut into pieces of about 256 MiB in file order
+    (plan_groups); each piece is read on a worker thread (tensorlift releases
+    the GIL) while the caller consumes the previous one, so the model's copies
+    start after the first piece, not after the whole checkpoint. A piece's
+    buffer is freed once the caller has dropped its tensors.
+    """
+    import tensorlift
+    kwargs = {"device": device, "mode": options.get("mode", "auto"), "progress": options.get("progress", False)}
+    if options.get("threads"):
+        kwargs["threads"] = options["threads"]
+    pieces = plan_groups(files, options.get("filter"))
+
+    def read(piece: Tuple[str, List[str]]):
+        return tensorlift.load(piece[0], filter=piece[1], **kwargs)
+
+    if not pieces:
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorlift-vllm") as pool:
+        pending = pool.submit(read, pieces[0])
+        try:
+            for i in range(len(pieces)):
+                tensors = pending.result()
+                pending = pool.submit(read, pieces[i + 1]) if i + 1 < len(pieces) else None
+                for name in list(tensors):
+                    yield name, tensors.pop(name)
+                del tensors
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+
+# The peer servers this process runs (kept for the life of the process: a
+# seed serves until vLLM exits).
+SERVERS: List[Any] = []
+
+
+def _announce(server, serve: Dict[str, Any]) -> None:
+    SERVERS.append(server)
+    if serve.get("ready_file"):
+        tmp = serve["ready_file"] + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(server.url + "\n")
+        os.replace(tmp, serve["ready_file"])
+
+
+def peer_weights(model_dir: str, device: str, options: Dict[str, Any], log) -> Iterator[Tuple[str, Any]]:
+    """(name, tensor) pulled from a running peer (options peer / registry), checked by key and
+    chunk checksums; on any failure the next peer, then (fallback) the model's own files.
+    With serve, this process then serves what it pulled (a seed)."""
+    from .. import remote
+    from .._core import tensor_from
+    local = os.path.isdir(model_dir)
+    model, revision = options.get("model"), options.get("revision")
+    if model is None or revision is None:
+        if not local:
+            raise ValueError(f"{FORMAT}: a peer load of a model that is not a local directory "
+                             "needs model and revision in --model-loader-extra-config (the seed's key)")
+        default = remote.key_for(model_dir)  # what a seed of this directory serves under
+        model = model or default["model"]
+        revision = revision if revision is not None else default["revision"]
+    peer = remote.Peer(options.get("peer"), model=model, revision=revision, registry=options.get("registry"),
+                       fallback=model_dir if options.get("fallback", True) and local else None,
+                       token_file=options.get("token_file"), timeout=float(options.get("timeout", 10.0)),
+                       mode=options.get("mode", "auto"))
+    serve = options.get("serve")
+    loaded, report, seed = peer.pull(become_seed=serve is not None, seed_host=(serve or {}).get("host", "127.0.0.1"))
+    log("tensorlift: weights from %s (%s bytes)%s", report.get("source"), report.get("bytes"),
+        "; " + "; ".join(report.get("failures") or []) if report.get("failures") else "")
+    if seed is not None:
+        _announce(seed, serve)
+        log("tensorlift: serving the pulled weights at %s", seed.url)
+    pattern = re.compile(options["filter"]) if options.get("filter") else None
+    try:
+        for name in loaded.names():
+            if pattern is None or pattern.search(name):
+                t = tensor_from(loaded, name, "pt")
+                yield name, (t if device == "cpu" else t.to(device))
+    finally:
+        if seed is None:
+            loaded.release()
+
+
+def serve_checkpoint(model_dir: str, options: Dict[str, Any], log) -> None:
+    """Serves the model's checkpoint (read again, from the page cache) as a seed for new instances."""
+    from .. import remote
+    serve = options["serve"]
+    server = remote.serve(model_dir, model=options.get("model"), revision=options.get("revision"),
+                          host=serve.get("host", "127.0.0.1"), port=int(serve.get("port", 0)),
+                          registry=serve.get("registry"), token_file=serve.get("token_file"))
+    _announce(server, serve)
+    log("tensorlift: serving the weights at %s", server.url)
+
+
+def natural_key(path: str):
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", os.path.basename(path))]

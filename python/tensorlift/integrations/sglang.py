@@ -1,0 +1,156 @@
+"""SGLang load format `tensorlift`: `python -m sglang.launch_server --model-path M --load-format tensorlift`.
+
+Installed with tensorlift, registered through the `sglang.srt.plugins` entry
+point (pyproject.toml), which SGLang runs in each of its processes (launcher,
+engine, scheduler) before it parses arguments or builds a model. `register()`:
+- adds "tensorlift" to SGLang's `--load-format` choices (its own
+  `add_load_format_choices`);
+- hooks `LoadConfig._verify_load_format` (SGLang's HookRegistry, AROUND) so
+  that the name "tensorlift" becomes `TensorliftSGLangLoader`; SGLang's
+  `get_model_loader` takes a loader class as a load format.
+
+    python -m sglang.launch_server --model-path /models/llama --load-format tensorlift
+    sglang.Engine(model_path="/models/llama", load_format="tensorlift")
+    ... --model-loader-extra-config '{"mode": "direct", "threads": 8}'
+
+The loader is SGLang's own DefaultModelLoader (its file discovery, the model's
+`load_weights`, post-processing and quantization steps, the draft-model
+filter) with tensorlift reading the bytes: `.safetensors` files in ~256 MiB
+pieces one ahead, onto the model's device, sparse-bitmask checkpoints dense,
+a malformed file stopping start-up with tensorlift's one-line FormatError.
+The options are vLLM's `tensorlift` format's (tensorlift.integrations.loading:
+mode, threads, filter, progress, and peer / registry / fallback / serve for
+loading from a running instance at tensor parallel size 1); any other key is
+refused. Tensor parallelism: every rank reads whole tensors and the model's
+weight loaders take their slices, as with vLLM.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Optional
+
+from .loading import FORMAT, iterate_weights, parse_options, peer_weights, serve_checkpoint
+
+NAME = "tensorlift"
+_loader_class: Optional[type] = None
+
+
+def loader_class() -> type:
+    """TensorliftSGLangLoader, made once (importing SGLang only when SGLang asks)."""
+    global _loader_class
+    if _loader_class is None:
+        _loader_class = _make_loader_class()
+    return _loader_class
+
+
+def _device_name(dev) -> str:
+    import torch
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type == "cuda":
+        return f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
+    raise ValueError(f"{FORMAT}: the model is on {dev}, tensorlift loads to cpu or cuda")
+
+
+def _make_loader_class() -> type:
+    from sglang.srt.model_loader.loader import BaseModelLoader, DefaultModelLoader
+
+    logger = logging.getLogger("sglang.srt.model_loader.tensorlift")  # under SGLang's log handler
+
+    class TensorliftSGLangLoader(DefaultModelLoader):
+        """SGLang's model loader for --load-format tensorlift (see the module docstring)."""
+
+        def __init__(self, load_config):
+            # DefaultModelLoader.__init__ only checks its own extra-config keys; ours are checked here.
+            BaseModelLoader.__init__(self, load_config)
+            self.options = parse_options(load_config.model_loader_extra_config)
+            self.from_peer = bool(self.options.get("peer") or self.options.get("registry"))
+            self._device = "cpu"
+
+        def _prepare_weights(self, model_name_or_path, revision, fall_back_to_pt, allow_patterns_overrides=None):
+            # SGLang's own discovery (local directory or the Hub, the index filtering
+            # duplicate shards, its file order), as its "safetensors" format runs it.
+            from sglang.srt.configs.load_config import LoadFormat
+            ours, self.load_config.load_format = self.load_config.load_format, LoadFormat.SAFETENSORS
+            try:
+                return super()._prepare_weights(model_name_or_path, revision, False, allow_patterns_overrides)
+            finally:
+                self.load_config.load_format = ours
+
+        def _get_weights_iterator(self, source, *, resolved_source=None, **_prefetch_flags: Any):
+            if resolved_source is None:
+                _, files, use_safetensors = self._prepare_weights(
+                    source.model_or_path, source.revision, False, source.allow_patterns_overrides)
+            else:
+                files, use_safetensors = list(resolved_source.weight_files), resolved_source.use_safetensors
+            if not use_safetensors:
+                raise ValueError(f"{FORMAT}: {source.model_or_path} has no .safetensors weights "
+                                 f"(found {[os.path.basename(f) for f in files][:4]})")
+            weights = iterate_weights(list(files), self._device, self.options)  # in SGLang's file order
+            if self.load_config.draft_model_idx is not None:
+                return self._filter_mtp_weights(weights, source.prefix, self.load_config.draft_model_idx)
+            if self.counter_before_loading_weights == 0.0:
+                self.counter_before_loading_weights = time.perf_counter()
+            return ((source.prefix + name, tensor) for name, tensor in weights)
+
+        def _get_all_weights(self, model_config, model):
+            if not self.from_peer:
+                yield from super()._get_all_weights(model_config, model)
+                return
+            yield from peer_weights(model_config.model_path, self._device, self.options, logger.info)
+            for s in getattr(model, "secondary_weights", ()):
+                raise ValueError(f"{FORMAT}: {type(model).__name__} has secondary weights "
+                                 f"({s.model_or_path}); a peer load serves one checkpoint")
+
+        def load_weights_and_postprocess(self, model, weights, target_device):
+            # Both of SGLang's paths (load_model, and commit_model_weights when start-up
+            # overlaps the load) come here with the lazy weights iterator: the device is
+            # set before its first read.
+            import torch
+            self._device = _device_name(torch.device(target_device))
+            from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_world_size
+            if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
+                raise ValueError(f"{FORMAT}: peer loading and serving take tensor parallel size 1 "
+                                 "for now (each rank would need its own layout and key)")
+            t0 = time.perf_counter()
+            DefaultModelLoader.load_weights_and_postprocess(model, weights, target_device)
+            logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)
+            if self.options.get("serve") is not None and not self.from_peer:  # a peer load's seed serves already
+                serve_checkpoint(self._model_path, self.options, logger.info)
+
+        def load_model(self, *, model_config, device_config):
+            self._model_path = model_config.model_path
+            return super().load_model(model_config=model_config, device_config=device_config)
+
+        def commit_model_weights(self, *, model, model_config, **kwargs):
+            self._model_path = model_config.model_path
+            return super().commit_model_weights(model=model, model_config=model_config, **kwargs)
+
+    return TensorliftSGLangLoader
+
+
+def _verify_load_format(original, config, *args, **kwargs):
+    """Around LoadConfig._verify_load_format: "tensorlift" names our loader class."""
+    if isinstance(config.load_format, str) and config.load_format.lower() == NAME:
+        config.load_format = loader_class()
+        return None
+    return original(config, *args, **kwargs)
+
+
+_registered = False
+
+
+def register() -> None:
+    """The sglang.srt.plugins entry point: adds --load-format tensorlift."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.arg_groups.choices import LOAD_FORMAT_CHOICES, add_load_format_choices
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    if NAME not in LOAD_FORMAT_CHOICES:
+        add_load_format_choices([NAME])
+    HookRegistry.register("sglang.srt.configs.load_config.LoadConfig._verify_load_format",
+                          _verify_load_format, HookType.AROUND)
+    _registered = True

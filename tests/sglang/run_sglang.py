@@ -1,0 +1,41 @@
+"""One SGLang engine for tests/sglang/test_sglang.py (SGLang spawns its scheduler, hence a main guard).
+
+    python run_sglang.py MODEL_DIR LOAD_FORMAT [EXTRA_CONFIG_JSON]
+
+Starts sglang.Engine(model_path=MODEL_DIR, load_format=LOAD_FORMAT) on the
+CPU (torch_native attention, no tokenizer), generates greedy tokens for fixed
+prompts (token ids) and prints one JSON line: {"tokens": [[...], ...],
+"ready_s": ...}. Exits non-zero if the engine cannot start (the error is in
+the output). With TL_HOLD=1 it then stays up until its standard input closes
+(a seed serving its weights). The loader runs in SGLang's scheduler process,
+which finds the plugin through tensorlift's sglang.srt.plugins entry point.
+"""
+import json
+import os
+import sys
+import time
+
+PROMPTS = [[1, 2, 3, 4], [7, 100, 42, 5, 9, 300]]
+
+
+def main():
+    import sglang
+    model, load_format = sys.argv[1], sys.argv[2]
+    extra = sys.argv[3] if len(sys.argv) > 3 else None
+    t0 = time.perf_counter()
+    engine = sglang.Engine(model_path=model, load_format=load_format, model_loader_extra_config=extra or "{}",
+                           device="cpu", attention_backend="torch_native", skip_tokenizer_init=True,
+                           dtype="bfloat16", mem_fraction_static=0.1, context_length=128,
+                           disable_cuda_graph=True, log_level="info")
+    ready = time.perf_counter() - t0
+    try:
+        outs = engine.generate(input_ids=PROMPTS, sampling_params={"max_new_tokens": 8, "temperature": 0})
+        print(json.dumps({"tokens": [o["output_ids"] for o in outs], "ready_s": ready}), flush=True)
+        if os.environ.get("TL_HOLD") == "1":
+            sys.stdin.read()  # until the test closes our stdin
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""SGLang with --load-format tensorlift, end to end on the CPU (sglang 0.5.23 in .venv-vllm).
+
+Run by `make test` with .venv-vllm's Python (scripts/test.sh), after the vLLM
+tests. Each engine runs in its own process (tests/sglang/run_sglang.py, or
+SGLang's OpenAI server); the loader runs in SGLang's scheduler process, which
+finds the plugin through tensorlift's installed `sglang.srt.plugins` entry
+point: nothing here registers it by hand. Models are the small random-weight
+checkpoints of tests/vllm/make_model.py.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "vllm"))
+import servers  # noqa: E402  (tests/vllm/servers.py: what both servers' tests share)
+
+ENV = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), HF_HUB_OFFLINE="1",
+           TOKENIZERS_PARALLELISM="false")
+
+
+def make_model(arch, out):
+    return servers.make_model(arch, out, ENV)
+
+
+def engine_command(model, load_format, extra=None):
+    return [sys.executable, str(HERE / "run_sglang.py"), str(model), load_format] + (
+        [json.dumps(extra)] if extra is not None else [])
+
+
+def run_engine(model, load_format, extra=None, expect_ok=True):
+    return servers.run_engine(engine_command(model, load_format, extra), ENV, expect_ok)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return make_model("llama", tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def llama_reference(llama):
+    return run_engine(llama, "safetensors")["tokens"]
+
+
+def test_the_plugin_is_installed_and_adds_the_format():
+    import importlib.metadata as md
+    eps = [e for e in md.entry_points(group="sglang.srt.plugins") if e.name == "tensorlift"]
+    assert eps and eps[0].value == "tensorlift.integrations.sglang:register"
+    code = ("from sglang.srt.plugins import load_plugins; load_plugins();"
+            "from sglang.srt.arg_groups.choices import LOAD_FORMAT_CHOICES;"
+            "from sglang.srt.configs.load_config import LoadConfig;"
+            "from sglang.srt.model_loader.loader import get_model_loader;"
+            "assert 'tensorlift' in LOAD_FORMAT_CHOICES;"
+            "print(type(get_model_loader(LoadConfig(load_format='tensorlift'))).__name__);"
+            "print(LoadConfig(load_format='safetensors').load_format)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    # Ours becomes the loader; every other format is SGLang's as before.
+    assert p.stdout.strip().splitlines()[-2:] == ["TensorliftSGLangLoader", "LoadFormat.SAFETENSORS"], p.stdout
+
+
+def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference):
+    assert len(list(llama.glob("*.safetensors"))) >= 2  # sharded, with an index
+    got = run_engine(llama, "tensorlift")
+    assert got["tokens"] == llama_reference
+    assert "tensorlift: loading weights took" in got["output"]
+
+
+def test_qwen2_with_tied_embeddings_and_options(tmp_path):
+    model = make_model("qwen2", tmp_path / "qwen2")
+    ref = run_engine(model, "safetensors")["tokens"]
+    assert run_engine(model, "tensorlift", {"mode": "buffered", "threads": 2})["tokens"] == ref
+
+
+def test_a_corrupt_shard_stops_start_up_with_the_one_line_error(llama, tmp_path):
+    shard = servers.corrupt_copy(llama, tmp_path / "bad")
+    servers.assert_format_error(run_engine(shard.parent, "tensorlift", expect_ok=False), shard)
+
+
+def test_an_unknown_option_is_refused(llama):
+    err = run_engine(llama, "tensorlift", {"mode": "direct", "bogus": 1}, expect_ok=False)
+    assert "unknown option(s) ['bogus']" in err, err[-3000:]
+
+
+def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_reference, tmp_path):
+    # The server's own argument parser takes --load-format tensorlift: the plugin added the choice.
+    port = servers.free_port()
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(llama), "--load-format", "tensorlift",
+           "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--attention-backend", "torch_native",
+           "--skip-tokenizer-init", "--dtype", "bfloat16", "--mem-fraction-static", "0.1",
+           "--context-length", "128", "--disable-cuda-graph"]
+    log = open(tmp_path / "server.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    try:
+        servers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", log.name)
+        out = servers.post_json(f"http://127.0.0.1:{port}/generate",
+                                {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+        assert out["output_ids"] == llama_reference[0], out
+        assert "tensorlift: loading weights took" in open(log.name).read()
+    finally:
+        servers.stop_group(proc)
+        log.close()
+
+
+def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):
+    seed = servers.Seed(lambda opts: engine_command(llama, "tensorlift", opts), ENV, tmp_path)
+    try:
+        assert seed.tokens == llama_reference
+        # No fallback: the weights can only come from the seed.
+        got = run_engine(llama, "tensorlift", {"peer": seed.url, "fallback": False})
+        assert got["tokens"] == llama_reference
+        assert f"weights from {seed.url}" in servers.weights_line(got["output"])
+    finally:
+        seed.stop()

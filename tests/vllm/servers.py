@@ -1,0 +1,126 @@
+"""What the vLLM and SGLang end-to-end tests share (tests/vllm, tests/sglang): running one
+engine script, a corrupt copy of a model, waiting for a server and stopping it."""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+MAKE_MODEL = pathlib.Path(__file__).resolve().parent / "make_model.py"
+
+
+def make_model(arch, out, env):
+    subprocess.run([sys.executable, str(MAKE_MODEL), arch, str(out)], check=True, env=env, timeout=300)
+    return out
+
+
+def run_engine(cmd, env, expect_ok=True):
+    """Runs an engine script that prints one '{"tokens": ...}' line: that line's JSON plus the
+    whole output when it succeeds (expect_ok), else the output of the failed run."""
+    # The servers log to stdout too: their output and ours, interleaved, in one stream.
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600)
+    if expect_ok:
+        assert p.returncode == 0, p.stdout[-4000:]
+        result = [line for line in p.stdout.splitlines() if line.startswith('{"tokens"')]
+        assert result, p.stdout[-4000:]
+        return dict(json.loads(result[-1]), output=p.stdout)
+    assert p.returncode != 0, p.stdout[-2000:]
+    return p.stdout
+
+
+def corrupt_copy(model, dest):
+    """A copy of the model directory whose second shard has its last bytes cut off; its path."""
+    dest.mkdir()
+    for f in model.iterdir():
+        (dest / f.name).write_bytes(f.read_bytes())
+    shard = sorted(dest.glob("*.safetensors"))[1]
+    shard.write_bytes(shard.read_bytes()[:-100])  # the last tensor's bytes cut short
+    return shard
+
+
+def assert_format_error(output, shard):
+    lines = [line for line in output.splitlines() if "FormatError" in line]
+    assert lines, output[-4000:]
+    assert shard.name in lines[-1], lines[-1]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(proc, url, log_path, timeout=400):
+    """Until GET url answers 200; fails with the server's log if it exits or times out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, open(log_path).read()[-4000:]
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        assert time.monotonic() < deadline, "the server did not become healthy: " + open(log_path).read()[-4000:]
+        time.sleep(0.5)
+
+
+def post_json(url, body, timeout=120):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def stop_group(proc):
+    """SIGTERM to the process group (started with start_new_session), SIGKILL after 60 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except ProcessLookupError:
+        pass  # already gone (it failed to start: the test's assertion says why)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+class Seed:
+    """An engine script (command(opts), opts being the tensorlift options {"serve": {"ready_file"}})
+    started with TL_HOLD=1: it loads with tensorlift, prints its tokens, serves its weights until
+    stop() closes its standard input."""
+
+    def __init__(self, command, env, tmp_path, timeout=400):
+        self.ready_file = tmp_path / "seed.url"
+        self.log = open(tmp_path / "seed.log", "w+")
+        self.proc = subprocess.Popen(command({"serve": {"ready_file": str(self.ready_file)}}),
+                                     stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env=dict(env, TL_HOLD="1"), start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not (self.ready_file.exists() and '{"tokens"' in open(self.log.name).read()):
+            assert self.proc.poll() is None, open(self.log.name).read()[-4000:]
+            assert time.monotonic() < deadline, "the seed did not come up: " + open(self.log.name).read()[-4000:]
+            time.sleep(0.5)
+        self.url = self.ready_file.read_text().strip()
+        line = [x for x in open(self.log.name).read().splitlines() if x.startswith('{"tokens"')][-1]
+        self.tokens = json.loads(line)["tokens"]
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def weights_line(output):
+    """The loader's last 'tensorlift: weights from ...' line."""
+    lines = [x for x in output.splitlines() if "tensorlift: weights from" in x]
+    assert lines, output[-4000:]
+    return lines[-1]
