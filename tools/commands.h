@@ -31,6 +31,7 @@ struct LoadArgs {
   int staging_buffers = 4;
   uint64_t staging_mib = 16;
   bool gds = true;
+  bool copy = false;    // auto: owned copies of page-cached files, not views.
 };
 int RunLoad(const LoadArgs& args);
 

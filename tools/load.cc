@@ -41,6 +41,7 @@ int RunLoad(const LoadArgs& args) {
   opts.staging_buffers = args.staging_buffers;
   opts.staging_bytes = args.staging_mib << 20;
   opts.gds = args.gds;
+  opts.copy = args.copy;
   if (auto dev = ParseDevice(args.device); !dev.ok()) {
     std::fprintf(stderr, "%s\n", dev.status().ToString().c_str());
     return kExitUsage;
@@ -91,9 +92,17 @@ int RunLoad(const LoadArgs& args) {
                  static_cast<unsigned long long>(p.scratch_bytes), static_cast<unsigned long long>(p.pinned_bytes));
   }
   const double secs = loaded->seconds();
-  std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s\n", loaded->tensors().size(),
+  uint64_t mapped = 0;
+  for (const FileReport& f : loaded->files()) {
+    if (f.mode == IoMode::kMmap) mapped += f.bytes;
+  }
+  const std::string views =
+      mapped == 0 ? ""
+                  : " (" + std::to_string(mapped) + " of those bytes are views of the page cache: not copied, "
+                    "read on first touch)";
+  std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s%s\n", loaded->tensors().size(),
                static_cast<unsigned long long>(loaded->total_bytes()), secs,
-               secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0);
+               secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0, views.c_str());
   if (args.checksum) {
     std::vector<std::byte> host;
     for (const LoadedTensor& t : loaded->tensors()) {  // Name order.

@@ -37,6 +37,8 @@ int main(int argc, char** argv) {
   load->add_option("--mode", load_args.mode, "I/O mode")
       ->check(CLI::IsMember({"auto", "buffered", "direct", "mmap"}))
       ->capture_default_str();
+  load->add_flag("--copy", load_args.copy,
+                 "auto: read page-cached files into memory of their own instead of viewing the page cache");
   load->add_option("--engine", load_args.engine, "Read engine")
       ->check(CLI::IsMember({"auto", "threads", "uring"}))
       ->capture_default_str();

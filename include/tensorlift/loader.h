@@ -91,7 +91,14 @@ struct Progress {
 using ProgressCallback = std::function<void(const Progress&)>;
 
 struct LoadOptions {
+  // kAuto (docs/loading.md, "The auto rule"): per file, a file mostly in the
+  // page cache is handed out as views of it (a private mapping, no copy; with
+  // `copy`, read into owned memory instead), a file mostly not cached is read
+  // with O_DIRECT.
   IoMode mode = IoMode::kAuto;
+  // kAuto on the CPU: owned copies of page-cached files instead of views of
+  // the page cache (a view sees the file: a later truncation of it faults).
+  bool copy = false;
   IoEngine engine = IoEngine::kAuto;
   int threads = 0;                  // pread threads; 0: a default from the CPU count.
   int queue_depth = 32;             // io_uring reads in flight.

@@ -138,9 +138,10 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
                 std::optional<std::string> regex, const std::string& mode, const std::string& engine,
                 int threads, int queue_depth, uint64_t block_size, std::optional<nb::object> progress,
                 const std::string& device, std::optional<std::string> dtype, int staging_buffers,
-                uint64_t staging_bytes, bool gds, bool decode_sparse) {
+                uint64_t staging_bytes, bool gds, bool decode_sparse, bool copy) {
   LoadOptions opts;
   opts.decode_sparse = decode_sparse;
+  opts.copy = copy;
   opts.device = device;
   Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
   if (dtype) {
@@ -341,10 +342,11 @@ NB_MODULE(_tensorlift, m) {
            nb::arg("queue_depth") = 32, nb::arg("block_size") = uint64_t{8} << 20,
            nb::arg("progress") = nb::none(), nb::arg("device") = "cpu", nb::arg("dtype") = nb::none(),
            nb::arg("staging_buffers") = 4, nb::arg("staging_bytes") = uint64_t{16} << 20,
-           nb::arg("gds") = true, nb::arg("decode_sparse") = true,
+           nb::arg("gds") = true, nb::arg("decode_sparse") = true, nb::arg("copy") = false,
            "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
            "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
-           "back dense unless decode_sparse is False; the GIL is released.");
+           "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
+           "files unless copy is True; the GIL is released.");
 
   nb::class_<PyLoaded>(m, "Loaded")
       .def("names",

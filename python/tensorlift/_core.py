@@ -78,7 +78,7 @@ def device_name(device) -> str:
 def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], device="cpu",
          framework: str = "pt", filter: Union[None, str, Iterable[str], Callable[[str], bool]] = None,
          mode: str = "auto", threads: Optional[int] = None, progress: bool = False,
-         dtype=None) -> Dict[str, object]:
+         dtype=None, copy: bool = False) -> Dict[str, object]:
     """Loads tensors fast: returns name -> tensor, zero-copy over tensorlift's buffers.
 
     paths: a .safetensors file, a model.safetensors.index.json, a directory of
@@ -86,8 +86,11 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
     running peer (else its fallback from disk). device: "cpu" or "cuda:N" (also an int or a
     torch.device): GPU loads read through pinned staging buffers (or GPUDirect
     Storage) straight into GPU memory. filter: a regex (str), a collection of
-    names, or a predicate on names. mode: auto | buffered | direct | mmap.
-    dtype: convert floating-point tensors (F32/F16/BF16/F8) to this while
+    names, or a predicate on names. mode: auto | buffered | direct | mmap;
+    auto, per file: a file (nearly) all in the page cache comes back as views
+    of the page cache (a private mapping, no copy, as safetensors does), or,
+    with copy=True, read into memory of its own; a file mostly not cached is
+    read with O_DIRECT. dtype: convert floating-point tensors (F32/F16/BF16/F8) to this while
     loading (a torch dtype or "F32"/"F16"/"BF16"). progress: a tqdm bar. The
     GIL is released while reading.
     """
@@ -121,7 +124,7 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
             elif filter is not None:
                 names = list(filter)
             loaded = ckpt.load(names=names, regex=regex, mode=mode, threads=threads or 0,
-                               progress=callback, device=device, dtype=target)
+                               progress=callback, device=device, dtype=target, copy=copy)
             for name in loaded.names():
                 if name in out:
                     raise ValueError(f"tensorlift.load: tensor {name!r} is in more than one of the files")

@@ -589,7 +589,8 @@ class SafeTensorsFileLoader:
             names = [t[0] for t in f.tensors if self._kept(t[0])]
         # The stored tensors, as fastsafetensors sees them (sparse parts too).
         opts = {"mode": self._mode, "threads": self._threads, "device": self.device,
-                "gds": not self.nogds, "decode_sparse": False}
+                "gds": not self.nogds, "decode_sparse": False,
+                "copy": True}  # fastsafetensors' users own their buffers: never views of the page cache
         if self._block_size:
             opts["block_size"] = self._block_size
         on_gpu = self.device != "cpu"

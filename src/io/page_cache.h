@@ -10,7 +10,8 @@
 namespace tensorlift {
 
 // The fraction (0..1) of the pages of [offset, offset + length) of `fd` that
-// are resident. An empty range counts as fully resident.
+// are resident: exact up to 64 MiB, estimated from 16 pages in every 256 above
+// (mincore costs about 20 ms per GB). An empty range counts as fully resident.
 Result<double> ResidentFraction(int fd, uint64_t offset, uint64_t length);
 
 }  // namespace tensorlift

@@ -25,11 +25,12 @@ struct OpenedFile {
 };
 
 // Opens the file for reading, checks it is the one whose header was read
-// (size, identity), and decides the mode: `mode`, or for kAuto buffered when
-// at least half of the wanted bytes are in the page cache and direct
-// otherwise; direct falls back to buffered on filesystems without O_DIRECT.
-// kMmap is kept as is (the caller maps).
-Status OpenForLoad(OpenedFile& file, IoMode mode);
+// (size, identity), and decides the mode: `mode`, or for kAuto, when at least
+// half of the wanted bytes are in the page cache, kMmap if `cached_views` (the
+// tensors view the page cache, no copy) and buffered otherwise, and direct
+// when less is cached; direct falls back to buffered on filesystems without
+// O_DIRECT. kMmap is kept as is (the caller maps).
+Status OpenForLoad(OpenedFile& file, IoMode mode, bool cached_views = false);
 
 // Fails when the file changed (size, mtime, identity) since OpenForLoad.
 Status CheckUnchanged(const OpenedFile& file);

@@ -137,8 +137,9 @@ struct FileJob : OpenedFile {
   std::shared_ptr<Buffer> mapping;
 };
 
-Status PlanJob(FileJob& job, const LoadOptions& options) {
-  TL_RETURN_IF_ERROR(OpenForLoad(job, options.mode));
+// cached_views: auto may hand out views of the page cache (docs/loading.md, "The auto rule").
+Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
+  TL_RETURN_IF_ERROR(OpenForLoad(job, options.mode, cached_views));
   const Header& h = job.shard->header;
   const IoMode mode = job.report.mode;
   const PlanMode pm = mode == IoMode::kDirect   ? PlanMode::kDirect
@@ -160,7 +161,7 @@ Status PlanJob(FileJob& job, const LoadOptions& options) {
 
 }  // namespace
 
-Status OpenForLoad(OpenedFile& job, IoMode mode) {
+Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views) {
   const Header& h = job.shard->header;
   TL_ASSIGN_OR_RETURN(job.buffered, PosixFile::OpenForRead(job.shard->path));
   TL_ASSIGN_OR_RETURN(job.identity, job.buffered.Identity());
@@ -182,8 +183,10 @@ Status OpenForLoad(OpenedFile& job, IoMode mode) {
                         ResidentFraction(job.buffered.fd(), h.data_offset() + first, last - first));
     char pct[32];
     std::snprintf(pct, sizeof pct, "%.0f%%", resident * 100);
-    mode = resident >= 0.5 ? IoMode::kBuffered : IoMode::kDirect;
-    job.report.reason = std::string(pct) + " in page cache";
+    // Views only of (nearly) fully cached files: the rest of a view's bytes would
+    // come in by page faults, a small read each.
+    mode = resident < 0.5 ? IoMode::kDirect : cached_views && resident >= 0.9 ? IoMode::kMmap : IoMode::kBuffered;
+    job.report.reason = std::string(pct) + " in page cache" + (mode == IoMode::kMmap ? ": views of it" : "");
   }
   if (mode == IoMode::kDirect) {
     int fd;
@@ -338,7 +341,9 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   const std::vector<Checkpoint::Location> selected = SelectTensors(ckpt, options.filter, jobs);
   for (auto& job : jobs) {
     if (job.wanted.empty()) continue;
-    Status st = PlanJob(job, options);
+    // Views of the page cache for auto's cached files, unless the caller asked for owned
+    // copies or places the tensors itself (hooks: its own buffers, served or broadcast).
+    Status st = PlanJob(job, options, !options.copy && hooks == nullptr);
     if (!st.ok()) return st.WithContext(job.shard->path);
   }
 

@@ -362,7 +362,11 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::strin
                                                                 const ServeOptions& options, const LoadOptions& load) {
   TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
   if (load.device != "cpu") return UnimplementedError("serve: only host memory is served (device 'cpu')");
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(path, load));
+  // A seed serves for as long as it runs: memory of its own, never views of the page
+  // cache, which a later truncation of the file would turn into SIGBUS mid-transfer.
+  LoadOptions owned = load;
+  owned.copy = true;
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(path, owned));
   std::vector<remote::ShardOf> shards;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine, remote::SliceForRank(std::move(whole), layout, options.parallel, &shards));
   auto server = remote::ServeShards(std::make_shared<const LoadedCheckpoint>(std::move(mine)), std::move(shards),

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "load/loader_internal.h"
+#include "io/page_cache.h"
 #include "load/planner.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
@@ -23,6 +24,7 @@ namespace tensorlift {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing::MixedTensors;
 using testing::Random;
 using testing::RawTensor;
@@ -231,6 +233,132 @@ TEST(LoaderTest, DLPackExportsOutliveTheCheckpoint) {
   EXPECT_EQ(std::memcmp(legacy->dl_tensor.data, tensors[2].bytes.data(), tensors[2].bytes.size()), 0);
   v->deleter(v);
   legacy->deleter(legacy);
+}
+
+// The auto rule (docs/loading.md): a file in the page cache comes back as views of it (no
+// copy), or read into owned memory with copy; a file out of the page cache is read direct.
+std::map<std::string, RawTensor> ByName(const std::vector<RawTensor>& tensors) {
+  std::map<std::string, RawTensor> want;
+  for (auto& t : tensors) want[t.name] = t;
+  return want;
+}
+
+void ReadWholeFile(const std::string& path) {  // into the page cache
+  std::ifstream f(path, std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  ASSERT_FALSE(all.empty());
+}
+
+TEST(LoaderTest, AutoViewsACachedFileOrCopiesItWhenAsked) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(6);
+  WriteRaw(path, tensors, 3);
+  ReadWholeFile(path);
+  auto views = Load(path);
+  ASSERT_TRUE(views.ok()) << views.status().ToString();
+  ASSERT_EQ(views->files().size(), 1u);
+  EXPECT_EQ(views->files()[0].mode, IoMode::kMmap);
+  EXPECT_THAT(views->files()[0].reason, HasSubstr("in page cache: views of it"));
+  ExpectSameAsFile(ByName(tensors), *views, "views");
+  // The mapping is private: a consumer writing to its tensor changes its own copy of the
+  // page only, never the file (the copy below reads the file again).
+  for (const LoadedTensor& t : views->tensors()) {
+    if (t.nbytes > 0) static_cast<unsigned char*>(t.data)[0] ^= 0xff;
+  }
+
+  LoadOptions copy;
+  copy.copy = true;
+  auto owned = Load(path, copy);
+  ASSERT_TRUE(owned.ok()) << owned.status().ToString();
+  EXPECT_EQ(owned->files()[0].mode, IoMode::kBuffered);
+  EXPECT_THAT(owned->files()[0].reason, Not(HasSubstr("views")));
+  ExpectSameAsFile(ByName(tensors), *owned, "copy");
+  // Views and copies are different memory.
+  EXPECT_NE(views->tensors()[0].data, owned->tensors()[0].data);
+}
+
+TEST(LoaderTest, AutoReadsAFileOutOfThePageCacheDirect) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(6);
+  WriteRaw(path, tensors, 0);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fsync(fd), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  auto resident = ResidentFraction(fd, 0, 1 << 20);
+  ::close(fd);
+  ASSERT_TRUE(resident.ok());
+  if (*resident >= 0.5) GTEST_SKIP() << "this filesystem keeps the file in memory";
+  auto got = Load(path);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  const FileReport& f = got->files()[0];
+  if (f.mode == IoMode::kBuffered) {
+    EXPECT_THAT(f.reason, HasSubstr("refuses O_DIRECT"));
+  } else {
+    EXPECT_EQ(f.mode, IoMode::kDirect) << f.reason;
+  }
+  ExpectSameAsFile(ByName(tensors), *got, "evicted");
+}
+
+TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
+  TempDir dir;
+  const std::string path = dir.File("holes.bin");
+  constexpr uint64_t kMiB = 1 << 20, kSize = 96 * kMiB;
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kSize), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  auto none = ResidentFraction(fd, 0, kSize);
+  ASSERT_TRUE(none.ok());
+  if (*none > 0.01) {
+    ::close(fd);
+    GTEST_SKIP() << "this filesystem keeps the file in memory";
+  }
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM), 0);  // no readahead past what is read
+  std::vector<char> buf(kMiB);
+  for (uint64_t off = 0; off < kSize / 2; off += kMiB) {  // the first half into the page cache
+    ASSERT_EQ(::pread(fd, buf.data(), kMiB, static_cast<off_t>(off)), static_cast<ssize_t>(kMiB));
+  }
+  auto all = ResidentFraction(fd, 0, kSize);           // 96 MiB: sampled
+  auto first = ResidentFraction(fd, 0, kSize / 2);     // 48 MiB: exact
+  auto second = ResidentFraction(fd, kSize / 2, kSize / 2);
+  auto edge = ResidentFraction(fd, kSize / 2 - 4096, 8192);  // one cached page, one not
+  ::close(fd);
+  ASSERT_TRUE(all.ok() && first.ok() && second.ok() && edge.ok());
+  EXPECT_NEAR(*all, 0.5, 0.02);
+  EXPECT_EQ(*first, 1.0);
+  EXPECT_EQ(*second, 0.0);
+  EXPECT_EQ(*edge, 0.5);
+}
+
+TEST(LoaderTest, ViewsOfThePageCacheOutliveTheLoadAndAReplacedFile) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(4);
+  WriteRaw(path, tensors);
+  ReadWholeFile(path);
+  DLManagedTensorVersioned* v = nullptr;
+  {
+    auto got = Load(path);
+    ASSERT_TRUE(got.ok());
+    ASSERT_EQ(got->files()[0].mode, IoMode::kMmap);
+    auto r = got->ToDLPackVersioned(tensors[2].name);
+    ASSERT_TRUE(r.ok());
+    v = *r;
+  }  // The LoadedCheckpoint is gone; the export keeps the mapping.
+  // A new file is written and renamed over the old name (how checkpoints are updated):
+  // the view keeps the old inode's bytes.
+  auto other = MixedTensors(4);
+  for (auto& t : other) std::memset(t.bytes.data(), 0x5a, t.bytes.size());
+  WriteRaw(dir.File("new.safetensors"), other);
+  ASSERT_EQ(::rename(dir.File("new.safetensors").c_str(), path.c_str()), 0);
+  EXPECT_EQ(std::memcmp(v->dl_tensor.data, tensors[2].bytes.data(), tensors[2].bytes.size()), 0);
+  v->deleter(v);
+  auto again = Load(path);
+  ASSERT_TRUE(again.ok());
+  ExpectSameAsFile(ByName(other), *again, "the new file");
 }
 
 // Fault injection: wraps the real engine to fail or to change the file.
