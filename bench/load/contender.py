@@ -2,11 +2,13 @@
 
     python bench/load/contender.py NAME SHARD...
 
-NAME: st_load_file | st_safe_open | fastsafetensors | runai. Imports first (not
+NAME: st_load_file | st_safe_open | fastsafetensors | runai | tl_load | tl_stream
+(tensorlift.load and tensorlift.stream with their defaults, from Python). Imports first (not
 timed), then times the load of every tensor of every shard plus the pass that
 reads each tensor's bytes once (XXH3-64 of each, XORed), keeping every tensor
 alive until the end, and prints one JSON object: load_s (the loader's calls),
-total_s (load and hash; what the benchmark compares), bytes, tensors, xor.
+total_s (load and hash; what the benchmark compares), first_s (from the start to
+the first tensor in hand), bytes, tensors, xor.
 
 Hashing: XXH3_64bits from the system's libxxhash (the very library the C++
 contenders link), called through ctypes on each tensor's data pointer, so there
@@ -56,8 +58,11 @@ class Tally:
         self.bytes = 0
         self.tensors = 0
         self.keep = []  # Every tensor stays alive (loaded) until the end.
+        self.first_t = None  # When the first tensor was in hand.
 
     def add(self, t):
+        if self.first_t is None:
+            self.first_t = time.perf_counter()
         h, n = tensor_hash(t)
         self.xor ^= h
         self.bytes += n
@@ -113,27 +118,51 @@ def run_fastsafetensors(files, tally):
     return t0, t0 + load_s, (buf, loader)
 
 
+def drain(it, tally):
+    """Takes every (name, tensor) of a streaming loader; returns the seconds spent in it."""
+    load_s = 0.0
+    while True:
+        a = time.perf_counter()
+        try:
+            _, t = next(it)
+        except StopIteration:
+            return load_s + time.perf_counter() - a
+        load_s += time.perf_counter() - a
+        tally.add(t)
+
+
 def run_runai(files, tally):
     from runai_model_streamer import SafetensorsStreamer
 
     t0 = time.perf_counter()
-    load_s = 0.0
     with SafetensorsStreamer() as s:
         s.stream_files(list(files))  # owned=True (default): tensors stay valid.
-        it = s.get_tensors()
-        while True:
-            a = time.perf_counter()
-            try:
-                _, t = next(it)
-            except StopIteration:
-                load_s += time.perf_counter() - a
-                break
-            load_s += time.perf_counter() - a
-            tally.add(t)
+        load_s = drain(s.get_tensors(), tally)
+    return t0, t0 + load_s
+
+
+def run_tl_load(files, tally):
+    import tensorlift
+
+    t0 = time.perf_counter()
+    tensors = tensorlift.load(list(files))
+    t1 = time.perf_counter()
+    for t in tensors.values():
+        tally.add(t)
+    return t0, t1
+
+
+def run_tl_stream(files, tally):
+    import tensorlift
+
+    t0 = time.perf_counter()
+    load_s = drain(tensorlift.stream(list(files)), tally)
     return t0, t0 + load_s
 
 
 CONTENDERS = {
+    "tl_load": run_tl_load,
+    "tl_stream": run_tl_stream,
     "st_load_file": run_st_load_file,
     "st_safe_open": run_st_safe_open,
     "fastsafetensors": run_fastsafetensors,
@@ -152,6 +181,8 @@ def main():
         import fastsafetensors  # noqa: F401
     elif name == "runai":
         import runai_model_streamer  # noqa: F401
+    elif name.startswith("tl_"):
+        import tensorlift  # noqa: F401
     tally = Tally()
     t_start = time.perf_counter()
     res = CONTENDERS[name](files, tally)
@@ -161,6 +192,7 @@ def main():
         "contender": name,
         "load_s": t1 - t0,
         "total_s": t_end - t_start,
+        "first_s": None if tally.first_t is None else tally.first_t - t_start,
         "bytes": tally.bytes,
         "tensors": tally.tensors,
         "xor": f"{tally.xor:016x}",

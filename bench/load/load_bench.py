@@ -61,6 +61,9 @@ PY_CONTENDERS = [
     ("safetensors safe_open", "st_safe_open"),
     ("fastsafetensors (cpu, nogds)", "fastsafetensors"),
     ("runai-model-streamer (cpu)", "runai"),
+    # tensorlift's own Python API with its defaults (not peers: left out of the verdicts).
+    ("tensorlift.load (Python)", "tl_load"),
+    ("tensorlift.stream (Python)", "tl_stream"),
 ]
 NCPU = max(2, min(4, os.cpu_count() or 2))  # as tensorlift's default fault threads
 LIMITS = [  # (label, tl_limits read options); the limit is the fastest of them.
@@ -379,6 +382,8 @@ def summarize(data):
                 "contender": label, "state": state, "median_s": t, "runs_s": times(key, field),
                 "runs_left_out": left_out.get(key, 0),
                 "median_load_s": median(key, "read_s" if c[0] == "limit" else "load_s"),
+                "median_first_s": (statistics.median(r["first_s"] for r in runs[key])
+                                   if all(r.get("first_s") is not None for r in runs[key]) else None),
                 "gbps": gb / t, "x_tensorlift_auto": auto_t / t, "x_limit": None if limit_t is None else limit_t / t,
                 "peak_rss_bytes": None if label == DEVICE_ONLY[0] else rss, "rss_x_checkpoint": rss / ckpt_bytes,
                 "xor_ok": None if label == DEVICE_ONLY[0] else xors == {ref_xor},
@@ -390,8 +395,8 @@ def summarize(data):
                          "x_tensorlift_auto": auto_t / limit_t, "x_limit": 1.0, "peak_rss_bytes": None,
                          "xor_ok": None})
 
-    hdr = (f"{'contender':38s} {'state':5s} {'median s':>8s} {'min-max s':>11s} {'GB/s':>6s} {'x tl auto':>9s} "
-           f"{'x limit':>7s} {'RSS GiB':>7s} {'x ckpt':>6s}  check")
+    hdr = (f"{'contender':38s} {'state':5s} {'median s':>8s} {'min-max s':>11s} {'1st s':>6s} {'GB/s':>6s} "
+           f"{'x tl auto':>9s} {'x limit':>7s} {'RSS GiB':>7s} {'x ckpt':>6s}  check")
     lines = [hdr, "-" * len(hdr)]
     for row in rows:
         rss = row["peak_rss_bytes"]
@@ -401,7 +406,9 @@ def summarize(data):
             check = "(read only)"
         if row.get("runs_left_out"):
             check += f" ({row['runs_left_out']} run(s) left out)"
+        first = row.get("median_first_s")
         lines.append(f"{row['contender']:38s} {row['state']:5s} {row['median_s']:8.3f} {spread:>11s} "
+                     f"{('-' if first is None else format(first, '6.3f')):>6s} "
                      f"{row['gbps']:6.2f} {row['x_tensorlift_auto']:8.2f}x "
                      f"{('-' if row['x_limit'] is None else format(row['x_limit'], '6.2f') + 'x'):>7s} "
                      f"{(fmt_gib(rss) if rss else '-'):>7s} {(f'{rss / ckpt_bytes:.2f}x' if rss else '-'):>6s}  {check}")
@@ -413,7 +420,7 @@ def summarize(data):
                               for r in runs[("tensorlift auto", state)]]
 
     # The targets of issue #3, as measured.
-    others = [label for label, c, _ in contenders if c[0] == "py"]
+    others = [label for label, c, _ in contenders if c[0] == "py" and not c[1].startswith("tl_")]
     tl_labels = [label for label, c, _ in contenders if c[0] == "tl"]
     by = {(r["contender"], r["state"]): r for r in rows}
     verdicts = []
@@ -479,7 +486,8 @@ def summarize(data):
         "",
         "Time: from the first loader call to the end of the hash pass over every tensor (imports and process",
         "start not counted). x tl auto: tensorlift auto's time / this time (above 1: faster than tensorlift",
-        "auto). x limit: the limit's time / this time.",
+        "auto). x limit: the limit's time / this time. 1st s: from the first loader call to the first",
+        "tensor in hand (Python contenders).",
     ]
     for state in states:
         report.append(f"  {state} limit: {limit_of[state]}")

@@ -9,7 +9,6 @@ option rules and the same errors.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
@@ -75,76 +74,25 @@ def parse_options(extra: Any) -> Dict[str, Any]:
     return opts
 
 
-GROUP_BYTES = 256 << 20  # the unit read ahead: large reads, small wait for the first tensors
+GROUP_BYTES = 256 << 20  # the unit read ahead (tensorlift.stream's pieces)
 
 
 def plan_groups(files: List[str], regex: Optional[str],
                 group_bytes: Optional[int] = None) -> List[Tuple[str, List[str]]]:
-    """(file, [tensor names]) pieces in file order, each about group_bytes of stored bytes.
-
-    A file with sparse-bitmask groups (whose dense tensors have no single byte
-    range) is one piece; the filter regex keeps matching names only.
-    """
-    from .._tensorlift import Checkpoint
-    group_bytes = GROUP_BYTES if group_bytes is None else group_bytes  # read at call time
-    pattern = re.compile(regex) if regex else None
-    pieces: List[Tuple[str, List[str]]] = []
-    for path in files:
-        ckpt = Checkpoint.open(path)
-        stored = ckpt.shard_tensors(0)  # (name, dtype, shape, begin, end), in file order
-        dense = ckpt.load_names()
-        if len(ckpt.shards()) != 1 or set(dense) != {t[0] for t in stored}:
-            names = [n for n in dense if pattern is None or pattern.search(n)]
-            if names:
-                pieces.append((path, names))
-            continue
-        group: List[str] = []
-        size = 0
-        for name, _, _, begin, end in stored:
-            if pattern is not None and not pattern.search(name):
-                continue
-            group.append(name)
-            size += end - begin
-            if size >= group_bytes:
-                pieces.append((path, group))
-                group, size = [], 0
-        if group:
-            pieces.append((path, group))
-    return pieces
+    """(file, [tensor names]) pieces in file order, each about group_bytes of stored bytes
+    (tensorlift.stream's plan; the filter regex keeps matching names only)."""
+    from .._stream import plan_pieces
+    return plan_pieces(files, regex, GROUP_BYTES if group_bytes is None else group_bytes)
 
 
 def iterate_weights(files: List[str], device: str, options: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
-    """(name, tensor) for every tensor of `files`, read with tensorlift one piece ahead.
-
-    The tensors are cut into pieces of about 256 MiB in file order
-    (plan_groups); each piece is read on a worker thread (tensorlift releases
-    the GIL) while the caller consumes the previous one, so the model's copies
-    start after the first piece, not after the whole checkpoint. A piece's
-    buffer is freed once the caller has dropped its tensors.
-    """
-    import tensorlift
-    kwargs = {"device": device, "mode": options.get("mode", "auto"), "progress": options.get("progress", False)}
-    if options.get("threads"):
-        kwargs["threads"] = options["threads"]
-    pieces = plan_groups(files, options.get("filter"))
-
-    def read(piece: Tuple[str, List[str]]):
-        return tensorlift.load(piece[0], filter=piece[1], **kwargs)
-
-    if not pieces:
-        return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorlift-vllm") as pool:
-        pending = pool.submit(read, pieces[0])
-        try:
-            for i in range(len(pieces)):
-                tensors = pending.result()
-                pending = pool.submit(read, pieces[i + 1]) if i + 1 < len(pieces) else None
-                for name in list(tensors):
-                    yield name, tensors.pop(name)
-                del tensors
-        finally:
-            if pending is not None:
-                pending.cancel()
+    """(name, tensor) for every tensor of `files`, read with tensorlift.stream: pieces of about
+    256 MiB in file order, each read on a worker thread while the caller consumes the previous
+    one, so the model's copies start after the first piece, not after the whole checkpoint."""
+    from .._stream import stream
+    yield from stream(files, device=device, filter=options.get("filter"), mode=options.get("mode", "auto"),
+                      threads=options.get("threads"), progress=options.get("progress", False),
+                      piece_bytes=GROUP_BYTES)
 
 
 # The peer servers this process runs (kept for the life of the process: a
