@@ -293,7 +293,11 @@ Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool 
 
 // (loader_internal.h) mmap loads have no arenas for their tensors: their pages
 // come from the page cache when first touched.
-PopulateAhead::PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>& regions, int threads) {
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22  // Linux 5.14.
+#endif
+
+PopulateAhead::PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>& regions, int threads, bool read) {
   uint64_t total = 0;
   for (const auto& [base, bytes] : regions) {
     const uint64_t size = bytes / kPageAlign * kPageAlign;
@@ -305,11 +309,11 @@ PopulateAhead::PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>&
   if (total < (64ull << 20) || threads <= 0) return;
   threads = std::min<int>(threads, static_cast<int>(steps_.size()));
   for (int t = 0; t < threads; ++t) {
-    threads_.emplace_back([this] {
+    threads_.emplace_back([this, read] {
       for (;;) {
         const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
         if (i >= steps_.size() || stop_.load(std::memory_order_relaxed)) return;
-        if (::madvise(steps_[i].base, steps_[i].size, MADV_POPULATE_WRITE) != 0) {
+        if (::madvise(steps_[i].base, steps_[i].size, read ? MADV_POPULATE_READ : MADV_POPULATE_WRITE) != 0) {
           stop_ = true;
           return;
         }
@@ -320,7 +324,13 @@ PopulateAhead::PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>&
 
 PopulateAhead::~PopulateAhead() {
   stop_ = true;
-  for (auto& t : threads_) t.join();
+  Finish();
+}
+
+void PopulateAhead::Finish() {
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 // Fresh memory's first touch scales with threads on the machines measured
@@ -405,6 +415,17 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
       for (const auto& buf : hooks->populate) regions.emplace_back(buf->data(), buf->size());
     }
     PopulateAhead populate(regions, FaultThreads(options));
+    // Views of the page cache: their page tables filled in by the same threads, read-only
+    // (no copy-on-write), so that the consumer's first pass takes no page faults.
+    std::vector<std::pair<std::byte*, uint64_t>> views;
+    for (const auto& job : jobs) {
+      if (job.wanted.empty() || !job.mapping) continue;
+      const Header& h = job.shard->header;
+      const uint64_t first = (h.data_offset() + h.tensors()[job.wanted.front()].begin) / kPageAlign * kPageAlign;
+      const uint64_t last = h.data_offset() + h.tensors()[job.wanted.back()].end;
+      views.emplace_back(job.mapping->data() + first, (last - first + kPageAlign - 1) / kPageAlign * kPageAlign);
+    }
+    PopulateAhead populate_views(views, FaultThreads(options), /*read=*/true);
     for (int direct : {1, 0}) {
       if (ops[direct].empty()) continue;
       TL_ASSIGN_OR_RETURN(auto engine,
@@ -412,6 +433,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
       if (wrap) engine = wrap(std::move(engine));
       TL_RETURN_IF_ERROR(engine->Run(ops[direct], &progress));
     }
+    populate_views.Finish();
   }
   for (auto& job : jobs) {
     if (job.wanted.empty()) continue;

@@ -36,8 +36,13 @@ int FaultThreads(const LoadOptions& options);
 // than 64 MiB in all, or no threads: nothing.
 class PopulateAhead {
  public:
-  PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>& regions, int threads);
+  // advice: MADV_POPULATE_WRITE (fresh memory about to be written; stopped once the
+  // reads are done) or MADV_POPULATE_READ (views of the page cache: Finish waits).
+  PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>& regions, int threads, bool read = false);
   ~PopulateAhead();
+  // Waits until every region is populated (or a madvise failed: the pages then
+  // come in by faults on first touch, as without populating).
+  void Finish();
   PopulateAhead(const PopulateAhead&) = delete;
   PopulateAhead& operator=(const PopulateAhead&) = delete;
 
