@@ -415,11 +415,12 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
       for (const auto& buf : hooks->populate) regions.emplace_back(buf->data(), buf->size());
     }
     PopulateAhead populate(regions, FaultThreads(options));
-    // Views of the page cache: their page tables filled in by the same threads, read-only
-    // (no copy-on-write), so that the consumer's first pass takes no page faults.
+    // auto's views of the page cache: their page tables filled in by the same threads,
+    // read-only (no copy-on-write), so that the consumer's first pass takes no page faults.
+    // An explicit mode=mmap stays lazy, as documented: its bytes come in on first touch.
     std::vector<std::pair<std::byte*, uint64_t>> views;
     for (const auto& job : jobs) {
-      if (job.wanted.empty() || !job.mapping) continue;
+      if (job.wanted.empty() || !job.mapping || options.mode != IoMode::kAuto) continue;
       const Header& h = job.shard->header;
       const uint64_t first = (h.data_offset() + h.tensors()[job.wanted.front()].begin) / kPageAlign * kPageAlign;
       const uint64_t last = h.data_offset() + h.tensors()[job.wanted.back()].end;
