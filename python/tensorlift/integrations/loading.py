@@ -157,5 +157,15 @@ def serve_checkpoint(model_dir: str, options: Dict[str, Any], log) -> None:
     log("tensorlift: serving the weights at %s", server.url)
 
 
+def model_device(dev) -> str:
+    """tensorlift's device name for a model on torch device `dev`: "cpu" or "cuda:N"."""
+    if dev.type == "cpu":
+        return "cpu"
+    if dev.type == "cuda":
+        import torch
+        return f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
+    raise ValueError(f"{FORMAT}: the model is on {dev}, tensorlift loads to cpu or cuda")
+
+
 def natural_key(path: str):
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", os.path.basename(path))]

@@ -31,7 +31,7 @@ import os
 import time
 from typing import Any, Optional
 
-from .loading import FORMAT, iterate_weights, parse_options, peer_weights, serve_checkpoint
+from .loading import FORMAT, iterate_weights, model_device, parse_options, peer_weights, serve_checkpoint
 
 NAME = "tensorlift"
 _loader_class: Optional[type] = None
@@ -43,15 +43,6 @@ def loader_class() -> type:
     if _loader_class is None:
         _loader_class = _make_loader_class()
     return _loader_class
-
-
-def _device_name(dev) -> str:
-    import torch
-    if dev.type == "cpu":
-        return "cpu"
-    if dev.type == "cuda":
-        return f"cuda:{dev.index if dev.index is not None else torch.cuda.current_device()}"
-    raise ValueError(f"{FORMAT}: the model is on {dev}, tensorlift loads to cpu or cuda")
 
 
 def _make_loader_class() -> type:
@@ -109,7 +100,7 @@ def _make_loader_class() -> type:
             # overlaps the load) come here with the lazy weights iterator: the device is
             # set before its first read.
             import torch
-            self._device = _device_name(torch.device(target_device))
+            self._device = model_device(torch.device(target_device))
             from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_world_size
             if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
                 raise ValueError(f"{FORMAT}: peer loading and serving take tensor parallel size 1 "

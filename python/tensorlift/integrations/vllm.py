@@ -59,7 +59,7 @@ import time
 from typing import List, Optional
 
 from .loading import (ALLOWED_OPTIONS, GROUP_BYTES, MODES, SERVE_OPTIONS, iterate_weights,  # noqa: F401
-                      natural_key, parse_options, peer_weights, plan_groups, serve_checkpoint)
+                      model_device, natural_key, parse_options, peer_weights, plan_groups, serve_checkpoint)
 
 
 def _make_loader_class():
@@ -117,9 +117,7 @@ def _make_loader_class():
         def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
             param = next(model.parameters(), None)
             dev = param.device if param is not None else torch.device("cpu")
-            device = "cpu" if dev.type == "cpu" else f"cuda:{dev.index or 0}" if dev.type == "cuda" else None
-            if device is None:
-                raise ValueError(f"tensorlift load format: the model is on {dev}, tensorlift loads to cpu or cuda")
+            device = model_device(dev)
             t0 = time.perf_counter()
             from vllm.distributed import get_tensor_model_parallel_world_size
             if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
