@@ -14,8 +14,10 @@
 //             to buffered when the filesystem refuses O_DIRECT.
 //   mmap      views over a private mapping of the file: zero copies, but the
 //             bytes are read lazily, on first touch.
-//   auto      (default) mincore() on the bytes to load: buffered when at least
-//             half of them are in the page cache, direct otherwise.
+//   auto      (default) mincore() on the bytes to load, per file: views of the
+//             page cache (as mmap, page tables filled in before Load returns)
+//             when at least 90% are cached (buffered instead with `copy`),
+//             buffered from 50%, direct below (docs/loading.md, "The auto rule").
 // Engines (LoadOptions::engine) for buffered and direct: a pool of pread
 // threads, or one io_uring with a queue depth; auto picks io_uring when the
 // kernel allows it.
@@ -90,6 +92,41 @@ struct Progress {
 // Called from the loading thread, at most every 100 ms and once at the end.
 using ProgressCallback = std::function<void(const Progress&)>;
 
+// Host memory kept between loads, for loads that follow one another (the
+// pieces of tensorlift.stream, a layer streamer): a load with
+// LoadOptions::arena_pool takes each file's buffer from the pool's free
+// buffers (the smallest that is large enough, else the largest, grown in
+// place), and a buffer goes back to the pool, not to the system, once its last
+// tensor is dropped. Memory already written needs no page faults the second
+// time: first touch of fresh memory costs as much as the reads on some
+// machines (docs/loading.md, "Memory"). The pool keeps at most `max_free`
+// buffers; any more, and all of them when the pool is destroyed, go back to
+// the system. Buffers still held by tensors outlive the pool. Used by host
+// loads' file buffers (mode buffered or direct, no dtype conversion); other
+// loads allocate as without it. Thread-safe.
+class ArenaPool {
+ public:
+  struct Stats {
+    uint64_t fresh = 0;       // Buffers allocated from the system.
+    uint64_t reused = 0;      // Buffers taken from the free ones.
+    uint64_t free = 0;        // Free buffers held now,
+    uint64_t free_bytes = 0;  // and their bytes.
+  };
+  explicit ArenaPool(int max_free = 2);
+  ~ArenaPool();
+  ArenaPool(const ArenaPool&) = delete;
+  ArenaPool& operator=(const ArenaPool&) = delete;
+  Stats stats() const;
+  // Frees the free buffers now.
+  void Trim();
+
+  struct State;  // (src/load/arena_pool.cc)
+  const std::shared_ptr<State>& state() const { return state_; }
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
 struct LoadOptions {
   // kAuto (docs/loading.md, "The auto rule"): per file, a file mostly in the
   // page cache is handed out as views of it (a private mapping, no copy; with
@@ -109,6 +146,8 @@ struct LoadOptions {
   int fault_threads = 0;
   TensorFilter filter;
   ProgressCallback progress;
+  // Reuse host memory between loads (see ArenaPool); none: fresh memory.
+  std::shared_ptr<ArenaPool> arena_pool;
 
   // Where the tensors go: "cpu" (default), "cuda" (= "cuda:0") or "cuda:N".
   // GPU loads read into pinned staging buffers and copy to the device while

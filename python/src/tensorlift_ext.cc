@@ -11,6 +11,7 @@
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
+#include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
@@ -138,8 +139,10 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
                 std::optional<std::string> regex, const std::string& mode, const std::string& engine,
                 int threads, int queue_depth, uint64_t block_size, std::optional<nb::object> progress,
                 const std::string& device, std::optional<std::string> dtype, int staging_buffers,
-                uint64_t staging_bytes, bool gds, bool decode_sparse, bool copy) {
+                uint64_t staging_bytes, bool gds, bool decode_sparse, bool copy,
+                std::optional<std::shared_ptr<ArenaPool>> arena_pool) {
   LoadOptions opts;
+  if (arena_pool) opts.arena_pool = *arena_pool;
   opts.decode_sparse = decode_sparse;
   opts.copy = copy;
   opts.device = device;
@@ -343,10 +346,27 @@ NB_MODULE(_tensorlift, m) {
            nb::arg("progress") = nb::none(), nb::arg("device") = "cpu", nb::arg("dtype") = nb::none(),
            nb::arg("staging_buffers") = 4, nb::arg("staging_bytes") = uint64_t{16} << 20,
            nb::arg("gds") = true, nb::arg("decode_sparse") = true, nb::arg("copy") = false,
+           nb::arg("arena_pool") = nb::none(),
            "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
            "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
            "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
            "files unless copy is True; the GIL is released.");
+
+  nb::class_<ArenaPool>(m, "ArenaPool",
+                        "Host memory kept between loads (the pieces of tensorlift.stream): a load given the "
+                        "pool takes its buffers from the ones freed before, already faulted in.")
+      .def(nb::init<int>(), nb::arg("max_free") = 2)
+      .def("stats",
+           [](const ArenaPool& p) {
+             const ArenaPool::Stats s = p.stats();
+             nb::dict d;
+             d["fresh"] = s.fresh;
+             d["reused"] = s.reused;
+             d["free"] = s.free;
+             d["free_bytes"] = s.free_bytes;
+             return d;
+           })
+      .def("trim", &ArenaPool::Trim, "Frees the free buffers now.");
 
   nb::class_<PyLoaded>(m, "Loaded")
       .def("names",

@@ -78,7 +78,7 @@ def device_name(device) -> str:
 def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], device="cpu",
          framework: str = "pt", filter: Union[None, str, Iterable[str], Callable[[str], bool]] = None,
          mode: str = "auto", threads: Optional[int] = None, progress: bool = False,
-         dtype=None, copy: bool = False) -> Dict[str, object]:
+         dtype=None, copy: bool = False, _arena_pool=None) -> Dict[str, object]:
     """Loads tensors fast: returns name -> tensor, zero-copy over tensorlift's buffers.
 
     paths: a .safetensors file, a model.safetensors.index.json, a directory of
@@ -124,7 +124,8 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
             elif filter is not None:
                 names = list(filter)
             loaded = ckpt.load(names=names, regex=regex, mode=mode, threads=threads or 0,
-                               progress=callback, device=device, dtype=target, copy=copy)
+                               progress=callback, device=device, dtype=target, copy=copy,
+                               arena_pool=_arena_pool)
             for name in loaded.names():
                 if name in out:
                     raise ValueError(f"tensorlift.load: tensor {name!r} is in more than one of the files")

@@ -86,15 +86,18 @@ def stream(paths, device="cpu", framework: str = "pt",
     the first tensor comes after one piece and the caller's work overlaps the
     remaining reads. At most two pieces are held: a piece's memory is freed
     once the caller has dropped its tensors. Page-cached files come back as
-    views of the page cache (mode auto, unless copy=True) at once.
+    views of the page cache (mode auto, unless copy=True) at once. Pieces read
+    into memory reuse the memory of pieces whose tensors were dropped (an
+    ArenaPool): a few pieces' worth is faulted in, not the whole checkpoint.
     """
     from ._core import load
+    from ._tensorlift import ArenaPool
     files = shard_files(paths)
     pieces = plan_pieces(files, filter, piece_bytes)
     if not pieces:
         return
     kwargs = dict(device=device, framework=framework, mode=mode, threads=threads, dtype=dtype, copy=copy,
-                  progress=progress)
+                  progress=progress, _arena_pool=ArenaPool(1))
 
     def read(piece: Tuple[str, List[str]]):
         return load(piece[0], filter=piece[1], **kwargs)

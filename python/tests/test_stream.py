@@ -83,3 +83,41 @@ def test_a_bad_file_raises_while_streaming(model_dir):
     with pytest.raises(tensorlift.FormatError, match=bad.name):
         for _ in it:
             pass
+
+
+def _recording_pools(monkeypatch):
+    import tensorlift._tensorlift as ext
+    pools = []
+    real = ext.ArenaPool
+
+    def make(max_free):
+        pools.append(real(max_free))
+        return pools[-1]
+
+    monkeypatch.setattr(ext, "ArenaPool", make)
+    return pools
+
+
+@pytest.mark.parametrize("mode", ["direct", "buffered"])
+def test_pieces_reuse_the_memory_of_dropped_pieces(model_dir, monkeypatch, mode):
+    """A consumer that copies and drops each tensor: later pieces land in the memory of earlier ones."""
+    pools = _recording_pools(monkeypatch)
+    ref = reference(model_dir)
+    seen = 0
+    for name, t in tensorlift.stream(str(model_dir), piece_bytes=1, mode=mode):
+        assert torch.equal(t.clone(), ref[name]), name
+        seen += 1
+        del t
+    assert seen == len(ref)
+    stats = pools[0].stats()
+    assert stats["reused"] > 0, stats
+    assert stats["fresh"] + stats["reused"] == len(ref)
+
+
+def test_tensors_kept_by_the_consumer_are_never_overwritten(model_dir, monkeypatch):
+    pools = _recording_pools(monkeypatch)
+    ref = reference(model_dir)
+    kept = dict(tensorlift.stream(str(model_dir), piece_bytes=1, copy=True))
+    assert pools[0].stats()["reused"] == 0  # every piece's memory is still held
+    for name, t in kept.items():
+        assert torch.equal(t, ref[name]), name

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <new>
@@ -14,7 +15,12 @@ constexpr uint64_t kMmapThreshold = 1ull << 20;
 }  // namespace
 
 Result<std::shared_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
-  std::shared_ptr<HostBuffer> buf(new (std::nothrow) HostBuffer());
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> buf, AllocateOwned(bytes));
+  return std::shared_ptr<HostBuffer>(std::move(buf));
+}
+
+Result<std::unique_ptr<HostBuffer>> HostBuffer::AllocateOwned(uint64_t bytes) {
+  std::unique_ptr<HostBuffer> buf(new (std::nothrow) HostBuffer());
   if (!buf) return ResourceExhaustedError("out of memory");
   const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
   if (rounded >= kMmapThreshold) {
@@ -36,14 +42,42 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
     buf->data_ = static_cast<std::byte*>(p);
   }
   buf->size_ = bytes;
+  buf->capacity_ = rounded;
   return buf;
+}
+
+Status HostBuffer::Resize(uint64_t bytes) {
+  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
+  if (rounded <= capacity_) {
+    size_ = bytes;
+    touched_ = std::min(touched_, bytes);
+    return Status::Ok();
+  }
+  if (mapped_) {
+    void* p = ::mremap(data_, capacity_, rounded, MREMAP_MAYMOVE);
+    if (p == MAP_FAILED) {
+      return ResourceExhaustedError("cannot grow a buffer to " + std::to_string(bytes) +
+                                    " bytes of host memory: " + PosixError("mremap", errno).message());
+    }
+    data_ = static_cast<std::byte*>(p);
+    capacity_ = rounded;
+    size_ = bytes;
+    return Status::Ok();
+  }
+  // A small buffer: a new one (its first touch is cheap).
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<HostBuffer> fresh, AllocateOwned(bytes));
+  std::swap(data_, fresh->data_);
+  std::swap(mapped_, fresh->mapped_);
+  std::swap(capacity_, fresh->capacity_);
+  size_ = bytes;
+  touched_ = 0;
+  return Status::Ok();
 }
 
 HostBuffer::~HostBuffer() {
   if (data_ == nullptr) return;
   if (mapped_) {
-    const uint64_t rounded = (std::max<uint64_t>(size_, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
-    ::munmap(data_, rounded);
+    ::munmap(data_, capacity_);
   } else {
     std::free(data_);
   }

@@ -32,11 +32,24 @@ class HostBuffer final : public Buffer {
  public:
   // A zero-byte request gets a valid, aligned, empty buffer.
   static Result<std::shared_ptr<HostBuffer>> Allocate(uint64_t bytes);
+  static Result<std::unique_ptr<HostBuffer>> AllocateOwned(uint64_t bytes);
   ~HostBuffer() override;
+
+  // Reuse (ArenaPool): makes the buffer `bytes` long, keeping its contents and
+  // the pages already faulted in; grows a mapping in place or by moving it
+  // (mremap), a small buffer by a new allocation.
+  Status Resize(uint64_t bytes);
+  // Bytes from the start already faulted in (written once): a reused buffer
+  // needs no page faults there.
+  uint64_t touched() const { return touched_; }
+  uint64_t capacity() const { return capacity_; }
+  void set_touched(uint64_t bytes) { touched_ = bytes; }
 
  private:
   HostBuffer() = default;
   bool mapped_ = false;
+  uint64_t capacity_ = 0;  // Bytes mapped (or allocated), a multiple of 4 KiB.
+  uint64_t touched_ = 0;
 };
 
 class FileMapping final : public Buffer {

@@ -21,6 +21,7 @@
 #include "device/host_buffer.h"
 #include "io/page_cache.h"
 #include "io/read_op.h"
+#include "load/arena_pool.h"
 #include "load/file_job.h"
 #include "load/loader_internal.h"
 #include "load/owners.h"
@@ -133,7 +134,7 @@ int DefaultThreads() {
 // One file being loaded into host memory.
 struct FileJob : OpenedFile {
   FilePlan plan;
-  std::shared_ptr<Buffer> arena;
+  std::shared_ptr<HostBuffer> arena;
   std::shared_ptr<Buffer> mapping;
 };
 
@@ -150,7 +151,7 @@ Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
   job.report.tensors = static_cast<uint32_t>(job.wanted.size());
   job.report.realigned = job.plan.realigned;
 
-  TL_ASSIGN_OR_RETURN(auto arena, HostBuffer::Allocate(job.plan.arena_bytes));
+  TL_ASSIGN_OR_RETURN(auto arena, TakeArena(options.arena_pool, job.plan.arena_bytes));
   job.arena = std::move(arena);
   if (pm == PlanMode::kMmap) {
     TL_ASSIGN_OR_RETURN(auto mapping, FileMapping::Map(job.buffered.fd(), h.file_size()));
@@ -403,13 +404,25 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     }
   }
   IoEngine engine_kind[2] = {IoEngine::kThreads, IoEngine::kThreads};
+  // The engines first: their set-up maps memory (the ring, thread stacks), and an
+  // mmap waits for the mmap lock that the fault threads' populate steps hold.
+  std::unique_ptr<ReadEngine> engines[2];
+  for (int direct : {1, 0}) {
+    if (ops[direct].empty()) continue;
+    TL_ASSIGN_OR_RETURN(engines[direct], MakeEngine(options, direct == 1, ops[direct], &engine_kind[direct]));
+    if (wrap) engines[direct] = wrap(std::move(engines[direct]));
+  }
   {
     // Fresh memory's first touch (page faults) costs as much as the reads
     // themselves on some machines; a helper threads fault the arenas in, in
     // file order, ahead of the reads (docs/loading.md, "Memory").
     std::vector<std::pair<std::byte*, uint64_t>> regions;
     for (const auto& job : jobs) {
-      if (!job.wanted.empty() && job.arena) regions.emplace_back(job.arena->data(), job.arena->size());
+      // A buffer reused from an ArenaPool: only what it has not held before.
+      const uint64_t from = job.arena ? job.arena->touched() / kPageAlign * kPageAlign : 0;
+      if (!job.wanted.empty() && job.arena && from < job.arena->size()) {
+        regions.emplace_back(job.arena->data() + from, job.arena->size() - from);
+      }
     }
     if (hooks) {
       for (const auto& buf : hooks->populate) regions.emplace_back(buf->data(), buf->size());
@@ -428,11 +441,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     }
     PopulateAhead populate_views(views, FaultThreads(options), /*read=*/true);
     for (int direct : {1, 0}) {
-      if (ops[direct].empty()) continue;
-      TL_ASSIGN_OR_RETURN(auto engine,
-                          MakeEngine(options, direct == 1, ops[direct], &engine_kind[direct]));
-      if (wrap) engine = wrap(std::move(engine));
-      TL_RETURN_IF_ERROR(engine->Run(ops[direct], &progress));
+      if (engines[direct]) TL_RETURN_IF_ERROR(engines[direct]->Run(ops[direct], &progress));
     }
     populate_views.Finish();
   }
@@ -440,6 +449,8 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     if (job.wanted.empty()) continue;
     Status st = CheckUnchanged(job);
     if (!st.ok()) return st.WithContext(job.shard->path);
+    // Its pages were written by the reads (or faulted in ahead of them).
+    if (job.arena) job.arena->set_touched(job.arena->size());
   }
   reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), true);
 

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 
+#include "load/arena_pool.h"
 #include "load/loader_internal.h"
 #include "io/page_cache.h"
 #include "load/planner.h"
@@ -502,6 +503,116 @@ TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
     ASSERT_FALSE(failed.ok());
     EXPECT_THAT(failed.status().message(), HasSubstr("Input/output error"));
   }
+}
+
+// ArenaPool: a buffer freed by one load's tensors is reused (grown in place
+// when too small) by the next load, with the next file's bytes, never the old
+// ones; held buffers are not reused; exports outlive the pool.
+TEST(ArenaPoolTest, ReusesFreedBuffersForTheNextLoadWithTheNewBytes) {
+  TempDir dir;
+  const std::string a = dir.File("a.safetensors"), b = dir.File("b.safetensors"),
+                    big = dir.File("big.safetensors");
+  auto ta = MixedTensors(11), tb = MixedTensors(12);
+  WriteRaw(a, ta);
+  WriteRaw(b, tb, 3);
+  std::vector<RawTensor> tbig = MixedTensors(13);
+  tbig.push_back(Random("z.more", Dtype::kF32, {1u << 20}, 5));  // 4 MiB more than the others.
+  WriteRaw(big, tbig);
+  for (IoMode m : {IoMode::kBuffered, IoMode::kDirect}) {
+    SCOPED_TRACE(std::string(IoModeName(m)));
+    auto pool = std::make_shared<ArenaPool>();
+    LoadOptions opts;
+    opts.mode = m;
+    opts.arena_pool = pool;
+    {
+      auto got = Load(a, opts);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSameAsFile(ByName(ta), *got, "a");
+      EXPECT_EQ(pool->stats().fresh, 1u);
+      EXPECT_EQ(pool->stats().free, 0u);  // Held by the tensors.
+    }
+    EXPECT_EQ(pool->stats().free, 1u);  // Back in the pool, not to the system.
+    {
+      auto got = Load(b, opts);  // About the same size: the same buffer.
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSameAsFile(ByName(tb), *got, "b");
+      EXPECT_EQ(pool->stats().reused, 1u);
+      EXPECT_EQ(pool->stats().fresh, 1u);
+      auto held = Load(a, opts);  // The other is held: a fresh one.
+      ASSERT_TRUE(held.ok());
+      ExpectSameAsFile(ByName(ta), *held, "a again");
+      EXPECT_EQ(pool->stats().fresh, 2u);
+    }
+    EXPECT_EQ(pool->stats().free, 2u);
+    {
+      auto got = Load(big, opts);  // Larger than either: the largest, grown.
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ExpectSameAsFile(ByName(tbig), *got, "big");
+      EXPECT_EQ(pool->stats().reused, 2u);
+      EXPECT_EQ(pool->stats().fresh, 2u);
+      EXPECT_EQ(pool->stats().free, 1u);
+    }
+    pool->Trim();
+    EXPECT_EQ(pool->stats().free, 0u);
+    EXPECT_EQ(pool->stats().free_bytes, 0u);
+  }
+}
+
+TEST(ArenaPoolTest, ExportsOutliveThePoolAndAFullPoolFreesTheRest) {
+  TempDir dir;
+  const std::string a = dir.File("a.safetensors");
+  auto ta = MixedTensors(21);
+  WriteRaw(a, ta);
+  DLManagedTensorVersioned* v = nullptr;
+  {
+    auto pool = std::make_shared<ArenaPool>(/*max_free=*/1);
+    LoadOptions opts;
+    opts.mode = IoMode::kDirect;
+    opts.arena_pool = pool;
+    auto one = Load(a, opts);
+    auto two = Load(a, opts);
+    ASSERT_TRUE(one.ok() && two.ok());
+    auto r = one->ToDLPackVersioned("g.big");
+    ASSERT_TRUE(r.ok());
+    v = *r;
+    one = InternalError("dropped");
+    two = InternalError("dropped");
+    EXPECT_EQ(pool->stats().free, 1u);  // One kept (max_free), the other freed.
+  }  // The pool is gone; the export still holds its buffer.
+  EXPECT_EQ(std::memcmp(v->dl_tensor.data, ta[6].bytes.data(), ta[6].bytes.size()), 0);
+  v->deleter(v);  // Freed to the system (ASan checks).
+}
+
+TEST(ArenaPoolTest, BuffersAreGrownAndShrunkKeepingTheirPages) {
+  auto pool = std::make_shared<ArenaPool>();
+  const std::byte* p = nullptr;
+  {
+    auto r = TakeArena(pool, 3u << 20);
+    ASSERT_TRUE(r.ok());
+    std::memset((*r)->data(), 0x5a, (*r)->size());
+    (*r)->set_touched((*r)->size());
+    p = (*r)->data();
+  }
+  {
+    auto r = TakeArena(pool, 1u << 20);  // Smaller: the same memory, still touched.
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ((*r)->data(), p);
+    EXPECT_EQ((*r)->size(), 1u << 20);
+    EXPECT_EQ((*r)->touched(), 1u << 20);
+    EXPECT_EQ(static_cast<unsigned char>((*r)->data()[12345]), 0x5au);
+  }
+  {
+    auto r = TakeArena(pool, 9u << 20);  // Larger: grown, the old bytes kept.
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ((*r)->size(), 9u << 20);
+    EXPECT_EQ(static_cast<unsigned char>((*r)->data()[(1u << 20) - 1]), 0x5au);
+    std::memset((*r)->data(), 1, (*r)->size());  // All of it is writable.
+  }
+  auto none = TakeArena(nullptr, 4096);  // No pool: a plain buffer.
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ((*none)->touched(), 0u);
+  EXPECT_EQ(pool->stats().fresh, 1u);
+  EXPECT_EQ(pool->stats().reused, 2u);
 }
 
 TEST(LoaderTest, MissingFileAndNoPermission) {
