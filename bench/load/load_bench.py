@@ -193,7 +193,8 @@ class Runner:
     def command(self, contender):
         kind, arg = contender
         if kind == "tl":
-            return [os.path.join(self.build, "tl_load_bench"), self.dir, "--mode", arg]
+            mode, _, stream = arg.partition(":")
+            return [os.path.join(self.build, "tl_load_bench"), self.dir, "--mode", mode] + (["--stream"] if stream else [])
         if kind == "py":
             return [self.python, os.path.join(HERE, "contender.py"), arg, *self.shards]
         if kind == "limit":
@@ -264,6 +265,8 @@ def measure(args):
 
     # (label, (kind, arg), states it runs in)
     contenders = [(f"tensorlift {m}", ("tl", m), ("cold", "warm", "half")) for m in TL_MODES]
+    # The defaults with the hash pass in LoadOptions::on_tensor, as each tensor lands.
+    contenders += [("tensorlift auto, on_tensor", ("tl", "auto:stream"), ("cold", "warm", "half"))]
     contenders += [(label, ("py", name), ("cold", "warm", "half")) for label, name in PY_CONTENDERS]
     # O_DIRECT bypasses the page cache: its limit is the same warm or cold, so it
     # runs cold only; the warm limit is memcpy's.

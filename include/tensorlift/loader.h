@@ -127,6 +127,46 @@ class ArenaPool {
   std::shared_ptr<State> state_;
 };
 
+struct LoadedTensor;
+class Buffer;
+
+// A tensor handed to LoadOptions::on_tensor while the rest of its load is
+// still being read.
+class StreamedTensor {
+ public:
+  StreamedTensor(const LoadedTensor& tensor, std::shared_ptr<Buffer> owner)
+      : tensor_(&tensor), owner_(std::move(owner)) {}
+  // Valid during the call; its bytes stay valid while the LoadedCheckpoint
+  // that Load returns lives, or through ToDLPackVersioned.
+  const LoadedTensor& tensor() const { return *tensor_; }
+  // A DLPack tensor over the bytes (no copy) that keeps them alive on its own,
+  // also after the load and its LoadedCheckpoint are gone; the caller calls
+  // its deleter. raw_bytes: the 1-D uint8 array of its bytes.
+  Result<DLManagedTensorVersioned*> ToDLPackVersioned(bool raw_bytes = false) const;
+
+ private:
+  const LoadedTensor* tensor_;
+  std::shared_ptr<Buffer> owner_;
+};
+
+// Streaming (LoadOptions::on_tensor): called once per loaded tensor as soon as
+// its bytes are in place, while later bytes are still being read, so that a
+// consumer's work (copying into parameters, hashing) overlaps the reads.
+// - Host loads (buffered, direct) hand out each tensor when the reads that
+//   cover it complete; views of the page cache (mmap, auto's cached files) at
+//   once. GPU, dtype-converting and sparse-decoding loads hand out every tensor
+//   at the end of the load, before Load returns.
+// - Called from one thread of the load's own, never two calls at once, in the
+//   order the bytes land (about file order); it may take its time (the reads
+//   go on meanwhile).
+// - An error returned stops the hand-outs; Load returns it once the reads in
+//   flight are done. If the load fails after some tensors were handed out (a
+//   read error, the file changed), Load returns the error and the consumer
+//   must discard what it got.
+// Load and the loaders built on it take it; LoadDistributed, LayerStreamer,
+// peer loading and serving refuse it (InvalidArgument).
+using TensorCallback = std::function<Status(const StreamedTensor&)>;
+
 struct LoadOptions {
   // kAuto (docs/loading.md, "The auto rule"): per file, a file mostly in the
   // page cache is handed out as views of it (a private mapping, no copy; with
@@ -148,6 +188,9 @@ struct LoadOptions {
   ProgressCallback progress;
   // Reuse host memory between loads (see ArenaPool); none: fresh memory.
   std::shared_ptr<ArenaPool> arena_pool;
+  // Each tensor as soon as its bytes are in (see TensorCallback); none: only
+  // the LoadedCheckpoint at the end.
+  TensorCallback on_tensor;
 
   // Where the tensors go: "cpu" (default), "cuda" (= "cuda:0") or "cuda:N".
   // GPU loads read into pinned staging buffers and copy to the device while

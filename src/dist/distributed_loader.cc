@@ -391,6 +391,8 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
                                  options.device + "\"");
   } else if (options.dtype.has_value()) {
     local = InvalidArgumentError("LoadDistributed does not convert dtypes (LoadOptions::dtype)");
+  } else if (options.on_tensor) {
+    local = InvalidArgumentError("LoadDistributed hands out no tensors while it loads (LoadOptions::on_tensor)");
   }
   const uint64_t mine[2] = {HeaderDigest(ckpt), tensors.size()};
   std::vector<uint64_t> all(2 * static_cast<size_t>(world));

@@ -28,6 +28,7 @@ struct ReadOp {
   bool bounce = false;
   const std::string* path = nullptr;  // For messages.
   uint32_t tag = 0;                    // The caller's (e.g. its file); engines ignore it.
+  uint32_t id = 0;                     // The caller's too (e.g. which tensors it fills).
 };
 
 // Shared between the engine and whoever watches it.

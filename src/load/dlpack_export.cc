@@ -59,32 +59,23 @@ void FillTensor(Managed* m, ExportContext* ctx, const LoadedTensor& t, bool raw_
   m->manager_ctx = ctx;
 }
 
-Result<std::pair<const LoadedTensor*, ExportContext*>> MakeContext(
-    const LoadedCheckpoint& ckpt, const std::vector<std::shared_ptr<Buffer>>& owners,
-    std::string_view name, bool raw_bytes) {
-  const LoadedTensor* t = ckpt.Find(name);
-  if (t == nullptr) return NotFoundError("no loaded tensor named " + QuoteName(name));
-  auto* ctx = raw_bytes ? new (std::nothrow) ExportContext{owners[t - ckpt.tensors().data()],
-                                                           {static_cast<int64_t>(t->nbytes)}, {1}}
-                        : new (std::nothrow) ExportContext{owners[t - ckpt.tensors().data()],
-                                                           t->shape, t->strides};
-  if (ctx == nullptr) return ResourceExhaustedError("out of memory");
-  return std::make_pair(t, ctx);
+ExportContext* NewContext(const LoadedTensor& t, std::shared_ptr<Buffer> owner, bool raw_bytes) {
+  return raw_bytes ? new (std::nothrow) ExportContext{std::move(owner), {static_cast<int64_t>(t.nbytes)}, {1}}
+                   : new (std::nothrow) ExportContext{std::move(owner), t.shape, t.strides};
 }
 
-}  // namespace
-
-Result<DLManagedTensorVersioned*> LoadedCheckpoint::ToDLPackVersioned(std::string_view name,
-                                                                      bool raw_bytes) const {
-  TL_ASSIGN_OR_RETURN(auto tc, MakeContext(*this, owners_->buffers, name, raw_bytes));
+Result<DLManagedTensorVersioned*> ExportVersioned(const LoadedTensor& t, std::shared_ptr<Buffer> owner,
+                                                  bool raw_bytes) {
+  ExportContext* ctx = NewContext(t, std::move(owner), raw_bytes);
+  if (ctx == nullptr) return ResourceExhaustedError("out of memory");
   auto* m = new (std::nothrow) DLManagedTensorVersioned{};
   if (m == nullptr) {
-    delete tc.second;
+    delete ctx;
     return ResourceExhaustedError("out of memory");
   }
   m->version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
   m->flags = 0;  // Writable, not a copy.
-  FillTensor(m, tc.second, *tc.first, raw_bytes);
+  FillTensor(m, ctx, t, raw_bytes);
   m->deleter = [](DLManagedTensorVersioned* self) {
     delete static_cast<ExportContext*>(self->manager_ctx);
     delete self;
@@ -92,14 +83,34 @@ Result<DLManagedTensorVersioned*> LoadedCheckpoint::ToDLPackVersioned(std::strin
   return m;
 }
 
+Result<const LoadedTensor*> FindForExport(const LoadedCheckpoint& ckpt, std::string_view name) {
+  const LoadedTensor* t = ckpt.Find(name);
+  if (t == nullptr) return NotFoundError("no loaded tensor named " + QuoteName(name));
+  return t;
+}
+
+}  // namespace
+
+Result<DLManagedTensorVersioned*> StreamedTensor::ToDLPackVersioned(bool raw_bytes) const {
+  return ExportVersioned(*tensor_, owner_, raw_bytes);
+}
+
+Result<DLManagedTensorVersioned*> LoadedCheckpoint::ToDLPackVersioned(std::string_view name,
+                                                                      bool raw_bytes) const {
+  TL_ASSIGN_OR_RETURN(const LoadedTensor* t, FindForExport(*this, name));
+  return ExportVersioned(*t, owners_->buffers[t - tensors_.data()], raw_bytes);
+}
+
 Result<DLManagedTensor*> LoadedCheckpoint::ToDLPack(std::string_view name, bool raw_bytes) const {
-  TL_ASSIGN_OR_RETURN(auto tc, MakeContext(*this, owners_->buffers, name, raw_bytes));
+  TL_ASSIGN_OR_RETURN(const LoadedTensor* t, FindForExport(*this, name));
+  ExportContext* ctx = NewContext(*t, owners_->buffers[t - tensors_.data()], raw_bytes);
+  if (ctx == nullptr) return ResourceExhaustedError("out of memory");
   auto* m = new (std::nothrow) DLManagedTensor{};
   if (m == nullptr) {
-    delete tc.second;
+    delete ctx;
     return ResourceExhaustedError("out of memory");
   }
-  FillTensor(m, tc.second, *tc.first, raw_bytes);
+  FillTensor(m, ctx, *t, raw_bytes);
   m->deleter = [](DLManagedTensor* self) {
     delete static_cast<ExportContext*>(self->manager_ctx);
     delete self;

@@ -9,8 +9,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <cstring>
 #include <regex>
 #include <thread>
@@ -159,6 +163,60 @@ Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
   }
   return Status::Ok();
 }
+
+// Hands tensors to LoadOptions::on_tensor from a thread of its own, in the
+// order Ready() is called (engine threads call it; it must be quick).
+class Deliverer {
+ public:
+  Deliverer(const TensorCallback& callback, const std::vector<LoadedTensor>& tensors,
+            const std::vector<std::shared_ptr<Buffer>>& owners)
+      : callback_(callback), tensors_(tensors), owners_(owners) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~Deliverer() { (void)Finish(); }
+  void Ready(size_t i) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back(i);
+    }
+    cv_.notify_one();
+  }
+  // Waits until every tensor made ready was handed out (or the callback failed).
+  Status Finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+    return error_;
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return !ready_.empty() || done_; });
+      if (ready_.empty()) return;
+      const size_t i = ready_.front();
+      ready_.pop_front();
+      if (!error_.ok()) continue;
+      lock.unlock();
+      Status st = callback_(StreamedTensor(tensors_[i], owners_[i]));
+      lock.lock();
+      if (!st.ok()) error_ = st;
+    }
+  }
+  const TensorCallback& callback_;
+  const std::vector<LoadedTensor>& tensors_;
+  const std::vector<std::shared_ptr<Buffer>>& owners_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> ready_;
+  bool done_ = false;
+  Status error_;
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -374,9 +432,27 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     for (auto loc : selected) hooks->placed(loc, address(loc));
   }
 
+  // The result's tensors, in name order, before any read: on_tensor hands them
+  // out as their bytes land.
+  LoadedCheckpoint out;
+  out.tensors_.reserve(selected.size());
+  out.owners_->buffers.reserve(selected.size());
+  for (auto loc : selected) {
+    const FileJob& job = jobs[loc.shard];
+    const TensorInfo& info = ckpt.info(loc);
+    out.tensors_.push_back(MakeTensor(info, info.dtype, address(loc), info.nbytes()));
+    if (placed[loc.shard][loc.index]->in_arena) {
+      out.owners_->buffers.push_back(job.arena);
+    } else {
+      out.owners_->buffers.push_back(job.mapping);
+    }
+    out.total_bytes_ += info.nbytes();
+  }
+
   // Direct and buffered reads go to their own engines (see MakeEngine).
   std::vector<ReadOp> ops[2];  // [0] buffered, [1] direct.
   uint64_t read_bytes = 0;
+  uint32_t read_id = 0;  // Every read's number, across the files.
   // Reads still to finish per shard, for hooks->file_done.
   std::unique_ptr<std::atomic<uint64_t>[]> pending(new std::atomic<uint64_t>[jobs.size()]);
   for (size_t s = 0; s < jobs.size(); ++s) {
@@ -386,19 +462,69 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     for (const PlannedRead& r : job.plan.reads) {
       ops[r.direct].push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset, r.length,
                                job.arena->data() + r.arena_offset, r.bounce, &job.shard->path,
-                               static_cast<uint32_t>(s)});
+                               static_cast<uint32_t>(s), read_id++});
       read_bytes += r.length;
       ++pending[s];
+    }
+  }
+
+  // on_tensor: which tensors each read fills, and how many reads each tensor waits for.
+  std::vector<std::vector<uint32_t>> read_tensors;
+  std::unique_ptr<std::atomic<uint32_t>[]> waiting;
+  std::optional<Deliverer> deliverer;
+  if (options.on_tensor) {
+    read_tensors.resize(read_id);
+    waiting.reset(new std::atomic<uint32_t>[selected.size()]);
+    struct Span {
+      uint64_t begin, end;
+      uint32_t tensor;
+    };
+    std::vector<std::vector<Span>> spans(jobs.size());
+    for (size_t i = 0; i < selected.size(); ++i) {
+      waiting[i] = 0;
+      const PlannedTensor* pt = placed[selected[i].shard][selected[i].index];
+      const uint64_t n = out.tensors_[i].nbytes;
+      if (pt->in_arena && n > 0) {
+        spans[selected[i].shard].push_back({pt->arena_offset, pt->arena_offset + n, static_cast<uint32_t>(i)});
+      }
+    }
+    uint32_t id = 0;
+    for (size_t s = 0; s < jobs.size(); ++s) {
+      auto& sp = spans[s];
+      std::sort(sp.begin(), sp.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+      if (jobs[s].wanted.empty()) continue;
+      for (const PlannedRead& r : jobs[s].plan.reads) {
+        const uint64_t lo = r.arena_offset, hi = r.arena_offset + r.length;
+        // Tensors in an arena do not overlap: the first that ends after lo, then on.
+        auto it = std::partition_point(sp.begin(), sp.end(), [&](const Span& t) { return t.end <= lo; });
+        for (; it != sp.end() && it->begin < hi; ++it) {
+          read_tensors[id].push_back(it->tensor);
+          ++waiting[it->tensor];
+        }
+        ++id;
+      }
+    }
+    deliverer.emplace(options.on_tensor, out.tensors_, out.owners_->buffers);
+    for (size_t i = 0; i < selected.size(); ++i) {
+      if (waiting[i] == 0) deliverer->Ready(i);  // Views, and tensors with no bytes.
     }
   }
 
   ReadProgress progress;
   ProgressReporter reporter(options.progress, read_bytes);
   progress.tick = [&] { reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), false); };
-  if (hooks && hooks->file_done) {
+  const bool file_done = hooks && hooks->file_done;
+  if (file_done || deliverer) {
     progress.op_done = [&](const ReadOp& op) {
-      if (pending[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1) hooks->file_done(op.tag);
+      if (file_done && pending[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1) hooks->file_done(op.tag);
+      if (deliverer) {
+        for (uint32_t t : read_tensors[op.id]) {
+          if (waiting[t].fetch_sub(1, std::memory_order_acq_rel) == 1) deliverer->Ready(t);
+        }
+      }
     };
+  }
+  if (file_done) {
     for (size_t s = 0; s < jobs.size(); ++s) {
       if (!jobs[s].wanted.empty() && pending[s] == 0) hooks->file_done(static_cast<uint32_t>(s));
     }
@@ -445,6 +571,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     }
     populate_views.Finish();
   }
+  if (deliverer) TL_RETURN_IF_ERROR(deliverer->Finish());
   for (auto& job : jobs) {
     if (job.wanted.empty()) continue;
     Status st = CheckUnchanged(job);
@@ -453,21 +580,6 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     if (job.arena) job.arena->set_touched(job.arena->size());
   }
   reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), true);
-
-  LoadedCheckpoint out;
-  out.tensors_.reserve(selected.size());
-  out.owners_->buffers.reserve(selected.size());
-  for (auto loc : selected) {
-    const FileJob& job = jobs[loc.shard];
-    const TensorInfo& info = ckpt.info(loc);
-    out.tensors_.push_back(MakeTensor(info, info.dtype, address(loc), info.nbytes()));
-    if (placed[loc.shard][loc.index]->in_arena) {
-      out.owners_->buffers.push_back(job.arena);
-    } else {
-      out.owners_->buffers.push_back(job.mapping);
-    }
-    out.total_bytes_ += info.nbytes();
-  }
   for (auto& job : jobs) {
     if (job.wanted.empty()) continue;
     job.report.engine = engine_kind[job.report.mode == IoMode::kDirect];
@@ -518,15 +630,25 @@ Result<std::shared_ptr<Device>> DeviceFor(const LoadOptions& options) {
 
 }  // namespace
 
+Status LoaderImpl::HandOutAll(const LoadedCheckpoint& loaded, const TensorCallback& on_tensor) {
+  for (size_t i = 0; i < loaded.tensors_.size(); ++i) {
+    TL_RETURN_IF_ERROR(on_tensor(StreamedTensor(loaded.tensors_[i], loaded.owners_->buffers[i])));
+  }
+  return Status::Ok();
+}
+
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
   TL_ASSIGN_OR_RETURN(std::shared_ptr<Device> device, DeviceFor(options));
   const bool sparse = options.decode_sparse && MayBeSparse(checkpoint);
-  if (device) {
-    if (sparse) return LoadSparseThroughDevice(checkpoint, options, device);
-    return LoadThroughDevice(checkpoint, options, device, nullptr);
-  }
-  if (sparse) return LoaderImpl::RunSparse(checkpoint, options, nullptr);
-  return LoaderImpl::Run(checkpoint, options, nullptr);
+  if (!device && !sparse) return LoaderImpl::Run(checkpoint, options, nullptr);
+  // These loads hand their tensors to on_tensor once they are complete.
+  LoadOptions inner = options;
+  inner.on_tensor = nullptr;
+  Result<LoadedCheckpoint> r = !device ? LoaderImpl::RunSparse(checkpoint, inner, nullptr)
+                               : sparse ? LoadSparseThroughDevice(checkpoint, inner, device)
+                                        : LoadThroughDevice(checkpoint, inner, device, nullptr);
+  if (r.ok() && options.on_tensor) TL_RETURN_IF_ERROR(LoaderImpl::HandOutAll(*r, options.on_tensor));
+  return r;
 }
 
 Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options) {
@@ -537,7 +659,11 @@ Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& option
 Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint, const LoadOptions& options,
                                                const EngineWrapper& wrap) {
   if (options.decode_sparse && MayBeSparse(checkpoint)) {
-    return LoaderImpl::RunSparse(checkpoint, options, wrap);
+    LoadOptions inner = options;
+    inner.on_tensor = nullptr;
+    Result<LoadedCheckpoint> r = LoaderImpl::RunSparse(checkpoint, inner, wrap);
+    if (r.ok() && options.on_tensor) TL_RETURN_IF_ERROR(LoaderImpl::HandOutAll(*r, options.on_tensor));
+    return r;
   }
   return LoaderImpl::Run(checkpoint, options, wrap);
 }

@@ -74,6 +74,8 @@ class LoaderImpl {
  public:
   static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options,
                                       const EngineWrapper& wrap, const HostLoadHooks* hooks = nullptr);
+  // on_tensor for every tensor of a complete load, in name order.
+  static Status HandOutAll(const LoadedCheckpoint& loaded, const TensorCallback& on_tensor);
   // A host load of a checkpoint with sparse-bitmask groups: the stored parts
   // are read, each group is decoded into its dense tensor as soon as its files
   // are in, and the parts' memory is given back (sparse_load.cc).

@@ -142,6 +142,9 @@ Result<LayerStreamer> LayerStreamer::Open(const Checkpoint& checkpoint,
                                           std::vector<std::vector<std::string>> layers,
                                           uint64_t budget_bytes, LoadOptions options) {
   if (layers.empty()) return InvalidArgumentError("layer streamer: no layers");
+  if (options.on_tensor) {
+    return InvalidArgumentError("layer streamer: LoadOptions::on_tensor is not taken (Acquire hands out the layers)");
+  }
   // Sizes from the headers: a sparse group's dense bytes and its four parts'
   // (which are also held while it decodes); a plain tensor's bytes, read in
   // place. With decode_sparse off, every tensor is plain (the groups' parts

@@ -568,11 +568,17 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
 }  // namespace remote
 
 Result<LoadedCheckpoint> LoadFromPeer(const PeerKey& key, const PeerLoadOptions& options, PeerLoadReport* report) {
+  if (options.fallback_load.on_tensor) {
+    return InvalidArgumentError("peer loading: LoadOptions::on_tensor applies to Load, not to peer loads");
+  }
   std::vector<remote::ShardOf> shards;
   return remote::LoadFromPeerWithShards(key, options, report, &shards);
 }
 
 Result<PeerLoad> LoadFromPeerAndSeed(const PeerKey& key, const PeerLoadOptions& options) {
+  if (options.fallback_load.on_tensor) {
+    return InvalidArgumentError("peer loading: LoadOptions::on_tensor applies to Load, not to peer loads");
+  }
   PeerLoad out;
   std::vector<remote::ShardOf> shards;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, remote::LoadFromPeerWithShards(key, options, &out.report, &shards));

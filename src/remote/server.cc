@@ -362,6 +362,7 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::strin
                                                                 const ServeOptions& options, const LoadOptions& load) {
   TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
   if (load.device != "cpu") return UnimplementedError("serve: only host memory is served (device 'cpu')");
+  if (load.on_tensor) return InvalidArgumentError("serve: LoadOptions::on_tensor applies to Load, not to serving");
   // A seed serves for as long as it runs: memory of its own, never views of the page
   // cache, which a later truncation of the file would turn into SIGBUS mid-transfer.
   LoadOptions owned = load;

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <thread>
 
 #include "load/arena_pool.h"
 #include "load/loader_internal.h"
@@ -19,6 +21,7 @@
 #include "load/planner.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
+#include "tensorlift/streamer.h"
 #include "test_files.h"
 
 namespace tensorlift {
@@ -613,6 +616,166 @@ TEST(ArenaPoolTest, BuffersAreGrownAndShrunkKeepingTheirPages) {
   EXPECT_EQ((*none)->touched(), 0u);
   EXPECT_EQ(pool->stats().fresh, 1u);
   EXPECT_EQ(pool->stats().reused, 2u);
+}
+
+// LoadOptions::on_tensor: every tensor exactly once, with the file's bytes at
+// the time of the call, while later reads are still to come; its DLPack export
+// outlives the load; an error from it, or from a read, fails the load.
+struct Handed {
+  std::mutex mu;
+  std::map<std::string, std::string> bytes;  // name -> bytes seen in the call
+  std::map<std::string, DLManagedTensorVersioned*> exports;
+  std::atomic<int> calls{0};
+  ~Handed() {
+    for (auto& [name, e] : exports) e->deleter(e);
+  }
+  TensorCallback Callback(bool export_all = false) {
+    return [this, export_all](const StreamedTensor& t) -> Status {
+      std::lock_guard<std::mutex> lock(mu);
+      const LoadedTensor& lt = t.tensor();
+      EXPECT_EQ(bytes.count(lt.name), 0u) << lt.name << " handed out twice";
+      bytes[lt.name].assign(static_cast<const char*>(lt.data), lt.nbytes);
+      if (export_all) {
+        auto e = t.ToDLPackVersioned();
+        if (!e.ok()) return e.status();
+        exports[lt.name] = *e;
+      }
+      ++calls;
+      return Status::Ok();
+    };
+  }
+};
+
+TEST(OnTensorTest, EveryModeAndEngineHandsOutEveryTensorOnceWithItsBytes) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(31);
+  WriteRaw(path, tensors, 3);
+  const auto want = ByName(tensors);
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(ComboName(c));
+    Handed h;
+    LoadOptions opts;
+    opts.mode = c.mode;
+    opts.engine = c.engine;
+    opts.block_size = c.block;
+    opts.on_tensor = h.Callback(/*export_all=*/true);
+    {
+      auto got = Load(path, opts);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      EXPECT_EQ(h.calls.load(), static_cast<int>(got->tensors().size()));
+    }  // The exports outlive the LoadedCheckpoint.
+    ASSERT_EQ(h.bytes.size(), want.size());
+    for (const auto& [name, t] : want) {
+      EXPECT_EQ(h.bytes[name], std::string(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size())) << name;
+    }
+    ASSERT_EQ(h.exports.size(), want.size());
+    for (const auto& [name, e] : h.exports) {
+      const auto& w = want.at(name).bytes;
+      if (!w.empty()) {
+        EXPECT_EQ(std::memcmp(e->dl_tensor.data, w.data(), w.size()), 0) << name;
+      }
+    }
+  }
+}
+
+TEST(OnTensorTest, TensorsComeOutWhileLaterReadsAreStillToCome) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  std::vector<RawTensor> tensors;
+  for (uint32_t i = 0; i < 6; ++i) tensors.push_back(Random("t" + std::to_string(i), Dtype::kF32, {1u << 18}, 50 + i));
+  WriteRaw(path, tensors);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+  for (IoMode m : {IoMode::kBuffered, IoMode::kDirect}) {
+    SCOPED_TRACE(std::string(IoModeName(m)));
+    Handed h;
+    LoadOptions opts;
+    opts.mode = m;
+    opts.block_size = 1 << 20;  // One tensor per read.
+    opts.on_tensor = h.Callback();
+    std::atomic<int> seen_before_last{-1};
+    auto got = LoadWithEngineWrapper(*ckpt, opts, [&](std::unique_ptr<ReadEngine> e) {
+      return std::make_unique<FaultEngine>(std::move(e), [&, n = 0](size_t i) mutable {
+        ++n;
+        if (i == 5) {  // The last tensor's read: the first ones were handed out already.
+          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+          while (h.calls.load() < 5 && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          seen_before_last = h.calls.load();
+        }
+        return Status::Ok();
+      });
+    });
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_GE(seen_before_last.load(), 5);
+    EXPECT_EQ(h.calls.load(), 6);
+  }
+}
+
+TEST(OnTensorTest, AnErrorFromTheCallbackOrAReadFailsTheLoad) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteRaw(path, MixedTensors(32));
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+  for (IoMode m : {IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap}) {
+    SCOPED_TRACE(std::string(IoModeName(m)));
+    std::atomic<int> calls{0};
+    LoadOptions opts;
+    opts.mode = m;
+    opts.on_tensor = [&](const StreamedTensor&) -> Status {
+      return ++calls == 2 ? UnavailableError("the consumer stopped") : Status::Ok();
+    };
+    auto got = Load(*ckpt, opts);
+    ASSERT_FALSE(got.ok());
+    EXPECT_THAT(got.status().message(), HasSubstr("the consumer stopped"));
+    EXPECT_EQ(calls.load(), 2);  // Nothing after the error.
+  }
+  LoadOptions opts;
+  opts.mode = IoMode::kDirect;
+  opts.block_size = 4096;
+  Handed h;
+  opts.on_tensor = h.Callback();
+  auto got = LoadWithEngineWrapper(*ckpt, opts, [](std::unique_ptr<ReadEngine> e) {
+    return std::make_unique<FaultEngine>(std::move(e), [](size_t i) {
+      return i == 3 ? IOError("read: Input/output error") : Status::Ok();
+    });
+  });
+  ASSERT_FALSE(got.ok());
+  EXPECT_THAT(got.status().message(), HasSubstr("Input/output error"));
+}
+
+TEST(OnTensorTest, ConvertingLoadsHandOutEveryTensorAtTheEnd) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteRaw(path, {Random("a", Dtype::kBF16, {64, 8}, 1), Random("b", Dtype::kF16, {100}, 2),
+                  Random("c", Dtype::kI32, {7}, 3)});
+  Handed h;
+  LoadOptions opts;
+  opts.dtype = Dtype::kF32;
+  opts.on_tensor = h.Callback(/*export_all=*/true);
+  auto got = Load(path, opts);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_EQ(h.calls.load(), 3);
+  for (const LoadedTensor& t : got->tensors()) {
+    EXPECT_EQ(h.bytes[t.name], std::string(static_cast<const char*>(t.data), t.nbytes)) << t.name;
+  }
+}
+
+TEST(OnTensorTest, LoadersThatHandOutNoTensorsWhileTheyLoadRefuseIt) {
+  TempDir dir;
+  const std::string path = dir.File("m.safetensors");
+  WriteRaw(path, {Random("a", Dtype::kF32, {16}, 1), Random("b", Dtype::kF32, {16}, 2)});
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_TRUE(ckpt.ok());
+  LoadOptions opts;
+  opts.on_tensor = [](const StreamedTensor&) { return Status::Ok(); };
+  auto s = LayerStreamer::Open(*ckpt, {{"a"}, {"b"}}, 1 << 20, opts);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("on_tensor"));
 }
 
 TEST(LoaderTest, MissingFileAndNoPermission) {
