@@ -68,3 +68,25 @@ def test_a_bad_file_raises_the_format_error(shards, tmp_path):
     import tensorlift
     with pytest.raises(tensorlift.FormatError, match="bad.safetensors"):
         list(tlv.iterate_weights([shards[1], str(bad)], "cpu", {}))
+
+
+def test_a_model_split_over_ranks_reads_views_on_the_cpu(shards, monkeypatch):
+    """Tensor or pipeline parallel ranks get views of the files (each touches only its slices, the
+    device reads each byte once); one rank reads as asked; a mode the user chose is kept."""
+    assert tlv.read_plan("cuda:1", {}, 1) == ("cuda:1", "auto")
+    assert tlv.read_plan("cuda:1", {}, 2) == ("cpu", "mmap")
+    assert tlv.read_plan("cuda:1", {"mode": "direct"}, 4) == ("cuda:1", "direct")
+    assert tlv.read_plan("cpu", {"mode": "buffered"}, 1) == ("cpu", "buffered")
+    import tensorlift._stream as st
+    seen = []
+    real = st.stream
+
+    def recording(*args, **kwargs):
+        seen.append((kwargs["device"], kwargs["mode"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(st, "stream", recording)
+    ref = {n: t for f in shards for n, t in load_file(f).items()}
+    got = dict(tlv.iterate_weights(shards, "cpu", {}, ranks=2))
+    assert seen == [("cpu", "mmap")]
+    assert got.keys() == ref.keys() and all(torch.equal(got[n], t) for n, t in ref.items())

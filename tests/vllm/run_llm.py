@@ -8,7 +8,8 @@ one JSON line: {"tokens": [[...], ...], "ready_s": ...}. Exits non-zero if
 the engine cannot start (the error is in the output). With TL_HOLD=1 it then
 stays up until its standard input closes (a seed serving its weights). With
 TL_INPROC=1 vLLM runs in this one process (no engine-core or worker
-processes): the same loader and load, a start several times faster.
+processes): the same loader and load, a start several times faster. TL_TP=N
+runs it with tensor_parallel_size N (a worker process per rank).
 """
 import json
 import os
@@ -25,8 +26,9 @@ def main():
     from vllm import LLM, SamplingParams
     model, load_format = sys.argv[1], sys.argv[2]
     extra = json.loads(sys.argv[3]) if len(sys.argv) > 3 else {}
+    tp = int(os.environ.get("TL_TP", "1"))
     t0 = time.perf_counter()
-    llm = LLM(model=model, load_format=load_format, model_loader_extra_config=extra, skip_tokenizer_init=True,
+    llm = LLM(tensor_parallel_size=tp, model=model, load_format=load_format, model_loader_extra_config=extra, skip_tokenizer_init=True,
               dtype="bfloat16", enforce_eager=True, gpu_memory_utilization=0.1, max_model_len=128,
               **({"distributed_executor_backend": "uni"} if inproc else {}))
     ready = time.perf_counter() - t0

@@ -29,13 +29,18 @@ def make_model(arch, out):
     return servers.make_model(arch, out, ENV)
 
 
-def run_llm(model, load_format, extra=None, expect_ok=True, inproc=True):
+def run_llm(model, load_format, extra=None, expect_ok=True, inproc=True, tp=1):
     """One engine. inproc: vLLM in one process (fast); False: as `vllm serve` runs it, with an
-    engine-core and a worker process (each loads the plugin through the entry point)."""
+    engine-core and a worker process (each loads the plugin through the entry point). tp: tensor
+    parallel size (a worker process per rank; not inproc)."""
     cmd = [sys.executable, str(HERE / "run_llm.py"), str(model), load_format]
     if extra is not None:
         cmd.append(json.dumps(extra))
-    return servers.run_engine(cmd, dict(ENV, TL_INPROC="1" if inproc else "0"), expect_ok)
+    env = dict(ENV, TL_INPROC="1" if inproc and tp == 1 else "0", TL_TP=str(tp))
+    if tp > 1:  # one core per rank
+        env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="|".join(str(r % (os.cpu_count() or 1))
+                                                                         for r in range(tp)))
+    return servers.run_engine(cmd, env, expect_ok)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +69,15 @@ def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference
     assert len(list(llama.glob("*.safetensors"))) >= 2  # sharded, with an index
     got = run_llm(llama, "tensorlift", inproc=False)  # the loader runs in vLLM's worker process
     assert got["tokens"] == llama_reference
+
+
+def test_two_tensor_parallel_ranks_read_their_slices(llama):
+    """TP 2: the same greedy tokens as vLLM's own format at TP 2; each rank reads views of the
+    files on the CPU, narrowed to its slice by vLLM's weight loaders (the pages it touches)."""
+    ref = run_llm(llama, "safetensors", tp=2)["tokens"]
+    got = run_llm(llama, "tensorlift", tp=2)
+    assert got["tokens"] == ref
+    assert got["output"].count("tensorlift: 2 ranks: views of the files on the CPU") == 2, got["output"][-3000:]
 
 
 def test_qwen2_with_tied_embeddings(tmp_path):

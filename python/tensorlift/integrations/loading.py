@@ -85,12 +85,39 @@ def plan_groups(files: List[str], regex: Optional[str],
     return plan_pieces(files, regex, GROUP_BYTES if group_bytes is None else group_bytes)
 
 
-def iterate_weights(files: List[str], device: str, options: Dict[str, Any]) -> Iterator[Tuple[str, Any]]:
+def read_plan(device: str, options: Dict[str, Any], ranks: int) -> Tuple[str, str]:
+    """(device, mode) the weights are read with, for a model split over `ranks` ranks (tensor
+    times pipeline parallel size).
+
+    One rank: the model's device and the user's mode (default auto). Several ranks, unless the
+    user chose a mode: views of the files on the CPU (mode mmap, lazy), as the servers' own
+    safetensors formats do. Each rank's weight loaders narrow a tensor to the rank's slice (or
+    skip another stage's layers) and copy only that to the device, so a rank touches, and the
+    device reads, only the pages of its own slices, and the ranks share the page cache: each
+    byte is read from the device once. Reading whole tensors (O_DIRECT or into memory) would read
+    the checkpoint once per rank."""
+    if ranks > 1 and "mode" not in options:
+        return "cpu", "mmap"
+    return device, options.get("mode", "auto")
+
+
+def describe_plan(device: str, options: Dict[str, Any], ranks: int) -> str:
+    """What read_plan chose, for the log."""
+    dev, mode = read_plan(device, options, ranks)
+    if (dev, mode) == ("cpu", "mmap") and "mode" not in options:
+        return "views of the files on the CPU, each rank reads the pages of its own slices"
+    return f"mode {mode} onto {dev}, whole tensors on every rank"
+
+
+def iterate_weights(files: List[str], device: str, options: Dict[str, Any],
+                    ranks: int = 1) -> Iterator[Tuple[str, Any]]:
     """(name, tensor) for every tensor of `files`, read with tensorlift.stream: pieces of about
     256 MiB in file order, each read on a worker thread while the caller consumes the previous
-    one, so the model's copies start after the first piece, not after the whole checkpoint."""
+    one, so the model's copies start after the first piece, not after the whole checkpoint.
+    `ranks` > 1: see read_plan."""
     from .._stream import stream
-    yield from stream(files, device=device, filter=options.get("filter"), mode=options.get("mode", "auto"),
+    device, mode = read_plan(device, options, ranks)
+    yield from stream(files, device=device, filter=options.get("filter"), mode=mode,
                       threads=options.get("threads"), progress=options.get("progress", False),
                       piece_bytes=GROUP_BYTES)
 

@@ -31,7 +31,7 @@ import os
 import time
 from typing import Any, Optional
 
-from .loading import FORMAT, iterate_weights, model_device, parse_options, peer_weights, serve_checkpoint
+from .loading import FORMAT, describe_plan, iterate_weights, model_device, parse_options, peer_weights, serve_checkpoint
 
 NAME = "tensorlift"
 _loader_class: Optional[type] = None
@@ -79,7 +79,7 @@ def _make_loader_class() -> type:
             if not use_safetensors:
                 raise ValueError(f"{FORMAT}: {source.model_or_path} has no .safetensors weights "
                                  f"(found {[os.path.basename(f) for f in files][:4]})")
-            weights = iterate_weights(list(files), self._device, self.options)  # in SGLang's file order
+            weights = iterate_weights(list(files), self._device, self.options, self._ranks())  # SGLang's file order
             if self.load_config.draft_model_idx is not None:
                 return self._filter_mtp_weights(weights, source.prefix, self.load_config.draft_model_idx)
             if self.counter_before_loading_weights == 0.0:
@@ -95,6 +95,12 @@ def _make_loader_class() -> type:
                 raise ValueError(f"{FORMAT}: {type(model).__name__} has secondary weights "
                                  f"({s.model_or_path}); a peer load serves one checkpoint")
 
+        @staticmethod
+        def _ranks() -> int:
+            """Ranks the model is split over: tensor times pipeline parallel size."""
+            from sglang.srt.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_world_size
+            return get_tensor_model_parallel_world_size() * get_pp_group().world_size
+
         def load_weights_and_postprocess(self, model, weights, target_device):
             # Both of SGLang's paths (load_model, and commit_model_weights when start-up
             # overlaps the load) come here with the lazy weights iterator: the device is
@@ -105,6 +111,9 @@ def _make_loader_class() -> type:
             if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
                 raise ValueError(f"{FORMAT}: peer loading and serving take tensor parallel size 1 "
                                  "for now (each rank would need its own layout and key)")
+            if self._ranks() > 1 and not self.from_peer:
+                logger.info("tensorlift: %d ranks: %s", self._ranks(), describe_plan(self._device, self.options,
+                                                                                      self._ranks()))
             t0 = time.perf_counter()
             DefaultModelLoader.load_weights_and_postprocess(model, weights, target_device)
             logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)

@@ -58,7 +58,7 @@ import os
 import time
 from typing import List, Optional
 
-from .loading import (ALLOWED_OPTIONS, GROUP_BYTES, MODES, SERVE_OPTIONS, iterate_weights,  # noqa: F401
+from .loading import (ALLOWED_OPTIONS, GROUP_BYTES, MODES, SERVE_OPTIONS, describe_plan, iterate_weights,  # noqa: F401
                       model_device, natural_key, parse_options, peer_weights, plan_groups, serve_checkpoint)
 
 
@@ -111,8 +111,14 @@ def _make_loader_class():
                 sources.append((s.prefix, s.model_or_path, s.revision, s.subfolder, s.allow_patterns_overrides))
             for prefix, path, revision, subfolder, patterns in sources:
                 files = self._files(path, revision, subfolder, patterns)
-                for name, tensor in iterate_weights(files, device, self.options):
+                for name, tensor in iterate_weights(files, device, self.options, self._ranks()):
                     yield prefix + name, tensor
+
+        @staticmethod
+        def _ranks() -> int:
+            """Ranks the model is split over: tensor times pipeline parallel size."""
+            from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+            return get_tensor_model_parallel_world_size() * get_pp_group().world_size
 
         def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
             param = next(model.parameters(), None)
@@ -120,6 +126,9 @@ def _make_loader_class():
             device = model_device(dev)
             t0 = time.perf_counter()
             from vllm.distributed import get_tensor_model_parallel_world_size
+            if self._ranks() > 1 and not self.from_peer:
+                logger.info("tensorlift: %d ranks: %s", self._ranks(), describe_plan(device, self.options,
+                                                                                      self._ranks()))
             if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
                 raise ValueError("tensorlift load format: peer loading and serving take tensor parallel size 1 "
                                  "for now (each rank would need its own layout and key)")
