@@ -56,18 +56,15 @@ Result<std::shared_ptr<HostBuffer>> TakeArena(const std::shared_ptr<ArenaPool>& 
   std::unique_ptr<HostBuffer> buf;
   {
     std::lock_guard<std::mutex> lock(st->mu);
-    // The smallest free buffer that holds `bytes`, else the largest (grown).
-    auto best = st->free.end();
-    for (auto it = st->free.begin(); it != st->free.end(); ++it) {
-      const bool fits = (*it)->capacity() >= bytes;
-      if (best == st->free.end()) {
-        best = it;
-        continue;
-      }
-      const bool best_fits = (*best)->capacity() >= bytes;
-      if (fits && (!best_fits || (*it)->capacity() < (*best)->capacity())) best = it;
-      if (!fits && !best_fits && (*it)->capacity() > (*best)->capacity()) best = it;
-    }
+    // The smallest free buffer that holds `bytes`, else the largest (grown): ordered by
+    // (does not fit, capacity), with the capacities of those that do not fit negated.
+    auto rank = [&](const std::unique_ptr<HostBuffer>& b) {
+      const bool fits = b->capacity() >= bytes;
+      return std::pair<bool, int64_t>(!fits, fits ? static_cast<int64_t>(b->capacity())
+                                                  : -static_cast<int64_t>(b->capacity()));
+    };
+    auto best = std::min_element(st->free.begin(), st->free.end(),
+                                 [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
     if (best != st->free.end()) {
       buf = std::move(*best);
       st->free.erase(best);

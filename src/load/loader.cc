@@ -9,13 +9,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <mutex>
-#include <cstring>
+#include <optional>
 #include <regex>
 #include <thread>
 #include <unordered_set>
@@ -488,20 +488,19 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
         spans[selected[i].shard].push_back({pt->arena_offset, pt->arena_offset + n, static_cast<uint32_t>(i)});
       }
     }
-    uint32_t id = 0;
-    for (size_t s = 0; s < jobs.size(); ++s) {
-      auto& sp = spans[s];
+    for (auto& sp : spans) {
       std::sort(sp.begin(), sp.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
-      if (jobs[s].wanted.empty()) continue;
-      for (const PlannedRead& r : jobs[s].plan.reads) {
-        const uint64_t lo = r.arena_offset, hi = r.arena_offset + r.length;
+    }
+    for (const auto& list : ops) {
+      for (const ReadOp& op : list) {
+        const auto& sp = spans[op.tag];
+        const uint64_t lo = static_cast<uint64_t>(op.dest - jobs[op.tag].arena->data()), hi = lo + op.length;
         // Tensors in an arena do not overlap: the first that ends after lo, then on.
         auto it = std::partition_point(sp.begin(), sp.end(), [&](const Span& t) { return t.end <= lo; });
         for (; it != sp.end() && it->begin < hi; ++it) {
-          read_tensors[id].push_back(it->tensor);
+          read_tensors[op.id].push_back(it->tensor);
           ++waiting[it->tensor];
         }
-        ++id;
       }
     }
     deliverer.emplace(options.on_tensor, out.tensors_, out.owners_->buffers);

@@ -111,9 +111,9 @@ def _make_loader_class() -> type:
             if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
                 raise ValueError(f"{FORMAT}: peer loading and serving take tensor parallel size 1 "
                                  "for now (each rank would need its own layout and key)")
-            if self._ranks() > 1 and not self.from_peer:
-                logger.info("tensorlift: %d ranks: %s", self._ranks(), describe_plan(self._device, self.options,
-                                                                                      self._ranks()))
+            ranks = self._ranks()
+            if ranks > 1 and not self.from_peer:
+                logger.info("tensorlift: %d ranks: %s", ranks, describe_plan(self._device, self.options, ranks))
             t0 = time.perf_counter()
             DefaultModelLoader.load_weights_and_postprocess(model, weights, target_device)
             logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)

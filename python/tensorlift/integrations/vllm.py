@@ -126,9 +126,9 @@ def _make_loader_class():
             device = model_device(dev)
             t0 = time.perf_counter()
             from vllm.distributed import get_tensor_model_parallel_world_size
-            if self._ranks() > 1 and not self.from_peer:
-                logger.info("tensorlift: %d ranks: %s", self._ranks(), describe_plan(device, self.options,
-                                                                                      self._ranks()))
+            ranks = self._ranks()
+            if ranks > 1 and not self.from_peer:
+                logger.info("tensorlift: %d ranks: %s", ranks, describe_plan(device, self.options, ranks))
             if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
                 raise ValueError("tensorlift load format: peer loading and serving take tensor parallel size 1 "
                                  "for now (each rank would need its own layout and key)")
