@@ -365,7 +365,11 @@ class UcxServerImpl final : public UcxServer {
       if (st == UCS_ERR_BUSY) continue;
       pollfd fds[2] = {{worker_efd_, POLLIN, 0}, {stop_fd_.fd(), POLLIN, 0}};
       // If the worker cannot be armed, poll it every millisecond instead.
-      const int timeout_ms = st == UCS_OK ? -1 : 1;
+      // Armed, it is still progressed every 10 ms: UCX 1.13 can miss a wakeup
+      // (seen with two clients wiring up to two servers of one host over tcp
+      // and shared memory at once), and a server asleep with a wireup pending
+      // left its client spinning inside ucp_ep_rkey_unpack for good.
+      const int timeout_ms = st == UCS_OK ? 10 : 1;
       const int n = ::poll(fds, 2, timeout_ms);
       if (n < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
