@@ -20,7 +20,8 @@ def test_options_are_checked():
     for bad, msg in [({"bogus": 1}, "unknown option(s) ['bogus']"), ({"mode": "fast"}, "mode must be one of"),
                      ({"threads": 0}, "threads must be a positive integer"), ({"threads": True}, "threads"),
                      ({"filter": "("}, "is not a regex"), ({"progress": "yes"}, "progress must be"),
-                     ([1], "must be a JSON object")]:
+                     ([1], "must be a JSON object"),
+                     ({"filter": "^a", "peer": "http://127.0.0.1:1"}, "give filter or peer/registry, not both")]:
         with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
             tlv.parse_options(bad)
 
@@ -90,3 +91,137 @@ def test_a_model_split_over_ranks_reads_views_on_the_cpu(shards, monkeypatch):
     got = dict(tlv.iterate_weights(shards, "cpu", {}, ranks=2))
     assert seen == [("cpu", "mmap")]
     assert got.keys() == ref.keys() and all(torch.equal(got[n], t) for n, t in ref.items())
+
+
+# R-Fork in the server formats: a loaded model serves its parameters, a new one pulls them
+# into its own (serve_parameters / pull_parameters), here with plain torch modules.
+
+class Tiny(torch.nn.Module):
+    def __init__(self, rows=8, seed=None):
+        super().__init__()
+        self.embed = torch.nn.Parameter(torch.zeros(rows, 16, dtype=torch.bfloat16), requires_grad=False)
+        self.proj = torch.nn.Linear(16, 4, bias=True)
+        self.proj.requires_grad_(False)
+        self.head = self.embed  # tied: one parameter under two names, served once
+        if seed is not None:
+            g = torch.Generator().manual_seed(seed)
+            with torch.no_grad():
+                for p in self.parameters():
+                    p.copy_(torch.randn(p.shape, generator=g).to(p.dtype))
+
+
+def _key(model_dir, tp_size=1, options=None):
+    return tlv.parameter_key(str(model_dir), dict({"model": "tiny", "revision": "r1"}, **(options or {})),
+                             "test-1.0", torch.bfloat16, None, tp_size)
+
+
+def _seed(model, key, tp_size=1, tp_rank=0, **serve):
+    logs = []
+    tlv.serve_parameters(model, {"serve": serve}, key, tp_size, tp_rank, lambda u: [u],
+                         lambda fmt, *a: logs.append(fmt % a))
+    server = tlv.SERVERS.pop()
+    return server, logs
+
+
+def _pull(model, key, options, tp_size=1, tp_rank=0, model_dir="/nonexistent"):
+    logs = []
+    got = tlv.pull_parameters(model, str(model_dir), options, key, tp_size, tp_rank,
+                              lambda fmt, *a: logs.append(fmt % a))
+    return got, logs
+
+
+def test_the_parameter_key_names_the_server_and_the_layout(shards, tmp_path):
+    key = _key(tmp_path, 2)
+    assert key == {"model": "tiny", "revision": "r1+test-1.0-parameters-tp2", "dtype": "bfloat16",
+                   "quantization": "none"}
+    # Without model and revision: the checkpoint directory's default key, extended.
+    import os
+    default = tlv.parameter_key(os.path.dirname(shards[0]), {}, "test-1.0", torch.float16, "fp8", 1)
+    assert default["revision"].endswith("+test-1.0-parameters-tp1") and default["quantization"] == "fp8"
+    with pytest.raises(ValueError, match="needs model and revision"):
+        tlv.parameter_key(str(tmp_path / "missing"), {}, "test-1.0", torch.bfloat16, None, 1)
+
+
+def test_a_new_model_pulls_the_parameters_into_its_own(tmp_path):
+    seed_model, key = Tiny(seed=1), _key(tmp_path)
+    server, logs = _seed(seed_model, key, ready_file=str(tmp_path / "url"))
+    try:
+        assert (tmp_path / "url").read_text() == server.url + "\n" and "serving the weights at" in logs[0]
+        new = Tiny()
+        got, logs = _pull(new, key, {"peer": [server.url], "fallback": False})
+        assert got and f"weights from {server.url}" in logs[-1]
+        for (name, p), (_, q) in zip(new.named_parameters(), seed_model.named_parameters()):
+            assert torch.equal(p, q), name
+        assert new.head is new.embed  # still tied
+        assert server.served_bytes > 0
+    finally:
+        server.close()
+
+
+def test_a_model_of_other_shapes_is_left_untouched_and_falls_back(tmp_path):
+    seed_model, key = Tiny(seed=1), _key(tmp_path)
+    server, _ = _seed(seed_model, key)
+    try:
+        other = Tiny(rows=6)
+        before = {n: p.clone() for n, p in other.named_parameters()}
+        got, logs = _pull(other, key, {"peer": [server.url]}, model_dir=tmp_path)  # fallback: its own files
+        assert got is False and "weights from disk:" in logs[-1] and "parameter 'embed'" in logs[-1], logs
+        for n, p in other.named_parameters():
+            assert torch.equal(p, before[n]), n
+        with pytest.raises(RuntimeError, match="parameter 'embed': the peer has torch.bfloat16 \\[8, 16\\]"):
+            _pull(other, key, {"peer": [server.url], "fallback": False}, model_dir=tmp_path)
+    finally:
+        server.close()
+
+
+def test_another_layout_or_a_dead_peer_gives_the_files_or_a_clear_error(tmp_path):
+    server, _ = _seed(Tiny(seed=1), _key(tmp_path, tp_size=1))
+    url = server.url
+    try:
+        got, logs = _pull(Tiny(), _key(tmp_path, tp_size=2), {"peer": [url]}, model_dir=tmp_path)
+        assert got is False and "incompatible: revision" in logs[-1], logs
+    finally:
+        server.close()
+    got, logs = _pull(Tiny(), _key(tmp_path), {"peer": [url], "timeout": 2}, model_dir=tmp_path)
+    assert got is False and "weights from disk:" in logs[-1] and url in logs[-1]
+    with pytest.raises(RuntimeError, match="no peer worked"):
+        _pull(Tiny(), _key(tmp_path), {"peer": [url], "timeout": 2, "fallback": False}, model_dir=tmp_path)
+
+
+def test_ranks_pull_from_the_same_rank_of_the_seed(tmp_path):
+    """Two seed ranks serve different parameters under one key; each new rank gets its own."""
+    key = _key(tmp_path, 2)
+    seeds = [Tiny(seed=10 + r) for r in range(2)]
+    servers = [_seed(m, key, tp_size=2, tp_rank=r)[0] for r, m in enumerate(seeds)]
+    try:
+        urls = [s.url for s in servers]
+        for r in range(2):
+            new = Tiny()
+            got, logs = _pull(new, key, {"peer": urls, "fallback": False}, tp_size=2, tp_rank=r)
+            assert got, logs
+            for (name, p), (_, q) in zip(new.named_parameters(), seeds[r].named_parameters()):
+                assert torch.equal(p, q), (r, name)
+    finally:
+        for s in servers:
+            s.close()
+
+
+def test_a_model_that_pulled_serves_the_buffers_it_pulled(tmp_path):
+    key = _key(tmp_path)
+    first, _ = _seed(Tiny(seed=3), key)
+    try:
+        middle = Tiny()
+        assert _pull(middle, key, {"peer": [first.url], "fallback": False})[0]
+        ptrs = {n: p.data_ptr() for n, p in middle.named_parameters()}
+        second, _ = _seed(middle, key)
+        try:
+            # Served where they are: the parameters still have the pulled buffers.
+            assert ptrs == {n: p.data_ptr() for n, p in middle.named_parameters()}
+            last = Tiny()
+            assert _pull(last, key, {"peer": [second.url], "fallback": False})[0]
+            for (name, p), (_, q) in zip(last.named_parameters(), middle.named_parameters()):
+                assert torch.equal(p, q), name
+        finally:
+            second.close()
+    finally:
+        first.close()

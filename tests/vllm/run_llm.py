@@ -9,7 +9,9 @@ the engine cannot start (the error is in the output). With TL_HOLD=1 it then
 stays up until its standard input closes (a seed serving its weights). With
 TL_INPROC=1 vLLM runs in this one process (no engine-core or worker
 processes): the same loader and load, a start several times faster. TL_TP=N
-runs it with tensor_parallel_size N (a worker process per rank).
+runs it with tensor_parallel_size N (a worker process per rank). TL_CORRUPT=NAME
+(with TL_INPROC=1 and a seed) flips a bit of the served parameter NAME, making
+a lying seed.
 """
 import json
 import os
@@ -32,6 +34,9 @@ def main():
               dtype="bfloat16", enforce_eager=True, gpu_memory_utilization=0.1, max_model_len=128,
               **({"distributed_executor_backend": "uni"} if inproc else {}))
     ready = time.perf_counter() - t0
+    if os.environ.get("TL_CORRUPT"):  # a lying seed (tests): one served parameter's bytes flipped
+        from tensorlift.integrations.loading import SERVERS
+        SERVERS[-1].corrupt_for_testing(os.environ["TL_CORRUPT"])
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=8, temperature=0))
     print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "ready_s": ready}), flush=True)
     if os.environ.get("TL_HOLD") == "1":

@@ -23,7 +23,11 @@ def run_engine(cmd, env, expect_ok=True):
     """Runs an engine script that prints one '{"tokens": ...}' line: that line's JSON plus the
     whole output when it succeeds (expect_ok), else the output of the failed run."""
     # The servers log to stdout too: their output and ours, interleaved, in one stream.
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600)
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600)
+    except subprocess.TimeoutExpired as e:  # its output says where it was
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
+        raise AssertionError(f"{cmd[1:]} did not finish in {e.timeout} s:\n{out[-6000:]}") from None
     if expect_ok:
         assert p.returncode == 0, p.stdout[-4000:]
         result = [line for line in p.stdout.splitlines() if line.startswith('{"tokens"')]
@@ -104,9 +108,13 @@ class Seed:
             assert self.proc.poll() is None, open(self.log.name).read()[-4000:]
             assert time.monotonic() < deadline, "the seed did not come up: " + open(self.log.name).read()[-4000:]
             time.sleep(0.5)
-        self.url = self.ready_file.read_text().strip()
+        self.urls = self.ready_file.read_text().split()  # one a rank
+        self.url = self.urls[0]
         line = [x for x in open(self.log.name).read().splitlines() if x.startswith('{"tokens"')][-1]
         self.tokens = json.loads(line)["tokens"]
+
+    def output(self):
+        return open(self.log.name).read()
 
     def stop(self):
         if self.proc.poll() is None:

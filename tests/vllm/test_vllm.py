@@ -14,8 +14,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
-
 import pytest
 
 import servers
@@ -29,6 +27,16 @@ def make_model(arch, out):
     return servers.make_model(arch, out, ENV)
 
 
+def engine_env(inproc=True, tp=1):
+    """The environment of one engine: inproc (vLLM in one process) or as `vllm serve` runs it; tp:
+    tensor parallel size (a worker process per rank, one core each; never inproc)."""
+    env = dict(ENV, TL_INPROC="1" if inproc and tp == 1 else "0", TL_TP=str(tp))
+    if tp > 1:  # one core per rank
+        env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="|".join(str(r % (os.cpu_count() or 1))
+                                                                         for r in range(tp)))
+    return env
+
+
 def run_llm(model, load_format, extra=None, expect_ok=True, inproc=True, tp=1):
     """One engine. inproc: vLLM in one process (fast); False: as `vllm serve` runs it, with an
     engine-core and a worker process (each loads the plugin through the entry point). tp: tensor
@@ -36,11 +44,7 @@ def run_llm(model, load_format, extra=None, expect_ok=True, inproc=True, tp=1):
     cmd = [sys.executable, str(HERE / "run_llm.py"), str(model), load_format]
     if extra is not None:
         cmd.append(json.dumps(extra))
-    env = dict(ENV, TL_INPROC="1" if inproc and tp == 1 else "0", TL_TP=str(tp))
-    if tp > 1:  # one core per rank
-        env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="|".join(str(r % (os.cpu_count() or 1))
-                                                                         for r in range(tp)))
-    return servers.run_engine(cmd, env, expect_ok)
+    return servers.run_engine(cmd, engine_env(inproc, tp), expect_ok)
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +75,15 @@ def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference
     assert got["tokens"] == llama_reference
 
 
-def test_two_tensor_parallel_ranks_read_their_slices(llama):
+@pytest.fixture(scope="module")
+def llama_reference_tp2(llama):
+    return run_llm(llama, "safetensors", tp=2)["tokens"]
+
+
+def test_two_tensor_parallel_ranks_read_their_slices(llama, llama_reference_tp2):
     """TP 2: the same greedy tokens as vLLM's own format at TP 2; each rank reads views of the
     files on the CPU, narrowed to its slice by vLLM's weight loaders (the pages it touches)."""
-    ref = run_llm(llama, "safetensors", tp=2)["tokens"]
+    ref = llama_reference_tp2
     got = run_llm(llama, "tensorlift", tp=2)
     assert got["tokens"] == ref
     assert got["output"].count("tensorlift: 2 ranks: views of the files on the CPU") == 2, got["output"][-3000:]
@@ -147,15 +156,16 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
         log.close()
 
 
-def Seed(model, tmp_path, extra=None):
-    """A vLLM instance (run_llm.py) that loaded with tensorlift and serves its weights."""
+def Seed(model, tmp_path, extra=None, env=None):
+    """A vLLM instance (run_llm.py) that loaded with tensorlift and serves its weights (every
+    rank its own parameters; seed.urls lists them in rank order)."""
     return servers.Seed(lambda opts: [sys.executable, str(HERE / "run_llm.py"), str(model), "tensorlift",
-                                      json.dumps(dict(opts, **(extra or {})))], ENV, tmp_path)
+                                      json.dumps(dict(opts, **(extra or {})))], env or engine_env(False), tmp_path)
 
 
-def run_llm_output(model, load_format, extra):
-    """(tokens, the engine's whole output): an in-process run whose log the test reads."""
-    result = run_llm(model, load_format, extra)
+def run_llm_output(model, load_format, extra, tp=1):
+    """(tokens, the engine's whole output): a run whose log the test reads."""
+    result = run_llm(model, load_format, extra, tp=tp)
     return result["tokens"], result["output"]
 
 
@@ -163,7 +173,8 @@ def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_refere
     seed = Seed(llama, tmp_path)
     try:
         assert seed.url.startswith("http://127.0.0.1:") and seed.tokens == llama_reference
-        # No fallback: the weights can only come from the seed.
+        assert "serving the weights at" in seed.output()
+        # No fallback: the weights can only come from the seed's parameters.
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "fallback": False})
         assert tokens == llama_reference
         assert f"weights from {seed.url}" in servers.weights_line(out)
@@ -176,28 +187,27 @@ def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_refere
     assert "weights from disk:" in line and seed.url in line, line
 
 
-def test_a_lying_peer_falls_back_to_disk(llama, llama_reference, tmp_path):
-    # A seed whose served bytes no longer match its manifest (one corrupted chunk).
-    ready = tmp_path / "liar.url"
-    code = ("import sys, tensorlift.remote as r\n"
-            "s = r.serve(sys.argv[1])\n"
-            "import json, os; idx = os.path.join(sys.argv[1], 'model.safetensors.index.json')\n"
-            "name = sorted(json.load(open(idx))['weight_map'])[0]\n"
-            "s.corrupt_for_testing(name)\n"
-            "open(sys.argv[2] + '.tmp', 'w').write(s.url)\n"
-            "os.replace(sys.argv[2] + '.tmp', sys.argv[2])\n"
-            "sys.stdin.read()\n")
-    liar = subprocess.Popen([sys.executable, "-c", code, str(llama), str(ready)], stdin=subprocess.PIPE, env=ENV)
+def test_a_seed_of_another_layout_is_refused_by_its_key(llama, llama_reference, tmp_path):
+    """A TP 1 instance never takes a TP 2 seed's parameters (other shapes): the key differs, and
+    the instance loads its own files."""
+    seed = Seed(llama, tmp_path, env=engine_env(False, tp=2))
     try:
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            assert liar.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
-        url = ready.read_text().strip()
-        tokens, out = run_llm_output(llama, "tensorlift", {"peer": url})
+        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.urls})
+        assert tokens == llama_reference
+        line = servers.weights_line(out)
+        assert "weights from disk:" in line and "incompatible: revision" in line, line
+    finally:
+        seed.stop()
+
+
+def test_a_lying_peer_falls_back_to_disk(llama, llama_reference, tmp_path):
+    # A seed whose served bytes no longer match its manifest: run_llm.py flips a bit of one
+    # served parameter (TL_CORRUPT, in-process) after it starts serving.
+    seed = Seed(llama, tmp_path, env=dict(engine_env(True), TL_CORRUPT="model.embed_tokens.weight"))
+    try:
+        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url})
         assert tokens == llama_reference
         line = servers.weights_line(out)
         assert "weights from disk:" in line and "the manifest says" in line, line
     finally:
-        liar.stdin.close()
-        liar.wait(timeout=60)
+        seed.stop()

@@ -2,7 +2,8 @@
 
 Options from the server's `--model-loader-extra-config` (parse_options), the
 checkpoint read in ~256 MiB pieces one ahead (plan_groups, iterate_weights),
-the peer pull (peer_weights) and serving a loaded model (serve_checkpoint).
+and R-Fork: a loaded instance serving its parameters (serve_parameters) and a
+new one pulling them into its own (pull_parameters), rank for rank.
 None of it imports a server: the loaders in `vllm.py` and `sglang.py` are thin
 classes over these functions, so both servers get the same reads, the same
 option rules and the same errors.
@@ -61,6 +62,9 @@ def parse_options(extra: Any) -> Dict[str, Any]:
                                   and opts["timeout"] > 0):
         raise ValueError(f"{FORMAT}: timeout must be a positive number of seconds, "
                          f"not {opts['timeout']!r}")
+    if "filter" in opts and ("peer" in opts or "registry" in opts):
+        raise ValueError(f"{FORMAT}: filter selects checkpoint tensors; a peer load pulls every parameter "
+                         "of the model: give filter or peer/registry, not both")
     if ("fallback" in opts or "timeout" in opts) and not ("peer" in opts or "registry" in opts):
         raise ValueError(f"{FORMAT}: fallback and timeout apply to a peer load: give peer or registry")
     if "serve" in opts:
@@ -123,65 +127,126 @@ def iterate_weights(files: List[str], device: str, options: Dict[str, Any],
 
 
 # The peer servers this process runs (kept for the life of the process: a
-# seed serves until vLLM exits).
+# seed serves until the server exits).
 SERVERS: List[Any] = []
 
 
-def _announce(server, serve: Dict[str, Any]) -> None:
+def parameter_key(model_dir: str, options: Dict[str, Any], server: str, dtype: Any, quantization: Optional[str],
+                  tp_size: int) -> Dict[str, str]:
+    """The peer key a server's parameters are served and pulled under (R-Fork: a new instance
+    pulls the running one's parameters, rank for rank).
+
+    model and revision are the user's (options) or the checkpoint's default key (its directory's
+    name and a digest of its headers); the revision is extended with the server and its version
+    (`server`, e.g. "vllm-0.32.0": its parameter names and shapes), "parameters" and the tensor
+    parallel size, so that only an instance of the same model, server and layout matches, and a
+    checkpoint served by `tensorlift serve` never does. dtype and quantization are the model's."""
+    from .. import remote
+    model, revision = options.get("model"), options.get("revision")
+    if model is None or revision is None:
+        if not os.path.isdir(model_dir):
+            raise ValueError(f"{FORMAT}: a peer load or serve of a model that is not a local directory needs "
+                             "model and revision in --model-loader-extra-config (the seed's key)")
+        default = remote.key_for(model_dir)
+        model = model or default["model"]
+        revision = revision if revision is not None else default["revision"]
+    return {"model": model, "revision": f"{revision}+{server}-parameters-tp{tp_size}",
+            "dtype": str(dtype).replace("torch.", ""), "quantization": str(quantization or "none")}
+
+
+def _parameters(model) -> Dict[str, Any]:
+    """The model's parameters by name (shared ones once), without empty or meta ones."""
+    return {name: p for name, p in model.named_parameters() if p.numel() > 0 and not p.is_meta}
+
+
+def _announce(server, serve: Dict[str, Any], rank: int, gather) -> None:
+    """Keeps the server; every rank's URL to `ready_file` (one a line, rank order, written by rank 0)."""
     SERVERS.append(server)
-    if serve.get("ready_file"):
+    urls = gather(server.url)
+    if serve.get("ready_file") and rank == 0:
         tmp = serve["ready_file"] + ".tmp"
         with open(tmp, "w") as f:
-            f.write(server.url + "\n")
+            f.write("".join(u + "\n" for u in urls))
         os.replace(tmp, serve["ready_file"])
 
 
-def peer_weights(model_dir: str, device: str, options: Dict[str, Any], log) -> Iterator[Tuple[str, Any]]:
-    """(name, tensor) pulled from a running peer (options peer / registry), checked by key and
-    chunk checksums; on any failure the next peer, then (fallback) the model's own files.
-    With serve, this process then serves what it pulled (a seed)."""
-    from .. import remote
-    from .._core import tensor_from
-    local = os.path.isdir(model_dir)
-    model, revision = options.get("model"), options.get("revision")
-    if model is None or revision is None:
-        if not local:
-            raise ValueError(f"{FORMAT}: a peer load of a model that is not a local directory "
-                             "needs model and revision in --model-loader-extra-config (the seed's key)")
-        default = remote.key_for(model_dir)  # what a seed of this directory serves under
-        model = model or default["model"]
-        revision = revision if revision is not None else default["revision"]
-    peer = remote.Peer(options.get("peer"), model=model, revision=revision, registry=options.get("registry"),
-                       fallback=model_dir if options.get("fallback", True) and local else None,
-                       token_file=options.get("token_file"), timeout=float(options.get("timeout", 10.0)),
-                       mode=options.get("mode", "auto"))
-    serve = options.get("serve")
-    loaded, report, seed = peer.pull(become_seed=serve is not None, seed_host=(serve or {}).get("host", "127.0.0.1"))
-    log("tensorlift: weights from %s (%s bytes)%s", report.get("source"), report.get("bytes"),
-        "; " + "; ".join(report.get("failures") or []) if report.get("failures") else "")
-    if seed is not None:
-        _announce(seed, serve)
-        log("tensorlift: serving the pulled weights at %s", seed.url)
-    pattern = re.compile(options["filter"]) if options.get("filter") else None
-    try:
-        for name in loaded.names():
-            if pattern is None or pattern.search(name):
-                t = tensor_from(loaded, name, "pt")
-                yield name, (t if device == "cpu" else t.to(device))
-    finally:
-        if seed is None:
-            loaded.release()
+def serve_parameters(model, options: Dict[str, Any], key: Dict[str, str], tp_size: int, tp_rank: int, gather,
+                     log) -> None:
+    """Serves this rank's parameters as they are now (loaded, before the server's post-processing)
+    to new instances of the same model and layout (options["serve"]; see docs/inference-servers.md).
 
-
-def serve_checkpoint(model_dir: str, options: Dict[str, Any], log) -> None:
-    """Serves the model's checkpoint (read again, from the page cache) as a seed for new instances."""
+    Host parameters are served where they are; the server keeps them alive, so a parameter that
+    post-processing replaces (vLLM's CPU backend repacks its linear weights) stays in memory as
+    loaded for as long as this instance serves. Device parameters are copied to host memory first
+    (sources serve host memory). gather(url) returns every rank's URL (a collective: every rank
+    calls it)."""
     from .. import remote
     serve = options["serve"]
-    server = remote.serve(model_dir, model=options.get("model"), revision=options.get("revision"),
-                          host=serve.get("host", "127.0.0.1"), port=int(serve.get("port", 0)),
-                          registry=serve.get("registry"), token_file=serve.get("token_file"))
-    _announce(server, serve)
-    log("tensorlift: serving the weights at %s", server.url)
+    tensors = {}
+    for name, p in _parameters(model).items():
+        t = p.detach()
+        tensors[name] = t.cpu() if t.device.type != "cpu" else t.contiguous()
+    server = remote.serve_tensors(tensors, **key, host=serve.get("host", "127.0.0.1"), port=int(serve.get("port", 0)),
+                                  registry=serve.get("registry"), token_file=serve.get("token_file"),
+                                  tp_size=tp_size, tp_rank=tp_rank)
+    _announce(server, serve, tp_rank, gather)
+    log("tensorlift: serving the weights at %s (rank %d of %d)", server.url, tp_rank, tp_size)
+
+
+
+def pull_parameters(model, model_dir: str, options: Dict[str, Any], key: Dict[str, str], tp_size: int, tp_rank: int,
+                    log) -> bool:
+    """Pulls this rank's parameters from a running instance (options peer / registry) straight
+    into the model: on the CPU the parameters become the pulled buffers themselves (no copy), on
+    a GPU they are copied in. The key is checked before any byte moves, every chunk's checksum
+    where it lands, and every parameter's name, dtype and shape before any is replaced.
+
+    True when the weights came from a peer. False when every peer failed and `fallback` is on:
+    the caller then loads the model's own files (the parameters are untouched). A caller with
+    `serve` then serves the parameters (serve_parameters), which on the CPU are the very buffers
+    pulled."""
+    from .. import remote
+    from .._core import tensor_from
+    peer = remote.Peer(options.get("peer"), registry=options.get("registry"), token_file=options.get("token_file"),
+                       timeout=float(options.get("timeout", 10.0)), tp_size=tp_size, tp_rank=tp_rank, **key)
+    fallback = options.get("fallback", True) and os.path.isdir(model_dir)
+    try:
+        loaded, report, _ = peer.pull()
+    except ConnectionError as e:  # no peer worked
+        why = "; ".join(line.strip() for line in str(e).splitlines()[1:]) or str(e)
+        if not fallback:
+            raise RuntimeError(f"{FORMAT}: {e}") from None
+        log("tensorlift: weights from disk:%s; %s", model_dir, why)
+        return False
+    try:
+        params = _parameters(model)
+        pulled = {name: tensor_from(loaded, name, "pt") for name in loaded.names()}
+    finally:
+        loaded.release()  # the tensors hold what they use
+    problem = None
+    if set(params) != set(pulled):
+        missing, extra = sorted(set(params) - set(pulled)), sorted(set(pulled) - set(params))
+        problem = f"the peer's parameters differ from this model's: missing {missing[:3]}, extra {extra[:3]}"
+    else:
+        for name, p in params.items():
+            t = pulled[name]
+            if t.dtype != p.dtype or tuple(t.shape) != tuple(p.shape):
+                problem = (f"parameter '{name}': the peer has {t.dtype} {list(t.shape)}, "
+                           f"this model {p.dtype} {list(p.shape)}")
+                break
+    if problem is not None:
+        if not fallback:
+            raise RuntimeError(f"{FORMAT}: {report.get('source')}: {problem}")
+        log("tensorlift: weights from disk:%s; %s: %s", model_dir, report.get("source"), problem)
+        return False
+    for name, p in params.items():
+        if p.device.type == "cpu":
+            p.data = pulled[name]  # the pulled buffer is the parameter: no copy
+        else:
+            p.data.copy_(pulled[name])
+    log("tensorlift: weights from %s (%s bytes)%s", report.get("source"), report.get("bytes"),
+        "; " + "; ".join(report.get("failures") or []) if report.get("failures") else "")
+    return True
 
 
 def model_device(dev) -> str:

@@ -20,9 +20,11 @@ pieces one ahead, onto the model's device, sparse-bitmask checkpoints dense,
 a malformed file stopping start-up with tensorlift's one-line FormatError.
 The options are vLLM's `tensorlift` format's (tensorlift.integrations.loading:
 mode, threads, filter, progress, and peer / registry / fallback / serve for
-loading from a running instance at tensor parallel size 1); any other key is
-refused. Tensor parallelism: every rank reads whole tensors and the model's
-weight loaders take their slices, as with vLLM.
+loading from a running instance: every rank serves its parameters as loaded,
+before SGLang's post-processing, and rank r of a new instance pulls rank r's,
+under a key naming SGLang's version and the tensor parallel size); any other
+key is refused. Tensor parallelism: unless a mode is set, every rank gets views
+of the files on the CPU and the model's weight loaders take their slices.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ import os
 import time
 from typing import Any, Optional
 
-from .loading import FORMAT, describe_plan, iterate_weights, model_device, parse_options, peer_weights, serve_checkpoint
+from .loading import (FORMAT, describe_plan, iterate_weights, model_device, parameter_key, parse_options,
+                      pull_parameters, serve_parameters)
 
 NAME = "tensorlift"
 _loader_class: Optional[type] = None
@@ -86,46 +89,67 @@ def _make_loader_class() -> type:
                 self.counter_before_loading_weights = time.perf_counter()
             return ((source.prefix + name, tensor) for name, tensor in weights)
 
-        def _get_all_weights(self, model_config, model):
-            if not self.from_peer:
-                yield from super()._get_all_weights(model_config, model)
-                return
-            yield from peer_weights(model_config.model_path, self._device, self.options, logger.info)
-            for s in getattr(model, "secondary_weights", ()):
-                raise ValueError(f"{FORMAT}: {type(model).__name__} has secondary weights "
-                                 f"({s.model_or_path}); a peer load serves one checkpoint")
-
         @staticmethod
         def _ranks() -> int:
             """Ranks the model is split over: tensor times pipeline parallel size."""
             from sglang.srt.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_world_size
             return get_tensor_model_parallel_world_size() * get_pp_group().world_size
 
+        def _peer_layout(self):
+            """(key, tp_size, tp_rank, gather) for peer loading and serving: rank r of a new
+            instance pulls from rank r of a running one with the same model and layout."""
+            import sglang
+            import torch
+            from sglang.srt.distributed.parallel_state import (get_pp_group, get_tensor_model_parallel_rank,
+                                                               get_tensor_model_parallel_world_size,
+                                                               get_world_group)
+            if get_pp_group().world_size > 1:
+                raise ValueError(f"{FORMAT}: peer loading and serving take pipeline parallel size 1 "
+                                 f"(this instance has {get_pp_group().world_size} stages)")
+            tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+            config = self._model_config
+            key = parameter_key(config.model_path, self.options, f"sglang-{sglang.__version__}", config.dtype,
+                                getattr(config, "quantization", None), tp_size)
+
+            def gather(url):
+                """Every rank's URL, in rank order (a collective over SGLang's CPU group)."""
+                if tp_size == 1:
+                    return [url]
+                urls = [None] * tp_size
+                torch.distributed.all_gather_object(urls, url, group=get_world_group().cpu_group)
+                return [u for u in urls if u]
+            return key, tp_size, tp_rank, gather
+
         def load_weights_and_postprocess(self, model, weights, target_device):
             # Both of SGLang's paths (load_model, and commit_model_weights when start-up
             # overlaps the load) come here with the lazy weights iterator: the device is
-            # set before its first read.
+            # set before its first read, and a peer load never starts it.
             import torch
             self._device = model_device(torch.device(target_device))
-            from sglang.srt.distributed.parallel_state import get_tensor_model_parallel_world_size
-            if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
-                raise ValueError(f"{FORMAT}: peer loading and serving take tensor parallel size 1 "
-                                 "for now (each rank would need its own layout and key)")
-            ranks = self._ranks()
-            if ranks > 1 and not self.from_peer:
-                logger.info("tensorlift: %d ranks: %s", ranks, describe_plan(self._device, self.options, ranks))
+            peer = self._peer_layout() if self.from_peer or "serve" in self.options else None
+            if self.from_peer and getattr(model, "secondary_weights", ()):
+                raise ValueError(f"{FORMAT}: {type(model).__name__} has secondary weights; "
+                                 "a peer load serves one model's parameters")
             t0 = time.perf_counter()
-            DefaultModelLoader.load_weights_and_postprocess(model, weights, target_device)
+            if not (self.from_peer and pull_parameters(model, self._model_config.model_path, self.options,
+                                                       *peer[:3], logger.info)):
+                ranks = self._ranks()
+                if ranks > 1:
+                    logger.info("tensorlift: %d ranks: %s", ranks, describe_plan(self._device, self.options, ranks))
+                DefaultModelLoader.load_weights_only(model, weights, target_device)
+            if self.options.get("serve") is not None:
+                # As loaded, before SGLang's post-processing: a new instance pulls these
+                # and post-processes them itself.
+                serve_parameters(model, self.options, *peer, logger.info)
+            DefaultModelLoader.postprocess_weights(model, target_device)
             logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)
-            if self.options.get("serve") is not None and not self.from_peer:  # a peer load's seed serves already
-                serve_checkpoint(self._model_path, self.options, logger.info)
 
         def load_model(self, *, model_config, device_config):
-            self._model_path = model_config.model_path
+            self._model_config = model_config
             return super().load_model(model_config=model_config, device_config=device_config)
 
         def commit_model_weights(self, *, model, model_config, **kwargs):
-            self._model_path = model_config.model_path
+            self._model_config = model_config
             return super().commit_model_weights(model=model, model_config=model_config, **kwargs)
 
     return TensorliftSGLangLoader

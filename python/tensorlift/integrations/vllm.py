@@ -26,30 +26,33 @@ checkpoints come back dense. A malformed file stops start-up with
 tensorlift's one-line FormatError naming the file and the rule; nothing is
 returned half-loaded.
 
-Tensor parallelism: every rank reads whole tensors of every shard once and
-the model's weight loaders take their slices (vLLM's loaders slice after the
-read; reading only a rank's byte ranges is not done yet).
+Tensor and pipeline parallelism: unless a mode is set, every rank gets views
+of the files on the CPU and vLLM's weight loaders narrow them to the rank's
+slice, so each rank touches only the pages of its slices (loading.read_plan).
 
 `--model-loader-extra-config` (JSON), all optional:
   mode      "auto" | "buffered" | "direct" | "mmap" (tensorlift's I/O mode)
   threads   reader threads (a positive int; default: tensorlift's choice)
   filter    a regex: only matching tensor names are read
   progress  true: a progress bar per shard
-Peer loading (R-Fork; tensor parallel size 1):
+Peer loading (R-Fork; any tensor parallel size, pipeline parallel size 1):
   serve     true or {"host", "port", "registry", "token_file", "ready_file"}:
-            once loaded, this instance serves the checkpoint's tensors to new
-            instances (tensorlift.remote; registered in etcd with registry;
-            ready_file gets the URL). A disk load serves the checkpoint read
-            again from the page cache (one more host copy of the weights); a
-            peer load serves the very buffers it pulled.
-  peer      a URL or a list of URLs of serving instances;
-  registry  or an etcd endpoint to find them in;
+            once loaded, every rank serves its parameters as loaded (before
+            vLLM's post-processing) to new instances (tensorlift.remote;
+            registered in etcd with registry; ready_file gets every rank's
+            URL, one a line). A peer load's seed serves the buffers it pulled.
+  peer      a URL or a list of URLs of a seed's ranks;
+  registry  or an etcd endpoint to find seeds in;
   fallback  true (default): the model's own files when every peer fails;
   model, revision  the key, when the model is not a local directory
             (default: the directory's name and a digest of its headers);
   token_file, timeout  HMAC token file; seconds before a peer counts as dead.
-  The key is checked before any byte moves and every chunk's checksum where
-  it lands; a dead or lying peer falls back to the next, then to disk.
+  Rank r pulls from rank r of a seed with the same model, vLLM version,
+  dtype, quantization and tensor parallel size (all in the key, checked
+  before any byte moves), every chunk's checksum where it lands, every
+  parameter's name, dtype and shape before any is replaced; on the CPU the
+  pulled buffers become the parameters. A dead or lying peer falls back to
+  the next, then to disk.
 Any other key is refused with a ValueError naming the allowed ones.
 """
 from __future__ import annotations
@@ -58,8 +61,9 @@ import os
 import time
 from typing import List, Optional
 
-from .loading import (ALLOWED_OPTIONS, GROUP_BYTES, MODES, SERVE_OPTIONS, describe_plan, iterate_weights,  # noqa: F401
-                      model_device, natural_key, parse_options, peer_weights, plan_groups, serve_checkpoint)
+from .loading import (ALLOWED_OPTIONS, FORMAT, GROUP_BYTES, MODES, SERVE_OPTIONS, describe_plan,  # noqa: F401
+                      iterate_weights, model_device, natural_key, parameter_key, parse_options, plan_groups,
+                      pull_parameters, serve_parameters)
 
 
 def _make_loader_class():
@@ -99,12 +103,6 @@ def _make_loader_class():
             self._files(model_config.model, model_config.revision)
 
         def _weights(self, model: nn.Module, model_config: ModelConfig, device: str):
-            if self.from_peer:
-                yield from peer_weights(model_config.model, device, self.options, logger.info)
-                for s in getattr(model, "secondary_weights", ()):
-                    raise ValueError(f"tensorlift load format: {type(model).__name__} has secondary weights "
-                                     f"({s.model_or_path}); a peer load serves one checkpoint")
-                return
             sources = [("", model_config.model, model_config.revision, None,
                         getattr(model, "allow_patterns_overrides", None))]
             for s in getattr(model, "secondary_weights", ()):
@@ -120,24 +118,52 @@ def _make_loader_class():
             from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
             return get_tensor_model_parallel_world_size() * get_pp_group().world_size
 
+        def _peer_layout(self, model_config: ModelConfig):
+            """(key, tp_size, tp_rank, gather) for peer loading and serving: rank r of a new
+            instance pulls from rank r of a running one with the same model and layout."""
+            import vllm
+            from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank,
+                                          get_tensor_model_parallel_world_size, get_world_group)
+            if get_pp_group().world_size > 1:
+                raise ValueError(f"{FORMAT}: peer loading and serving take pipeline parallel size 1 "
+                                 f"(this instance has {get_pp_group().world_size} stages)")
+            tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+            key = parameter_key(model_config.model, self.options, f"vllm-{vllm.__version__}", model_config.dtype,
+                                model_config.quantization, tp_size)
+
+            def gather(url: str) -> List[str]:
+                """Every rank's URL, in rank order (a collective over vLLM's CPU group)."""
+                if tp_size == 1:
+                    return [url]
+                urls: List[Optional[str]] = [None] * tp_size
+                torch.distributed.all_gather_object(urls, url, group=get_world_group().cpu_group)
+                return [u for u in urls if u]
+            return key, tp_size, tp_rank, gather
+
         def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
             param = next(model.parameters(), None)
             dev = param.device if param is not None else torch.device("cpu")
             device = model_device(dev)
             t0 = time.perf_counter()
-            from vllm.distributed import get_tensor_model_parallel_world_size
             ranks = self._ranks()
-            if ranks > 1 and not self.from_peer:
-                logger.info("tensorlift: %d ranks: %s", ranks, describe_plan(device, self.options, ranks))
-            if (self.from_peer or "serve" in self.options) and get_tensor_model_parallel_world_size() > 1:
-                raise ValueError("tensorlift load format: peer loading and serving take tensor parallel size 1 "
-                                 "for now (each rank would need its own layout and key)")
-            loaded = model.load_weights(self._weights(model, model_config, device))
+            peer = self._peer_layout(model_config) if self.from_peer or "serve" in self.options else None
+            if self.from_peer and getattr(model, "secondary_weights", ()):
+                raise ValueError(f"{FORMAT}: {type(model).__name__} has secondary weights; "
+                                 "a peer load serves one model's parameters")
+            loaded = None
+            if not (self.from_peer and pull_parameters(model, model_config.model, self.options, *peer[:3],
+                                                       logger.info)):
+                if ranks > 1:
+                    logger.info("tensorlift: %d ranks: %s", ranks, describe_plan(device, self.options, ranks))
+                loaded = model.load_weights(self._weights(model, model_config, device))
+            if self.options.get("serve") is not None:
+                # As loaded, before vLLM's post-processing (next, in load_model): a new
+                # instance pulls these and post-processes them itself.
+                serve_parameters(model, self.options, *peer, logger.info)
             logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)
-            if self.options.get("serve") is not None and not self.from_peer:  # a peer load's seed serves already
-                serve_checkpoint(model_config.model, self.options, logger.info)
             # vLLM's own check that every parameter got a weight, under its rule
             # (unquantized models that report what they loaded; not with a filter).
+            # A peer load has checked every parameter's name, dtype and shape.
             if loaded is not None and model_config.quantization is None and not self.options.get("filter"):
                 self._finder.track_weights_loading(model, loaded)
 
