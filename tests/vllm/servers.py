@@ -22,12 +22,18 @@ def make_model(arch, out, env):
 def run_engine(cmd, env, expect_ok=True):
     """Runs an engine script that prints one '{"tokens": ...}' line: that line's JSON plus the
     whole output when it succeeds (expect_ok), else the output of the failed run."""
-    # The servers log to stdout too: their output and ours, interleaved, in one stream.
+    # The servers log to stdout too: their output and ours, interleaved, in one stream. The engine
+    # gets a process group of its own, so that one past its time leaves none of its engine-core or
+    # worker processes behind (they would hold cores and memory through the tests after it).
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=600)
-    except subprocess.TimeoutExpired as e:  # its output says where it was
-        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else (e.output or "")
-        raise AssertionError(f"{cmd[1:]} did not finish in {e.timeout} s:\n{out[-6000:]}") from None
+        out, _ = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        out, _ = proc.communicate(timeout=60)  # everything it printed, the part read before included
+        raise AssertionError(f"{cmd[1:]} did not finish in 600 s:\n{out[-6000:]}") from None
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out)
     if expect_ok:
         assert p.returncode == 0, p.stdout[-4000:]
         result = [line for line in p.stdout.splitlines() if line.startswith('{"tokens"')]
