@@ -193,7 +193,6 @@ def serve_parameters(model, options: Dict[str, Any], key: Dict[str, str], tp_siz
     log("tensorlift: serving the weights at %s (rank %d of %d)", server.url, tp_rank, tp_size)
 
 
-
 def pull_parameters(model, model_dir: str, options: Dict[str, Any], key: Dict[str, str], tp_size: int, tp_rank: int,
                     log) -> bool:
     """Pulls this rank's parameters from a running instance (options peer / registry) straight
