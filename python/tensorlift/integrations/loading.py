@@ -154,6 +154,28 @@ def parameter_key(model_dir: str, options: Dict[str, Any], server: str, dtype: A
             "dtype": str(dtype).replace("torch.", ""), "quantization": str(quantization or "none")}
 
 
+def peer_layout(pp_size: int, tp_size: int, tp_rank: int, cpu_group, model_dir: str, options: Dict[str, Any],
+                server: str, dtype: Any, quantization: Optional[str]):
+    """(key, tp_size, tp_rank, gather) for a server's peer loading and serving: rank r of a new
+    instance pulls from rank r of a running one with the same model and layout. The server passes
+    its own parallel sizes, this rank, its CPU process group and its model's key fields;
+    gather(url) returns every rank's URL in rank order (a collective over cpu_group: every rank
+    calls it). Pipeline parallel size > 1 is refused."""
+    if pp_size > 1:
+        raise ValueError(f"{FORMAT}: peer loading and serving take pipeline parallel size 1 "
+                         f"(this instance has {pp_size} stages)")
+    key = parameter_key(model_dir, options, server, dtype, quantization, tp_size)
+
+    def gather(url: str) -> List[str]:
+        if tp_size == 1:
+            return [url]
+        import torch
+        urls: List[Optional[str]] = [None] * tp_size
+        torch.distributed.all_gather_object(urls, url, group=cpu_group)
+        return [u for u in urls if u]
+    return key, tp_size, tp_rank, gather
+
+
 def _parameters(model) -> Dict[str, Any]:
     """The model's parameters by name (shared ones once), without empty or meta ones."""
     return {name: p for name, p in model.named_parameters() if p.numel() > 0 and not p.is_meta}

@@ -33,7 +33,7 @@ import os
 import time
 from typing import Any, Optional
 
-from .loading import (FORMAT, describe_plan, iterate_weights, model_device, parameter_key, parse_options,
+from .loading import (FORMAT, describe_plan, iterate_weights, model_device, parse_options, peer_layout,
                       pull_parameters, serve_parameters)
 
 NAME = "tensorlift"
@@ -96,29 +96,15 @@ def _make_loader_class() -> type:
             return get_tensor_model_parallel_world_size() * get_pp_group().world_size
 
         def _peer_layout(self):
-            """(key, tp_size, tp_rank, gather) for peer loading and serving: rank r of a new
-            instance pulls from rank r of a running one with the same model and layout."""
             import sglang
-            import torch
             from sglang.srt.distributed.parallel_state import (get_pp_group, get_tensor_model_parallel_rank,
                                                                get_tensor_model_parallel_world_size,
                                                                get_world_group)
-            if get_pp_group().world_size > 1:
-                raise ValueError(f"{FORMAT}: peer loading and serving take pipeline parallel size 1 "
-                                 f"(this instance has {get_pp_group().world_size} stages)")
-            tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
             config = self._model_config
-            key = parameter_key(config.model_path, self.options, f"sglang-{sglang.__version__}", config.dtype,
-                                getattr(config, "quantization", None), tp_size)
-
-            def gather(url):
-                """Every rank's URL, in rank order (a collective over SGLang's CPU group)."""
-                if tp_size == 1:
-                    return [url]
-                urls = [None] * tp_size
-                torch.distributed.all_gather_object(urls, url, group=get_world_group().cpu_group)
-                return [u for u in urls if u]
-            return key, tp_size, tp_rank, gather
+            return peer_layout(get_pp_group().world_size, get_tensor_model_parallel_world_size(),
+                               get_tensor_model_parallel_rank(), get_world_group().cpu_group, config.model_path,
+                               self.options, f"sglang-{sglang.__version__}", config.dtype,
+                               getattr(config, "quantization", None))
 
         def load_weights_and_postprocess(self, model, weights, target_device):
             # Both of SGLang's paths (load_model, and commit_model_weights when start-up

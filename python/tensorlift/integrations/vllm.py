@@ -63,7 +63,7 @@ from typing import List, Optional
 
 from .loading import (ALLOWED_OPTIONS, FORMAT, GROUP_BYTES, MODES, SERVE_OPTIONS, describe_plan,  # noqa: F401
                       iterate_weights, model_device, natural_key, parameter_key, parse_options, plan_groups,
-                      pull_parameters, serve_parameters)
+                      peer_layout, pull_parameters, serve_parameters)
 
 
 def _make_loader_class():
@@ -119,26 +119,13 @@ def _make_loader_class():
             return get_tensor_model_parallel_world_size() * get_pp_group().world_size
 
         def _peer_layout(self, model_config: ModelConfig):
-            """(key, tp_size, tp_rank, gather) for peer loading and serving: rank r of a new
-            instance pulls from rank r of a running one with the same model and layout."""
             import vllm
             from vllm.distributed import (get_pp_group, get_tensor_model_parallel_rank,
                                           get_tensor_model_parallel_world_size, get_world_group)
-            if get_pp_group().world_size > 1:
-                raise ValueError(f"{FORMAT}: peer loading and serving take pipeline parallel size 1 "
-                                 f"(this instance has {get_pp_group().world_size} stages)")
-            tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
-            key = parameter_key(model_config.model, self.options, f"vllm-{vllm.__version__}", model_config.dtype,
-                                model_config.quantization, tp_size)
-
-            def gather(url: str) -> List[str]:
-                """Every rank's URL, in rank order (a collective over vLLM's CPU group)."""
-                if tp_size == 1:
-                    return [url]
-                urls: List[Optional[str]] = [None] * tp_size
-                torch.distributed.all_gather_object(urls, url, group=get_world_group().cpu_group)
-                return [u for u in urls if u]
-            return key, tp_size, tp_rank, gather
+            return peer_layout(get_pp_group().world_size, get_tensor_model_parallel_world_size(),
+                               get_tensor_model_parallel_rank(), get_world_group().cpu_group, model_config.model,
+                               self.options, f"vllm-{vllm.__version__}", model_config.dtype,
+                               model_config.quantization)
 
         def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
             param = next(model.parameters(), None)
