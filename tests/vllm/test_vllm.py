@@ -31,9 +31,12 @@ def engine_env(inproc=True, tp=1):
     """The environment of one engine: inproc (vLLM in one process) or as `vllm serve` runs it; tp:
     tensor parallel size (a worker process per rank, one core each; never inproc)."""
     env = dict(ENV, TL_INPROC="1" if inproc and tp == 1 else "0", TL_TP=str(tp))
-    if tp > 1:  # one core per rank
-        env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="|".join(str(r % (os.cpu_count() or 1))
-                                                                         for r in range(tp)))
+    if tp > 1:
+        # One thread per rank, not pinned: with a seed and a new instance pinned to the same two
+        # cores, this VM's kernel left a runnable pinned rank unscheduled for up to minutes (its
+        # own per-core workqueues report the same lockups), which made TP-2 peer pulls take
+        # 1-130 s; unpinned, 10 of 10 took 0.02-0.19 s.
+        env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     return env
 
 
@@ -185,6 +188,21 @@ def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_refere
     assert tokens == llama_reference
     line = servers.weights_line(out)
     assert "weights from disk:" in line and seed.url in line, line
+
+
+def test_a_tensor_parallel_instance_pulls_rank_for_rank(llama, llama_reference_tp2, tmp_path):
+    """TP 2 from a TP 2 seed, the fallback off: each rank pulls its own rank's parameters, and the
+    greedy tokens equal vLLM's own format's at TP 2."""
+    seed = Seed(llama, tmp_path, env=engine_env(False, tp=2))
+    try:
+        assert len(seed.urls) == 2 and seed.tokens == llama_reference_tp2
+        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.urls, "fallback": False}, tp=2)
+        assert tokens == llama_reference_tp2
+        lines = [x for x in out.splitlines() if "tensorlift: weights from" in x]
+        assert len(lines) == 2, out[-4000:]  # one a rank
+        assert all(f"weights from {','.join(seed.urls)} (" in x for x in lines), lines
+    finally:
+        seed.stop()
 
 
 def test_a_seed_of_another_layout_is_refused_by_its_key(llama, llama_reference, tmp_path):
