@@ -240,7 +240,9 @@ do_test() {
   # GPU_CHECK_PYTESTS: other pytest paths (space-separated), e.g. to rerun one file.
   [ -n "${GPU_CHECK_PYTESTS:-}" ] && read -ra py_tests <<< "$GPU_CHECK_PYTESTS"
   set +e
-  "$py" -m pytest -q -p no:cacheprovider "${py_tests[@]}" > "$out/pytest.log" 2>&1
+  # -rfE names every failure and error in the summary; a crash leaves its Python
+  # traceback in the log (pytest's faulthandler).
+  "$py" -m pytest -q -rfE -p no:cacheprovider "${py_tests[@]}" > "$out/pytest.log" 2>&1
   rc=$?
   set -e
   record_tests pytest "$out/pytest.log" $rc
