@@ -49,6 +49,11 @@ class Checkpoint {
   static Result<Checkpoint> Open(const std::string& path);
   // Opens `path` as one safetensors file, whatever its name.
   static Result<Checkpoint> OpenFile(const std::string& path);
+  // Opens several safetensors files as the shards of one checkpoint (kind
+  // kDirectory, path the first file's): a caller's list of shards loads in one
+  // go, as a directory of them does. A tensor in two of them is an error
+  // naming both; so is an empty list or a file named twice.
+  static Result<Checkpoint> OpenFiles(const std::vector<std::string>& paths);
 
   Kind kind() const { return kind_; }
   const std::string& path() const { return path_; }

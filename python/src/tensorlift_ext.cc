@@ -286,6 +286,14 @@ NB_MODULE(_tensorlift, m) {
           nb::arg("path"), nb::arg("as_file") = false,
           "Opens a file, an index or a directory and validates every header (as_file: one "
           ".safetensors file whatever its name).")
+      .def_static(
+          "open_files",
+          [](const std::vector<std::string>& paths) {
+            return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(Checkpoint::OpenFiles(paths)))};
+          },
+          nb::arg("paths"),
+          "Opens several .safetensors files as the shards of one checkpoint, loaded in one go "
+          "(a tensor in two of them is a ValueError naming both).")
       .def_prop_ro("path", [](const PyCheckpoint& s) { return s.ckpt->path(); })
       .def("load_names",
            [](const PyCheckpoint& s) {

@@ -62,6 +62,18 @@ def _paths(paths) -> List[str]:
     return [os.fspath(p) for p in paths]
 
 
+def _checkpoints(paths):
+    """The checkpoints to load for `paths`: several .safetensors files open as one checkpoint, so
+    their reads are planned and run together (as a directory's shards are), not one file after
+    another; anything else (a directory, an index, a single file) opens on its own."""
+    names = _paths(paths)
+    if len(names) > 1 and all(os.path.isfile(p) and not p.endswith(".json") for p in names):
+        yield Checkpoint.open_files(names)
+        return
+    for path in names:
+        yield Checkpoint.open(path)
+
+
 def device_name(device) -> str:
     """"cpu", "cuda:N" (or "emulated") from a str, an int (a CUDA index) or a torch.device."""
     if device is None:
@@ -82,7 +94,9 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
     """Loads tensors fast: returns name -> tensor, zero-copy over tensorlift's buffers.
 
     paths: a .safetensors file, a model.safetensors.index.json, a directory of
-    shards, or a list of files; or a tensorlift.remote.Peer, to pull from a
+    shards, or a list of those (several .safetensors files load together, as the
+    shards of one checkpoint: their reads are planned and run in one go, and a
+    tensor in two of them is a ValueError); or a tensorlift.remote.Peer, to pull from a
     running peer (else its fallback from disk). device: "cpu" or "cuda:N" (also an int or a
     torch.device): GPU loads read through pinned staging buffers (or GPUDirect
     Storage) straight into GPU memory. filter: a regex (str), a collection of
@@ -113,8 +127,7 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
                 bar.total = total
             bar.update(done - bar.n)
     try:
-        for path in _paths(paths):
-            ckpt = Checkpoint.open(path)
+        for ckpt in _checkpoints(paths):
             names = None
             regex = None
             if isinstance(filter, str):

@@ -55,3 +55,35 @@ def test_errors(tmp_path, ckpt):
     with pytest.raises(tensorlift.FormatError, match="MetadataIncompleteBuffer"):
         tensorlift.load(bad)
     assert issubclass(tensorlift.FormatError, ValueError)
+
+
+def test_a_list_of_files_loads_as_one_checkpoint(tmp_path):
+    """Several files are the shards of one checkpoint (their reads planned together, as a
+    directory's are): the same tensors as the reference, a filter across them, and the errors."""
+    from tensorlift._tensorlift import Checkpoint
+    s1, s2 = tmp_path / "s1.safetensors", tmp_path / "s2.safetensors"
+    ref1 = {"a": torch.arange(6, dtype=torch.float32).reshape(2, 3), "b": torch.ones(5, dtype=torch.bfloat16)}
+    ref2 = {"c": torch.arange(4, dtype=torch.int64)}
+    save_file(ref1, str(s1))
+    save_file(ref2, str(s2))
+    ckpt = Checkpoint.open_files([str(s2), str(s1)])
+    assert [s for s in ckpt.shards()] == [str(s2), str(s1)]
+    for files in ([s1, s2], [s2, s1]):
+        got = tensorlift.load(files)
+        assert sorted(got) == ["a", "b", "c"]
+        for k, v in {**ref1, **ref2}.items():
+            assert got[k].dtype == v.dtype and torch.equal(got[k], v)
+    assert sorted(tensorlift.load([s1, s2], filter=["a", "c"])) == ["a", "c"]
+    assert sorted(tensorlift.load([s1, s2], filter="^[bc]$")) == ["b", "c"]
+    # A directory among the paths: each path is opened on its own, as before.
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    save_file({"d": torch.zeros(2)}, str(sub / "x.safetensors"))
+    assert sorted(tensorlift.load([s1, sub])) == ["a", "b", "d"]
+    dup = tmp_path / "dup.safetensors"
+    save_file({"a": torch.zeros(1)}, str(dup))
+    with pytest.raises(ValueError, match="'a' is in more than one of the files") as e:
+        tensorlift.load([s1, dup])
+    assert str(s1) in str(e.value) and str(dup) in str(e.value)
+    with pytest.raises(ValueError, match="named twice"):
+        tensorlift.load([s1, s2, s1])

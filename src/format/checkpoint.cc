@@ -129,6 +129,40 @@ Result<Checkpoint> Checkpoint::OpenFile(const std::string& path) {
   return ckpt;
 }
 
+Result<Checkpoint> Checkpoint::OpenFiles(const std::vector<std::string>& paths) {
+  if (paths.empty()) return InvalidArgumentError("no files to open");
+  if (paths.size() == 1) return OpenFile(paths[0]);
+  Checkpoint ckpt;
+  ckpt.path_ = paths[0];
+  ckpt.kind_ = Kind::kDirectory;
+  for (const auto& path : paths) {
+    FileIdentity id;
+    TL_ASSIGN_OR_RETURN(Header h, Header::ReadFile(path, &id));
+    for (const auto& other : ckpt.shards_) {
+      if (other.identity.device == id.device && other.identity.inode == id.inode) {
+        return InvalidArgumentError("the file is named twice (also as " + other.path + ")").WithContext(path);
+      }
+    }
+    ckpt.shards_.push_back({path, std::move(h), id});
+  }
+  // The caller's files, not a broken checkpoint: a name in two of them is the
+  // caller's error (InvalidArgument), named with both files.
+  std::vector<std::pair<std::string_view, uint32_t>> names;
+  for (uint32_t s = 0; s < ckpt.shards_.size(); ++s) {
+    for (const auto& t : ckpt.shards_[s].header.tensors()) names.emplace_back(t.name, s);
+  }
+  std::sort(names.begin(), names.end());
+  for (size_t i = 1; i < names.size(); ++i) {
+    if (names[i].first == names[i - 1].first) {
+      return InvalidArgumentError("tensor " + QuoteName(names[i].first) + " is in more than one of the files: " +
+                                  ckpt.shards_[names[i - 1].second].path + " and " +
+                                  ckpt.shards_[names[i].second].path);
+    }
+  }
+  TL_RETURN_IF_ERROR(ckpt.IndexAllTensors());
+  return ckpt;
+}
+
 // Every tensor of every shard, each in exactly one shard.
 Status Checkpoint::IndexAllTensors() {
   tensors_.clear();

@@ -191,6 +191,55 @@ TEST(CheckpointDirectoryTest, EmptyDirectoryIsNotFound) {
   EXPECT_THAT(c.status().message(), StartsWith(dir.path()));
 }
 
+// --- A caller's list of files (OpenFiles) -------------------------------------------
+
+TEST(CheckpointFilesTest, SeveralFilesAreTheShardsOfOne) {
+  ScratchDir dir;
+  WriteShard(dir / "b.safetensors", {{"y", 2}});
+  WriteShard(dir / "a.safetensors", {{"z", 1}, {"x", 4}});
+  auto c = Checkpoint::OpenFiles({dir / "b.safetensors", dir / "a.safetensors"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->kind(), Checkpoint::Kind::kDirectory);
+  ASSERT_EQ(c->shards().size(), 2u);
+  EXPECT_EQ(c->shards()[0].path, dir / "b.safetensors");  // The caller's order.
+  EXPECT_EQ(c->shards()[1].path, dir / "a.safetensors");
+  EXPECT_THAT(Names(*c), ElementsAre("x", "y", "z"));
+  EXPECT_EQ(c->Find("x")->shard, 1u);
+  EXPECT_EQ(c->total_bytes(), 7u);
+}
+
+TEST(CheckpointFilesTest, OneFileIsAFile) {
+  ScratchDir dir;
+  WriteShard(dir / "a.bin", {{"x", 1}});
+  auto c = Checkpoint::OpenFiles({dir / "a.bin"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->kind(), Checkpoint::Kind::kFile);
+}
+
+TEST(CheckpointFilesTest, ErrorsNameTheFiles) {
+  ScratchDir dir;
+  WriteShard(dir / "a.safetensors", {{"w", 1}});
+  WriteShard(dir / "b.safetensors", {{"w", 1}, {"v", 1}});
+  WriteText(dir / "c.safetensors", "short");
+  auto dup = Checkpoint::OpenFiles({dir / "a.safetensors", dir / "b.safetensors"});
+  ASSERT_FALSE(dup.ok());
+  EXPECT_EQ(dup.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(dup.status().message(),
+              AllOf(HasSubstr("'w'"), HasSubstr(dir / "a.safetensors"), HasSubstr(dir / "b.safetensors")));
+  auto twice = Checkpoint::OpenFiles({dir / "a.safetensors", dir.path() + "/./a.safetensors"});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.status().message(), HasSubstr("named twice"));
+  auto bad = Checkpoint::OpenFiles({dir / "a.safetensors", dir / "c.safetensors"});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(bad.status().message(), StartsWith(dir / "c.safetensors: HeaderTooSmall: "));
+  auto missing = Checkpoint::OpenFiles({dir / "a.safetensors", dir / "none.safetensors"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(Checkpoint::OpenFiles({}).status().code(), StatusCode::kInvalidArgument);
+}
+
 // --- An index ---------------------------------------------------------------------
 
 void ExpectShardedModel(const Checkpoint& c, const ShardedModel& m) {
