@@ -559,8 +559,9 @@ class SafeTensorsFileLoader:
                              borrowed_tensors: bool = False) -> "FilesBufferOnDevice":
         """Reads all registered files with tensorlift and returns their tensors' buffer.
 
-        Files are read in path order (as fastsafetensors does); each file's read is
-        parallel with the GIL released. `dtype` converts every tensor in place.
+        This rank's files are read in one load, their reads planned and run together in
+        parallel with the GIL released (one load per file, in path order as fastsafetensors
+        reads them, where a tensor name is in two files). `dtype` converts every tensor in place.
         """
         target = _dtype_name(dtype)
         if self._comm is not None:
@@ -568,9 +569,9 @@ class SafeTensorsFileLoader:
         if target is not None and self.device != "cpu":
             self._check_conversion(self.files.values(), target)  # before any read
         files: List[Tuple[str, Dict[str, Any], Dict[str, List[int]]]] = []
+        loaded = self._load_own([self.files[path] for path in sorted(self.files)], target)
         for path in sorted(self.files):
-            f = self.files[path]
-            tensors = self._load_own(f, target)
+            f, tensors = self.files[path], loaded[path]
             files.append((path, tensors, {t[0]: list(t[2]) for t in f.tensors if t[0] in tensors}))
         return FilesBufferOnDevice(files, self.pg)
 
@@ -582,11 +583,26 @@ class SafeTensorsFileLoader:
                     raise ValueError(f"Online type conversion to larger sizes is not supported "
                                      f"({t[1]} -> {target}) for tensor {t[0]!r}")
 
-    def _load_own(self, f: _File, target: Optional[str]) -> Dict[str, Any]:
-        """Reads one of this rank's files: name -> tensor (the kept ones, converted to target)."""
+    def _load_own(self, fs: List["_File"], target: Optional[str]) -> Dict[str, Dict[str, Any]]:
+        """Reads this rank's files: path -> {name: tensor} (the kept ones, converted to target).
+        Several files are one load, their reads planned and run together as tensorlift.load
+        does; where a name is in two of them, one load per file in path order instead."""
+        ckpt = None
+        if len(fs) > 1:
+            try:
+                ckpt = Checkpoint.open_files([f.path for f in fs])
+            except ValueError:  # a name in two files: fastsafetensors keeps them apart
+                ckpt = None
+        if ckpt is None:
+            return {f.path: self._read(f.ckpt, [f], target) for f in fs}
+        both = self._read(ckpt, fs, target)
+        return {f.path: {t[0]: both[t[0]] for t in f.tensors if t[0] in both} for f in fs}
+
+    def _read(self, ckpt: Any, fs: List["_File"], target: Optional[str]) -> Dict[str, Any]:
+        """One load of `ckpt` (the files `fs`): name -> tensor."""
         names = None
         if self._tensor_filter is not None:
-            names = [t[0] for t in f.tensors if self._kept(t[0])]
+            names = [t[0] for f in fs for t in f.tensors if self._kept(t[0])]
         # The stored tensors, as fastsafetensors sees them (sparse parts too).
         opts = {"mode": self._mode, "threads": self._threads, "device": self.device,
                 "gds": not self.nogds, "decode_sparse": False,
@@ -596,10 +612,10 @@ class SafeTensorsFileLoader:
         on_gpu = self.device != "cpu"
         if on_gpu and target is not None:
             opts["dtype"] = target  # converted on the GPU while loading
-        loaded = f.ckpt.load(names=names, **opts)
+        loaded = ckpt.load(names=names, **opts)
         try:
             return {t[0]: _materialize(loaded, t[0], t[1], t[2], None if on_gpu else target)
-                    for t in f.tensors if names is None or self._kept(t[0])}
+                    for f in fs for t in f.tensors if names is None or self._kept(t[0])}
         finally:
             loaded.release()
 
@@ -610,11 +626,12 @@ class SafeTensorsFileLoader:
         entries: List[_RankFile] = []
         err: Optional[BaseException] = None
         try:
+            own = self._load_own([self.files[p] for p in sorted(self.files) if self.files[p].rank == self._rank],
+                                 target)
             for path in sorted(self.files):  # path order, as fastsafetensors reads them
                 f = self.files[path]
                 kept = [t for t in f.tensors if self._kept(t[0])]
-                tensors = self._load_own(f, target) if f.rank == self._rank else None
-                entries.append(_RankFile(path, f.rank, kept, target, tensors))
+                entries.append(_RankFile(path, f.rank, kept, target, own.get(path)))
         except Exception as e:  # reported to every rank before raising
             entries.clear()
             err = e

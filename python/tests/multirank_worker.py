@@ -37,7 +37,7 @@ class _Counted:
         self._ckpt, self._path = ckpt, path
 
     def load(self, *args, **kwargs):
-        loads.append(self._path)
+        loads.extend(self._path if isinstance(self._path, list) else [self._path])
         return self._ckpt.load(*args, **kwargs)
 
     def __getattr__(self, name):
@@ -49,6 +49,10 @@ class _CountingCheckpoint:
     def open(path):
         opened.append(path)
         return _Counted(_RealCheckpoint.open(path), path)
+
+    @staticmethod
+    def open_files(paths):  # several of this rank's files as one load
+        return _Counted(_RealCheckpoint.open_files(paths), list(paths))
 
 
 tlf.Checkpoint = _CountingCheckpoint
