@@ -23,6 +23,7 @@
 
 #include "device/convert.h"
 #include "device/convert_host.h"
+#include "remote/ucx_transport.h"
 #include "sparse/sparse_checkpoint.h"
 #include "tensorlift/streamer.h"
 #include "tensorlift/checkpoint.h"
@@ -688,6 +689,10 @@ NB_MODULE(_tensorlift, m) {
       },
       nb::arg("tensors"), nb::arg("path"), nb::arg("metadata") = nb::none(),
       "Writes through a temporary file renamed over `path`.");
+  m.def(
+      "ucx_version", [] { return remote::UcxBuilt() ? std::optional<std::string>(remote::UcxVersion()) : std::nullopt; },
+      "The UCX version peer loading was built with, or None when it was built without UCX (then "
+      "serving and pulling raise).");
   m.def("dtype_bits", [](const std::string& d) {
     auto dt = DtypeFromName(d);
     if (!dt) Raise(InvalidArgumentError("unknown dtype '" + d + "'"));
