@@ -35,7 +35,7 @@ def engine_env(inproc=True, tp=1):
         # One thread per rank, not pinned: with a seed and a new instance pinned to the same two
         # cores, this VM's kernel left a runnable pinned rank unscheduled for up to minutes (its
         # own per-core workqueues report the same lockups): the slowest rank's TP-2 peer pull took
-        # 4.7 s to over 250 s in 9 pinned runs; unpinned, 10 of 10 took 0.02-0.19 s.
+        # 4.7 s to over 250 s in 8 pinned runs (5 over 80 s); unpinned, 10 of 10 took 0.02-0.19 s.
         env.update(OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
     return env
 
