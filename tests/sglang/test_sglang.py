@@ -107,12 +107,9 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
 
 
 def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):
-    seed = servers.Seed(lambda opts: engine_command(llama, "tensorlift", opts), ENV, tmp_path)
-    try:
+    with servers.Seed(lambda opts: engine_command(llama, "tensorlift", opts), ENV, tmp_path) as seed:
         assert seed.tokens == llama_reference
         # No fallback: the weights can only come from the seed.
         got = run_engine(llama, "tensorlift", {"peer": seed.url, "fallback": False})
         assert got["tokens"] == llama_reference
         assert f"weights from {seed.url}" in servers.weights_line(got["output"])
-    finally:
-        seed.stop()

@@ -101,7 +101,7 @@ def stop_group(proc):
 class Seed:
     """An engine script (command(opts), opts being the tensorlift options {"serve": {"ready_file"}})
     started with TL_HOLD=1: it loads with tensorlift, prints its tokens, serves its weights until
-    stop() closes its standard input."""
+    stop() (or the end of a with block) closes its standard input."""
 
     def __init__(self, command, env, tmp_path, timeout=400):
         self.ready_file = tmp_path / "seed.url"
@@ -121,6 +121,12 @@ class Seed:
 
     def output(self):
         return open(self.log.name).read()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
     def stop(self):
         if self.proc.poll() is None:

@@ -173,16 +173,13 @@ def run_llm_output(model, load_format, extra, tp=1):
 
 
 def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):
-    seed = Seed(llama, tmp_path)
-    try:
+    with Seed(llama, tmp_path) as seed:
         assert seed.url.startswith("http://127.0.0.1:") and seed.tokens == llama_reference
         assert "serving the weights at" in seed.output()
         # No fallback: the weights can only come from the seed's parameters.
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "fallback": False})
         assert tokens == llama_reference
         assert f"weights from {seed.url}" in servers.weights_line(out)
-    finally:
-        seed.stop()
     # The seed is gone: the same instance now falls back to its own files, with the same tokens.
     tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "timeout": 2})
     assert tokens == llama_reference
@@ -193,39 +190,30 @@ def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_refere
 def test_a_tensor_parallel_instance_pulls_rank_for_rank(llama, llama_reference_tp2, tmp_path):
     """TP 2 from a TP 2 seed, the fallback off: each rank pulls its own rank's parameters, and the
     greedy tokens equal vLLM's own format's at TP 2."""
-    seed = Seed(llama, tmp_path, env=engine_env(False, tp=2))
-    try:
+    with Seed(llama, tmp_path, env=engine_env(False, tp=2)) as seed:
         assert len(seed.urls) == 2 and seed.tokens == llama_reference_tp2
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.urls, "fallback": False}, tp=2)
         assert tokens == llama_reference_tp2
         lines = [x for x in out.splitlines() if "tensorlift: weights from" in x]
         assert len(lines) == 2, out[-4000:]  # one a rank
         assert all(f"weights from {','.join(seed.urls)} (" in x for x in lines), lines
-    finally:
-        seed.stop()
 
 
 def test_a_seed_of_another_layout_is_refused_by_its_key(llama, llama_reference, tmp_path):
     """A TP 1 instance never takes a TP 2 seed's parameters (other shapes): the key differs, and
     the instance loads its own files."""
-    seed = Seed(llama, tmp_path, env=engine_env(False, tp=2))
-    try:
+    with Seed(llama, tmp_path, env=engine_env(False, tp=2)) as seed:
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.urls})
         assert tokens == llama_reference
         line = servers.weights_line(out)
         assert "weights from disk:" in line and "incompatible: revision" in line, line
-    finally:
-        seed.stop()
 
 
 def test_a_lying_peer_falls_back_to_disk(llama, llama_reference, tmp_path):
     # A seed whose served bytes no longer match its manifest: run_llm.py flips a bit of one
     # served parameter (TL_CORRUPT, in-process) after it starts serving.
-    seed = Seed(llama, tmp_path, env=dict(engine_env(True), TL_CORRUPT="model.embed_tokens.weight"))
-    try:
+    with Seed(llama, tmp_path, env=dict(engine_env(True), TL_CORRUPT="model.embed_tokens.weight")) as seed:
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url})
         assert tokens == llama_reference
         line = servers.weights_line(out)
         assert "weights from disk:" in line and "the manifest says" in line, line
-    finally:
-        seed.stop()
