@@ -356,33 +356,42 @@ Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool 
 #define MADV_POPULATE_READ 22  // Linux 5.14.
 #endif
 
-PopulateAhead::PopulateAhead(const std::vector<std::pair<std::byte*, uint64_t>>& regions, int threads, bool read) {
+PopulateAhead::PopulateAhead(const std::vector<Region>& regions, int threads) {
   uint64_t total = 0;
-  for (const auto& [base, bytes] : regions) {
-    const uint64_t size = bytes / kPageAlign * kPageAlign;
+  for (const Region& r : regions) {
+    const uint64_t size = r.bytes / kPageAlign * kPageAlign;
     for (uint64_t off = 0; off < size; off += kStep) {
-      steps_.push_back({base + off, std::min(kStep, size - off)});
+      steps_.push_back({r.base + off, std::min(kStep, size - off), r.read});
     }
     total += size;
   }
   if (total < (64ull << 20) || threads <= 0) return;
   threads = std::min<int>(threads, static_cast<int>(steps_.size()));
   for (int t = 0; t < threads; ++t) {
-    threads_.emplace_back([this, read] {
+    threads_.emplace_back([this] {
+      go_.wait(false, std::memory_order_acquire);
       for (;;) {
+        if (stop_.load(std::memory_order_relaxed)) return;
         const size_t i = next_.fetch_add(1, std::memory_order_relaxed);
-        if (i >= steps_.size() || stop_.load(std::memory_order_relaxed)) return;
-        if (::madvise(steps_[i].base, steps_[i].size, read ? MADV_POPULATE_READ : MADV_POPULATE_WRITE) != 0) {
-          stop_ = true;
-          return;
+        if (i >= steps_.size()) return;
+        const Step& s = steps_[i];
+        // A kernel without the advice fails it at once: the other steps of its kind are skipped.
+        std::atomic<bool>& failed = s.read ? failed_read_ : failed_write_;
+        if ((!s.read && stop_fresh_.load(std::memory_order_relaxed)) || failed.load(std::memory_order_relaxed)) {
+          continue;
         }
+        if (::madvise(s.base, s.size, s.read ? MADV_POPULATE_READ : MADV_POPULATE_WRITE) != 0) failed = true;
       }
     });
   }
+  go_.store(true, std::memory_order_release);
+  go_.notify_all();
 }
 
 PopulateAhead::~PopulateAhead() {
   stop_ = true;
+  go_.store(true, std::memory_order_release);
+  go_.notify_all();
   Finish();
 }
 
@@ -541,34 +550,35 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     // Fresh memory's first touch (page faults) costs as much as the reads
     // themselves on some machines; a helper threads fault the arenas in, in
     // file order, ahead of the reads (docs/loading.md, "Memory").
-    std::vector<std::pair<std::byte*, uint64_t>> regions;
+    std::vector<PopulateAhead::Region> regions;
     for (const auto& job : jobs) {
       // A buffer reused from an ArenaPool: only what it has not held before.
       const uint64_t from = job.arena ? job.arena->touched() / kPageAlign * kPageAlign : 0;
       if (!job.wanted.empty() && job.arena && from < job.arena->size()) {
-        regions.emplace_back(job.arena->data() + from, job.arena->size() - from);
+        regions.push_back({job.arena->data() + from, job.arena->size() - from});
       }
     }
     if (hooks) {
-      for (const auto& buf : hooks->populate) regions.emplace_back(buf->data(), buf->size());
+      for (const auto& buf : hooks->populate) regions.push_back({buf->data(), buf->size()});
     }
-    PopulateAhead populate(regions, FaultThreads(options));
-    // auto's views of the page cache: their page tables filled in by the same threads,
-    // read-only (no copy-on-write), so that the consumer's first pass takes no page faults.
-    // An explicit mode=mmap stays lazy, as documented: its bytes come in on first touch.
-    std::vector<std::pair<std::byte*, uint64_t>> views;
+    // auto's views of the page cache: their page tables filled in by the same threads
+    // (after the fresh memory the reads need first), read-only (no copy-on-write), so that
+    // the consumer's first pass takes no page faults. An explicit mode=mmap stays lazy, as
+    // documented: its bytes come in on first touch.
     for (const auto& job : jobs) {
       if (job.wanted.empty() || !job.mapping || options.mode != IoMode::kAuto) continue;
       const Header& h = job.shard->header;
       const uint64_t first = (h.data_offset() + h.tensors()[job.wanted.front()].begin) / kPageAlign * kPageAlign;
       const uint64_t last = h.data_offset() + h.tensors()[job.wanted.back()].end;
-      views.emplace_back(job.mapping->data() + first, (last - first + kPageAlign - 1) / kPageAlign * kPageAlign);
+      regions.push_back({job.mapping->data() + first, (last - first + kPageAlign - 1) / kPageAlign * kPageAlign,
+                         /*read=*/true});
     }
-    PopulateAhead populate_views(views, FaultThreads(options), /*read=*/true);
+    PopulateAhead populate(regions, FaultThreads(options));
     for (int direct : {1, 0}) {
       if (engines[direct]) TL_RETURN_IF_ERROR(engines[direct]->Run(ops[direct], &progress));
     }
-    populate_views.Finish();
+    populate.StopFresh();
+    populate.Finish();
   }
   if (deliverer) TL_RETURN_IF_ERROR(deliverer->Finish());
   for (auto& job : jobs) {

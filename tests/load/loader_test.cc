@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -506,6 +507,82 @@ TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
     ASSERT_FALSE(failed.ok());
     EXPECT_THAT(failed.status().message(), HasSubstr("Input/output error"));
   }
+}
+
+// PopulateAhead: fresh memory and views of a file both have their pages
+// present when Finish returns; StopFresh skips only the fresh steps not yet
+// taken, never a view's; the destructor alone stops and joins.
+namespace {
+
+// Pages of [p, p + n) with a page table entry (/proc/self/pagemap, bit 63).
+size_t PresentPages(const std::byte* p, size_t n) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  std::vector<uint64_t> entries(n / page);
+  const off_t at = static_cast<off_t>(reinterpret_cast<uintptr_t>(p) / page * sizeof(uint64_t));
+  const ssize_t got = ::pread(fd, entries.data(), entries.size() * sizeof(uint64_t), at);
+  ::close(fd);
+  size_t present = 0;
+  for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uint64_t)); ++i) present += entries[i] >> 63;
+  return present;
+}
+
+}  // namespace
+
+TEST(PopulateAheadTest, FreshMemoryAndViewsArePresentAfterFinish) {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  constexpr size_t kFresh = 48u << 20, kView = 40u << 20;
+  TempDir dir;
+  const std::string path = dir.File("view.bin");
+  {
+    std::ofstream f(path, std::ios::binary);
+    std::vector<char> block(1 << 20, 'x');
+    for (size_t i = 0; i < kView >> 20; ++i) f.write(block.data(), block.size());
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  void* view = ::mmap(nullptr, kView, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(view, MAP_FAILED);
+  void* fresh = ::mmap(nullptr, kFresh, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(fresh, MAP_FAILED);
+  auto* f = static_cast<std::byte*>(fresh);
+  auto* v = static_cast<std::byte*>(view);
+  ASSERT_EQ(PresentPages(f, kFresh), 0u);
+  ASSERT_EQ(PresentPages(v, kView), 0u);
+  {
+    PopulateAhead populate({{f, kFresh}, {v, kView, /*read=*/true}}, 3);
+    populate.Finish();
+  }
+  EXPECT_EQ(PresentPages(f, kFresh), kFresh / page);
+  EXPECT_EQ(PresentPages(v, kView), kView / page);
+  ::munmap(fresh, kFresh);
+  ::munmap(view, kView);
+
+  // StopFresh before the threads get far: the views are still populated in full.
+  const int fd2 = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd2, 0);
+  view = ::mmap(nullptr, kView, PROT_READ, MAP_PRIVATE, fd2, 0);
+  ::close(fd2);
+  ASSERT_NE(view, MAP_FAILED);
+  fresh = ::mmap(nullptr, kFresh, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(fresh, MAP_FAILED);
+  f = static_cast<std::byte*>(fresh);
+  v = static_cast<std::byte*>(view);
+  {
+    PopulateAhead populate({{f, kFresh}, {v, kView, /*read=*/true}}, 2);
+    populate.StopFresh();
+    populate.Finish();
+  }
+  EXPECT_EQ(PresentPages(v, kView), kView / page);
+  EXPECT_LE(PresentPages(f, kFresh), kFresh / page);
+  // Destroyed without Finish: stops and joins (no hang, no use after free).
+  for (int i = 0; i < 20; ++i) {
+    PopulateAhead populate({{f, kFresh}, {v, kView, /*read=*/true}}, 4);
+  }
+  ::munmap(fresh, kFresh);
+  ::munmap(view, kView);
 }
 
 // ArenaPool: a buffer freed by one load's tensors is reused (grown in place
