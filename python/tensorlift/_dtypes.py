@@ -67,7 +67,7 @@ def numpy_dtype(dtype: str) -> Optional[np.dtype]:
 _MAX_DIM = (1 << 63) - 1
 
 
-def _check_dims(shape: Sequence[int]) -> None:
+def check_dims(shape: Sequence[int]) -> None:
     """Frameworks index with int64: a (zero-size) tensor may have larger dimensions in the file."""
     for d in shape:
         if d > _MAX_DIM:
@@ -78,7 +78,7 @@ def _check_dims(shape: Sequence[int]) -> None:
 def torch_view(raw, dtype: str, shape: Sequence[int]):
     """A torch tensor of the right dtype/shape over `raw` (1-D uint8), no copy."""
     import torch
-    _check_dims(shape)
+    check_dims(shape)
     tdt = torch_dtype(dtype)
     if dtype == "F4" and tdt is not None:
         if shape and shape[-1] % 2 == 0:
@@ -92,7 +92,7 @@ def torch_view(raw, dtype: str, shape: Sequence[int]):
 
 
 def numpy_view(raw: np.ndarray, dtype: str, shape: Sequence[int]) -> np.ndarray:
-    _check_dims(shape)
+    check_dims(shape)
     ndt = numpy_dtype(dtype)
     if ndt is None:
         return raw.reshape(raw_shape(dtype, shape, raw.size))
