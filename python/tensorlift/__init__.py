@@ -1,7 +1,8 @@
 """tensorlift: moves model weights into memory fast and safely.
 
-A drop-in for `safetensors` (safe_open, tensorlift.torch, tensorlift.numpy) and
-`fastsafetensors` (tensorlift.fastsafetensors), plus the fast paths
+A drop-in for `safetensors` (safe_open, serialize, serialize_file, deserialize,
+TensorSpec, tensorlift.torch, tensorlift.numpy) and `fastsafetensors`
+(tensorlift.fastsafetensors), plus the fast paths
 `tensorlift.load` (name -> tensor) and `tensorlift.stream` ((name, tensor)
 pairs as their bytes land, the rest read meanwhile). Errors: tensorlift.FormatError (a ValueError) for files that
 break the format, FileNotFoundError / PermissionError / OSError for I/O,
@@ -12,6 +13,8 @@ of FormatError, the missing-tensor KeyError and safe_open's usage errors
 from ._tensorlift import FormatError, SafetensorError, __version__
 from ._core import load
 from ._stream import stream
-from ._safe_open import safe_open
+from ._safe_open import _safe_open_handle, safe_open
+from ._serialize import TensorSpec, deserialize, serialize, serialize_file
 
-__all__ = ["FormatError", "SafetensorError", "load", "safe_open", "stream", "__version__"]
+__all__ = ["FormatError", "SafetensorError", "TensorSpec", "deserialize", "load", "safe_open", "serialize",
+           "serialize_file", "stream", "__version__"]

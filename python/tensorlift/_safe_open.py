@@ -55,11 +55,13 @@ class _OpenFile:
 
     __slots__ = ("fd", "name", "load_path", "ckpt", "metadata", "order", "info", "data_offset", "__weakref__")
 
-    def __init__(self, filename):
+    def __init__(self, filename, handle_fd: Optional[int] = None):
         self.fd = -1
         path = os.fspath(filename)
         self.name = os.fsdecode(path)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        # An open file of the caller's (_safe_open_handle): a descriptor of our own for the
+        # same open file, so that the caller may close theirs meanwhile.
+        fd = os.dup(handle_fd) if handle_fd is not None else os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -402,6 +404,11 @@ class safe_open:
     """
 
     def __init__(self, filename, framework, device="cpu", *, backend: str = "mmap"):
+        self._arguments(framework, device, backend)
+        from .remote import Peer
+        self._file = _PeerFile(filename) if isinstance(filename, Peer) else _OpenFile(filename)
+
+    def _arguments(self, framework, device, backend: str = "mmap") -> None:
         self._file = None
         fw = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
         if fw is None:
@@ -410,8 +417,6 @@ class safe_open:
             raise _UsageError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
         self._framework = fw
         self._device = _parse_device(device, fw)
-        from .remote import Peer
-        self._file = _PeerFile(filename) if isinstance(filename, Peer) else _OpenFile(filename)
 
     def _open(self) -> _OpenFile:
         f = self._file
@@ -463,3 +468,19 @@ class safe_open:
     def __repr__(self) -> str:
         state = "closed" if self._file is None else repr(self._file.name)
         return f"<tensorlift.safe_open {state} framework={self._framework!r}>"
+
+
+class _safe_open_handle(safe_open):
+    """safe_open over a file the caller has opened: _safe_open_handle(f, framework, device="cpu").
+
+    `f` is a file object with fileno() and name (as `open(path, "rb")` returns, or
+    "r"); the file is read through a duplicate of its descriptor, so `f` stays open,
+    its position untouched, after this object is closed. The rest is safe_open's.
+    """
+
+    def __init__(self, f, framework, device="cpu"):
+        fileno = f.fileno  # AttributeError, as the reference, for objects without them.
+        name = f.name
+        fd = fileno()
+        self._arguments(framework, device)
+        self._file = _OpenFile(name if isinstance(name, (str, bytes, os.PathLike)) else f"<fd {fd}>", handle_fd=fd)

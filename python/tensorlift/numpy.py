@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Dict, Optional, Union
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 
 from . import _dtypes
 from ._core import check_metadata as _check_metadata
 from ._safe_open import safe_open
-from ._tensorlift import parse_header, serialize, serialize_file
+from ._serialize import TensorSpec, deserialize, serialize, serialize_file
+from ._tensorlift import parse_header
+from ._tensorlift import serialize as _serialize_specs
+from ._tensorlift import serialize_file as _serialize_file_specs
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -51,7 +54,7 @@ def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] 
     """The bytes of a safetensors file holding the arrays and the text `metadata`."""
     _check_metadata(metadata)
     keep_alive: list = []
-    return serialize(_specs(tensor_dict, keep_alive), metadata)
+    return _serialize_specs(_specs(tensor_dict, keep_alive), metadata)
 
 
 def save_file(tensor_dict: Dict[str, np.ndarray], filename: Union[str, os.PathLike],
@@ -59,7 +62,7 @@ def save_file(tensor_dict: Dict[str, np.ndarray], filename: Union[str, os.PathLi
     """Writes the arrays to `filename` (through a temporary file renamed over it)."""
     _check_metadata(metadata)
     keep_alive: list = []
-    serialize_file(_specs(tensor_dict, keep_alive), os.fspath(filename), metadata)
+    _serialize_file_specs(_specs(tensor_dict, keep_alive), os.fspath(filename), metadata)
 
 
 def load(data: bytes) -> Dict[str, np.ndarray]:
@@ -80,3 +83,45 @@ def load_file(filename: Union[str, os.PathLike], *, backend: str = "mmap") -> Di
     backend is accepted for compatibility; tensorlift reads with its own loader."""
     with safe_open(filename, framework="np", backend=backend) as f:
         return f.get_tensors()
+
+
+# --- safetensors.numpy's helpers (the same semantics as safetensors 0.8's) -----
+
+# The format's dtype codes that safetensors.numpy maps to numpy dtypes.
+_TYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "U64": np.uint64,
+          "I32": np.int32, "U32": np.uint32, "I16": np.int16, "U16": np.uint16, "I8": np.int8, "U8": np.uint8,
+          "BOOL": bool, "C64": np.complex64}
+
+
+def _getdtype(dtype_str: str) -> np.dtype:
+    """The numpy dtype of a format code (KeyError for one safetensors.numpy does not map)."""
+    return _TYPES[dtype_str]
+
+
+def _is_little_endian(tensor: np.ndarray) -> bool:
+    """Whether the array's bytes are little-endian (or have no byte order)."""
+    order = tensor.dtype.byteorder
+    if order == "=":
+        return sys.byteorder == "little"
+    if order in ("|", "<"):
+        return True
+    if order == ">":
+        return False
+    raise ValueError(f"Unexpected byte order {order}")
+
+
+def _flatten(tensor_dict: Dict[str, np.ndarray], keep_alive_buffer: List) -> Dict[str, TensorSpec]:
+    """name -> TensorSpec over each array's bytes (a little-endian copy of a big-endian one, kept
+    alive in keep_alive_buffer), for serialize()."""
+    out = {}
+    for name, a in tensor_dict.items():
+        if not _is_little_endian(a):
+            a = a.byteswap(inplace=False)
+            keep_alive_buffer.append(a)
+        out[name] = TensorSpec(dtype=a.dtype.name, shape=a.shape, data_ptr=a.ctypes.data, data_len=a.nbytes)
+    return out
+
+
+def _view2np(safeview) -> Dict[str, np.ndarray]:
+    """Arrays from deserialize()'s list, each over its own bytearray (no copy)."""
+    return {name: np.frombuffer(v["data"], dtype=_getdtype(v["dtype"])).reshape(v["shape"]) for name, v in safeview}
