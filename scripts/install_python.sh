@@ -18,7 +18,7 @@ if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" .venv/bin/python -m pip wheel --no-bu
   exit 1
 fi
 wheel=$(ls build/dist/tensorlift-*.whl)
-for venv in .venv .venv-vllm; do
+for venv in .venv .venv-vllm .venv-frameworks; do
   [ -x "$venv/bin/python" ] || continue
   if ! "$venv/bin/python" -m pip install --no-deps --force-reinstall --disable-pip-version-check -q "$wheel" \
         >> "$log" 2>&1; then

@@ -67,3 +67,5 @@ make_venv venv "$root/requirements.txt" .venv
 # vLLM (CPU) and SGLang for the inference-server tests: their own environment,
 # since vLLM pins its own torch (requirements-vllm.txt says how it is put together).
 make_venv venv-vllm "$root/requirements-vllm.txt" .venv-vllm
+# The framework modules' tests (jax, tensorflow, paddle, mlx): their own environment.
+make_venv venv-frameworks "$root/requirements-frameworks.txt" .venv-frameworks

