@@ -250,22 +250,37 @@ def _framework_shape(dtype: str, shape, nbytes: int, framework: str) -> Tuple[in
     return tuple(shape)
 
 
+_DEVICE_KINDS = ("cuda", "npu", "xpu", "xla", "mlu", "hpu")  # with an index: "cuda:1"
+
+
 def _parse_device(device, framework: str):
-    """None for the CPU, else the torch.device to move tensors to."""
-    if framework == "np":
-        if device != "cpu":
-            raise _UsageError(f"Device {device} is not supported for framework numpy")
+    """None for the CPU, else the device (a str, or an int for torch to choose the accelerator) to
+    move tensors to. The reference's rules: "cpu", "mps", a kind of _DEVICE_KINDS alone (index 0)
+    or with ":N" (ValueError when N is not a number), an int N >= 0, or None (the CPU); anything
+    else is invalid. Whether torch has that device shows when a tensor is moved (RuntimeError)."""
+    dev = _device(device)
+    if dev is not None and framework != "pt":
+        raise _UsageError(f"Device {device} is not supported for framework {framework}")
+    return dev
+
+
+def _device(device):
+    if device is None or device == "cpu":
         return None
-    if device == "cpu":
-        return None
-    import torch
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise _UsageError(f"device {device} is invalid") from None
-    if dev.type == "meta":
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise _UsageError(f"device {device} is invalid")
+        return device
+    if not isinstance(device, str):
         raise _UsageError(f"device {device} is invalid")
-    return None if dev.type == "cpu" and dev.index is None else dev
+    if device == "mps" or device in _DEVICE_KINDS:
+        return device
+    kind, sep, index = device.partition(":")
+    if sep and kind in _DEVICE_KINDS:
+        if not index.isdigit():  # ValueError with Rust's words, as the reference
+            raise ValueError("cannot parse integer from empty string" if not index else "invalid digit found in string")
+        return device
+    raise _UsageError(f"device {device} is invalid")
 
 
 class _SafeSlice:
@@ -431,11 +446,9 @@ class safe_open:
             convert = _OTHER_FRAMEWORKS[fw]
             if fw == "paddle":
                 framework_module("paddle")  # The reference imports paddle when it opens.
-            if device != "cpu":
-                raise _UsageError(f"Device {device} is not supported for framework {framework}")
             fw = "np"
+        dev = _parse_device(device, "pt" if fw == "pt" else framework)
         self._framework = fw
-        dev = _parse_device(device, fw)
         self._post = convert if convert is not None else (None if dev is None else (lambda t: t.to(dev)))
 
     def _open(self) -> _OpenFile:

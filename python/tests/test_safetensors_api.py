@@ -387,3 +387,27 @@ def test_safe_open_from_many_threads(tmp_path):
         assert not errors, (module.__name__, errors)
         for k, t in tensors.items():
             assert torch.equal(got[k][0], t) and torch.equal(got[k][1], t[3:9, ::2])
+
+
+# --- device= -----------------------------------------------------------------------------
+
+DEVICES = ["cpu", None, "cuda", "cuda:0", 0, 3, "mps", "npu", "npu:1", "xpu:1", "hpu", "meta", "bogus", "cuda:x",
+           "cuda:", "cuda:-1", -1, "cpu:0", "CPU", torch.device("cpu"), 1.5]
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=repr)
+@pytest.mark.parametrize("framework", ["pt", "np"])
+def test_device_strings(tmp_path, framework, device):
+    """Where (open or read) and with what type each device fails or works, as the reference."""
+    path = tmp_path / "m.safetensors"
+    tl_pt.save_file({"a": torch.ones(2)}, path)
+
+    def where(lib):
+        try:
+            f = lib.safe_open(path, framework, device=device)
+        except Exception as e:  # noqa: BLE001
+            return "open", outcome(lambda: (_ for _ in ()).throw(e))[1]
+        r = outcome(f.get_tensor, "a")
+        return ("read", r[1]) if r[0] == "error" else ("ok", str(getattr(r[1], "device", "cpu")))
+
+    assert where(tensorlift) == where(safetensors)
