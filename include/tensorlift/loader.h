@@ -291,11 +291,7 @@ class LoadedCheckpoint {
   const DeviceMemoryPlan& device_plan() const { return device_plan_; }
 
  private:
-  friend class LoaderImpl;
-  friend class DevicePipeline;
-  friend class PeerAccess;  // Peer loading (src/remote/peer_access.h).
-  friend Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint&, const LoadOptions&,
-                                                          const std::shared_ptr<Device>&);
+  friend class CheckpointBuilder;  // Every load path builds its result through it (src/load/).
   struct Owners;
   std::vector<LoadedTensor> tensors_;
   std::unique_ptr<Owners> owners_;  // One buffer owner per tensor, shared.

@@ -18,6 +18,7 @@
 
 #include "device/device.h"
 #include "io/cufile.h"
+#include "load/checkpoint_builder.h"
 #include "load/device_plan.h"
 #include "load/file_job.h"
 #include "load/loader_internal.h"
@@ -349,11 +350,10 @@ Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadO
   reporter.Report(bytes_done, true);
 
   // The result.
-  LoadedCheckpoint out;
-  out.device_plan_ = mem;
-  out.owners_->device = device;
-  out.tensors_.reserve(selected.size());
-  out.owners_->buffers.reserve(selected.size());
+  CheckpointBuilder out;
+  out.device_plan() = mem;
+  out.set_device(device);
+  out.Reserve(selected.size());
   std::vector<std::vector<const DeviceTensorPlan*>> placed(jobs.size());
   for (size_t s = 0; s < jobs.size(); ++s) {
     placed[s].assign(ckpt.shards()[s].header.tensors().size(), nullptr);
@@ -366,17 +366,14 @@ Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadO
     LoadedTensor t = MakeTensor(info, pt->dtype, job.buffer->data() + pt->offset, pt->bytes);
     t.device = type;
     t.device_index = device->ordinal();
-    out.owners_->buffers.push_back(job.buffer);
-    out.tensors_.push_back(std::move(t));
-    out.total_bytes_ += pt->bytes;
+    out.Add(std::move(t), job.buffer);
   }
   for (auto& job : jobs) {
     if (job.wanted.empty()) continue;
     job.report.engine = IoEngine::kThreads;
-    out.files_.push_back(std::move(job.report));
+    out.files().push_back(std::move(job.report));
   }
-  out.seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
-  return out;
+  return std::move(out).Finish(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,

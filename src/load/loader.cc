@@ -26,6 +26,7 @@
 #include "io/page_cache.h"
 #include "io/read_op.h"
 #include "load/arena_pool.h"
+#include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/loader_internal.h"
 #include "load/owners.h"
@@ -290,12 +291,7 @@ LoadedTensor MakeTensor(const TensorInfo& info, Dtype dtype, void* data, uint64_
   t.name = info.name;
   t.dtype = dtype;
   t.shape.assign(info.shape.begin(), info.shape.end());
-  t.strides.resize(t.shape.size());
-  int64_t stride = 1;
-  for (size_t i = t.shape.size(); i-- > 0;) {
-    t.strides[i] = stride;
-    stride *= t.shape[i];
-  }
+  SetRowMajorStrides(&t);
   t.data = data;
   t.nbytes = nbytes;
   return t;
@@ -443,19 +439,13 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
 
   // The result's tensors, in name order, before any read: on_tensor hands them
   // out as their bytes land.
-  LoadedCheckpoint out;
-  out.tensors_.reserve(selected.size());
-  out.owners_->buffers.reserve(selected.size());
+  CheckpointBuilder out;
+  out.Reserve(selected.size());
   for (auto loc : selected) {
     const FileJob& job = jobs[loc.shard];
     const TensorInfo& info = ckpt.info(loc);
-    out.tensors_.push_back(MakeTensor(info, info.dtype, address(loc), info.nbytes()));
-    if (placed[loc.shard][loc.index]->in_arena) {
-      out.owners_->buffers.push_back(job.arena);
-    } else {
-      out.owners_->buffers.push_back(job.mapping);
-    }
-    out.total_bytes_ += info.nbytes();
+    out.Add(MakeTensor(info, info.dtype, address(loc), info.nbytes()),
+            placed[loc.shard][loc.index]->in_arena ? job.arena : job.mapping);
   }
 
   // Direct and buffered reads go to their own engines (see MakeEngine).
@@ -492,7 +482,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     for (size_t i = 0; i < selected.size(); ++i) {
       waiting[i] = 0;
       const PlannedTensor* pt = placed[selected[i].shard][selected[i].index];
-      const uint64_t n = out.tensors_[i].nbytes;
+      const uint64_t n = out.tensors()[i].nbytes;
       if (pt->in_arena && n > 0) {
         spans[selected[i].shard].push_back({pt->arena_offset, pt->arena_offset + n, static_cast<uint32_t>(i)});
       }
@@ -512,7 +502,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
         }
       }
     }
-    deliverer.emplace(options.on_tensor, out.tensors_, out.owners_->buffers);
+    deliverer.emplace(options.on_tensor, out.tensors(), out.owners());
     for (size_t i = 0; i < selected.size(); ++i) {
       if (waiting[i] == 0) deliverer->Ready(i);  // Views, and tensors with no bytes.
     }
@@ -592,10 +582,9 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   for (auto& job : jobs) {
     if (job.wanted.empty()) continue;
     job.report.engine = engine_kind[job.report.mode == IoMode::kDirect];
-    out.files_.push_back(std::move(job.report));
+    out.files().push_back(std::move(job.report));
   }
-  out.seconds_ = std::chrono::duration<double>(Clock::now() - t0).count();
-  return out;
+  return std::move(out).Finish(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 Result<std::pair<DeviceType, int>> ParseDevice(std::string_view name) {
@@ -640,8 +629,9 @@ Result<std::shared_ptr<Device>> DeviceFor(const LoadOptions& options) {
 }  // namespace
 
 Status LoaderImpl::HandOutAll(const LoadedCheckpoint& loaded, const TensorCallback& on_tensor) {
-  for (size_t i = 0; i < loaded.tensors_.size(); ++i) {
-    TL_RETURN_IF_ERROR(on_tensor(StreamedTensor(loaded.tensors_[i], loaded.owners_->buffers[i])));
+  const auto& owners = CheckpointBuilder::Owners(loaded);
+  for (size_t i = 0; i < loaded.tensors().size(); ++i) {
+    TL_RETURN_IF_ERROR(on_tensor(StreamedTensor(loaded.tensors()[i], owners[i])));
   }
   return Status::Ok();
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "io/read_op.h"
+#include "load/checkpoint_builder.h"
 #include "tensorlift/loader.h"
 
 namespace tensorlift {
@@ -109,17 +110,17 @@ class LoaderImpl {
     int device_index;
   };
   // The loaded plain tensors of `in` with the decoded groups (owned by
-  // `owner`), in name order; the parts' host arenas are given back.
-  static LoadedCheckpoint Assemble(const Checkpoint& ckpt, LoadedCheckpoint in,
+  // `owner`); the parts' host arenas are given back.
+  static CheckpointBuilder Assemble(const Checkpoint& ckpt, CheckpointBuilder in,
                                    const std::vector<const sparse::SparseTensor*>& groups,
                                    const std::vector<DecodedTensor>& decoded,
                                    const std::shared_ptr<Buffer>& owner);
 
  private:
-  static Result<LoadedCheckpoint> RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
+  static Result<CheckpointBuilder> RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
                                                   const EngineWrapper& wrap, const Selection& sel,
                                                   const std::shared_ptr<HostBuffer>& dense);
-  static Result<LoadedCheckpoint> RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
+  static Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
                                                   const EngineWrapper& wrap, const Selection& sel,
                                                   const std::shared_ptr<HostBuffer>& dense);
 };

@@ -20,6 +20,7 @@
 
 #include "device/device.h"
 #include "device/host_buffer.h"
+#include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/loader_internal.h"
 #include "load/owners.h"
@@ -179,18 +180,15 @@ Result<LoadedCheckpoint> LoaderImpl::RunSparse(const Checkpoint& ckpt, const Loa
   if (sel.dense_total > 0) {
     TL_ASSIGN_OR_RETURN(dense, HostBuffer::Allocate(sel.dense_total));
   }
-  Result<LoadedCheckpoint> loaded = options.mode == IoMode::kMmap
-                                        ? RunSparseMapped(ckpt, options, wrap, sel, dense)
-                                        : RunSparseStaged(ckpt, options, wrap, sel, dense);
-  if (loaded.ok()) {
-    loaded->seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
-  return loaded;
+  TL_ASSIGN_OR_RETURN(CheckpointBuilder loaded, options.mode == IoMode::kMmap
+                                                    ? RunSparseMapped(ckpt, options, wrap, sel, dense)
+                                                    : RunSparseStaged(ckpt, options, wrap, sel, dense));
+  return std::move(loaded).Finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 // mmap: the parts are read through the files' mappings (the page cache); each
 // group is decoded from there once its files are mapped.
-Result<LoadedCheckpoint> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
+Result<CheckpointBuilder> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
                                                      const EngineWrapper& wrap, const Selection& sel,
                                                      const std::shared_ptr<HostBuffer>& dense) {
   const auto& groups = sel.groups;
@@ -240,14 +238,14 @@ Result<LoadedCheckpoint> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt, con
   Status decoded = queue.Finish(/*abort=*/!raw.ok());
   if (!raw.ok()) return raw.status();
   TL_RETURN_IF_ERROR(decoded);
-  return Assemble(ckpt, std::move(raw).value(), sel.groups, HostDecoded(sel, dense), dense);
+  return Assemble(ckpt, CheckpointBuilder(std::move(raw).value()), sel.groups, HostDecoded(sel, dense), dense);
 }
 
 // Buffered and direct: the parts of one group at a time are read into one of
 // a few reused staging slots (so the only fresh memory is the dense tensors',
 // as in a dense load), and decoded from there by other threads while the next
 // group is read.
-Result<LoadedCheckpoint> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
+Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
                                                      const EngineWrapper& wrap, const Selection& sel,
                                                      const std::shared_ptr<HostBuffer>& dense) {
   const auto& groups = sel.groups;
@@ -268,7 +266,8 @@ Result<LoadedCheckpoint> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, con
       options.progress(whole);
     };
   }
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint plain, Run(ckpt, plain_options, wrap));
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint plain_loaded, Run(ckpt, plain_options, wrap));
+  CheckpointBuilder plain(std::move(plain_loaded));
 
   // The files holding parts, opened once (the mode per file, as for any load).
   std::vector<OpenedFile> files(ckpt.shards().size());
@@ -439,13 +438,13 @@ Result<LoadedCheckpoint> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, con
     uint64_t bytes = 0;
     for (uint32_t index : f.wanted) bytes += f.shard->header.tensors()[index].nbytes();
     FileReport* report = nullptr;
-    for (auto& r : plain.files_) {
+    for (auto& r : plain.files()) {
       if (r.path == f.report.path) report = &r;
     }
     if (report == nullptr) {
       f.report.engine = engine_kind[f.report.mode == IoMode::kDirect];
-      plain.files_.push_back(std::move(f.report));
-      report = &plain.files_.back();
+      plain.files().push_back(std::move(f.report));
+      report = &plain.files().back();
     }
     report->bytes += bytes;
     report->tensors += static_cast<uint32_t>(f.wanted.size());
@@ -455,7 +454,7 @@ Result<LoadedCheckpoint> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, con
 
 // The loaded plain tensors with the decoded ones, in name order; the parts'
 // memory, where it is a host arena of the load, goes back to the system.
-LoadedCheckpoint LoaderImpl::Assemble(const Checkpoint& ckpt, LoadedCheckpoint in,
+CheckpointBuilder LoaderImpl::Assemble(const Checkpoint& ckpt, CheckpointBuilder in,
                                       const std::vector<const sparse::SparseTensor*>& groups,
                                       const std::vector<DecodedTensor>& decoded,
                                       const std::shared_ptr<Buffer>& owner) {
@@ -463,17 +462,11 @@ LoadedCheckpoint LoaderImpl::Assemble(const Checkpoint& ckpt, LoadedCheckpoint i
   for (const auto* g : groups) {
     for (auto loc : {g->values, g->bitmask, g->row_offsets, g->shape_tensor}) part[ckpt.info(loc).name] = true;
   }
-  std::vector<std::pair<LoadedTensor, std::shared_ptr<Buffer>>> all;
-  for (size_t t = 0; t < in.tensors_.size(); ++t) {
-    const LoadedTensor& lt = in.tensors_[t];
-    if (part.count(lt.name)) {
-      if (dynamic_cast<HostBuffer*>(in.owners_->buffers[t].get()) != nullptr) {
-        Release(static_cast<const std::byte*>(lt.data), lt.nbytes);
-      }
-      continue;
-    }
-    all.emplace_back(lt, in.owners_->buffers[t]);
-  }
+  in.RemoveIf([&](const LoadedTensor& lt, const std::shared_ptr<Buffer>& held) {
+    if (!part.count(lt.name)) return false;
+    if (dynamic_cast<HostBuffer*>(held.get()) != nullptr) Release(static_cast<const std::byte*>(lt.data), lt.nbytes);
+    return true;
+  });
   std::vector<uint32_t> decoded_in_file(ckpt.shards().size(), 0);
   for (size_t i = 0; i < groups.size(); ++i) {
     const auto& g = *groups[i];
@@ -485,25 +478,15 @@ LoadedCheckpoint LoaderImpl::Assemble(const Checkpoint& ckpt, LoadedCheckpoint i
     LoadedTensor lt = MakeTensor(info, decoded[i].dtype, decoded[i].data, decoded[i].nbytes);
     lt.device = decoded[i].device;
     lt.device_index = decoded[i].device_index;
-    all.emplace_back(std::move(lt), owner);
+    in.Add(std::move(lt), owner);
     ++decoded_in_file[g.values.shard];
   }
-  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.first.name < b.first.name; });
-  LoadedCheckpoint out;
-  for (auto& [tensor, buffer] : all) {
-    out.total_bytes_ += tensor.nbytes;
-    out.tensors_.push_back(std::move(tensor));
-    out.owners_->buffers.push_back(std::move(buffer));
-  }
-  out.owners_->device = in.owners_->device;
-  out.files_ = std::move(in.files_);
-  for (auto& report : out.files_) {
+  for (auto& report : in.files()) {
     for (size_t s = 0; s < ckpt.shards().size(); ++s) {
       if (ckpt.shards()[s].path == report.path) report.decoded = decoded_in_file[s];
     }
   }
-  out.device_plan_ = in.device_plan_;
-  return out;
+  return in;  // Finish puts the tensors in name order.
 }
 
 bool MayBeSparse(const Checkpoint& ckpt) {
@@ -586,10 +569,9 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
     decoded.push_back({dense ? dense->data() + offset[i] : nullptr, dtype[i], shape[i].dense_bytes(),
                        values->device, values->device_index});
   }
-  LoadedCheckpoint out = LoaderImpl::Assemble(ckpt, std::move(in), groups, decoded, dense);
-  out.device_plan_.device_bytes += total;
-  out.seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return out;
+  CheckpointBuilder out = LoaderImpl::Assemble(ckpt, CheckpointBuilder(std::move(in)), groups, decoded, dense);
+  out.device_plan().device_bytes += total;
+  return std::move(out).Finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace tensorlift

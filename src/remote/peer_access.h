@@ -1,5 +1,5 @@
-// Building and reading LoadedCheckpoints from peer loading (a friend of
-// LoadedCheckpoint), and cutting a rank's slices out of a whole checkpoint.
+// Cutting a rank's slices out of a whole checkpoint (LoadedCheckpoints are
+// built with load/checkpoint_builder.h).
 #ifndef TENSORLIFT_REMOTE_PEER_ACCESS_H_
 #define TENSORLIFT_REMOTE_PEER_ACCESS_H_
 
@@ -7,23 +7,12 @@
 #include <vector>
 
 #include "device/host_buffer.h"
+#include "load/checkpoint_builder.h"
 #include "remote/layout.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/remote.h"
 
 namespace tensorlift {
-
-class PeerAccess {
- public:
-  // A host checkpoint over `tensors` (sorted here by name), tensors[i] owned
-  // by owners[i].
-  static LoadedCheckpoint Make(std::vector<LoadedTensor> tensors, std::vector<std::shared_ptr<Buffer>> owners,
-                               std::vector<FileReport> files, double seconds);
-  // Sets t->strides to the row-major strides (in elements) of t->shape.
-  static void SetRowMajorStrides(LoadedTensor* t);
-  // The buffer owning each of checkpoint.tensors()[i].
-  static const std::vector<std::shared_ptr<Buffer>>& Owners(const LoadedCheckpoint& checkpoint);
-};
 
 namespace remote {
 

@@ -400,36 +400,34 @@ class Puller {
       src.ucx.reset();
     }
 
-    std::vector<LoadedTensor> tensors;
-    std::vector<std::shared_ptr<Buffer>> owners;
+    CheckpointBuilder out;
+    out.Reserve(wanted.size());
     shards->clear();
     for (const Wanted& w : wanted) {
       LoadedTensor t;
       t.name = w.name;
       t.dtype = w.dtype;
       t.shape = w.shape;
-      PeerAccess::SetRowMajorStrides(&t);
+      SetRowMajorStrides(&t);
       t.data = buffer->data() + w.offset;
       t.nbytes = w.nbytes;
-      tensors.push_back(std::move(t));
-      owners.push_back(buffer);
+      out.Add(std::move(t), buffer);
       shards->push_back({w.dim, w.dim >= 0 ? w.range.start : 0, w.full_shape});
     }
-    std::vector<FileReport> files;
     for (int r = 0; r < n; ++r) {
       FileReport f;
       f.path = group[r]->url();
       f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n) +
                  (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports);
       f.bytes = sources[r].pulled;
-      files.push_back(std::move(f));
+      out.files().push_back(std::move(f));
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     report->bytes = pulled;
     report->seconds = seconds;
     report->source_ranks = ranks_used;
     failed_url->clear();
-    return PeerAccess::Make(std::move(tensors), std::move(owners), std::move(files), seconds);
+    return std::move(out).Finish(seconds);
   }
 
  private:

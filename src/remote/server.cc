@@ -346,7 +346,7 @@ Result<std::unique_ptr<PeerServer>> ServeShards(std::shared_ptr<const LoadedChec
   }
   std::vector<std::pair<std::byte*, uint64_t>> regions;
   std::vector<const Buffer*> seen;
-  for (const auto& owner : PeerAccess::Owners(*loaded)) {
+  for (const auto& owner : CheckpointBuilder::Owners(*loaded)) {
     if (!owner || std::find(seen.begin(), seen.end(), owner.get()) != seen.end()) continue;
     seen.push_back(owner.get());
     if (owner->size()) regions.push_back({owner->data(), owner->size()});

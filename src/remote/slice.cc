@@ -1,42 +1,13 @@
-// PeerAccess and a rank's slices of a whole checkpoint.
+// A rank's slices of a whole checkpoint.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 
 #include "common/checked_math.h"
-#include "load/owners.h"
+#include "load/checkpoint_builder.h"
 #include "remote/peer_access.h"
 
 namespace tensorlift {
-
-LoadedCheckpoint PeerAccess::Make(std::vector<LoadedTensor> tensors, std::vector<std::shared_ptr<Buffer>> owners,
-                                  std::vector<FileReport> files, double seconds) {
-  std::vector<size_t> order(tensors.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return tensors[a].name < tensors[b].name; });
-  LoadedCheckpoint out;
-  for (size_t i : order) {
-    out.total_bytes_ += tensors[i].nbytes;
-    out.tensors_.push_back(std::move(tensors[i]));
-    out.owners_->buffers.push_back(std::move(owners[i]));
-  }
-  out.files_ = std::move(files);
-  out.seconds_ = seconds;
-  return out;
-}
-
-void PeerAccess::SetRowMajorStrides(LoadedTensor* t) {
-  t->strides.resize(t->shape.size());
-  int64_t stride = 1;
-  for (size_t d = t->shape.size(); d-- > 0;) {
-    t->strides[d] = stride;
-    stride *= t->shape[d];
-  }
-}
-
-const std::vector<std::shared_ptr<Buffer>>& PeerAccess::Owners(const LoadedCheckpoint& checkpoint) {
-  return checkpoint.owners_->buffers;
-}
 
 namespace remote {
 
@@ -103,8 +74,8 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
   if (!any_split) return whole;
 
   TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, HostBuffer::Allocate(total));
-  std::vector<LoadedTensor> tensors;
-  std::vector<std::shared_ptr<Buffer>> owners;
+  CheckpointBuilder out;
+  out.Reserve(of.size());
   for (size_t i = 0; i < of.size(); ++i) {
     const LoadedTensor& t = whole.tensors()[i];
     LoadedTensor s = t;
@@ -121,13 +92,13 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
         std::memcpy(dst + p.dst_offset, static_cast<const std::byte*>(t.data) + p.src_offset, p.bytes);
         s.nbytes += p.bytes;
       }
-      PeerAccess::SetRowMajorStrides(&s);
+      SetRowMajorStrides(&s);
     }
     s.data = dst;
-    tensors.push_back(std::move(s));
-    owners.push_back(buffer);
+    out.Add(std::move(s), buffer);
   }
-  return PeerAccess::Make(std::move(tensors), std::move(owners), whole.files(), whole.seconds());
+  out.files() = whole.files();
+  return std::move(out).Finish(whole.seconds());
 }
 
 }  // namespace remote

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "load/arena_pool.h"
+#include "load/checkpoint_builder.h"
 #include "load/loader_internal.h"
 #include "io/page_cache.h"
 #include "load/planner.h"
@@ -507,6 +508,58 @@ TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
     ASSERT_FALSE(failed.ok());
     EXPECT_THAT(failed.status().message(), HasSubstr("Input/output error"));
   }
+}
+
+// CheckpointBuilder, the one builder of results: tensors come out in name
+// order with their owners, totals and reports; a result taken apart and
+// rebuilt keeps what it had.
+TEST(CheckpointBuilderTest, FinishSortsByNameAndKeepsOwnersReportsAndTotals) {
+  auto buffer = HostBuffer::Allocate(64);
+  ASSERT_TRUE(buffer.ok());
+  std::shared_ptr<Buffer> b = *buffer;
+  auto tensor = [&](std::string name, uint64_t bytes, uint64_t offset) {
+    LoadedTensor t;
+    t.name = std::move(name);
+    t.dtype = Dtype::kU8;
+    t.shape = {static_cast<int64_t>(bytes)};
+    SetRowMajorStrides(&t);
+    t.data = b->data() + offset;
+    t.nbytes = bytes;
+    return t;
+  };
+  CheckpointBuilder builder;
+  builder.Add(tensor("z", 8, 0), b);
+  builder.Add(tensor("a", 16, 8), b);
+  builder.Add(tensor("m", 4, 24), b);
+  FileReport report;
+  report.path = "f";
+  builder.files().push_back(report);
+  builder.device_plan().device_bytes = 7;
+  builder.RemoveIf([](const LoadedTensor& t, const std::shared_ptr<Buffer>&) { return t.name == "m"; });
+  LoadedCheckpoint out = std::move(builder).Finish(1.5);
+  ASSERT_EQ(out.tensors().size(), 2u);
+  EXPECT_EQ(out.tensors()[0].name, "a");
+  EXPECT_EQ(out.tensors()[1].name, "z");
+  EXPECT_EQ(out.tensors()[0].strides, std::vector<int64_t>{1});
+  EXPECT_EQ(out.total_bytes(), 24u);
+  EXPECT_EQ(out.seconds(), 1.5);
+  EXPECT_EQ(out.device_plan().device_bytes, 7u);
+  ASSERT_EQ(out.files().size(), 1u);
+  EXPECT_EQ(CheckpointBuilder::Owners(out).size(), 2u);
+  EXPECT_EQ(CheckpointBuilder::Owners(out)[0], b);
+
+  // Taken apart and rebuilt: the same tensors, at the same addresses (already in order).
+  const LoadedTensor* first = &out.tensors()[0];
+  const void* data = first->data;
+  CheckpointBuilder again(std::move(out));
+  EXPECT_EQ(again.tensors().size(), 2u);
+  again.Add(tensor("b", 4, 40), b);
+  LoadedCheckpoint rebuilt = std::move(again).Finish(2.0);
+  ASSERT_EQ(rebuilt.tensors().size(), 3u);
+  EXPECT_EQ(rebuilt.tensors()[1].name, "b");
+  EXPECT_EQ(rebuilt.tensors()[0].data, data);
+  EXPECT_EQ(rebuilt.total_bytes(), 28u);
+  ASSERT_NE(rebuilt.Find("z"), nullptr);
 }
 
 // PopulateAhead: fresh memory and views of a file both have their pages
