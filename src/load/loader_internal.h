@@ -7,6 +7,7 @@
 
 #include <vector>
 
+#include "device/populate.h"
 #include "io/read_op.h"
 #include "load/checkpoint_builder.h"
 #include "tensorlift/loader.h"
@@ -27,54 +28,8 @@ struct SparseTensor;
 Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool direct,
                                                std::span<const ReadOp> ops, IoEngine* chosen);
 
-// LoadOptions::fault_threads resolved (0: the CPU count, 2 to 4).
+// LoadOptions::fault_threads resolved (device/populate.h, FaultThreadCount).
 int FaultThreads(const LoadOptions& options);
-
-// Faults memory regions in on helper threads, ahead of the reads that will
-// fill them, 32 MiB at a time and in order (the threads take the steps in
-// turn). Advisory: on kernels without MADV_POPULATE_WRITE/READ (5.14) it stops
-// at once and the pages come in by faults on first touch. Fewer than 64 MiB in
-// all, or no threads: nothing.
-//
-// Its threads are all started before any of them populates: a thread's start
-// maps its stack, which waits for the mmap lock that a populate step holds
-// (tens of ms each on the 2-CPU machine measured, during which no read was
-// submitted; docs/performance-load.md).
-class PopulateAhead {
- public:
-  struct Region {
-    std::byte* base;
-    uint64_t bytes;
-    // false: fresh memory about to be written (MADV_POPULATE_WRITE), skipped once
-    // StopFresh is called; true: views of the page cache (MADV_POPULATE_READ), which
-    // Finish waits for.
-    bool read = false;
-  };
-  PopulateAhead(const std::vector<Region>& regions, int threads);
-  ~PopulateAhead();  // Stops everything, then joins.
-  // The reads are done: the fresh-memory steps not yet taken are skipped.
-  void StopFresh() { stop_fresh_ = true; }
-  // Waits until every step not skipped is done (or a madvise failed: the pages
-  // then come in by faults on first touch, as without populating).
-  void Finish();
-  PopulateAhead(const PopulateAhead&) = delete;
-  PopulateAhead& operator=(const PopulateAhead&) = delete;
-
- private:
-  struct Step {
-    std::byte* base;
-    uint64_t size;
-    bool read;
-  };
-  static constexpr uint64_t kStep = 32ull << 20;
-  std::vector<Step> steps_;
-  std::atomic<size_t> next_{0};
-  std::atomic<bool> go_{false};
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> stop_fresh_{false};
-  std::atomic<bool> failed_read_{false}, failed_write_{false};
-  std::vector<std::thread> threads_;
-};
 
 // What a layer above the host loader (sparse decoding) hooks into a load.
 struct HostLoadHooks {

@@ -12,7 +12,7 @@
 #include <set>
 
 #include "common/checked_math.h"
-#include "load/loader_internal.h"
+#include "device/populate.h"
 #include "remote/auth.h"
 #include "remote/layout.h"
 #include "remote/manifest.h"
@@ -285,7 +285,7 @@ class Puller {
     // Fresh memory is faulted in by helper threads ahead of the gets, as a
     // disk load does (docs/loading.md, "Memory"): first touches cost more
     // than the transfer itself on the machine measured (docs/remote.md).
-    PopulateAhead populate({{buffer->data(), buffer->size()}}, FaultThreads(options_.fallback_load));
+    PopulateAhead populate({{buffer->data(), buffer->size()}}, FaultThreadCount(options_.fallback_load.fault_threads));
 
     // Per source rank: the gets (straight into the destination where a whole
     // chunk lands in one place, else into a staging chunk), then the copies
