@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "commands.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 #include "sparse/sparse_checkpoint.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"

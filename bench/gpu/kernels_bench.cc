@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "device/device.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 #include "tensorlift/dtype.h"
 
 namespace {

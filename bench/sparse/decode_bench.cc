@@ -1,5 +1,5 @@
 // tl_sparse_decode_bench [--reps N]: throughput of the sparse-bitmask
-// decoders (sparse/bitmask.h) in GB/s of dense output, against a memcpy of
+// decoders (kernels/bitmask.h) in GB/s of dense output, against a memcpy of
 // the same dense bytes measured in the same run.
 //
 // Cases (bf16, uniformly random 50 % density): "dram", 4096 x 4096 (32 MiB
@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 
 namespace {
 

@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "device/convert.h"
-#include "device/convert_host.h"
+#include "kernels/convert.h"
+#include "kernels/convert_host.h"
 #include "remote/ucx_transport.h"
 #include "sparse/sparse_checkpoint.h"
 #include "tensorlift/streamer.h"

@@ -27,11 +27,11 @@
 
 #include "common/checked_math.h"
 #include "common/posix_file.h"
-#include "device/convert.h"
-#include "device/convert_host.h"
+#include "kernels/convert.h"
+#include "kernels/convert_host.h"
 #include "device/stream_checks.h"
-#include "sparse/bitmask.h"
-#include "sparse/bitmask_kernel.h"
+#include "kernels/bitmask.h"
+#include "kernels/bitmask_kernel.h"
 
 namespace tensorlift {
 namespace {
@@ -610,7 +610,7 @@ class EmulatedStream final : public DeviceStream {
     return InternalError("emulated stream: unknown op");
   }
 
-  // Runs the CUDA kernel's code (sparse/bitmask_kernel.h) with the warp
+  // Runs the CUDA kernel's code (kernels/bitmask_kernel.h) with the warp
   // emulated, row by row. An encoding that was not validated, which the GPU
   // would decode out of bounds, fails the stream here instead.
   Status RunDecodeBitmask(const Op& op) {

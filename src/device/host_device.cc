@@ -2,10 +2,10 @@
 #include <chrono>
 #include <cstring>
 
-#include "device/convert_host.h"
+#include "kernels/convert_host.h"
 #include "device/device.h"
 #include "device/stream_checks.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 
 namespace tensorlift {
 namespace {

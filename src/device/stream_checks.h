@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/checked_math.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift {

@@ -24,7 +24,7 @@
 #include "load/file_job.h"
 #include "load/loader_internal.h"
 #include "load/owners.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 #include "sparse/sparse_checkpoint.h"
 
 namespace tensorlift {

@@ -6,7 +6,7 @@ add_library(tl_sparse STATIC
   sparse/sparse_checkpoint.cc
   sparse/sparsify.cc
 )
-target_link_libraries(tl_sparse PUBLIC tl_sparse_codec tl_format tl_common PRIVATE simdjson::simdjson)
+target_link_libraries(tl_sparse PUBLIC tl_kernels tl_format tl_common PRIVATE simdjson::simdjson)
 # simdjson 3.0's inline code trips g++ 12's flow-based warnings (false
 # positives inside simdjson.h), as in src/CMakeLists.txt.
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")

@@ -18,8 +18,8 @@
 #include <utility>
 
 #include "common/posix_file.h"
-#include "device/convert.h"
-#include "sparse/bitmask.h"
+#include "kernels/convert.h"
+#include "kernels/bitmask.h"
 #include "sparse/shard_files.h"
 #include "sparse/sparse_checkpoint.h"
 #include "tensorlift/checkpoint.h"

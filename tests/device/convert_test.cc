@@ -1,7 +1,7 @@
 // The element conversions of convert.h and ConvertOnHost: known values,
 // rounding, specials, exhaustive round trips, every fp8 pattern, and that the
 // host loops give the same bits as ConvertElement.
-#include "device/convert.h"
+#include "kernels/convert.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "device/convert_host.h"
+#include "kernels/convert_host.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensorlift/dtype.h"

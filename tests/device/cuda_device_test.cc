@@ -18,12 +18,12 @@
 #include <vector>
 
 #include "../sparse/bitmask_test_util.h"
-#include "device/convert.h"
-#include "device/convert_host.h"
+#include "kernels/convert.h"
+#include "kernels/convert_host.h"
 #include "device/device.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 #include "tensorlift/capabilities.h"
 
 // Set by tests/CMakeLists.txt: whether the build found nvcc, and the path of

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "load/loader_internal.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 #include "sparse/sparsify.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"

@@ -2,7 +2,7 @@
 on the CPU, bit for bit: raw bits are compared, never values, so NaN payloads,
 signed zeros and subnormals all count.
 
-torch's own NaN patterns are not uniform (src/device/convert.h lists them);
+torch's own NaN patterns are not uniform (src/kernels/convert.h lists them);
 tensorlift follows its vectorised x86 kernels (AVX2 / AVX-512), which handle
 the whole of every tensor here. Two places where torch is not consistent with
 itself are checked explicitly below, not masked:

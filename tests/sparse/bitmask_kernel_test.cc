@@ -1,9 +1,9 @@
-// The GPU decode kernel's code (sparse/bitmask_kernel.h) on the CPU: the
+// The GPU decode kernel's code (kernels/bitmask_kernel.h) on the CPU: the
 // warp emulation (the kernel's steps, lanes in turn, the shuffle scan as
 // arrays) gives the scalar decoder's bytes for every width, density and row
 // length (tails of 8, 32 and 1024 columns included), and the work mapping
 // covers each column of a chunk exactly once from the right mask bit.
-#include "sparse/bitmask_kernel.h"
+#include "kernels/bitmask_kernel.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bitmask_test_util.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 
 namespace tensorlift::sparse {
 namespace {

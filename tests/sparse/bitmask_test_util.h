@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 
 namespace tensorlift::sparse::test {
 

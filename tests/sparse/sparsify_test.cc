@@ -16,7 +16,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 #include "sparse/sparse_checkpoint.h"
 #include "sparse_files.h"
 #include "tensorlift/checkpoint.h"

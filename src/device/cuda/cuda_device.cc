@@ -20,7 +20,7 @@
 #include <utility>
 
 #include "common/checked_math.h"
-#include "device/convert.h"
+#include "kernels/convert.h"
 #include "device/cuda/cuda_status.h"
 #include "device/cuda/kernels.h"
 #include "device/cuda_info.h"

@@ -1,10 +1,10 @@
 // The CUDA kernels of the device layer. Conversions run convert.h's
 // ConvertElement, the same code ConvertOnHost runs, so a GPU gives the same
-// bits as the CPU. The sparse-bitmask decode runs sparse/bitmask_kernel.h,
+// bits as the CPU. The sparse-bitmask decode runs kernels/bitmask_kernel.h,
 // whose element code the host emulation (and its tests) run too.
-#include "device/convert.h"
+#include "kernels/convert.h"
 #include "device/cuda/kernels.h"
-#include "sparse/bitmask_kernel.h"
+#include "kernels/bitmask_kernel.h"
 
 namespace tensorlift::cuda {
 namespace {

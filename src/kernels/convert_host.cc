@@ -1,13 +1,13 @@
 // ConvertOnHost: one tight loop per (from, to) pair, each an instance of a
 // template over the element functions of convert.h, so that the compiler
 // sees a branch-free body it can vectorise and no loop dispatches per element.
-#include "device/convert_host.h"
+#include "kernels/convert_host.h"
 
 #include <cstring>
 #include <string>
 
 #include "common/checked_math.h"
-#include "device/convert.h"
+#include "kernels/convert.h"
 
 namespace tensorlift {
 namespace {

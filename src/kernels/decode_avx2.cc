@@ -20,7 +20,7 @@
 
 #include <cstring>
 
-#include "sparse/decode_simd.h"
+#include "kernels/decode_simd.h"
 
 #if TL_SPARSE_X86
 

@@ -1,7 +1,7 @@
 // The codec's portable half: shape checks, encode, validation, the scalar
 // (branchless) decoder, dispatch and threading. The SIMD decoders live in
 // decode_avx2.cc / decode_avx512.cc.
-#include "sparse/bitmask.h"
+#include "kernels/bitmask.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "sparse/decode_simd.h"
+#include "kernels/decode_simd.h"
 
 namespace tensorlift::sparse {
 namespace {
