@@ -15,6 +15,9 @@ inline bool CheckedMul(uint64_t a, uint64_t b, uint64_t* out) {
   return !__builtin_mul_overflow(a, b, out);
 }
 
+// v rounded up to a multiple of a (a > 0; the caller knows it cannot overflow).
+inline constexpr uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
 }  // namespace tensorlift
 
 #endif  // TENSORLIFT_COMMON_CHECKED_MATH_H_

@@ -16,10 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 std::string Join(const std::string& dir, std::string_view name) {
   if (dir.empty()) return std::string(name);
   return dir.back() == '/' ? dir + std::string(name) : dir + "/" + std::string(name);
@@ -76,8 +72,8 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(path, ec)) {
       std::string name = entry.path().filename().string();
-      if (EndsWith(name, ".safetensors.index.json")) indexes.push_back(name);
-      else if (EndsWith(name, ".safetensors") && !entry.is_directory()) files.push_back(name);
+      if (name.ends_with(".safetensors.index.json")) indexes.push_back(name);
+      else if (name.ends_with(".safetensors") && !entry.is_directory()) files.push_back(name);
     }
     if (ec) return PosixError("cannot list the directory", ec.value()).WithContext(path);
     std::sort(indexes.begin(), indexes.end());
@@ -110,7 +106,7 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
     return ckpt;
   }
 
-  if (EndsWith(path, ".json")) {
+  if (path.ends_with(".json")) {
     ckpt.kind_ = Kind::kIndex;
     TL_RETURN_IF_ERROR(ckpt.ReadIndex(path));
     return ckpt;

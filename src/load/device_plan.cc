@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/checked_math.h"
 #include "io/read_op.h"
 #include "load/planner.h"
 
@@ -12,7 +13,6 @@ constexpr uint64_t kMinSlot = 64ull << 10;
 // Wanted ranges closer than this are read as one block (the gap with them).
 constexpr uint64_t kReadThroughGap = 64ull << 10;
 
-uint64_t AlignUp(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 uint64_t AlignDown(uint64_t x, uint64_t a) { return x / a * a; }
 
 // The smallest offset >= cur congruent to `residue` modulo kDeviceAlign.

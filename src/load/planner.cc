@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/checked_math.h"
 #include "io/read_op.h"
 
 namespace tensorlift {
@@ -11,7 +12,6 @@ constexpr uint64_t kMinDirectSpan = 64 << 10;  // Smaller runs: all through boun
 constexpr uint64_t kBounceChunk = 64 << 10;
 constexpr uint64_t kSlotAlign = 64;
 
-uint64_t AlignUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 uint64_t AlignDown(uint64_t v, uint64_t a) { return v / a * a; }
 
 // The smallest offset >= cur that is congruent to `residue` modulo 4 KiB.

@@ -18,10 +18,6 @@ namespace {
 static_assert(std::endian::native == std::endian::little,
               "safetensors data is little-endian; big-endian hosts would need byte swaps");
 
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 enum Part { kShape, kValues, kBitmask, kRowOffsets, kNumParts };
 constexpr std::array<std::string_view, kNumParts> kSuffixes = {kShapeSuffix, kValuesSuffix,
                                                                kBitmaskSuffix, kRowOffsetsSuffix};
@@ -137,13 +133,13 @@ Result<SparseTensor> ReadGroup(const Checkpoint& ckpt, const std::string& prefix
 }  // namespace
 
 std::string DenseName(std::string_view prefix) {
-  if (EndsWith(prefix, ".weight") || EndsWith(prefix, ".bias")) return std::string(prefix);
+  if (prefix.ends_with(".weight") || prefix.ends_with(".bias")) return std::string(prefix);
   return std::string(prefix) + ".weight";
 }
 
 std::optional<std::string> PrefixFor(std::string_view dense_name) {
   constexpr std::string_view kWeight = ".weight";
-  if (EndsWith(dense_name, kWeight)) {
+  if (dense_name.ends_with(kWeight)) {
     std::string stripped(dense_name.substr(0, dense_name.size() - kWeight.size()));
     if (!stripped.empty() && DenseName(stripped) == dense_name) return stripped;
   }
@@ -173,7 +169,7 @@ Result<SparseCatalog> FindSparse(const Checkpoint& ckpt,
   for (auto loc : ckpt.tensors()) {
     const std::string& name = ckpt.info(loc).name;
     for (int p = 0; p < kNumParts; ++p) {
-      if (name.size() > kSuffixes[p].size() && EndsWith(name, kSuffixes[p])) {
+      if (name.size() > kSuffixes[p].size() && name.ends_with(kSuffixes[p])) {
         candidates[name.substr(0, name.size() - kSuffixes[p].size())].parts[p] = loc;
         break;
       }

@@ -34,10 +34,6 @@ namespace fs = std::filesystem;
 constexpr uint64_t kCopyChunk = 16ull << 20;
 constexpr std::string_view kIndexName = "model.safetensors.index.json";
 
-bool EndsWith(std::string_view s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
-}
-
 bool FloatingDtype(Dtype d) {
   switch (d) {
     case Dtype::kF16:
@@ -378,7 +374,7 @@ Status CopyCompanions(const std::string& dir, const SparsifyOptions& opts,
     const std::string name = entry.path().filename().string();
     std::error_code fec;
     if (name.empty() || name[0] == '.' || !entry.is_regular_file(fec)) continue;
-    if (EndsWith(name, ".safetensors") || EndsWith(name, ".safetensors.index.json")) continue;
+    if (name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")) continue;
     const uint64_t size = entry.file_size(fec);
     if (fec) return PosixError("cannot stat", fec.value()).WithContext(entry.path().string());
     files.emplace_back(name, size);
