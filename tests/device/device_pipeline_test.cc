@@ -27,7 +27,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::Random;
 using testing::RawTensor;
-using testing::TempDir;
+using test::ScratchDir;
 using testing::WriteRaw;
 
 // The loader tests' mix, plus what conversions need: fp8 and a larger f32.
@@ -94,7 +94,7 @@ std::shared_ptr<Device> Emulated(uint64_t memory = 1ull << 30, double rate = 0) 
 
 TEST(DevicePlanTest, CoversEveryByteOnceAndKeepsAlignment) {
   for (size_t lead = 0; lead < 8; ++lead) {
-    TempDir dir;
+    ScratchDir dir;
     const std::string path = dir.File("m.safetensors");
     WriteRaw(path, MixedTensors(1), lead);
     auto ckpt = Checkpoint::Open(path);
@@ -162,7 +162,7 @@ struct PipelineCase {
 class DevicePipelineTest : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(DevicePipelineTest, EveryModeGivesTheFileBytesOnTheDevice) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(static_cast<uint32_t>(GetParam()));
   WriteRaw(path, tensors, GetParam());
@@ -201,7 +201,7 @@ TEST_P(DevicePipelineTest, EveryModeGivesTheFileBytesOnTheDevice) {
 INSTANTIATE_TEST_SUITE_P(HeaderShift, DevicePipelineTest, ::testing::Values(0, 1, 2, 3, 5, 7));
 
 TEST(DevicePipelineTest, ShardsAndFilters) {
-  TempDir dir;
+  ScratchDir dir;
   std::map<std::string, RawTensor> want;
   std::string index = "{\"weight_map\":{";
   for (int s = 0; s < 3; ++s) {
@@ -234,7 +234,7 @@ TEST(DevicePipelineTest, ShardsAndFilters) {
 }
 
 TEST(DevicePipelineTest, ReadsOverlapCopies) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, {Random("w", Dtype::kBF16, {1024, 1024}, 3)}, 0);  // 2 MiB.
   auto ckpt = Checkpoint::Open(path);
@@ -266,7 +266,7 @@ TEST(DevicePipelineTest, ReadsOverlapCopies) {
 }
 
 TEST(DevicePipelineTest, DeviceMemoryPlanIsComputedFirstAndRespected) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(5);
   WriteRaw(path, tensors, 3);
@@ -309,7 +309,7 @@ TEST(DevicePipelineTest, DeviceMemoryPlanIsComputedFirstAndRespected) {
 }
 
 TEST(DevicePipelineTest, FaultsFreeEverything) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)}, 1);
   auto ckpt = Checkpoint::Open(path);
@@ -384,7 +384,7 @@ class FakeDirectReader final : public DirectReader {
 };
 
 TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(21);
   WriteRaw(path, tensors, 3);
@@ -442,7 +442,7 @@ TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
 }
 
 TEST(DevicePipelineTest, HostLoadsConvertThroughTheSamePipeline) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(9);
   WriteRaw(path, tensors, 1);
@@ -473,7 +473,7 @@ TEST(DevicePipelineTest, DeviceNames) {
 }
 
 TEST(DevicePipelineTest, CudaWithoutAGpuIsAClearError) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, MixedTensors(1), 0);
   auto device = OpenCudaDevice(0);

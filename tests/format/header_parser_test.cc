@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/safetensors.h"
+#include "../common/scratch_dir.h"
 
 namespace tensorlift {
 namespace testing {
@@ -30,6 +31,8 @@ void PrintTo(const CorpusCase& c, std::ostream* os) { *os << c.name; }
 
 namespace {
 
+using ::tensorlift::test::ScratchDir;
+
 using ::tensorlift::testing::CorpusCase;
 using ::tensorlift::testing::MakeCorpus;
 using ::testing::AllOf;
@@ -38,32 +41,6 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 using namespace std::string_literals;
 using namespace std::string_view_literals;
-
-// A fresh directory under the test temp dir, removed with its contents.
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = ::testing::TempDir() + "tl_header_test_XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-    path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-  std::string Write(const std::string& name, const std::string& bytes) const {
-    const std::string p = path_ + "/" + name;
-    std::ofstream out(p, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) std::abort();
-    return p;
-  }
-
- private:
-  std::string path_;
-};
 
 std::span<const std::byte> Bytes(const std::string& s) {
   return std::as_bytes(std::span<const char>(s.data(), s.size()));

@@ -34,7 +34,7 @@ using ::testing::Not;
 using testing::MixedTensors;
 using testing::Random;
 using testing::RawTensor;
-using testing::TempDir;
+using test::ScratchDir;
 using testing::WriteRaw;
 
 struct Combo {
@@ -87,7 +87,7 @@ class LoaderBytesTest : public ::testing::TestWithParam<size_t> {};
 
 // Header sizes 0..7 mod 8 shift the data section to every alignment.
 TEST_P(LoaderBytesTest, EveryModeEngineAndBlockSizeGivesThePlainBytes) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(static_cast<uint32_t>(GetParam()));
   WriteRaw(path, tensors, GetParam());
@@ -113,7 +113,7 @@ TEST_P(LoaderBytesTest, EveryModeEngineAndBlockSizeGivesThePlainBytes) {
 INSTANTIATE_TEST_SUITE_P(HeaderShift, LoaderBytesTest, ::testing::Range<size_t>(0, 8));
 
 TEST(LoaderTest, FiltersLoadOnlyWhatMatches) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(7);
   WriteRaw(path, tensors, 3);
@@ -147,7 +147,7 @@ TEST(LoaderTest, FiltersLoadOnlyWhatMatches) {
 }
 
 TEST(LoaderTest, ShardsThroughAnIndex) {
-  TempDir dir;
+  ScratchDir dir;
   auto s1 = std::vector<RawTensor>{Random("x.a", Dtype::kF32, {100}, 1), Random("x.b", Dtype::kU8, {5}, 2)};
   auto s2 = std::vector<RawTensor>{Random("y.a", Dtype::kBF16, {64, 3}, 3), Random("y.z", Dtype::kI64, {2}, 4)};
   WriteRaw(dir.File("s-1.safetensors"), s1, 1);
@@ -177,7 +177,7 @@ TEST(LoaderTest, ShardsThroughAnIndex) {
 }
 
 TEST(LoaderTest, MemoryIsTheLoadedBytesPlusSmallPadding) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(3);
   WriteRaw(path, tensors, 5);
@@ -195,7 +195,7 @@ TEST(LoaderTest, MemoryIsTheLoadedBytesPlusSmallPadding) {
 }
 
 TEST(LoaderTest, ProgressReachesTheTotal) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, MixedTensors(4));
   LoadOptions opts;
@@ -209,7 +209,7 @@ TEST(LoaderTest, ProgressReachesTheTotal) {
 }
 
 TEST(LoaderTest, DLPackExportsOutliveTheCheckpoint) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(5);
   WriteRaw(path, tensors);
@@ -256,7 +256,7 @@ void ReadWholeFile(const std::string& path) {  // into the page cache
 }
 
 TEST(LoaderTest, AutoViewsACachedFileOrCopiesItWhenAsked) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(6);
   WriteRaw(path, tensors, 3);
@@ -285,7 +285,7 @@ TEST(LoaderTest, AutoViewsACachedFileOrCopiesItWhenAsked) {
 }
 
 TEST(LoaderTest, AutoReadsAFileOutOfThePageCacheDirect) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(6);
   WriteRaw(path, tensors, 0);
@@ -309,7 +309,7 @@ TEST(LoaderTest, AutoReadsAFileOutOfThePageCacheDirect) {
 }
 
 TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("holes.bin");
   constexpr uint64_t kMiB = 1 << 20, kSize = 96 * kMiB;
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT, 0644);
@@ -340,7 +340,7 @@ TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
 }
 
 TEST(LoaderTest, ViewsOfThePageCacheOutliveTheLoadAndAReplacedFile) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(4);
   WriteRaw(path, tensors);
@@ -405,7 +405,7 @@ class LoaderFaultTest : public ::testing::TestWithParam<IoMode> {
       return std::make_unique<FaultEngine>(std::move(e), before_op);
     });
   }
-  TempDir dir_;
+  ScratchDir dir_;
   std::string path_;
 };
 
@@ -473,7 +473,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, LoaderFaultTest,
 // run; however many there are (or none), the bytes are the file's, and a read
 // error stops them before the arenas go.
 TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("big.safetensors");
   std::vector<RawTensor> tensors;
   for (uint32_t i = 0; i < 3; ++i) {
@@ -586,7 +586,7 @@ size_t PresentPages(const std::byte* p, size_t n) {
 TEST(PopulateAheadTest, FreshMemoryAndViewsArePresentAfterFinish) {
   const long page = ::sysconf(_SC_PAGESIZE);
   constexpr size_t kFresh = 48u << 20, kView = 40u << 20;
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("view.bin");
   {
     std::ofstream f(path, std::ios::binary);
@@ -642,7 +642,7 @@ TEST(PopulateAheadTest, FreshMemoryAndViewsArePresentAfterFinish) {
 // when too small) by the next load, with the next file's bytes, never the old
 // ones; held buffers are not reused; exports outlive the pool.
 TEST(ArenaPoolTest, ReusesFreedBuffersForTheNextLoadWithTheNewBytes) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string a = dir.File("a.safetensors"), b = dir.File("b.safetensors"),
                     big = dir.File("big.safetensors");
   auto ta = MixedTensors(11), tb = MixedTensors(12);
@@ -692,7 +692,7 @@ TEST(ArenaPoolTest, ReusesFreedBuffersForTheNextLoadWithTheNewBytes) {
 }
 
 TEST(ArenaPoolTest, ExportsOutliveThePoolAndAFullPoolFreesTheRest) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string a = dir.File("a.safetensors");
   auto ta = MixedTensors(21);
   WriteRaw(a, ta);
@@ -777,7 +777,7 @@ struct Handed {
 };
 
 TEST(OnTensorTest, EveryModeAndEngineHandsOutEveryTensorOnceWithItsBytes) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(31);
   WriteRaw(path, tensors, 3);
@@ -810,7 +810,7 @@ TEST(OnTensorTest, EveryModeAndEngineHandsOutEveryTensorOnceWithItsBytes) {
 }
 
 TEST(OnTensorTest, TensorsComeOutWhileLaterReadsAreStillToCome) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   std::vector<RawTensor> tensors;
   for (uint32_t i = 0; i < 6; ++i) tensors.push_back(Random("t" + std::to_string(i), Dtype::kF32, {1u << 18}, 50 + i));
@@ -845,7 +845,7 @@ TEST(OnTensorTest, TensorsComeOutWhileLaterReadsAreStillToCome) {
 }
 
 TEST(OnTensorTest, AnErrorFromTheCallbackOrAReadFailsTheLoad) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, MixedTensors(32));
   auto ckpt = Checkpoint::Open(path);
@@ -878,7 +878,7 @@ TEST(OnTensorTest, AnErrorFromTheCallbackOrAReadFailsTheLoad) {
 }
 
 TEST(OnTensorTest, ConvertingLoadsHandOutEveryTensorAtTheEnd) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, {Random("a", Dtype::kBF16, {64, 8}, 1), Random("b", Dtype::kF16, {100}, 2),
                   Random("c", Dtype::kI32, {7}, 3)});
@@ -895,7 +895,7 @@ TEST(OnTensorTest, ConvertingLoadsHandOutEveryTensorAtTheEnd) {
 }
 
 TEST(OnTensorTest, LoadersThatHandOutNoTensorsWhileTheyLoadRefuseIt) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, {Random("a", Dtype::kF32, {16}, 1), Random("b", Dtype::kF32, {16}, 2)});
   auto ckpt = Checkpoint::Open(path);
@@ -914,7 +914,7 @@ TEST(LoaderTest, MissingFileAndNoPermission) {
   EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
   EXPECT_THAT(got.status().message(), HasSubstr("/nonexistent/model.safetensors"));
 
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, MixedTensors(1));
   auto ckpt = Checkpoint::Open(path);
@@ -948,7 +948,7 @@ TEST(LoaderTest, DirectOnAFilesystemWithoutODirectFallsBack) {
 }
 
 TEST(LoaderTest, OpenFileTakesAnyNameAsOneFile) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string path = dir.File("weights.json");
   auto tensors = MixedTensors(11);
   WriteRaw(path, tensors);

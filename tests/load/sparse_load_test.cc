@@ -16,6 +16,7 @@
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
+#include "../common/scratch_dir.h"
 
 namespace tensorlift {
 namespace {
@@ -78,9 +79,7 @@ std::span<const std::byte> AsBytes(const std::vector<int64_t>& v) {
 class SparseLoadTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char templ[] = "/tmp/tl_sparse_load_XXXXXX";
-    ASSERT_NE(mkdtemp(templ), nullptr);
-    dir_ = templ;
+    dir_ = scratch_.path();
     dense_ = {
         MakeDense("model.layers.0.mlp.down_proj.weight", Dtype::kBF16, 67, 133, 0.5, 1),
         MakeDense("model.layers.0.mlp.up_proj.weight", Dtype::kF32, 33, 64, 0.3, 2),
@@ -91,7 +90,6 @@ class SparseLoadTest : public ::testing::Test {
     };
     dense_.back().shape = {64};  // A plain 1-D tensor, stored as is.
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   // Two shards: the first 3 groups (current naming) and the plain tensor in
   // one, the others (old naming, ".weight" kept) in another; optionally with
@@ -141,6 +139,7 @@ class SparseLoadTest : public ::testing::Test {
     }
   }
 
+  test::ScratchDir scratch_{"tl_sparse_load"};
   std::string dir_;
   std::vector<Dense> dense_;
 };

@@ -18,6 +18,7 @@
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
+#include "../common/scratch_dir.h"
 
 namespace tensorlift {
 namespace {
@@ -76,9 +77,7 @@ std::string NormName(size_t i) { return "model.layers." + std::to_string(i) + ".
 class StreamerTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
-    char templ[] = "/tmp/tl_streamer_XXXXXX";
-    ASSERT_NE(mkdtemp(templ), nullptr);
-    dir_ = templ;
+    dir_ = scratch_.path();
     const bool sparse = GetParam();
     std::vector<std::vector<std::byte>> weights, norms;
     std::vector<Parts> parts;
@@ -110,7 +109,6 @@ class StreamerTest : public ::testing::TestWithParam<bool> {
     for (size_t i = 0; i < kLayers; ++i) layers_.push_back({WeightName(i), NormName(i)});
     options_.mode = IoMode::kDirect;  // As streaming uses it; falls back where refused.
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   Result<LayerStreamer> Open(uint64_t budget) { return LayerStreamer::Open(ckpt_, layers_, budget, options_); }
 
@@ -123,6 +121,7 @@ class StreamerTest : public ::testing::TestWithParam<bool> {
     return all->dense_bytes(0) + 2 * largest;
   }
 
+  test::ScratchDir scratch_{"tl_streamer"};
   std::string dir_;
   Checkpoint ckpt_;
   std::vector<std::vector<std::string>> layers_;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tensorlift/dtype.h"
+#include "../common/scratch_dir.h"
 
 namespace tensorlift::testing {
 
@@ -80,24 +81,6 @@ inline std::vector<RawTensor> MixedTensors(uint32_t seed) {
       Random("j.c64", Dtype::kC64, {2, 3}, seed + 10),
   };
 }
-
-// A fresh directory under the system temp dir, removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "tl_test_XXXXXX").string();
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 }  // namespace tensorlift::testing
 

@@ -23,7 +23,7 @@ namespace {
 using ::testing::HasSubstr;
 using tensorlift::testing::Random;
 using tensorlift::testing::RawTensor;
-using tensorlift::testing::TempDir;
+using tensorlift::test::ScratchDir;
 using tensorlift::testing::WriteRaw;
 
 constexpr const char* kLayout = "w0=0;w1=1;w3=2";
@@ -110,7 +110,7 @@ class PeerTest : public ::testing::Test {
     }
   }
 
-  TempDir dir_;
+  ScratchDir dir_;
   std::string path_;
   std::vector<RawTensor> tensors_;
   PeerKey key_;
@@ -377,7 +377,7 @@ TEST_F(PeerTest, ServesUserBuffers) {
 }
 
 TEST(PeerKeyTest, ForCheckpointIsStableAndNamesTheModel) {
-  TempDir dir;
+  ScratchDir dir;
   const std::string sub = dir.path() + "/llama-tiny";
   std::filesystem::create_directory(sub);
   WriteRaw(sub + "/model.safetensors", Tensors());

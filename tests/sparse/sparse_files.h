@@ -22,28 +22,11 @@
 #include "tensorlift/dtype.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
+#include "../common/scratch_dir.h"
 
 namespace tensorlift::sparse_testing {
 
-class ScratchDir {
- public:
-  ScratchDir() {
-    std::string tmpl = ::testing::TempDir() + "tl_sparse_test_XXXXXX";
-    if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
-    path_ = tmpl;
-  }
-  ~ScratchDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  const std::string& path() const { return path_; }
-  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using ::tensorlift::test::ScratchDir;
 
 struct Tensor {
   std::string name;
