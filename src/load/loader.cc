@@ -148,17 +148,14 @@ Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
   TL_RETURN_IF_ERROR(OpenForLoad(job, options.mode, cached_views));
   const Header& h = job.shard->header;
   const IoMode mode = job.report.mode;
-  const PlanMode pm = mode == IoMode::kDirect   ? PlanMode::kDirect
-                      : mode == IoMode::kMmap   ? PlanMode::kMmap
-                                                : PlanMode::kBuffered;
-  job.plan = PlanFile(h, job.wanted, pm, options.block_size);
+  job.plan = PlanFile(h, job.wanted, mode, options.block_size);
   job.report.bytes = job.plan.tensor_bytes;
   job.report.tensors = static_cast<uint32_t>(job.wanted.size());
   job.report.realigned = job.plan.realigned;
 
   TL_ASSIGN_OR_RETURN(auto arena, TakeArena(options.arena_pool, job.plan.arena_bytes));
   job.arena = std::move(arena);
-  if (pm == PlanMode::kMmap) {
+  if (mode == IoMode::kMmap) {
     TL_ASSIGN_OR_RETURN(auto mapping, FileMapping::Map(job.buffered.fd(), h.file_size()));
     job.mapping = std::move(mapping);
   }

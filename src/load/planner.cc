@@ -35,14 +35,14 @@ uint64_t ElementAlignment(Dtype dtype) {
   return bits < 8 ? 1 : std::min<uint64_t>(bits / 8, 8);
 }
 
-FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, PlanMode mode,
+FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode mode,
                   uint64_t block_size) {
   FilePlan plan;
   plan.mode = mode;
   block_size = AlignUp(std::max<uint64_t>(block_size, kDirectAlign), kDirectAlign);
   const auto& all = header.tensors();
   const uint64_t data_offset = header.data_offset();
-  const bool direct = mode == PlanMode::kDirect;
+  const bool direct = mode == IoMode::kDirect;
   uint64_t cur = 0;
 
   // The run being built: [run_begin, run_end) in data-section offsets.
@@ -81,7 +81,7 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, PlanMo
     plan.tensor_bytes += t.nbytes();
     PlannedTensor pt;
     pt.index = idx;
-    if (mode == PlanMode::kMmap) {
+    if (mode == IoMode::kMmap) {
       if (t.nbytes() == 0) {
         pt.arena_offset = 0;  // The arena's aligned base; nothing to read.
       } else if ((data_offset + t.begin) % ElementAlignment(t.dtype) == 0) {

@@ -23,11 +23,10 @@
 #include <span>
 #include <vector>
 
+#include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
 
 namespace tensorlift {
-
-enum class PlanMode { kBuffered, kDirect, kMmap };
 
 struct PlannedTensor {
   uint32_t index = 0;         // Into header.tensors().
@@ -44,7 +43,7 @@ struct PlannedRead {
 };
 
 struct FilePlan {
-  PlanMode mode = PlanMode::kBuffered;
+  IoMode mode = IoMode::kBuffered;  // Never kAuto: the loader resolves it per file first.
   uint64_t arena_bytes = 0;
   uint64_t tensor_bytes = 0;
   uint32_t realigned = 0;
@@ -58,7 +57,7 @@ uint64_t ElementAlignment(Dtype dtype);
 
 // `wanted` are indices into header.tensors(), increasing (file order).
 // block_size is rounded up to a multiple of 4 KiB.
-FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, PlanMode mode,
+FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode mode,
                   uint64_t block_size);
 
 }  // namespace tensorlift

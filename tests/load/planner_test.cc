@@ -73,11 +73,11 @@ void CheckCoverage(const Header& h, const FilePlan& plan) {
 
 TEST(PlannerTest, AlignedFileIsOneRunWithoutRealignment) {
   Header h = MakeHeader({{Dtype::kF32, 1 << 20}, {Dtype::kBF16, 1 << 20}, {Dtype::kU8, 7}}, 0);
-  for (PlanMode m : {PlanMode::kBuffered, PlanMode::kDirect}) {
+  for (IoMode m : {IoMode::kBuffered, IoMode::kDirect}) {
     FilePlan p = PlanFile(h, All(h), m, 256 << 10);
     CheckCoverage(h, p);
     // Buffered placement is data-relative, so aligned regardless of header size.
-    if (m == PlanMode::kBuffered) {
+    if (m == IoMode::kBuffered) {
       EXPECT_EQ(p.realigned, 0u);
     }
     EXPECT_LE(p.arena_bytes, p.tensor_bytes + 4096 + 64);
@@ -87,10 +87,10 @@ TEST(PlannerTest, AlignedFileIsOneRunWithoutRealignment) {
 TEST(PlannerTest, OddHeaderSizeRealignsOnlyInDirectMode) {
   for (size_t lead = 0; lead < 8; ++lead) {
     Header h = MakeHeader({{Dtype::kF32, 64 << 10}, {Dtype::kF64, 64 << 10}}, lead);
-    FilePlan buffered = PlanFile(h, All(h), PlanMode::kBuffered, 1 << 20);
+    FilePlan buffered = PlanFile(h, All(h), IoMode::kBuffered, 1 << 20);
     EXPECT_EQ(buffered.realigned, 0u);
     CheckCoverage(h, buffered);
-    FilePlan direct = PlanFile(h, All(h), PlanMode::kDirect, 1 << 20);
+    FilePlan direct = PlanFile(h, All(h), IoMode::kDirect, 1 << 20);
     CheckCoverage(h, direct);
     const bool aligned = h.data_offset() % 8 == 0;
     EXPECT_EQ(direct.realigned, aligned ? 0u : (h.data_offset() % 4 == 0 ? 1u : 2u)) << lead;
@@ -99,14 +99,14 @@ TEST(PlannerTest, OddHeaderSizeRealignsOnlyInDirectMode) {
 
 TEST(PlannerTest, MisalignedTensorIsReadOnItsOwn) {
   Header h = MakeHeader({{Dtype::kU8, 3}, {Dtype::kF32, 400}, {Dtype::kU8, 1}}, 0);
-  FilePlan p = PlanFile(h, All(h), PlanMode::kBuffered, 1 << 20);
+  FilePlan p = PlanFile(h, All(h), IoMode::kBuffered, 1 << 20);
   EXPECT_EQ(p.realigned, 1u);
   CheckCoverage(h, p);
 }
 
 TEST(PlannerTest, DirectSplitsHeadMiddleTail) {
   Header h = MakeHeader({{Dtype::kU8, 5}, {Dtype::kU8, 1 << 20}}, 1);
-  FilePlan p = PlanFile(h, std::vector<uint32_t>{1}, PlanMode::kDirect, 256 << 10);
+  FilePlan p = PlanFile(h, std::vector<uint32_t>{1}, IoMode::kDirect, 256 << 10);
   CheckCoverage(h, p);
   int bounce = 0, plain = 0;
   for (const auto& r : p.reads) (r.bounce ? bounce : plain)++;
@@ -116,7 +116,7 @@ TEST(PlannerTest, DirectSplitsHeadMiddleTail) {
 
 TEST(PlannerTest, FilteredTensorsLeaveGapsOut) {
   Header h = MakeHeader({{Dtype::kF32, 1 << 20}, {Dtype::kF32, 8 << 20}, {Dtype::kF32, 1 << 20}}, 0);
-  FilePlan p = PlanFile(h, std::vector<uint32_t>{0, 2}, PlanMode::kBuffered, 1 << 20);
+  FilePlan p = PlanFile(h, std::vector<uint32_t>{0, 2}, IoMode::kBuffered, 1 << 20);
   CheckCoverage(h, p);
   EXPECT_EQ(p.tensor_bytes, 2u << 20);
   EXPECT_LE(p.arena_bytes, (2u << 20) + 2 * 4096);
@@ -124,7 +124,7 @@ TEST(PlannerTest, FilteredTensorsLeaveGapsOut) {
 
 TEST(PlannerTest, MmapViewsAlignedTensorsAndCopiesTheRest) {
   Header h = MakeHeader({{Dtype::kU8, 3}, {Dtype::kF32, 400}}, 0);
-  FilePlan p = PlanFile(h, All(h), PlanMode::kMmap, 1 << 20);
+  FilePlan p = PlanFile(h, All(h), IoMode::kMmap, 1 << 20);
   EXPECT_FALSE(p.tensors[0].in_arena);
   const bool f32_aligned = (h.data_offset() + 3) % 4 == 0;
   EXPECT_EQ(p.tensors[1].in_arena, !f32_aligned);
