@@ -36,11 +36,10 @@
 
 #include "device/host_buffer.h"
 #include "tensorlift/dtype.h"
+#include "tensorlift/loader.h"  // DeviceType
 #include "tensorlift/status.h"
 
 namespace tensorlift {
-
-enum class DeviceKind { kHost, kCuda, kHostEmulated };
 
 // A point in a stream's work. Reusable: Record() moves it.
 class DeviceEvent {
@@ -92,7 +91,7 @@ class DeviceStream {
 class Device {
  public:
   virtual ~Device() = default;
-  virtual DeviceKind kind() const = 0;
+  virtual DeviceType kind() const = 0;
   virtual int ordinal() const = 0;
   // "cuda:0", "emulated:0".
   virtual std::string name() const = 0;

@@ -670,7 +670,7 @@ class EmulatedDevice final : public Device {
  public:
   explicit EmulatedDevice(std::shared_ptr<DeviceState> state) : state_(std::move(state)) {}
 
-  DeviceKind kind() const override { return DeviceKind::kHostEmulated; }
+  DeviceType kind() const override { return DeviceType::kEmulated; }
   int ordinal() const override { return 0; }
   std::string name() const override { return "emulated:0"; }
   int dlpack_device_type() const override { return kDlpackExtDev; }

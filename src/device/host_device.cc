@@ -68,7 +68,7 @@ class HostStream final : public DeviceStream {
 
 class HostDevice final : public Device {
  public:
-  DeviceKind kind() const override { return DeviceKind::kHost; }
+  DeviceType kind() const override { return DeviceType::kCpu; }
   int ordinal() const override { return 0; }
   std::string name() const override { return "cpu"; }
   int dlpack_device_type() const override { return 1; }  // kDLCPU

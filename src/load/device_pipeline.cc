@@ -378,12 +378,10 @@ Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadO
 
 Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,
                                            const std::shared_ptr<Device>& device, PipelineTrace* trace) {
-  const DeviceType type = device->kind() == DeviceKind::kCuda           ? DeviceType::kCuda
-                          : device->kind() == DeviceKind::kHostEmulated ? DeviceType::kEmulated
-                                                                         : DeviceType::kCpu;
+  const DeviceType type = device->kind();
   // GDS only for CUDA devices (or a test's reader), and only when asked.
   const bool allow_gds =
-      options.gds && (device->kind() == DeviceKind::kCuda || (trace && trace->open_direct_reader));
+      options.gds && (device->kind() == DeviceType::kCuda || (trace && trace->open_direct_reader));
   std::string gds_failure;
   auto got = DevicePipeline::Run(checkpoint, options, device, type, trace, allow_gds, "", &gds_failure);
   if (got.ok() || gds_failure.empty()) return got;

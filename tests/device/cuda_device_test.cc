@@ -95,7 +95,7 @@ class CudaDeviceTest : public ::testing::Test {
 };
 
 TEST_F(CudaDeviceTest, Identity) {
-  EXPECT_EQ(device_->kind(), DeviceKind::kCuda);
+  EXPECT_EQ(device_->kind(), DeviceType::kCuda);
   EXPECT_EQ(device_->name(), "cuda:0");
   EXPECT_EQ(device_->ordinal(), 0);
   EXPECT_EQ(device_->dlpack_device_type(), 2);

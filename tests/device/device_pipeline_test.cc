@@ -73,7 +73,7 @@ void ExpectLoaded(Device& device, const std::map<std::string, RawTensor>& want, 
     EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % ElementAlignment(t.dtype), 0u) << ctx << " " << t.name;
     const std::vector<uint8_t> expect = target == w.dtype ? w.bytes : Converted(w, target);
     ASSERT_EQ(t.nbytes, expect.size()) << ctx << " " << t.name;
-    if (device.kind() == DeviceKind::kHost) {
+    if (device.kind() == DeviceType::kCpu) {
       EXPECT_EQ(t.device, DeviceType::kCpu);
       if (t.nbytes) {
         EXPECT_EQ(std::memcmp(t.data, expect.data(), t.nbytes), 0) << ctx << " " << t.name;

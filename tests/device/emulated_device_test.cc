@@ -45,7 +45,7 @@ EmulatedDeviceCounts Counts(Device& device) { return Take(GetEmulatedDeviceCount
 
 TEST(EmulatedDeviceTest, Identity) {
   auto device = MakeEmulatedDevice({.memory_bytes = 1 << 20});
-  EXPECT_EQ(device->kind(), DeviceKind::kHostEmulated);
+  EXPECT_EQ(device->kind(), DeviceType::kEmulated);
   EXPECT_EQ(device->name(), "emulated:0");
   EXPECT_EQ(device->ordinal(), 0);
   EXPECT_EQ(device->dlpack_device_type(), 12);

@@ -341,7 +341,7 @@ class CudaDevice final : public Device {
  public:
   explicit CudaDevice(std::shared_ptr<const DeviceState> state) : state_(std::move(state)) {}
 
-  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  DeviceType kind() const override { return DeviceType::kCuda; }
   int ordinal() const override { return state_->ordinal; }
   std::string name() const override { return "cuda:" + std::to_string(state_->ordinal); }
   int dlpack_device_type() const override { return 2; }  // kDLCUDA.
