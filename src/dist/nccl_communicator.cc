@@ -2,7 +2,6 @@
 // libnccl.so.2 (nccl.h from the CUDA toolkit for the types only), so that
 // tensorlift neither links nor needs NCCL. See communicator.h.
 #include <cuda_runtime.h>
-#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstdlib>
@@ -12,6 +11,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/dynamic_library.h"
 #include "dist/communicator.h"
 
 namespace tensorlift {
@@ -41,23 +41,13 @@ Result<const NcclApi*> LoadNccl() {
   static bool loaded = false;
   std::lock_guard<std::mutex> lock(mu);
   if (loaded) return &api;
-  const char* env = std::getenv("TENSORLIFT_NCCL_LIB");
-  const std::string name = env && *env ? env : "libnccl.so.2";
-  void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* err = dlerror();
-    return Unavailable("NCCL library not found: dlopen(" + name + "): " + (err ? err : "?") +
-                       " (install NCCL, or set TENSORLIFT_NCCL_LIB to libnccl.so.2's path)");
-  }
+  TL_ASSIGN_OR_RETURN(DynamicLibrary lib,
+                      DynamicLibrary::Open("TENSORLIFT_NCCL_LIB", "libnccl.so.2", "NCCL library",
+                                           " (install NCCL, or set TENSORLIFT_NCCL_LIB to libnccl.so.2's path)"));
   NcclApi a;
-  bool ok = true;
-  std::string missing;
+  Status st;
   auto sym = [&](auto& fn, const char* symbol) {
-    fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, symbol));
-    if (fn == nullptr) {
-      ok = false;
-      missing = symbol;
-    }
+    if (st.ok()) st = lib.Symbol(symbol, &fn);
   };
   sym(a.get_unique_id, "ncclGetUniqueId");
   sym(a.comm_init_rank, "ncclCommInitRank");
@@ -71,10 +61,8 @@ Result<const NcclApi*> LoadNccl() {
   sym(a.group_start, "ncclGroupStart");
   sym(a.group_end, "ncclGroupEnd");
   sym(a.get_version, "ncclGetVersion");
-  if (!ok) {
-    dlclose(lib);
-    return Unavailable("NCCL library " + name + " lacks " + missing);
-  }
+  if (!st.ok()) return st.WithContext(lib.name());  // (dlclose'd as lib goes)
+  lib.Keep();  // The library stays loaded for the life of the process.
   api = a;
   loaded = true;  // The library stays loaded for the life of the process.
   return &api;

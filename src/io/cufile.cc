@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/checked_math.h"
+#include "common/dynamic_library.h"
 #include "common/posix_file.h"
 
 namespace tensorlift {
@@ -78,19 +79,6 @@ Status CuFileStatus(CUfileError_t e, const char* what) {
   }
 }
 
-template <typename F>
-Status LoadSymbol(void* lib, const char* name, F* out) {
-  dlerror();
-  void* sym = dlsym(lib, name);
-  if (sym == nullptr) {
-    const char* err = dlerror();
-    return Unavailable(std::string("cuFile library lacks symbol ") + name +
-                       (err ? std::string(": ") + err : ""));
-  }
-  *out = reinterpret_cast<F>(sym);
-  return Status::Ok();
-}
-
 // Loads the library named by $TENSORLIFT_CUFILE_LIB, else libcufile.so.0.
 Result<const CuFileApi*> LoadApi() {
   static std::mutex mu;
@@ -98,35 +86,26 @@ Result<const CuFileApi*> LoadApi() {
   std::lock_guard lock(mu);
   if (loaded != nullptr) return loaded;
 
-  const char* env = std::getenv("TENSORLIFT_CUFILE_LIB");
-  const std::string name = env != nullptr && env[0] != '\0' ? env : kDefaultLibrary;
-  dlerror();
-  void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) {
-    const char* err = dlerror();
-    return Unavailable("cuFile library not found: dlopen(" + name +
-                       "): " + (err ? err : "unknown error") +
-                       (env ? ""
-                            : " (install GPUDirect Storage, or set TENSORLIFT_CUFILE_LIB to "
-                              "libcufile.so.0's path)"));
-  }
+  TL_ASSIGN_OR_RETURN(DynamicLibrary lib,
+                      DynamicLibrary::Open("TENSORLIFT_CUFILE_LIB", kDefaultLibrary, "cuFile library",
+                                           " (install GPUDirect Storage, or set TENSORLIFT_CUFILE_LIB to "
+                                           "libcufile.so.0's path)"));
+  const std::string name = lib.name();
   auto api = std::unique_ptr<CuFileApi>(new (std::nothrow) CuFileApi);
   if (!api) return ResourceExhaustedError("out of memory");
-  Status s = LoadSymbol(lib, "cuFileDriverOpen", &api->driver_open);
-  if (s.ok() && !LoadSymbol(lib, "cuFileDriverClose_v2", &api->driver_close).ok()) {
-    s = LoadSymbol(lib, "cuFileDriverClose", &api->driver_close);
+  Status s = lib.Symbol("cuFileDriverOpen", &api->driver_open);
+  if (s.ok() && !lib.Symbol("cuFileDriverClose_v2", &api->driver_close).ok()) {
+    s = lib.Symbol("cuFileDriverClose", &api->driver_close);
   }
-  if (s.ok()) s = LoadSymbol(lib, "cuFileHandleRegister", &api->handle_register);
-  if (s.ok()) s = LoadSymbol(lib, "cuFileHandleDeregister", &api->handle_deregister);
-  if (s.ok()) s = LoadSymbol(lib, "cuFileBufRegister", &api->buf_register);
-  if (s.ok()) s = LoadSymbol(lib, "cuFileBufDeregister", &api->buf_deregister);
-  if (s.ok()) s = LoadSymbol(lib, "cuFileRead", &api->read);
-  if (s.ok()) s = LoadSymbol(lib, "cuFileGetVersion", &api->get_version);
+  if (s.ok()) s = lib.Symbol("cuFileHandleRegister", &api->handle_register);
+  if (s.ok()) s = lib.Symbol("cuFileHandleDeregister", &api->handle_deregister);
+  if (s.ok()) s = lib.Symbol("cuFileBufRegister", &api->buf_register);
+  if (s.ok()) s = lib.Symbol("cuFileBufDeregister", &api->buf_deregister);
+  if (s.ok()) s = lib.Symbol("cuFileRead", &api->read);
+  if (s.ok()) s = lib.Symbol("cuFileGetVersion", &api->get_version);
   if (s.ok()) s = CuFileStatus(api->get_version(&api->version), "cuFileGetVersion");
-  if (!s.ok()) {
-    dlclose(lib);  // Nothing of it has run but cuFileGetVersion.
-    return s.WithContext(name);
-  }
+  if (!s.ok()) return s.WithContext(name);  // Closed as lib goes: nothing of it has run but cuFileGetVersion.
+  lib.Keep();
   Dl_info info{};
   api->path =
       dladdr(reinterpret_cast<void*>(api->driver_open), &info) != 0 && info.dli_fname != nullptr
