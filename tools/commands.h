@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "tensorlift/loader.h"
+
 namespace tensorlift::cli {
 
 inline constexpr int kExitOk = 0;
@@ -21,16 +23,17 @@ struct LoadArgs {
   std::string filter;  // Regex; empty: all.
   std::string mode = "auto";
   std::string engine = "auto";
-  int threads = 0;
-  int queue_depth = 32;
-  uint64_t block_mib = 8;
+  // The numeric defaults are LoadOptions' (include/tensorlift/loader.h), written once there.
+  int threads = tensorlift::LoadOptions{}.threads;
+  int queue_depth = tensorlift::LoadOptions{}.queue_depth;
+  uint64_t block_mib = tensorlift::LoadOptions{}.block_size >> 20;
   bool checksum = false;
   bool progress = true;  // Only drawn on a terminal.
   std::string device = "cpu";
   std::string dtype;     // Empty: keep each tensor's.
-  int staging_buffers = 4;
-  uint64_t staging_mib = 16;
-  bool gds = true;
+  int staging_buffers = tensorlift::LoadOptions{}.staging_buffers;
+  uint64_t staging_mib = tensorlift::LoadOptions{}.staging_bytes >> 20;
+  bool gds = tensorlift::LoadOptions{}.gds;
   bool copy = false;    // auto: owned copies of page-cached files, not views.
 };
 int RunLoad(const LoadArgs& args);

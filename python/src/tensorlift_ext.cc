@@ -350,11 +350,12 @@ NB_MODULE(_tensorlift, m) {
            nb::arg("shard") = 0)
       .def("warnings", [](const PyCheckpoint& s) { return s.ckpt->warnings(); })
       .def("load", &DoLoad, nb::arg("names") = nb::none(), nb::arg("regex") = nb::none(),
-           nb::arg("mode") = "auto", nb::arg("engine") = "auto", nb::arg("threads") = 0,
-           nb::arg("queue_depth") = 32, nb::arg("block_size") = uint64_t{8} << 20,
+           nb::arg("mode") = "auto", nb::arg("engine") = "auto", nb::arg("threads") = LoadOptions{}.threads,
+           nb::arg("queue_depth") = LoadOptions{}.queue_depth, nb::arg("block_size") = LoadOptions{}.block_size,
            nb::arg("progress") = nb::none(), nb::arg("device") = "cpu", nb::arg("dtype") = nb::none(),
-           nb::arg("staging_buffers") = 4, nb::arg("staging_bytes") = uint64_t{16} << 20,
-           nb::arg("gds") = true, nb::arg("decode_sparse") = true, nb::arg("copy") = false,
+           nb::arg("staging_buffers") = LoadOptions{}.staging_buffers,
+           nb::arg("staging_bytes") = LoadOptions{}.staging_bytes, nb::arg("gds") = LoadOptions{}.gds,
+           nb::arg("decode_sparse") = LoadOptions{}.decode_sparse, nb::arg("copy") = false,
            nb::arg("arena_pool") = nb::none(),
            "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
            "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
