@@ -18,6 +18,7 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _tensorlift
+from ._core import check_metadata
 from ._tensorlift import SafetensorError
 
 __all__ = ["TensorSpec", "serialize", "serialize_file", "deserialize"]
@@ -110,25 +111,12 @@ def _specs(tensor_dict) -> List[Tuple[str, str, List[int], int, int]]:
     return specs
 
 
-def _metadata(metadata) -> Optional[Dict[str, str]]:
-    if metadata is None:
-        return None
-    if not isinstance(metadata, dict):
-        raise _type_error("metadata", metadata, "dict")
-    for k, v in metadata.items():
-        if not isinstance(k, str):
-            raise _type_error("metadata", k, "str")
-        if not isinstance(v, str):
-            raise _type_error("metadata", v, "str")
-    return metadata
-
-
 def serialize(tensor_dict: Dict[str, TensorSpec], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The safetensors bytes of `tensor_dict` (name -> TensorSpec), with `metadata` (str -> str)."""
     specs = _specs(tensor_dict)
-    md = _metadata(metadata)
+    check_metadata(metadata)
     try:
-        return _tensorlift.serialize(specs, md)
+        return _tensorlift.serialize(specs, metadata)
     except (ValueError, SafetensorError) as e:
         raise SafetensorError(f"Error while serializing: {e}") from None
 
@@ -138,9 +126,9 @@ def serialize_file(tensor_dict: Dict[str, TensorSpec], filename: Union[str, os.P
     """Writes serialize()'s bytes to `filename`, through a temporary file renamed over it."""
     specs = _specs(tensor_dict)
     path = os.fspath(filename)
-    md = _metadata(metadata)
+    check_metadata(metadata)
     try:
-        _tensorlift.serialize_file(specs, path, md)
+        _tensorlift.serialize_file(specs, path, metadata)
     except (ValueError, OSError, SafetensorError) as e:
         raise SafetensorError(f"Error while serializing: {e}") from None
 
