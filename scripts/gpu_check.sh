@@ -46,12 +46,12 @@ check_scripts() {
       || { echo "gpu-check: $f does not parse" >&2; return 1; }
     n=$((n + 1))
   done
-  for f in bench/gpu/kernels_bench.cc docs/gpu.md; do
+  for f in tests/device/kernels_bench.cc docs/gpu.md; do
     [ -f "$f" ] || { echo "gpu-check: $f is missing" >&2; return 1; }
     n=$((n + 1))
   done
-  grep -q tl_gpu_kernels_bench bench/CMakeLists.txt \
-    || { echo "gpu-check: bench/CMakeLists.txt does not build tl_gpu_kernels_bench" >&2; return 1; }
+  grep -q tl_gpu_kernels_bench tests/CMakeLists.txt \
+    || { echo "gpu-check: tests/CMakeLists.txt does not build tl_gpu_kernels_bench" >&2; return 1; }
   echo "$n"
 }
 

@@ -7,6 +7,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
+echo "== source rules (docs/architecture.md: who may include what)"
+python3 scripts/check_includes.py
+
 echo "== build"
 bash scripts/build.sh build
 bash scripts/install_python.sh

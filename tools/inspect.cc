@@ -4,7 +4,7 @@
 #include <string>
 
 #include "commands.h"
-#include "sparse/sparse_checkpoint.h"
+#include "tensorlift/sparse.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/text.h"
 

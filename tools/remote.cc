@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "commands.h"
-#include "remote/auth.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/remote.h"
 #include "tensorlift/safetensors.h"
@@ -36,7 +35,7 @@ Result<PeerKey> KeyFrom(const PeerArgs& a, const std::string& path) {
 
 Result<std::string> Token(const std::string& file) {
   if (file.empty()) return std::string();
-  return remote::ReadTokenFile(file);
+  return ReadTokenFile(file);
 }
 
 int Fail(const Status& st, int code = kExitInvalid) {

@@ -1,6 +1,6 @@
 // tensorlift sparsify IN OUT: a sparse-bitmask copy of a dense checkpoint
 // (sparse/sparsify.h), with a summary of what was encoded.
-#include "sparse/sparsify.h"
+#include "tensorlift/sparsify.h"
 
 #include <cerrno>
 #include <cstdio>

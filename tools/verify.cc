@@ -6,8 +6,8 @@
 #include <vector>
 
 #include "commands.h"
-#include "kernels/bitmask.h"
-#include "sparse/sparse_checkpoint.h"
+#include "tensorlift/bitmask.h"
+#include "tensorlift/sparse.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "dist/distributed_loader.h"
+#include "tensorlift/distributed.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/safetensors.h"
 

@@ -22,7 +22,7 @@
 #include <thread>
 #include <vector>
 
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 
 namespace {
 

@@ -106,6 +106,8 @@ struct CapabilityReport {
 // fails: what cannot be probed is reported with its reason. Takes up to a
 // second when cuFile is present (cuFileDriverOpen).
 CapabilityReport Capabilities(const std::string& path_for_gds = "");
+// Just the peer-loading part of Capabilities() (no GPU or file probe; cheap).
+RemoteCapabilities QueryRemoteCapabilities();
 
 }  // namespace tensorlift
 

@@ -73,6 +73,11 @@ struct PeerKey {
 // when weights may change under the same headers).
 Result<PeerKey> PeerKeyForCheckpoint(const std::string& path);
 
+// Reads a token file (ServeOptions::token, PeerLoadOptions::token): its
+// content without surrounding whitespace. Errors: missing/unreadable, empty,
+// over 4 KiB, or readable by group/others (kPermissionDenied: "chmod 600 it").
+Result<std::string> ReadTokenFile(const std::string& path);
+
 // A tensor-parallel position: this process's rank among `size` ranks.
 struct TensorParallel {
   int size = 1;

@@ -21,15 +21,14 @@
 #include <string>
 #include <vector>
 
-#include "kernels/convert.h"
-#include "kernels/convert_host.h"
-#include "remote/ucx_transport.h"
-#include "sparse/sparse_checkpoint.h"
-#include "tensorlift/streamer.h"
+#include "tensorlift/capabilities.h"
 #include "tensorlift/checkpoint.h"
+#include "tensorlift/convert.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/remote.h"
 #include "tensorlift/safetensors.h"
+#include "tensorlift/sparse.h"
+#include "tensorlift/streamer.h"
 #include "tensorlift/version.h"
 
 namespace nb = nanobind;
@@ -691,7 +690,11 @@ NB_MODULE(_tensorlift, m) {
       nb::arg("tensors"), nb::arg("path"), nb::arg("metadata") = nb::none(),
       "Writes through a temporary file renamed over `path`.");
   m.def(
-      "ucx_version", [] { return remote::UcxBuilt() ? std::optional<std::string>(remote::UcxVersion()) : std::nullopt; },
+      "ucx_version",
+      [] {
+        RemoteCapabilities r = QueryRemoteCapabilities();
+        return r.ucx_built ? std::optional<std::string>(r.ucx_version) : std::nullopt;
+      },
       "The UCX version peer loading was built with, or None when it was built without UCX (then "
       "serving and pulling raise).");
   m.def("dtype_bits", [](const std::string& d) {
@@ -714,9 +717,7 @@ NB_MODULE(_tensorlift, m) {
         }
         const uint64_t count = data.size() * 8 / from_bits;
         // Checks the pair (the C++ message) before anything is allocated.
-        if (!convert::ConversionSupported(*from, *to)) {
-          Raise(ConvertOnHost(nullptr, *to, nullptr, *from, 0));
-        }
+        if (Status pair = ConvertOnHost(nullptr, *to, nullptr, *from, 0); !pair.ok()) Raise(pair);
         // A new bytes object nobody else sees yet: filled without the GIL.
         PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(count * to_bits / 8));
         if (out == nullptr) throw nb::python_error();

@@ -14,7 +14,7 @@
 
 #include "common/posix_file.h"
 #include "device/cuda_info.h"
-#include "dist/communicator.h"
+#include "tensorlift/communicator.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
 #include "remote/ucx_transport.h"
@@ -162,7 +162,19 @@ CommCapabilities QueryComm() {
   return c;
 }
 
-RemoteCapabilities QueryRemote() {
+
+CapabilityReport Capabilities(const std::string& path_for_gds) {
+  CapabilityReport report;
+  report.version = kVersion;
+  report.cuda = QueryCudaCapabilities();
+  report.io_uring = QueryUring();
+  report.gds = QueryGds(path_for_gds);
+  report.comm = QueryComm();
+  report.remote = QueryRemoteCapabilities();
+  return report;
+}
+
+RemoteCapabilities QueryRemoteCapabilities() {
   RemoteCapabilities c;
   c.ucx_built = remote::UcxBuilt();
   (c.ucx_built ? c.ucx_version : c.ucx_reason) = remote::UcxVersion();
@@ -179,17 +191,6 @@ RemoteCapabilities QueryRemote() {
     begin = end + 1;
   }
   return c;
-}
-
-CapabilityReport Capabilities(const std::string& path_for_gds) {
-  CapabilityReport report;
-  report.version = kVersion;
-  report.cuda = QueryCudaCapabilities();
-  report.io_uring = QueryUring();
-  report.gds = QueryGds(path_for_gds);
-  report.comm = QueryComm();
-  report.remote = QueryRemote();
-  return report;
 }
 
 }  // namespace tensorlift

@@ -70,7 +70,7 @@ class DeviceStream {
   // Converts `count` elements at device address `src` (dtype `from`) into
   // `to` at `dst` (convert.h: ConversionSupported). No overlap.
   virtual Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t count) = 0;
-  // Decodes a sparse-bitmask tensor (layout: kernels/bitmask.h) of rows x
+  // Decodes a sparse-bitmask tensor (layout: tensorlift/bitmask.h) of rows x
   // cols elements of elem_bytes (1, 2, 4 or 8) bytes into `dst`
   // (rows * cols * elem_bytes bytes): `values` holds its nnz non-zeros,
   // `bitmask` its rows * ceil(cols / 8) mask bytes and `row_offsets` (8-byte

@@ -28,9 +28,9 @@
 #include "common/checked_math.h"
 #include "common/posix_file.h"
 #include "kernels/convert.h"
-#include "kernels/convert_host.h"
+#include "tensorlift/convert.h"
 #include "device/stream_checks.h"
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 #include "kernels/bitmask_kernel.h"
 
 namespace tensorlift {

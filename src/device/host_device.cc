@@ -2,10 +2,10 @@
 #include <chrono>
 #include <cstring>
 
-#include "kernels/convert_host.h"
+#include "tensorlift/convert.h"
 #include "device/device.h"
 #include "device/stream_checks.h"
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 
 namespace tensorlift {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/checked_math.h"
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift {

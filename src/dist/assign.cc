@@ -1,4 +1,4 @@
-#include "dist/assign.h"
+#include "tensorlift/assign.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "dist/communicator.h"
+#include "tensorlift/communicator.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "dist/distributed_loader.h"
+#include "tensorlift/distributed.h"
 
 #include <algorithm>
 #include <cstring>

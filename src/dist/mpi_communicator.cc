@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-#include "dist/communicator.h"
+#include "tensorlift/communicator.h"
 
 namespace tensorlift {
 namespace {

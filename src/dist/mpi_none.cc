@@ -1,5 +1,5 @@
 // Built instead of mpi_communicator.cc when MPI is not found (or is off).
-#include "dist/communicator.h"
+#include "tensorlift/communicator.h"
 
 namespace tensorlift {
 

@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "common/dynamic_library.h"
-#include "dist/communicator.h"
+#include "tensorlift/communicator.h"
 
 namespace tensorlift {
 namespace {

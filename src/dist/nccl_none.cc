@@ -1,5 +1,5 @@
 // Built without NCCL (no CUDA, or no nccl.h): the NCCL communicator says why.
-#include "dist/communicator.h"
+#include "tensorlift/communicator.h"
 
 #ifndef TENSORLIFT_NO_NCCL_REASON
 #define TENSORLIFT_NO_NCCL_REASON "unknown reason"

@@ -1,7 +1,7 @@
 // The codec's portable half: shape checks, encode, validation, the scalar
 // (branchless) decoder, dispatch and threading. The SIMD decoders live in
 // decode_avx2.cc / decode_avx512.cc.
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -320,7 +320,7 @@ TL_HD_INLINE void StoreFromF32Bits(std::byte* dst, Dtype to, uint64_t i, uint32_
 // an unsupported pair writes nothing. The identity copies the element's
 // bytes unchanged (NaN payloads included); other pairs go through f32 with
 // one rounding. One element per call, for a GPU kernel's thread; host loops
-// use ConvertOnHost (convert_host.h), which gives the same bits faster.
+// use ConvertOnHost (tensorlift/convert.h), which gives the same bits faster.
 TL_HD_INLINE void ConvertElement(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t i) {
   if (from == to) {
     const uint32_t n = ElementBytes(from);

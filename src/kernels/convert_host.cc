@@ -1,7 +1,7 @@
 // ConvertOnHost: one tight loop per (from, to) pair, each an instance of a
 // template over the element functions of convert.h, so that the compiler
 // sees a branch-free body it can vectorise and no loop dispatches per element.
-#include "kernels/convert_host.h"
+#include "tensorlift/convert.h"
 
 #include <cstring>
 #include <string>

@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 
 // The SIMD decoders are built for x86-64 with GCC or clang (both take
 // [[gnu::target]] and the intrinsics under it).

@@ -1,6 +1,6 @@
 # Leaf kernels shared by the device layer and sparse checkpoints
 # (docs/architecture.md): dtype conversion (kernels/convert.h, on the host:
-# kernels/convert_host.h) and the sparse-bitmask codec (kernels/bitmask.h:
+# tensorlift/convert.h) and the sparse-bitmask codec (tensorlift/bitmask.h:
 # encode, validation, the scalar, AVX2 and AVX-512 decoders, chosen at run
 # time; the SIMD files carry [[gnu::target]] on their functions and compile to
 # nothing off x86-64). The CUDA kernels include the same element code.

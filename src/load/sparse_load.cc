@@ -24,8 +24,8 @@
 #include "load/file_job.h"
 #include "load/loader_internal.h"
 #include "load/owners.h"
-#include "kernels/bitmask.h"
-#include "sparse/sparse_checkpoint.h"
+#include "tensorlift/bitmask.h"
+#include "tensorlift/sparse.h"
 
 namespace tensorlift {
 namespace {

@@ -10,7 +10,7 @@
 #include <unordered_set>
 #include <utility>
 
-#include "sparse/sparse_checkpoint.h"
+#include "tensorlift/sparse.h"
 
 namespace tensorlift {
 namespace {

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
+#include "tensorlift/remote.h"
 
 namespace tensorlift::remote {
 namespace {
@@ -184,6 +185,11 @@ Status RequestVerifier::Verify(std::string_view header, std::string_view method,
   return Status::Ok();
 }
 
+
+}  // namespace tensorlift::remote
+
+namespace tensorlift {
+
 Result<std::string> ReadTokenFile(const std::string& path) {
   auto result = [&]() -> Result<std::string> {
     TL_ASSIGN_OR_RETURN(PosixFile file, PosixFile::OpenForRead(path));
@@ -198,16 +204,16 @@ Result<std::string> ReadTokenFile(const std::string& path) {
           std::string("the token file is accessible by group or others (mode ") + mode +
           "); chmod 600 it");
     }
-    if (static_cast<uint64_t>(st.st_size) > kMaxTokenFileBytes) {
+    if (static_cast<uint64_t>(st.st_size) > remote::kMaxTokenFileBytes) {
       return InvalidArgumentError("the token file has " + std::to_string(st.st_size) +
                                   " bytes, more than the limit of " +
-                                  std::to_string(kMaxTokenFileBytes));
+                                  std::to_string(remote::kMaxTokenFileBytes));
     }
     std::string text(static_cast<size_t>(st.st_size), '\0');
     TL_RETURN_IF_ERROR(file.ReadExactlyAt(0, text.data(), text.size()));
     size_t b = 0, e = text.size();
-    while (b < e && IsSpace(text[b])) ++b;
-    while (e > b && IsSpace(text[e - 1])) --e;
+    while (b < e && remote::IsSpace(text[b])) ++b;
+    while (e > b && remote::IsSpace(text[e - 1])) --e;
     if (b == e) return InvalidArgumentError("the token file is empty");
     return text.substr(b, e - b);
   }();
@@ -215,4 +221,4 @@ Result<std::string> ReadTokenFile(const std::string& path) {
   return result;
 }
 
-}  // namespace tensorlift::remote
+}  // namespace tensorlift

@@ -45,11 +45,6 @@ class RequestVerifier {
   std::unordered_map<std::string, int64_t> seen_;  // nonce -> timestamp; pruned past the window.
 };
 
-// Reads a token file: its content without surrounding whitespace. Errors:
-// missing/unreadable, empty, over 4 KiB, or readable by group/others
-// (kPermissionDenied: "chmod 600 it").
-Result<std::string> ReadTokenFile(const std::string& path);
-
 }  // namespace tensorlift::remote
 
 #endif  // TENSORLIFT_REMOTE_AUTH_H_

@@ -1,4 +1,4 @@
-# Sparse checkpoints (sparse/sparse_checkpoint.h): finding the
+# Sparse checkpoints (tensorlift/sparse.h): finding the
 # compressed-tensors groups in a checkpoint, writing them (sparse/sparsify.h),
 # pruning.
 add_library(tl_sparse STATIC

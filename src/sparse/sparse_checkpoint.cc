@@ -1,4 +1,4 @@
-#include "sparse/sparse_checkpoint.h"
+#include "tensorlift/sparse.h"
 
 #include <functional>
 

@@ -1,4 +1,4 @@
-#include "sparse/sparsify.h"
+#include "tensorlift/sparsify.h"
 
 #include <fcntl.h>
 #include <simdjson.h>
@@ -19,9 +19,9 @@
 
 #include "common/posix_file.h"
 #include "kernels/convert.h"
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 #include "sparse/shard_files.h"
-#include "sparse/sparse_checkpoint.h"
+#include "tensorlift/sparse.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/safetensors.h"
 #include "tensorlift/text.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/convert_host.h"
+#include "tensorlift/convert.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensorlift/dtype.h"

@@ -19,11 +19,11 @@
 
 #include "../sparse/bitmask_test_util.h"
 #include "kernels/convert.h"
-#include "kernels/convert_host.h"
+#include "tensorlift/convert.h"
 #include "device/device.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 #include "tensorlift/capabilities.h"
 
 // Set by tests/CMakeLists.txt: whether the build found nvcc, and the path of

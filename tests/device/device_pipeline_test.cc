@@ -13,7 +13,7 @@
 #include <map>
 
 #include "../load/test_files.h"
-#include "kernels/convert_host.h"
+#include "tensorlift/convert.h"
 #include "device/device.h"
 #include "load/device_plan.h"
 #include "load/loader_internal.h"

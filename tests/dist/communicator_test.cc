@@ -6,7 +6,7 @@
 // Every rank runs every test; tests use EXPECT (not ASSERT) around
 // collectives so that all ranks call the same collectives, and each test ends
 // with an Agree on its result so that a failure on one rank fails all.
-#include "dist/communicator.h"
+#include "tensorlift/communicator.h"
 
 #include <gtest/gtest.h>
 

@@ -7,7 +7,7 @@
 // its own results against a plain Load of the whole checkpoint, sliced
 // locally. Tests use EXPECT (not ASSERT) around collectives so that all ranks
 // make the same calls, and each ends with an Agree on its result.
-#include "dist/distributed_loader.h"
+#include "tensorlift/distributed.h"
 
 #include <gtest/gtest.h>
 

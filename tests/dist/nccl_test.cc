@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "device/device.h"
-#include "dist/communicator.h"
+#include "tensorlift/communicator.h"
 
 namespace tensorlift {
 namespace {

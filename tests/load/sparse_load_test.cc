@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "load/loader_internal.h"
-#include "kernels/bitmask.h"
-#include "sparse/sparsify.h"
+#include "tensorlift/bitmask.h"
+#include "tensorlift/sparsify.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"

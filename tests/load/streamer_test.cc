@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"

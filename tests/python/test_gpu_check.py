@@ -12,7 +12,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # What the completeness check looks at (relative to the checkout).
 CHECKED = ["scripts/gpu_check.sh", "scripts/gpu_bundle.sh", "bench/gpu/gpu_bench.py", "bench/gpu/contender.py",
-           "bench/gpu/kernels_bench.cc", "bench/load/gen_checkpoint.py", "docs/gpu.md", "bench/CMakeLists.txt"]
+           "tests/device/kernels_bench.cc", "bench/load/gen_checkpoint.py", "docs/gpu.md", "tests/CMakeLists.txt"]
 
 
 def has_gpu():

@@ -2,6 +2,8 @@
 // and token files.
 #include "remote/auth.h"
 
+#include "tensorlift/remote.h"
+
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

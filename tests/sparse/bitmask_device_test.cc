@@ -15,7 +15,7 @@
 #include "bitmask_test_util.h"
 #include "device/device.h"
 #include "device/emulated_device.h"
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 
 namespace tensorlift {
 namespace {

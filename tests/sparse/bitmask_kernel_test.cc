@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "bitmask_test_util.h"
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 
 namespace tensorlift::sparse {
 namespace {

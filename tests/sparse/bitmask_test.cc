@@ -1,9 +1,9 @@
-// The sparse-bitmask codec (kernels/bitmask.h): every decoder this CPU runs
+// The sparse-bitmask codec (tensorlift/bitmask.h): every decoder this CPU runs
 // gives back the encoded tensor bit for bit (and the scalar decoder's bytes),
 // for every element width, density and row shape; reads stay inside the
 // values and the mask (exactly-sized vectors for ASan, and guard pages for
 // every build); threading; validation of untrusted encodings; dispatch.
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

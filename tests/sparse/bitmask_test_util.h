@@ -8,7 +8,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 
 namespace tensorlift::sparse::test {
 

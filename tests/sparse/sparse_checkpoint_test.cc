@@ -1,6 +1,6 @@
 // FindSparse: both naming generations, groups across shards, and one case
 // per way an untrusted group can be wrong.
-#include "sparse/sparse_checkpoint.h"
+#include "tensorlift/sparse.h"
 
 #include <cstdint>
 #include <string>

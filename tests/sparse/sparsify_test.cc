@@ -1,7 +1,7 @@
 // Sparsify: bit-exact round trips, what stays dense, magnitude pruning,
 // shards and the index, config.json and the companion files, the size
 // arithmetic, and the errors.
-#include "sparse/sparsify.h"
+#include "tensorlift/sparsify.h"
 
 #include <simdjson.h>
 #include <sys/stat.h>
@@ -16,8 +16,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/bitmask.h"
-#include "sparse/sparse_checkpoint.h"
+#include "tensorlift/bitmask.h"
+#include "tensorlift/sparse.h"
 #include "sparse_files.h"
 #include "tensorlift/checkpoint.h"
 

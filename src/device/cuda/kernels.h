@@ -22,7 +22,7 @@ cudaError_t LaunchConvert(void* dst, Dtype to, const void* src, Dtype from, uint
                           cudaStream_t stream);
 
 // Enqueues on `stream` the decode of a sparse-bitmask tensor (layout:
-// kernels/bitmask.h; kernel: kernels/bitmask_kernel.h) of rows x cols elements
+// tensorlift/bitmask.h; kernel: kernels/bitmask_kernel.h) of rows x cols elements
 // of elem_bytes (1, 2, 4 or 8) bytes into `dst`; all pointers are device
 // addresses. The caller has checked the arguments and validated the
 // encoding (the kernel trusts row_offsets and the mask). Returns the

@@ -1,4 +1,4 @@
-// Multi-rank loading (internal API): each rank reads its balanced share of a
+// Multi-rank loading: each rank reads its balanced share of a
 // checkpoint once, then tensors are shuffled to the ranks that ask for them
 // with collectives (fastsafetensors' "shuffling", paper section III-B).
 //
@@ -31,8 +31,8 @@
 //
 // Thread safety: a DistributedCheckpoint is used by one thread at a time (it
 // drives its communicator).
-#ifndef TENSORLIFT_DIST_DISTRIBUTED_LOADER_H_
-#define TENSORLIFT_DIST_DISTRIBUTED_LOADER_H_
+#ifndef TENSORLIFT_DISTRIBUTED_H_
+#define TENSORLIFT_DISTRIBUTED_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -42,8 +42,8 @@
 #include <string_view>
 #include <vector>
 
-#include "dist/assign.h"
-#include "dist/communicator.h"
+#include "tensorlift/assign.h"
+#include "tensorlift/communicator.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/loader.h"
@@ -170,4 +170,4 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
 
 }  // namespace tensorlift
 
-#endif  // TENSORLIFT_DIST_DISTRIBUTED_LOADER_H_
+#endif  // TENSORLIFT_DISTRIBUTED_H_

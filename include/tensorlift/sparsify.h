@@ -1,5 +1,5 @@
 // Sparsify: rewrites a dense safetensors checkpoint as a sparse-bitmask one
-// (compressed-tensors >= 0.9 naming, sparse_checkpoint.h), optionally pruning
+// (compressed-tensors >= 0.9 naming, tensorlift/sparse.h), optionally pruning
 // the targets by magnitude first.
 //
 // What is encoded: tensors whose name matches `targets` (a regex searched in

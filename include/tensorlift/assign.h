@@ -25,8 +25,8 @@
 // Each rank's pieces are sorted by (file, first tensor).
 //
 // Pure functions of their inputs; thread-safe.
-#ifndef TENSORLIFT_DIST_ASSIGN_H_
-#define TENSORLIFT_DIST_ASSIGN_H_
+#ifndef TENSORLIFT_ASSIGN_H_
+#define TENSORLIFT_ASSIGN_H_
 
 #include <cstdint>
 #include <span>
@@ -88,4 +88,4 @@ Result<Assignment> AssignByBytes(const Checkpoint& checkpoint, int world,
 
 }  // namespace tensorlift
 
-#endif  // TENSORLIFT_DIST_ASSIGN_H_
+#endif  // TENSORLIFT_ASSIGN_H_

@@ -1,8 +1,8 @@
 // Dtype conversion on the host, element by element with the functions of
 // convert.h (the same ones the CUDA kernels run), so that a conversion gives
 // the same bits on the CPU, on the emulated device and on a GPU.
-#ifndef TENSORLIFT_DEVICE_CONVERT_HOST_H_
-#define TENSORLIFT_DEVICE_CONVERT_HOST_H_
+#ifndef TENSORLIFT_CONVERT_H_
+#define TENSORLIFT_CONVERT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -20,4 +20,4 @@ Status ConvertOnHost(std::byte* dst, Dtype to, const std::byte* src, Dtype from,
 
 }  // namespace tensorlift
 
-#endif  // TENSORLIFT_DEVICE_CONVERT_HOST_H_
+#endif  // TENSORLIFT_CONVERT_H_

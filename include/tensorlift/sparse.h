@@ -1,5 +1,5 @@
 // Sparse checkpoints: compressed-tensors' "sparse-bitmask" groups found in a
-// safetensors checkpoint (kernels/bitmask.h has the layout). A group of prefix
+// safetensors checkpoint (tensorlift/bitmask.h has the layout). A group of prefix
 // P stands for a dense [rows, cols] tensor as four tensors:
 //   P.shape        I64 [2]            the dense [rows, cols]
 //   P.compressed   dtype [nnz]        the non-zeros, row-major
@@ -26,7 +26,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/status.h"
 

@@ -1,5 +1,5 @@
 // Communicators: collectives over byte buffers between the ranks of a job,
-// for shuffling tensors after each rank read its share (internal API).
+// for shuffling tensors after each rank read its share (public API).
 //
 // Every method is a collective: every rank of the communicator calls it, in
 // the same order, with the same `bytes` and `root` (these are checked only
@@ -15,8 +15,8 @@
 // Thread safety: a Communicator is used by one thread at a time. Distinct
 // communicators may be used from different threads only if the
 // implementation says so (the MPI one: no).
-#ifndef TENSORLIFT_DIST_COMMUNICATOR_H_
-#define TENSORLIFT_DIST_COMMUNICATOR_H_
+#ifndef TENSORLIFT_COMMUNICATOR_H_
+#define TENSORLIFT_COMMUNICATOR_H_
 
 #include <cstdint>
 #include <memory>
@@ -101,4 +101,4 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstr
 
 }  // namespace tensorlift
 
-#endif  // TENSORLIFT_DIST_COMMUNICATOR_H_
+#endif  // TENSORLIFT_COMMUNICATOR_H_

@@ -34,7 +34,7 @@
 #include <vector>
 
 #include "device/device.h"
-#include "kernels/bitmask.h"
+#include "tensorlift/bitmask.h"
 #include "tensorlift/dtype.h"
 
 namespace {
