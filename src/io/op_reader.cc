@@ -10,6 +10,27 @@
 
 namespace tensorlift {
 
+Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, uint64_t min_read) {
+  uint64_t got = 0;
+  while (got < length) {
+    const ssize_t n = ::pread(fd, dest + got, length - got, static_cast<off_t>(offset + got));
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return PosixError(
+          "read of " + std::to_string(length) + " bytes at offset " + std::to_string(offset),
+          errno);
+    }
+    if (n == 0) break;
+    got += static_cast<uint64_t>(n);
+  }
+  if (got < min_read) {
+    return IOError("short read: " + std::to_string(got) + " of " + std::to_string(min_read) +
+                   " bytes at offset " + std::to_string(offset) +
+                   " (the file was truncated during the load)");
+  }
+  return Status::Ok();
+}
+
 OpReader::~OpReader() { std::free(scratch_); }
 
 Status OpReader::Read(const ReadOp& op) {

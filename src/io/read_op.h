@@ -60,6 +60,13 @@ std::unique_ptr<ReadEngine> MakeInlineEngine();
 Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth);
 bool UringBuiltIn();
 
+// Reads `length` bytes at `offset` of `fd` into `dest` with pread, retrying
+// EINTR, EAGAIN and short reads; the read may end early at the end of the
+// file (a block that runs past it, e.g. an O_DIRECT block's aligned span), but
+// not before `min_read` bytes: fewer is an IOError (the file was truncated
+// during the load). Thread-safe (no shared file offset).
+Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, uint64_t min_read);
+
 // Reads one op synchronously with pread (retrying EINTR/EAGAIN and short
 // reads); `scratch` is grown as needed for bounce ops (4 KiB aligned).
 class OpReader {

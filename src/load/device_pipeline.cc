@@ -5,12 +5,8 @@
 // read on one stream and records the slot's event; a reader waits for that
 // event before it reads into the slot again. Device memory is planned and
 // checked against the free memory before anything is allocated or read.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -18,6 +14,7 @@
 
 #include "device/device.h"
 #include "io/cufile.h"
+#include "io/read_op.h"
 #include "load/checkpoint_builder.h"
 #include "load/device_plan.h"
 #include "load/file_job.h"
@@ -32,26 +29,6 @@ using Clock = std::chrono::steady_clock;
 
 double NowMicros() {
   return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
-}
-
-// Reads [offset, offset + length) of fd into dest; the read may end early at
-// the end of the file, but not before min_read bytes.
-Status ReadBlock(int fd, std::byte* dest, uint64_t offset, uint64_t length, uint64_t min_read) {
-  uint64_t got = 0;
-  while (got < length) {
-    const ssize_t n = ::pread(fd, dest + got, length - got, static_cast<off_t>(offset + got));
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return PosixError("read of " + std::to_string(length) + " bytes at offset " + std::to_string(offset), errno);
-    }
-    if (n == 0) break;
-    got += static_cast<uint64_t>(n);
-  }
-  if (got < min_read) {
-    return IOError("short read: " + std::to_string(got) + " of " + std::to_string(min_read) +
-                   " bytes at offset " + std::to_string(offset) + " (the file was truncated during the load)");
-  }
-  return Status::Ok();
 }
 
 // GPUDirect Storage through cuFile (io/cufile.h).
@@ -273,7 +250,8 @@ Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadO
           }
         }
       } else {
-        st = ReadBlock(fd, pinned->data() + slot * slot_bytes, b.read_offset, b.read_length, b.min_read);
+        st = ReadAtLeast(fd, pinned->data() + slot * slot_bytes, b.read_offset, b.read_length,
+                         b.min_read);
       }
       if (!st.ok()) return fail(st.WithContext(job.shard->path));
       if (trace) {
