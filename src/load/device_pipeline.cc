@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "device/device.h"
-#include "io/cufile.h"
+#include "io/direct_reader.h"
 #include "io/read_op.h"
 #include "load/checkpoint_builder.h"
 #include "load/device_plan.h"
@@ -30,37 +30,6 @@ using Clock = std::chrono::steady_clock;
 double NowMicros() {
   return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
 }
-
-// GPUDirect Storage through cuFile (io/cufile.h).
-class CuFileReader final : public DirectReader {
- public:
-  static Result<std::unique_ptr<DirectReader>> Open(size_t files) {
-    TL_ASSIGN_OR_RETURN(auto driver, CuFileDriver::Open());
-    return std::unique_ptr<DirectReader>(new CuFileReader(std::move(driver), files));
-  }
-  Status AddFile(uint32_t file, int fd) override {
-    TL_ASSIGN_OR_RETURN(handles_[file], driver_->Register(fd));
-    return Status::Ok();
-  }
-  Status AddBuffer(std::byte* device_base, uint64_t bytes) override {
-    return driver_->RegisterBuffer(device_base, bytes);
-  }
-  Status Read(uint32_t file, std::byte* device_base, uint64_t offset, uint64_t bytes,
-              uint64_t file_offset) override {
-    TL_ASSIGN_OR_RETURN(uint64_t n, driver_->Read(handles_[file], device_base, bytes, file_offset, offset));
-    if (n != bytes) {
-      return IOError("short read: " + std::to_string(n) + " of " + std::to_string(bytes) + " bytes at offset " +
-                     std::to_string(file_offset) + " (the file was truncated during the load)");
-    }
-    return Status::Ok();
-  }
-
- private:
-  CuFileReader(std::unique_ptr<CuFileDriver> driver, size_t files)
-      : driver_(std::move(driver)), handles_(files) {}
-  std::unique_ptr<CuFileDriver> driver_;       // Outlives the handles (declared first).
-  std::vector<CuFileDriver::Handle> handles_;  // By file number.
-};
 
 struct DeviceFileJob : OpenedFile {
   DeviceFilePlan plan;
@@ -132,8 +101,9 @@ Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadO
   std::unique_ptr<DirectReader> gds;
   std::string gds_reason = gds_note;
   if (allow_gds) {
-    Result<std::unique_ptr<DirectReader>> opened =
-        trace && trace->open_direct_reader ? trace->open_direct_reader() : CuFileReader::Open(jobs.size());
+    Result<std::unique_ptr<DirectReader>> opened = trace && trace->open_direct_reader
+                                                       ? trace->open_direct_reader()
+                                                       : OpenCuFileReader(jobs.size());
     if (opened.ok()) {
       gds = std::move(opened).value();
       for (uint32_t f = 0; f < jobs.size() && gds; ++f) {

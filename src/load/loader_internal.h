@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "device/populate.h"
+#include "io/direct_reader.h"
 #include "io/read_op.h"
 #include "load/checkpoint_builder.h"
 #include "tensorlift/loader.h"
@@ -85,23 +86,6 @@ Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint, con
 
 class Device;
 
-// Reads file bytes straight into device memory (GPUDirect Storage); the GPU
-// pipeline's alternative to pinned staging. The cuFile implementation is in
-// device_pipeline.cc; tests give their own.
-class DirectReader {
- public:
-  virtual ~DirectReader() = default;
-  // Prepares file number `file` (open as `fd`) for Read(). A failure means:
-  // not this way for this load (the pipeline falls back to staging).
-  virtual Status AddFile(uint32_t file, int fd) = 0;
-  // Registers a device buffer the reads will land in (optional; faster).
-  virtual Status AddBuffer(std::byte* device_base, uint64_t bytes) = 0;
-  // Reads `bytes` at `file_offset` of file `file` into device memory
-  // `device_base` + `offset`; all of them or an error. Thread-safe.
-  virtual Status Read(uint32_t file, std::byte* device_base, uint64_t offset, uint64_t bytes,
-                      uint64_t file_offset) = 0;
-};
-
 // When each block of a staged load was read and copied: microseconds on the
 // steady clock (the emulated device's events use the same clock).
 struct PipelineTrace {
@@ -113,7 +97,8 @@ struct PipelineTrace {
   std::vector<Block> blocks;  // In load order.
   // Called by a reader thread before it reads block k (fault injection).
   std::function<Status(int64_t k)> before_read;
-  // Replaces cuFile as the direct-to-device reader (tests; with any device).
+  // Replaces cuFile (OpenCuFileReader) as the direct-to-device reader (tests;
+  // with any device).
   std::function<Result<std::unique_ptr<DirectReader>>()> open_direct_reader;
 };
 

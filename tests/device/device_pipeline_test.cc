@@ -15,6 +15,7 @@
 #include "../load/test_files.h"
 #include "tensorlift/convert.h"
 #include "device/device.h"
+#include "io/direct_reader.h"
 #include "load/device_plan.h"
 #include "load/loader_internal.h"
 #include "load/planner.h"

@@ -1,0 +1,37 @@
+// Reads of file bytes straight into device memory (GPUDirect Storage): the GPU
+// pipeline's alternative to pinned staging. OpenCuFileReader gives the cuFile
+// one (io/cufile.h); tests give their own.
+#ifndef TENSORLIFT_IO_DIRECT_READER_H_
+#define TENSORLIFT_IO_DIRECT_READER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "tensorlift/status.h"
+
+namespace tensorlift {
+
+class DirectReader {
+ public:
+  virtual ~DirectReader() = default;
+  // Prepares file number `file` (open as `fd`, which stays the caller's and
+  // open while the reader reads it) for Read(). A failure means: not this
+  // way for this load (the pipeline falls back to staging).
+  virtual Status AddFile(uint32_t file, int fd) = 0;
+  // Registers a device buffer the reads will land in (optional; faster).
+  virtual Status AddBuffer(std::byte* device_base, uint64_t bytes) = 0;
+  // Reads `bytes` at `file_offset` of file `file` into device memory
+  // `device_base` + `offset`; all of them or an error. Thread-safe.
+  virtual Status Read(uint32_t file, std::byte* device_base, uint64_t offset, uint64_t bytes,
+                      uint64_t file_offset) = 0;
+};
+
+// A DirectReader through cuFile (CuFileDriver) for files numbered 0 to
+// `files` - 1. Fails as CuFileDriver::Open does: Unimplemented when GDS
+// support was not built, Unavailable when cuFile cannot be used here.
+Result<std::unique_ptr<DirectReader>> OpenCuFileReader(size_t files);
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_IO_DIRECT_READER_H_
