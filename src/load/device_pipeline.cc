@@ -41,24 +41,9 @@ struct BlockRef {
   uint32_t block = 0;
 };
 
-}  // namespace
-
-class DevicePipeline {
- public:
-  // With `allow_gds`, reads go straight to the device when a direct reader
-  // opens; a failure of one of its reads fails the load and sets
-  // *gds_failure (the caller then runs it again without).
-  static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options,
-                                      const std::shared_ptr<Device>& device, DeviceType type,
-                                      PipelineTrace* trace, bool allow_gds, const std::string& gds_note,
-                                      std::string* gds_failure);
-};
-
-Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadOptions& options,
-                                             const std::shared_ptr<Device>& device, DeviceType type,
-                                             PipelineTrace* trace, bool allow_gds, const std::string& gds_note,
-                                             std::string* gds_failure) {
-  const auto t0 = Clock::now();
+// Fails for options the pipeline does not take: staging_buffers outside
+// [1, 64], or a dtype it does not convert to.
+Status CheckOptions(const LoadOptions& options) {
   if (options.staging_buffers < 1 || options.staging_buffers > 64) {
     return InvalidArgumentError("staging_buffers must be between 1 and 64, not " +
                                 std::to_string(options.staging_buffers));
@@ -68,255 +53,400 @@ Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadO
     return InvalidArgumentError("cannot convert to " + std::string(DtypeName(*options.dtype)) +
                                 " (the targets are F32, F16 and BF16)");
   }
+  return Status::Ok();
+}
 
-  std::vector<DeviceFileJob> jobs;
-  const std::vector<Checkpoint::Location> selected = SelectTensors(ckpt, options.filter, jobs);
+}  // namespace
 
-  // Open and plan every file; the memory plan.
-  const int slots = options.staging_buffers;
-  const uint64_t slot_bytes = StagingSlotBytes(options.staging_bytes);
-  DeviceMemoryPlan mem;
-  uint64_t scratch_slot = 0, tensor_bytes = 0;
-  for (auto& job : jobs) {
+// One load through the pipeline: Run makes one and takes it through the steps
+// below, in order. The members are declared in the order the steps make them,
+// so that they are freed in the reverse order when Run returns, on any path.
+// The references are Run's arguments.
+class DevicePipeline {
+ public:
+  // With `allow_gds`, reads go straight to the device when a direct reader
+  // opens; a failure of one of its reads fails the load and sets
+  // *gds_failure (the caller then runs it again without).
+  static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options,
+                                      const std::shared_ptr<Device>& device, DeviceType type,
+                                      PipelineTrace* trace, bool allow_gds,
+                                      const std::string& gds_note, std::string* gds_failure);
+
+ private:
+  DevicePipeline(const Checkpoint& ckpt, const LoadOptions& options,
+                 const std::shared_ptr<Device>& device, DeviceType type, PipelineTrace* trace)
+      : ckpt_(ckpt),
+        options_(options),
+        device_(device),
+        type_(type),
+        trace_(trace),
+        slots_(options.staging_buffers) {}
+
+  // The steps of Run.
+  // Selects the tensors, opens and plans every file (device_plan.h), and sums
+  // what the load needs.
+  Status PlanFiles();
+  // With `allow_gds`, opens the direct reader (cuFile, or the trace's) and
+  // gives it every file; says in the files' reports how they are read, or
+  // why not straight to the device (`gds_note`, or what failed).
+  void OpenDirectReader(bool allow_gds, const std::string& gds_note);
+  // The memory plan; fails when the device has less free memory than it.
+  Status CheckFreeMemory();
+  // The files' device buffers, the conversion and staging slots, the stream
+  // and the slots' events.
+  Status Allocate();
+  // Reads and copies every block; returns the bytes copied, once the stream
+  // has finished with every buffer.
+  Result<uint64_t> Transfer(ProgressReporter& reporter, std::string* gds_failure);
+  // Fails when a file changed during the load.
+  Status CheckFilesUnchanged() const;
+  // The tensors, each owned by its file's device buffer.
+  Result<LoadedCheckpoint> BuildResult(Clock::time_point t0);
+
+  // Transfer's reader thread for `slot`: reads blocks slot, slot + slots_, ...
+  // into it, each once the copies of the block before it there have completed.
+  void ReadSlot(int slot);
+  // Waits until the copies of block `k` out of `slot` have completed; false
+  // when the load failed.
+  bool WaitUntilCopied(int slot, int64_t k);
+  // Block `k` into the staging slot `slot`, or straight to the device.
+  Status ReadBlock(int64_t k, int slot);
+  // The bytes of `block`'s copies straight to their place on the device (the
+  // file's buffer, or the conversion slot `slot`); a failure sets gds_failed_.
+  Status ReadDirect(uint32_t file, const DeviceBlock& block, int slot);
+  // Transfer's loading thread: enqueues each block's copies once it is read,
+  // in order; returns the bytes they copy.
+  uint64_t CopyBlocks(ProgressReporter& reporter);
+  // Enqueues the copies (and conversions) of block `k` out of `slot` and
+  // records the slot's event; adds the bytes they copy to *bytes.
+  Status EnqueueCopies(int64_t k, int slot, uint64_t* bytes);
+  // Records the load's first error and wakes every thread.
+  void Fail(Status st);
+
+  const Checkpoint& ckpt_;
+  const LoadOptions& options_;
+  const std::shared_ptr<Device>& device_;
+  const DeviceType type_;
+  PipelineTrace* const trace_;
+  const int slots_;  // Staging (and conversion) slots, one reader thread each.
+
+  // PlanFiles, OpenDirectReader, CheckFreeMemory.
+  std::vector<DeviceFileJob> jobs_;  // By file number.
+  std::vector<Checkpoint::Location> selected_;
+  uint64_t slot_bytes_ = 0;    // A staging slot.
+  uint64_t scratch_slot_ = 0;  // A conversion slot.
+  uint64_t tensor_bytes_ = 0;  // Read from the files.
+  DeviceMemoryPlan mem_;
+  std::unique_ptr<DirectReader> gds_;  // Null: through pinned staging.
+  std::string gds_reason_;             // Why not straight to the device.
+
+  // Allocate.
+  std::vector<BlockRef> blocks_;  // Every file's blocks, in load order.
+  std::shared_ptr<Buffer> scratch_;
+  std::shared_ptr<Buffer> pinned_;
+  std::atomic<bool> gds_failed_{false};
+  std::unique_ptr<DeviceStream> stream_;
+  std::vector<std::unique_ptr<DeviceEvent>> events_;  // By slot.
+
+  // Transfer: between the reader threads and the loading thread.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int64_t> ready_;     // Block read into the slot.
+  std::vector<int64_t> enqueued_;  // Block whose copies were enqueued from it.
+  Status error_;                   // The first error; guarded by mu_.
+  bool failed_ = false;            // Guarded by mu_.
+};
+
+Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadOptions& options,
+                                             const std::shared_ptr<Device>& device, DeviceType type,
+                                             PipelineTrace* trace, bool allow_gds,
+                                             const std::string& gds_note,
+                                             std::string* gds_failure) {
+  const auto t0 = Clock::now();
+  TL_RETURN_IF_ERROR(CheckOptions(options));
+  DevicePipeline p(ckpt, options, device, type, trace);
+  TL_RETURN_IF_ERROR(p.PlanFiles());
+  p.OpenDirectReader(allow_gds, gds_note);
+  TL_RETURN_IF_ERROR(p.CheckFreeMemory());
+  TL_RETURN_IF_ERROR(p.Allocate());
+  ProgressReporter reporter(options.progress, p.tensor_bytes_);
+  TL_ASSIGN_OR_RETURN(const uint64_t bytes_done, p.Transfer(reporter, gds_failure));
+  TL_RETURN_IF_ERROR(p.CheckFilesUnchanged());
+  reporter.Report(bytes_done, true);
+  return p.BuildResult(t0);
+}
+
+Status DevicePipeline::PlanFiles() {
+  selected_ = SelectTensors(ckpt_, options_.filter, jobs_);
+  slot_bytes_ = StagingSlotBytes(options_.staging_bytes);
+  const IoMode mode = options_.mode == IoMode::kMmap ? IoMode::kBuffered : options_.mode;
+  for (auto& job : jobs_) {
     if (job.wanted.empty()) continue;
-    const IoMode mode = options.mode == IoMode::kMmap ? IoMode::kBuffered : options.mode;
     Status st = OpenForLoad(job, mode);
     if (!st.ok()) return st.WithContext(job.shard->path);
-    if (options.mode == IoMode::kMmap) {
+    if (options_.mode == IoMode::kMmap) {
       job.report.reason = "mmap: read through the page cache into staging buffers";
     }
-    job.plan = PlanDeviceFile(job.shard->header, job.wanted, options.dtype, job.report.mode == IoMode::kDirect,
-                              options.staging_bytes);
+    job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype,
+                              job.report.mode == IoMode::kDirect, options_.staging_bytes);
     job.report.bytes = job.plan.tensor_bytes;
     job.report.tensors = static_cast<uint32_t>(job.wanted.size());
     job.report.realigned = job.plan.realigned;
     job.report.converted = job.plan.converted;
-    mem.device_bytes += job.plan.device_bytes;
-    scratch_slot = std::max(scratch_slot, job.plan.scratch_bytes);
-    tensor_bytes += job.plan.tensor_bytes;
+    mem_.device_bytes += job.plan.device_bytes;
+    scratch_slot_ = std::max(scratch_slot_, job.plan.scratch_bytes);
+    tensor_bytes_ += job.plan.tensor_bytes;
   }
-  scratch_slot = (scratch_slot + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign;
+  scratch_slot_ = (scratch_slot_ + kDeviceAlign - 1) / kDeviceAlign * kDeviceAlign;
+  return Status::Ok();
+}
 
-  // GPUDirect Storage, or why not.
-  std::unique_ptr<DirectReader> gds;
-  std::string gds_reason = gds_note;
+void DevicePipeline::OpenDirectReader(bool allow_gds, const std::string& gds_note) {
+  gds_reason_ = gds_note;
   if (allow_gds) {
-    Result<std::unique_ptr<DirectReader>> opened = trace && trace->open_direct_reader
-                                                       ? trace->open_direct_reader()
-                                                       : OpenCuFileReader(jobs.size());
+    Result<std::unique_ptr<DirectReader>> opened = trace_ && trace_->open_direct_reader
+                                                       ? trace_->open_direct_reader()
+                                                       : OpenCuFileReader(jobs_.size());
     if (opened.ok()) {
-      gds = std::move(opened).value();
-      for (uint32_t f = 0; f < jobs.size() && gds; ++f) {
-        if (jobs[f].wanted.empty()) continue;
-        const int fd = jobs[f].direct.fd() >= 0 ? jobs[f].direct.fd() : jobs[f].buffered.fd();
-        Status st = gds->AddFile(f, fd);
+      gds_ = std::move(opened).value();
+      for (uint32_t f = 0; f < jobs_.size() && gds_; ++f) {
+        if (jobs_[f].wanted.empty()) continue;
+        const int fd = jobs_[f].direct.fd() >= 0 ? jobs_[f].direct.fd() : jobs_[f].buffered.fd();
+        Status st = gds_->AddFile(f, fd);
         if (!st.ok()) {
-          gds_reason = "GDS refused " + jobs[f].shard->path + ": " + st.message();
-          gds.reset();
+          gds_reason_ = "GDS refused " + jobs_[f].shard->path + ": " + st.message();
+          gds_.reset();
         }
       }
     } else {
-      gds_reason = "GDS unavailable: " + opened.status().message();
+      gds_reason_ = "GDS unavailable: " + opened.status().message();
     }
   }
-  for (auto& job : jobs) {
+  for (auto& job : jobs_) {
     if (job.wanted.empty()) continue;
-    job.report.gds = gds != nullptr;
-    const std::string how = gds ? "read straight to the device (GDS)" : gds_reason.empty() ? "" : gds_reason + "; pinned staging instead";
+    job.report.gds = gds_ != nullptr;
+    const std::string how = gds_                  ? "read straight to the device (GDS)"
+                            : gds_reason_.empty() ? ""
+                                                  : gds_reason_ + "; pinned staging instead";
     if (!how.empty()) job.report.reason += (job.report.reason.empty() ? "" : "; ") + how;
   }
+}
 
-  mem.scratch_bytes = scratch_slot * static_cast<uint64_t>(slots);
-  mem.pinned_bytes = gds ? 0 : slot_bytes * static_cast<uint64_t>(slots);
-  {
-    TL_ASSIGN_OR_RETURN(uint64_t free_bytes, device->FreeMemory());
-    const uint64_t need = mem.device_bytes + mem.scratch_bytes;
-    if (need > free_bytes) {
-      return ResourceExhaustedError("the load needs " + std::to_string(need) + " bytes of memory on " +
-                                    device->name() + " (tensors " + std::to_string(mem.device_bytes) +
-                                    ", conversion slots " + std::to_string(mem.scratch_bytes) + ") but " +
-                                    std::to_string(free_bytes) + " are free");
-    }
+Status DevicePipeline::CheckFreeMemory() {
+  mem_.scratch_bytes = scratch_slot_ * static_cast<uint64_t>(slots_);
+  mem_.pinned_bytes = gds_ ? 0 : slot_bytes_ * static_cast<uint64_t>(slots_);
+  TL_ASSIGN_OR_RETURN(uint64_t free_bytes, device_->FreeMemory());
+  const uint64_t need = mem_.device_bytes + mem_.scratch_bytes;
+  if (need > free_bytes) {
+    return ResourceExhaustedError(
+        "the load needs " + std::to_string(need) + " bytes of memory on " + device_->name() +
+        " (tensors " + std::to_string(mem_.device_bytes) + ", conversion slots " +
+        std::to_string(mem_.scratch_bytes) + ") but " + std::to_string(free_bytes) + " are free");
   }
+  return Status::Ok();
+}
 
-  // Memory, stream, events. Everything below is freed on any return.
-  std::vector<BlockRef> blocks;
-  for (uint32_t f = 0; f < jobs.size(); ++f) {
-    auto& job = jobs[f];
+Status DevicePipeline::Allocate() {
+  for (uint32_t f = 0; f < jobs_.size(); ++f) {
+    auto& job = jobs_[f];
     if (job.wanted.empty()) continue;
-    Result<std::shared_ptr<Buffer>> buf = device->Allocate(job.plan.device_bytes);
+    Result<std::shared_ptr<Buffer>> buf = device_->Allocate(job.plan.device_bytes);
     if (!buf.ok()) return buf.status().WithContext(job.shard->path);
     job.buffer = std::move(buf).value();
-    for (uint32_t b = 0; b < job.plan.blocks.size(); ++b) blocks.push_back({f, b});
+    for (uint32_t b = 0; b < job.plan.blocks.size(); ++b) blocks_.push_back({f, b});
   }
-  std::shared_ptr<Buffer> scratch;
-  if (mem.scratch_bytes > 0) {
-    TL_ASSIGN_OR_RETURN(scratch, device->Allocate(mem.scratch_bytes));
+  if (mem_.scratch_bytes > 0) {
+    TL_ASSIGN_OR_RETURN(scratch_, device_->Allocate(mem_.scratch_bytes));
   }
-  std::shared_ptr<Buffer> pinned;
-  if (mem.pinned_bytes > 0) {
-    TL_ASSIGN_OR_RETURN(pinned, device->AllocatePinned(mem.pinned_bytes));
+  if (mem_.pinned_bytes > 0) {
+    TL_ASSIGN_OR_RETURN(pinned_, device_->AllocatePinned(mem_.pinned_bytes));
   }
-  if (gds) {
+  if (gds_) {
     // Registration only makes the reads faster; they work without it.
-    for (auto& job : jobs) {
-      if (job.buffer) gds->AddBuffer(job.buffer->data(), job.buffer->size()).IgnoreError();
+    for (auto& job : jobs_) {
+      if (job.buffer) gds_->AddBuffer(job.buffer->data(), job.buffer->size()).IgnoreError();
     }
-    if (scratch) gds->AddBuffer(scratch->data(), scratch->size()).IgnoreError();
+    if (scratch_) gds_->AddBuffer(scratch_->data(), scratch_->size()).IgnoreError();
   }
-  std::atomic<bool> gds_failed{false};
-  TL_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> stream, device->CreateStream());
-  std::vector<std::unique_ptr<DeviceEvent>> events(slots);
-  for (auto& e : events) {
-    TL_ASSIGN_OR_RETURN(e, device->CreateEvent());
+  TL_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
+  events_.resize(slots_);
+  for (auto& e : events_) {
+    TL_ASSIGN_OR_RETURN(e, device_->CreateEvent());
   }
-  if (trace) trace->blocks.assign(blocks.size(), {});
+  if (trace_) trace_->blocks.assign(blocks_.size(), {});
+  return Status::Ok();
+}
 
-  // The pipeline.
-  const int64_t nblocks = static_cast<int64_t>(blocks.size());
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int64_t> ready(slots, -1);     // Block read into the slot.
-  std::vector<int64_t> enqueued(slots, -1);  // Block whose copies were enqueued from it.
-  Status error;                              // The first error; guarded by mu.
-  bool failed = false;
-  auto fail = [&](Status st) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!failed) {
-      failed = true;
-      error = std::move(st);
-    }
-    cv.notify_all();
-  };
-  auto reader = [&](int slot) {
-    for (int64_t k = slot; k < nblocks; k += slots) {
-      if (k >= slots) {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return failed || enqueued[slot] == k - slots; });
-        if (failed) return;
-        lock.unlock();
-        Status st = events[slot]->Synchronize();
-        if (!st.ok()) return fail(std::move(st));
-        if (trace) trace->blocks[k - slots].copied_us = events[slot]->CompletedAtMicros();
-      }
-      const DeviceFileJob& job = jobs[blocks[k].file];
-      const DeviceBlock& b = job.plan.blocks[blocks[k].block];
-      const int fd = job.report.mode == IoMode::kDirect ? job.direct.fd() : job.buffered.fd();
-      const double start = trace ? NowMicros() : 0;
-      if (trace && trace->before_read) {
-        Status hook = trace->before_read(k);
-        if (!hook.ok()) return fail(hook.WithContext(job.shard->path));
-      }
-      Status st;
-      if (gds) {
-        for (const BlockCopy& c : b.copies) {
-          const uint64_t file_offset = b.read_offset + c.slot_offset;
-          st = c.convert ? gds->Read(blocks[k].file, scratch->data(), slot * scratch_slot + c.scratch_offset, c.bytes,
-                                     file_offset)
-                         : gds->Read(blocks[k].file, job.buffer->data(), c.dst_offset, c.bytes, file_offset);
-          if (!st.ok()) {
-            gds_failed = true;
-            break;
-          }
-        }
-      } else {
-        st = ReadAtLeast(fd, pinned->data() + slot * slot_bytes, b.read_offset, b.read_length,
-                         b.min_read);
-      }
-      if (!st.ok()) return fail(st.WithContext(job.shard->path));
-      if (trace) {
-        trace->blocks[k].read_start_us = start;
-        trace->blocks[k].read_end_us = NowMicros();
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      ready[slot] = k;
-      cv.notify_all();
-    }
-  };
-
-  uint64_t bytes_done = 0;  // Main thread only.
-  ProgressReporter reporter(options.progress, tensor_bytes);
-
+Result<uint64_t> DevicePipeline::Transfer(ProgressReporter& reporter, std::string* gds_failure) {
+  const int64_t nblocks = static_cast<int64_t>(blocks_.size());
+  ready_.assign(slots_, -1);
+  enqueued_.assign(slots_, -1);
   std::vector<std::thread> readers;
-  const int nreaders = static_cast<int>(std::min<int64_t>(slots, nblocks));
-  for (int r = 0; r < nreaders; ++r) readers.emplace_back(reader, r);
-  for (int64_t k = 0; k < nblocks; ++k) {
-    const int slot = static_cast<int>(k % slots);
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return failed || ready[slot] == k; });
-      if (failed) break;
+  const int nreaders = static_cast<int>(std::min<int64_t>(slots_, nblocks));
+  for (int r = 0; r < nreaders; ++r) readers.emplace_back(&DevicePipeline::ReadSlot, this, r);
+  const uint64_t bytes_done = CopyBlocks(reporter);
+  for (auto& t : readers) t.join();
+  // The stream may still use the buffers: finish it before they can go.
+  Status synced = stream_->Synchronize();
+  if (failed_) {
+    if (gds_failed_ && gds_failure) *gds_failure = error_.message();
+    return error_;
+  }
+  if (!synced.ok()) return synced;
+  if (trace_) {
+    for (int64_t k = std::max<int64_t>(0, nblocks - slots_); k < nblocks; ++k) {
+      trace_->blocks[k].copied_us = events_[k % slots_]->CompletedAtMicros();
     }
-    const DeviceFileJob& job = jobs[blocks[k].file];
-    const DeviceBlock& b = job.plan.blocks[blocks[k].block];
-    const std::byte* src = pinned ? pinned->data() + slot * slot_bytes : nullptr;
-    std::byte* dst = job.buffer->data();
-    std::byte* tmp = scratch ? scratch->data() + slot * scratch_slot : nullptr;
-    Status st;
-    uint64_t done = 0;
-    for (const BlockCopy& c : b.copies) {
-      if (!c.convert) {
-        if (!gds) st = stream->CopyToDevice(dst + c.dst_offset, src + c.slot_offset, c.bytes);
-      } else {
-        if (!gds) st = stream->CopyToDevice(tmp + c.scratch_offset, src + c.slot_offset, c.bytes);
-        if (st.ok()) st = stream->Convert(dst + c.dst_offset, c.to, tmp + c.scratch_offset, c.from, c.count);
-      }
-      if (!st.ok()) break;
-      done += c.bytes;
-    }
-    if (st.ok()) st = stream->Record(*events[slot]);
+  }
+  return bytes_done;
+}
+
+void DevicePipeline::ReadSlot(int slot) {
+  const int64_t nblocks = static_cast<int64_t>(blocks_.size());
+  for (int64_t k = slot; k < nblocks; k += slots_) {
+    if (k >= slots_ && !WaitUntilCopied(slot, k - slots_)) return;
+    Status st = ReadBlock(k, slot);
+    if (!st.ok()) return Fail(st.WithContext(jobs_[blocks_[k].file].shard->path));
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_[slot] = k;
+    cv_.notify_all();
+  }
+}
+
+bool DevicePipeline::WaitUntilCopied(int slot, int64_t k) {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return failed_ || enqueued_[slot] == k; });
+    if (failed_) return false;
+  }
+  Status st = events_[slot]->Synchronize();
+  if (!st.ok()) {
+    Fail(std::move(st));
+    return false;
+  }
+  if (trace_) trace_->blocks[k].copied_us = events_[slot]->CompletedAtMicros();
+  return true;
+}
+
+Status DevicePipeline::ReadBlock(int64_t k, int slot) {
+  const DeviceFileJob& job = jobs_[blocks_[k].file];
+  const DeviceBlock& b = job.plan.blocks[blocks_[k].block];
+  const double start = trace_ ? NowMicros() : 0;
+  if (trace_ && trace_->before_read) TL_RETURN_IF_ERROR(trace_->before_read(k));
+  if (gds_) {
+    TL_RETURN_IF_ERROR(ReadDirect(blocks_[k].file, b, slot));
+  } else {
+    const int fd = job.report.mode == IoMode::kDirect ? job.direct.fd() : job.buffered.fd();
+    TL_RETURN_IF_ERROR(ReadAtLeast(fd, pinned_->data() + slot * slot_bytes_, b.read_offset,
+                                   b.read_length, b.min_read));
+  }
+  if (trace_) {
+    trace_->blocks[k].read_start_us = start;
+    trace_->blocks[k].read_end_us = NowMicros();
+  }
+  return Status::Ok();
+}
+
+Status DevicePipeline::ReadDirect(uint32_t file, const DeviceBlock& block, int slot) {
+  for (const BlockCopy& c : block.copies) {
+    std::byte* base = c.convert ? scratch_->data() : jobs_[file].buffer->data();
+    const uint64_t offset = c.convert ? slot * scratch_slot_ + c.scratch_offset : c.dst_offset;
+    Status st = gds_->Read(file, base, offset, c.bytes, block.read_offset + c.slot_offset);
     if (!st.ok()) {
-      fail(st.WithContext(job.shard->path));
+      gds_failed_ = true;
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+uint64_t DevicePipeline::CopyBlocks(ProgressReporter& reporter) {
+  uint64_t bytes_done = 0;
+  const int64_t nblocks = static_cast<int64_t>(blocks_.size());
+  for (int64_t k = 0; k < nblocks; ++k) {
+    const int slot = static_cast<int>(k % slots_);
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return failed_ || ready_[slot] == k; });
+      if (failed_) break;
+    }
+    uint64_t done = 0;
+    Status st = EnqueueCopies(k, slot, &done);
+    if (!st.ok()) {
+      Fail(st.WithContext(jobs_[blocks_[k].file].shard->path));
       break;
     }
     bytes_done += done;
     {
-      std::lock_guard<std::mutex> lock(mu);
-      enqueued[slot] = k;
-      cv.notify_all();
+      std::lock_guard<std::mutex> lock(mu_);
+      enqueued_[slot] = k;
+      cv_.notify_all();
     }
     reporter.Report(bytes_done, false);
   }
-  for (auto& t : readers) t.join();
-  // The stream may still use the buffers: finish it before they can go.
-  Status synced = stream->Synchronize();
-  if (failed) {
-    if (gds_failed && gds_failure) *gds_failure = error.message();
-    return error;
-  }
-  if (!synced.ok()) return synced;
-  if (trace) {
-    for (int64_t k = std::max<int64_t>(0, nblocks - slots); k < nblocks; ++k) {
-      trace->blocks[k].copied_us = events[k % slots]->CompletedAtMicros();
+  return bytes_done;
+}
+
+Status DevicePipeline::EnqueueCopies(int64_t k, int slot, uint64_t* bytes) {
+  const DeviceFileJob& job = jobs_[blocks_[k].file];
+  const DeviceBlock& b = job.plan.blocks[blocks_[k].block];
+  const std::byte* src = pinned_ ? pinned_->data() + slot * slot_bytes_ : nullptr;
+  std::byte* dst = job.buffer->data();
+  std::byte* tmp = scratch_ ? scratch_->data() + slot * scratch_slot_ : nullptr;
+  for (const BlockCopy& c : b.copies) {
+    // With GDS the bytes are already where they go (or in the conversion slot).
+    if (!gds_) {
+      std::byte* to = c.convert ? tmp + c.scratch_offset : dst + c.dst_offset;
+      TL_RETURN_IF_ERROR(stream_->CopyToDevice(to, src + c.slot_offset, c.bytes));
     }
+    if (c.convert) {
+      TL_RETURN_IF_ERROR(
+          stream_->Convert(dst + c.dst_offset, c.to, tmp + c.scratch_offset, c.from, c.count));
+    }
+    *bytes += c.bytes;
   }
-  for (auto& job : jobs) {
+  return stream_->Record(*events_[slot]);
+}
+
+void DevicePipeline::Fail(Status st) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_) {
+    failed_ = true;
+    error_ = std::move(st);
+  }
+  cv_.notify_all();
+}
+
+Status DevicePipeline::CheckFilesUnchanged() const {
+  for (const auto& job : jobs_) {
     if (job.wanted.empty()) continue;
     Status st = CheckUnchanged(job);
     if (!st.ok()) return st.WithContext(job.shard->path);
   }
-  reporter.Report(bytes_done, true);
+  return Status::Ok();
+}
 
-  // The result.
+Result<LoadedCheckpoint> DevicePipeline::BuildResult(Clock::time_point t0) {
   CheckpointBuilder out;
-  out.device_plan() = mem;
-  out.set_device(device);
-  out.Reserve(selected.size());
-  std::vector<std::vector<const DeviceTensorPlan*>> placed(jobs.size());
-  for (size_t s = 0; s < jobs.size(); ++s) {
-    placed[s].assign(ckpt.shards()[s].header.tensors().size(), nullptr);
-    for (const auto& pt : jobs[s].plan.tensors) placed[s][pt.index] = &pt;
+  out.device_plan() = mem_;
+  out.set_device(device_);
+  out.Reserve(selected_.size());
+  // Each file's tensor plans, by index in its header.
+  std::vector<std::vector<const DeviceTensorPlan*>> placed(jobs_.size());
+  for (size_t s = 0; s < jobs_.size(); ++s) {
+    placed[s].assign(ckpt_.shards()[s].header.tensors().size(), nullptr);
+    for (const auto& pt : jobs_[s].plan.tensors) placed[s][pt.index] = &pt;
   }
-  for (auto loc : selected) {
-    const DeviceFileJob& job = jobs[loc.shard];
-    const TensorInfo& info = ckpt.info(loc);
+  for (auto loc : selected_) {
+    const DeviceFileJob& job = jobs_[loc.shard];
+    const TensorInfo& info = ckpt_.info(loc);
     const DeviceTensorPlan* pt = placed[loc.shard][loc.index];
     LoadedTensor t = MakeTensor(info, pt->dtype, job.buffer->data() + pt->offset, pt->bytes);
-    t.device = type;
-    t.device_index = device->ordinal();
+    t.device = type_;
+    t.device_index = device_->ordinal();
     out.Add(std::move(t), job.buffer);
   }
-  for (auto& job : jobs) {
+  for (auto& job : jobs_) {
     if (job.wanted.empty()) continue;
     job.report.engine = IoEngine::kThreads;
     out.files().push_back(std::move(job.report));
