@@ -137,8 +137,7 @@ class DevicePipeline {
   uint64_t scratch_slot_ = 0;  // A conversion slot.
   uint64_t tensor_bytes_ = 0;  // Read from the files.
   DeviceMemoryPlan mem_;
-  std::unique_ptr<DirectReader> gds_;  // Null: through pinned staging.
-  std::string gds_reason_;             // Why not straight to the device.
+  std::string gds_reason_;  // Why not straight to the device.
 
   // Allocate.
   std::vector<BlockRef> blocks_;  // Every file's blocks, in load order.
@@ -147,6 +146,10 @@ class DevicePipeline {
   std::atomic<bool> gds_failed_{false};
   std::unique_ptr<DeviceStream> stream_;
   std::vector<std::unique_ptr<DeviceEvent>> events_;  // By slot.
+  // Set by OpenDirectReader (null: through pinned staging). Declared after
+  // the buffers it registers so that it is destroyed first: cuFile
+  // deregisters them before they are freed.
+  std::unique_ptr<DirectReader> gds_;
 
   // Transfer: between the reader threads and the loading thread.
   std::mutex mu_;

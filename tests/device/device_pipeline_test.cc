@@ -352,14 +352,30 @@ TEST(DevicePipelineTest, FaultsFreeEverything) {
 // copy to the device. Fails every read from the `fail_at`-th on (0: never).
 class FakeDirectReader final : public DirectReader {
  public:
-  FakeDirectReader(std::shared_ptr<Device> device, int fail_at, std::atomic<int>* reads)
-      : device_(std::move(device)), fail_at_(fail_at), reads_(reads) {}
+  FakeDirectReader(std::shared_ptr<Device> device, int fail_at, std::atomic<int>* reads,
+                   int* stale_buffers)
+      : device_(std::move(device)), fail_at_(fail_at), reads_(reads), stale_(stale_buffers) {}
+  // cuFile's driver deregisters the buffers still registered when it closes:
+  // each must still be device memory then (counted in *stale_ if not).
+  ~FakeDirectReader() override {
+    for (auto [base, bytes] : buffers_) {
+      std::byte first{};
+      auto stream = device_->CreateStream();
+      if (!stream.ok() || !(*stream)->CopyToHost(&first, base, 1).ok() ||
+          !(*stream)->Synchronize().ok()) {
+        ++*stale_;
+      }
+    }
+  }
   Status AddFile(uint32_t file, int fd) override {
     if (fds_.size() <= file) fds_.resize(file + 1, -1);
     fds_[file] = fd;
     return Status::Ok();
   }
-  Status AddBuffer(std::byte*, uint64_t) override { return Status::Ok(); }
+  Status AddBuffer(std::byte* base, uint64_t bytes) override {
+    buffers_.emplace_back(base, bytes);
+    return Status::Ok();
+  }
   Status Read(uint32_t file, std::byte* base, uint64_t offset, uint64_t bytes, uint64_t file_offset) override {
     const int n = ++*reads_;
     if (fail_at_ > 0 && n >= fail_at_) return IOError("cuFileRead: Input/output error (injected)");
@@ -381,7 +397,9 @@ class FakeDirectReader final : public DirectReader {
   std::shared_ptr<Device> device_;
   int fail_at_;
   std::atomic<int>* reads_;
+  int* stale_;
   std::vector<int> fds_;
+  std::vector<std::pair<std::byte*, uint64_t>> buffers_;
 };
 
 TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
@@ -397,9 +415,10 @@ TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
     for (int fail_at : {0, 4}) {
       auto device = Emulated();
       std::atomic<int> reads{0};
+      int stale = 0;
       PipelineTrace trace;
       trace.open_direct_reader = [&]() -> Result<std::unique_ptr<DirectReader>> {
-        return std::unique_ptr<DirectReader>(std::make_unique<FakeDirectReader>(device, fail_at, &reads));
+        return std::unique_ptr<DirectReader>(std::make_unique<FakeDirectReader>(device, fail_at, &reads, &stale));
       };
       LoadOptions opts;
       opts.dtype = dt;
@@ -409,6 +428,7 @@ TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
       const std::string ctx = "fail_at=" + std::to_string(fail_at) + (dt ? " F32" : "");
       ASSERT_TRUE(got.ok()) << ctx << ": " << got.status().ToString();
       ExpectLoaded(*device, want, *got, dt, ctx);
+      EXPECT_EQ(stale, 0) << ctx << ": a registered buffer was freed before the reader closed";
       const FileReport& f = got->files()[0];
       if (fail_at == 0) {
         EXPECT_TRUE(f.gds) << ctx;
