@@ -181,247 +181,186 @@ uint64_t Elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// Closes every session a pull opened (DELETE, with the bytes pulled), whatever
+// happens.
+struct SessionCloser {
+  std::vector<Source>* s;
+  ~SessionCloser() {
+    for (Source& src : *s) {
+      src.ucx.reset();
+      if (!src.session.empty()) {
+        src.control->Send("DELETE", "/v1/session/" + src.session, std::to_string(src.pulled), 1024)
+            .status()
+            .IgnoreError();
+      }
+    }
+  }
+};
+
+// Gives each wanted tensor its offset in the destination buffer (64-byte
+// aligned); returns the buffer's size.
+Result<uint64_t> PlaceWanted(const std::string& url, std::vector<Wanted>* wanted) {
+  uint64_t total = 0;
+  for (Wanted& w : *wanted) {
+    total = (total + 63) / 64 * 64;
+    w.offset = total;
+    if (!CheckedAdd(total, w.nbytes, &total) || total > ManifestLimits().max_total_bytes) {
+      return CorruptionError(url + ": the tensors' bytes exceed the limit");
+    }
+  }
+  return total;
+}
+
+// One source rank's gets: one per manifest chunk, straight into the
+// destination where the whole chunk lands in one place, else into a staging
+// chunk copied out once every chunk has checked out.
+struct RankPlan {
+  struct Chunk {
+    const ManifestTensor* t;
+    uint64_t index;
+    std::byte* dst;
+  };
+  struct Staged {
+    std::byte* dst_base;                 // The destination tensor's bytes.
+    std::vector<CopyPiece> pieces;       // Source-shard offsets -> destination offsets.
+    uint64_t chunk_begin;                // Source-shard offset of the chunk.
+    std::unique_ptr<std::byte[]> bytes;  // The chunk.
+    uint64_t size;
+  };
+  std::vector<UcxClient::Get> gets;
+  std::vector<Chunk> chunks;  // chunks[i] is what gets[i] fetches.
+  std::vector<Staged> staged;
+
+  // A staging chunk of `size` bytes at source-shard offset `begin`, whose
+  // `pieces` go to `dst_base`; returns where the get lands.
+  Result<std::byte*> AddStaged(std::byte* dst_base, std::vector<CopyPiece> pieces, uint64_t begin,
+                               uint64_t size) {
+    Staged s;
+    s.dst_base = dst_base;
+    s.pieces = std::move(pieces);
+    s.chunk_begin = begin;
+    s.size = size;
+    s.bytes.reset(new (std::nothrow) std::byte[s.size]);
+    if (!s.bytes) return ResourceExhaustedError("peer load: no memory for a staging chunk");
+    std::byte* into = s.bytes.get();
+    staged.push_back(std::move(s));
+    return into;
+  }
+};
+
+// The parts of `pieces` inside source bytes [begin, end).
+std::vector<CopyPiece> PiecesWithin(const std::vector<CopyPiece>& pieces, uint64_t begin,
+                                    uint64_t end) {
+  std::vector<CopyPiece> out;
+  for (const CopyPiece& p : pieces) {
+    const uint64_t a = std::max(p.src_offset, begin), b = std::min(p.src_offset + p.bytes, end);
+    if (a < b) out.push_back({a, p.dst_offset + (a - p.src_offset), b - a});
+  }
+  return out;
+}
+
+// Adds the gets of the chunks (of `chunk_bytes`) of `t` that `pieces` (sorted,
+// source offsets -> offsets in `dst`, the destination tensor) touch.
+Status AddChunkGets(const ManifestTensor& t, const std::vector<CopyPiece>& pieces,
+                    uint64_t chunk_bytes, std::byte* dst, RankPlan* plan) {
+  const uint64_t cb = chunk_bytes;
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const CopyPiece& p : pieces) {
+    lo = std::min(lo, p.src_offset);
+    hi = std::max(hi, p.src_offset + p.bytes);
+  }
+  size_t piece = 0;
+  for (uint64_t c = lo / cb; c * cb < hi; ++c) {
+    const uint64_t begin = c * cb, end = std::min(t.nbytes, begin + cb);
+    while (piece < pieces.size() && pieces[piece].src_offset + pieces[piece].bytes <= begin) {
+      ++piece;
+    }
+    std::byte* into = nullptr;
+    if (piece < pieces.size() && pieces[piece].src_offset <= begin &&
+        end <= pieces[piece].src_offset + pieces[piece].bytes) {
+      into = dst + pieces[piece].dst_offset + (begin - pieces[piece].src_offset);
+    } else {
+      std::vector<CopyPiece> within = PiecesWithin(pieces, begin, end);
+      if (within.empty()) continue;
+      TL_ASSIGN_OR_RETURN(into, plan->AddStaged(dst, std::move(within), begin, end - begin));
+    }
+    plan->gets.push_back({t.region, t.offset + begin, end - begin, into});
+    plan->chunks.push_back({&t, c, into});
+  }
+  return Status::Ok();
+}
+
+// Plans the gets from one source rank (manifest `mf`) into the destination
+// buffer at `base`; `sends_whole`: this rank also sends the unsplit tensors.
+Status PlanRankGets(const Manifest& mf, const std::vector<Wanted>& wanted, bool sends_whole,
+                    std::byte* base, RankPlan* plan) {
+  for (const Wanted& w : wanted) {
+    const ManifestTensor* t = mf.Find(w.name);
+    std::byte* dst = base + w.offset;
+    std::vector<CopyPiece> pieces;
+    if (w.dim < 0) {
+      if (!sends_whole) continue;
+      pieces.push_back({0, 0, t->nbytes});
+    } else {
+      const Range src_range{t->shard_start, t->shape[w.dim]};
+      const uint32_t bits = static_cast<uint32_t>(DtypeBits(w.dtype));
+      TL_ASSIGN_OR_RETURN(pieces, SlicePieces(w.full_shape, bits, w.dim, src_range, w.range));
+    }
+    if (pieces.empty() || t->nbytes == 0) continue;
+    TL_RETURN_IF_ERROR(AddChunkGets(*t, pieces, mf.chunk_bytes, dst, plan));
+  }
+  return Status::Ok();
+}
+
+// Copies the staging chunks' bytes to their destinations.
+void CopyStaged(const std::vector<RankPlan::Staged>& staged) {
+  for (const RankPlan::Staged& s : staged) {
+    for (const CopyPiece& p : s.pieces) {
+      std::memcpy(s.dst_base + p.dst_offset, s.bytes.get() + (p.src_offset - s.chunk_begin),
+                  p.bytes);
+    }
+  }
+}
+
 class Puller {
  public:
   Puller(const PeerKey& key, const PeerLoadOptions& options) : key_(key), options_(options) {}
 
-  // Pulls from `group` (one endpoint per source rank, index = rank).
-  Result<LoadedCheckpoint> Pull(const std::vector<const Control*>& group, std::vector<ShardOf>* shards,
-                                PeerLoadReport* report, std::string* failed_url) {
+  // Pulls from `group` (one endpoint per source rank, index = rank). On
+  // failure `failed_url` names the endpoint to blame (empty: the first).
+  Result<LoadedCheckpoint> Pull(const std::vector<const Control*>& group,
+                                std::vector<ShardOf>* shards, PeerLoadReport* report,
+                                std::string* failed_url) {
     const auto t0 = Clock::now();
     const int n = static_cast<int>(group.size());
     TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key_.layout));
     std::vector<Source> sources(n);
-    // Close every session we opened, whatever happens.
-    struct Closer {
-      std::vector<Source>* s;
-      ~Closer() {
-        for (Source& src : *s) {
-          src.ucx.reset();
-          if (!src.session.empty()) {
-            src.control->Send("DELETE", "/v1/session/" + src.session, std::to_string(src.pulled), 1024).status().IgnoreError();
-          }
-        }
-      }
-    } closer{&sources};
-    for (int r = 0; r < n; ++r) {
-      *failed_url = group[r]->url();
-      sources[r].control = group[r];
-      TL_ASSIGN_OR_RETURN(std::string json, group[r]->Send("POST", "/v1/session", "", ManifestLimits().max_json_bytes,
-                                                           &sources[r].session));
-      auto m = ParseManifest(json);
-      if (!m.ok()) return m.status().WithContext(group[r]->url() + ": manifest");
-      sources[r].manifest = std::move(m).value();
-      const Manifest& mf = sources[r].manifest;
-      if (!mf.key.Mismatch(key_).empty()) {
-        return InvalidArgumentError(group[r]->url() + ": manifest key differs: " + key_.Mismatch(mf.key));
-      }
-      if (mf.parallel.size != n || mf.parallel.rank != r) {
-        return CorruptionError(group[r]->url() + ": manifest says rank " + std::to_string(mf.parallel.rank) + " of " +
-                               std::to_string(mf.parallel.size) + ", its key said rank " + std::to_string(r) + " of " +
-                               std::to_string(n));
-      }
-    }
+    SessionCloser closer{&sources};
+    TL_RETURN_IF_ERROR(OpenSessions(group, &sources, failed_url));
 
-    // The destination's tensors, checked across the source ranks.
     *failed_url = group[0]->url();
-    std::vector<Wanted> wanted;
-    const Manifest& m0 = sources[0].manifest;
-    for (const ManifestTensor& t : m0.tensors) {
-      Wanted w;
-      w.name = t.name;
-      w.dtype = t.dtype;
-      w.full_shape = t.full_shape;
-      w.dim = t.shard_dim;
-      const int rule = layout.DimFor(t.name);
-      if (w.dim != rule && !(rule >= static_cast<int>(t.full_shape.size()) && w.dim == -1)) {
-        return CorruptionError(group[0]->url() + ": tensor '" + t.name + "' is split along dim " +
-                               std::to_string(w.dim) + ", the layout says " + std::to_string(rule));
-      }
-      for (int r = 0; r < n; ++r) {
-        const ManifestTensor* o = sources[r].manifest.Find(t.name);
-        if (!o || o->dtype != t.dtype || o->full_shape != t.full_shape || o->shard_dim != t.shard_dim) {
-          *failed_url = group[r]->url();
-          return CorruptionError(group[r]->url() + ": tensor '" + t.name + "' differs from rank 0's or is missing");
-        }
-        if (w.dim >= 0) {
-          TL_ASSIGN_OR_RETURN(Range expect, ShardRange(t.full_shape[w.dim], r, n));
-          if (o->shard_start != expect.start || o->shape[w.dim] != expect.length) {
-            *failed_url = group[r]->url();
-            return CorruptionError(group[r]->url() + ": tensor '" + t.name + "': rank " + std::to_string(r) +
-                                   " holds [" + std::to_string(o->shard_start) + ", +" +
-                                   std::to_string(o->shape[w.dim]) + ") of dim " + std::to_string(w.dim) +
-                                   ", expected [" + std::to_string(expect.start) + ", +" +
-                                   std::to_string(expect.length) + ")");
-          }
-        }
-      }
-      w.shape = w.full_shape;
-      if (w.dim >= 0) {
-        TL_ASSIGN_OR_RETURN(w.range, ShardRange(w.full_shape[w.dim], options_.parallel.rank, options_.parallel.size));
-        w.shape[w.dim] = w.range.length;
-      }
-      // The full tensor's bytes were bounded by the manifest's checks on
-      // each shard; the destination's part is no larger than the full tensor.
-      w.nbytes = Elements(w.shape) * static_cast<uint64_t>(DtypeBits(w.dtype)) / 8;
-      wanted.push_back(std::move(w));
-    }
-    for (int r = 1; r < n; ++r) {
-      if (sources[r].manifest.tensors.size() != m0.tensors.size()) {
-        *failed_url = group[r]->url();
-        return CorruptionError(group[r]->url() + ": serves " + std::to_string(sources[r].manifest.tensors.size()) +
-                               " tensors, rank 0 serves " + std::to_string(m0.tensors.size()));
-      }
-    }
-    uint64_t total = 0;
-    for (Wanted& w : wanted) {
-      total = (total + 63) / 64 * 64;
-      w.offset = total;
-      if (!CheckedAdd(total, w.nbytes, &total) || total > ManifestLimits().max_total_bytes) {
-        return CorruptionError(group[0]->url() + ": the tensors' bytes exceed the limit");
-      }
-    }
+    TL_ASSIGN_OR_RETURN(std::vector<Wanted> wanted, PlanWanted(group, sources, layout, failed_url));
+    TL_ASSIGN_OR_RETURN(uint64_t total, PlaceWanted(group[0]->url(), &wanted));
     TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, HostBuffer::Allocate(total));
     // Fresh memory is faulted in by helper threads ahead of the gets, as a
     // disk load does (docs/loading.md, "Memory"): first touches cost more
     // than the transfer itself on the machine measured (docs/remote.md).
-    PopulateAhead populate({{buffer->data(), buffer->size()}}, FaultThreadCount(options_.fallback_load.fault_threads));
+    PopulateAhead populate({{buffer->data(), buffer->size()}},
+                           FaultThreadCount(options_.fallback_load.fault_threads));
 
-    // Per source rank: the gets (straight into the destination where a whole
-    // chunk lands in one place, else into a staging chunk), then the copies
-    // out of the staging chunks, once every chunk has checked out.
-    const int whole_rank = options_.parallel.rank % n;
     int ranks_used = 0;
     uint64_t pulled = 0;
     for (int r = 0; r < n; ++r) {
       *failed_url = group[r]->url();
-      Source& src = sources[r];
-      const Manifest& mf = src.manifest;
-      struct Chunk {
-        const ManifestTensor* t;
-        uint64_t index;
-        std::byte* dst;
-      };
-      struct Staged {
-        std::byte* dst_base;                // The destination tensor's bytes.
-        std::vector<CopyPiece> pieces;      // Source-shard offsets -> destination offsets.
-        uint64_t chunk_begin;               // Source-shard offset of the chunk.
-        std::unique_ptr<std::byte[]> bytes; // The chunk.
-        uint64_t size;
-      };
-      std::vector<UcxClient::Get> gets;
-      std::vector<Chunk> chunks;
-      std::vector<Staged> staged;
-      for (const Wanted& w : wanted) {
-        const ManifestTensor* t = mf.Find(w.name);
-        std::byte* dst = buffer->data() + w.offset;
-        std::vector<CopyPiece> pieces;
-        if (w.dim < 0) {
-          if (r != whole_rank) continue;
-          pieces.push_back({0, 0, t->nbytes});
-        } else {
-          const Range src_range{t->shard_start, t->shape[w.dim]};
-          TL_ASSIGN_OR_RETURN(pieces, SlicePieces(w.full_shape, static_cast<uint32_t>(DtypeBits(w.dtype)), w.dim,
-                                                  src_range, w.range));
-        }
-        if (pieces.empty() || t->nbytes == 0) continue;
-        const uint64_t cb = mf.chunk_bytes;
-        uint64_t lo = UINT64_MAX, hi = 0;
-        for (const CopyPiece& p : pieces) {
-          lo = std::min(lo, p.src_offset);
-          hi = std::max(hi, p.src_offset + p.bytes);
-        }
-        size_t piece = 0;
-        for (uint64_t c = lo / cb; c * cb < hi; ++c) {
-          const uint64_t begin = c * cb, end = std::min(t->nbytes, begin + cb);
-          while (piece < pieces.size() && pieces[piece].src_offset + pieces[piece].bytes <= begin) ++piece;
-          std::byte* into = nullptr;
-          if (piece < pieces.size() && pieces[piece].src_offset <= begin &&
-              end <= pieces[piece].src_offset + pieces[piece].bytes) {
-            into = dst + pieces[piece].dst_offset + (begin - pieces[piece].src_offset);
-          } else {
-            Staged s;
-            s.dst_base = dst;
-            for (const CopyPiece& p : pieces) {
-              const uint64_t a = std::max(p.src_offset, begin), b = std::min(p.src_offset + p.bytes, end);
-              if (a < b) s.pieces.push_back({a, p.dst_offset + (a - p.src_offset), b - a});
-            }
-            if (s.pieces.empty()) continue;
-            s.chunk_begin = begin;
-            s.size = end - begin;
-            s.bytes.reset(new (std::nothrow) std::byte[s.size]);
-            if (!s.bytes) return ResourceExhaustedError("peer load: no memory for a staging chunk");
-            into = s.bytes.get();
-            staged.push_back(std::move(s));
-          }
-          gets.push_back({t->region, t->offset + begin, end - begin, into});
-          chunks.push_back({t, c, into});
-        }
-      }
-      if (gets.empty()) continue;
+      TL_ASSIGN_OR_RETURN(bool used, PullRank(r, n, group[r]->url(), wanted, *buffer, &sources[r]));
+      if (!used) continue;
       ++ranks_used;
-      UcxOptions uo;
-      uo.transports = options_.transports;
-      TL_ASSIGN_OR_RETURN(src.ucx, UcxClient::Connect(mf.worker_address, uo,
-                                                      std::chrono::milliseconds(options_.connect_timeout_ms)));
-      for (const Region& region : mf.regions) {
-        if (region.rkey.empty()) return PermissionDeniedError(group[r]->url() + ": the manifest has no remote keys");
-        TL_ASSIGN_OR_RETURN(uint32_t idx, src.ucx->AddRegion(region.rkey, region.address, region.bytes));
-        src.regions.push_back(idx);
-      }
-      for (auto& g : gets) g.region = src.regions[g.region];
-      TL_RETURN_IF_ERROR(src.ucx->MapLocal(buffer->data(), buffer->size()));
-      UcxClient::GetOptions go;
-      go.max_in_flight = options_.max_in_flight;
-      go.max_get_bytes = options_.batch_bytes;
-      go.rate_limit = mf.rate_limit;
-      go.stall_timeout = std::chrono::milliseconds(options_.stall_timeout_ms);
-      Status bad = Status::Ok();
-      go.on_done = [&](size_t i) {
-        const Chunk& c = chunks[i];
-        const uint64_t sum = Xxh3_64(c.dst, gets[i].bytes);
-        src.pulled += gets[i].bytes;
-        if (sum != c.t->chunk_xxh3[c.index] && bad.ok()) {
-          bad = CorruptionError(group[r]->url() + ": tensor '" + c.t->name + "' chunk " + std::to_string(c.index) +
-                                " (bytes " + std::to_string(c.index * mf.chunk_bytes) + ".." +
-                                std::to_string(c.index * mf.chunk_bytes + gets[i].bytes) + "): XXH3 " + HexU64(sum) +
-                                ", the manifest says " + HexU64(c.t->chunk_xxh3[c.index]));
-        }
-      };
-      TL_RETURN_IF_ERROR(src.ucx->GetAll(gets, go).WithContext(group[r]->url()));
-      TL_RETURN_IF_ERROR(bad);
-      for (const Staged& s : staged) {
-        for (const CopyPiece& p : s.pieces) {
-          std::memcpy(s.dst_base + p.dst_offset, s.bytes.get() + (p.src_offset - s.chunk_begin), p.bytes);
-        }
-      }
-      pulled += src.pulled;
-      src.transports = src.ucx->TransportsInUse();
-      src.ucx.reset();
+      pulled += sources[r].pulled;
     }
 
     CheckpointBuilder out;
-    out.Reserve(wanted.size());
-    shards->clear();
-    for (const Wanted& w : wanted) {
-      LoadedTensor t;
-      t.name = w.name;
-      t.dtype = w.dtype;
-      t.shape = w.shape;
-      SetRowMajorStrides(&t);
-      t.data = buffer->data() + w.offset;
-      t.nbytes = w.nbytes;
-      out.Add(std::move(t), buffer);
-      shards->push_back({w.dim, w.dim >= 0 ? w.range.start : 0, w.full_shape});
-    }
-    for (int r = 0; r < n; ++r) {
-      FileReport f;
-      f.path = group[r]->url();
-      f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n) +
-                 (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports);
-      f.bytes = sources[r].pulled;
-      out.files().push_back(std::move(f));
-    }
+    AddPulledTensors(wanted, buffer, &out, shards);
+    AddSourceReports(group, sources, &out);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     report->bytes = pulled;
     report->seconds = seconds;
@@ -431,6 +370,217 @@ class Puller {
   }
 
  private:
+  // Opens a session on each source rank and checks its manifest: the key,
+  // and the rank and size it says against the group's.
+  Status OpenSessions(const std::vector<const Control*>& group, std::vector<Source>* sources,
+                      std::string* failed_url) const {
+    const int n = static_cast<int>(group.size());
+    for (int r = 0; r < n; ++r) {
+      *failed_url = group[r]->url();
+      Source& src = (*sources)[r];
+      src.control = group[r];
+      TL_ASSIGN_OR_RETURN(std::string json,
+                          group[r]->Send("POST", "/v1/session", "",
+                                         ManifestLimits().max_json_bytes, &src.session));
+      auto m = ParseManifest(json);
+      if (!m.ok()) return m.status().WithContext(group[r]->url() + ": manifest");
+      src.manifest = std::move(m).value();
+      const Manifest& mf = src.manifest;
+      if (!mf.key.Mismatch(key_).empty()) {
+        return InvalidArgumentError(group[r]->url() + ": manifest key differs: " +
+                                    key_.Mismatch(mf.key));
+      }
+      if (mf.parallel.size != n || mf.parallel.rank != r) {
+        return CorruptionError(group[r]->url() + ": manifest says rank " +
+                               std::to_string(mf.parallel.rank) + " of " +
+                               std::to_string(mf.parallel.size) + ", its key said rank " +
+                               std::to_string(r) + " of " + std::to_string(n));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The destination's tensors (rank 0's list), checked across the source
+  // ranks; `failed_url` is set to the rank that disagrees.
+  Result<std::vector<Wanted>> PlanWanted(const std::vector<const Control*>& group,
+                                         const std::vector<Source>& sources, const Layout& layout,
+                                         std::string* failed_url) const {
+    const int n = static_cast<int>(group.size());
+    std::vector<Wanted> wanted;
+    const Manifest& m0 = sources[0].manifest;
+    for (const ManifestTensor& t : m0.tensors) {
+      TL_ASSIGN_OR_RETURN(Wanted w, WantedFor(t, group, sources, layout, failed_url));
+      wanted.push_back(std::move(w));
+    }
+    for (int r = 1; r < n; ++r) {
+      if (sources[r].manifest.tensors.size() != m0.tensors.size()) {
+        *failed_url = group[r]->url();
+        return CorruptionError(group[r]->url() + ": serves " +
+                               std::to_string(sources[r].manifest.tensors.size()) +
+                               " tensors, rank 0 serves " + std::to_string(m0.tensors.size()));
+      }
+    }
+    return wanted;
+  }
+
+  // Rank 0's tensor `t` as the destination wants it: split as the layout
+  // says, every rank holding its part, and this rank's part of it.
+  Result<Wanted> WantedFor(const ManifestTensor& t, const std::vector<const Control*>& group,
+                           const std::vector<Source>& sources, const Layout& layout,
+                           std::string* failed_url) const {
+    Wanted w;
+    w.name = t.name;
+    w.dtype = t.dtype;
+    w.full_shape = t.full_shape;
+    w.dim = t.shard_dim;
+    const int rule = layout.DimFor(t.name);
+    if (w.dim != rule && !(rule >= static_cast<int>(t.full_shape.size()) && w.dim == -1)) {
+      return CorruptionError(group[0]->url() + ": tensor '" + t.name + "' is split along dim " +
+                             std::to_string(w.dim) + ", the layout says " + std::to_string(rule));
+    }
+    TL_RETURN_IF_ERROR(CheckRanksAgree(t, group, sources, failed_url));
+    w.shape = w.full_shape;
+    if (w.dim >= 0) {
+      TL_ASSIGN_OR_RETURN(w.range, ShardRange(w.full_shape[w.dim], options_.parallel.rank,
+                                              options_.parallel.size));
+      w.shape[w.dim] = w.range.length;
+    }
+    // The full tensor's bytes were bounded by the manifest's checks on
+    // each shard; the destination's part is no larger than the full tensor.
+    w.nbytes = Elements(w.shape) * static_cast<uint64_t>(DtypeBits(w.dtype)) / 8;
+    return w;
+  }
+
+  // Every source rank holds rank 0's tensor `t` (same dtype, full shape and
+  // split dim) and, when it is split, its own part of it.
+  static Status CheckRanksAgree(const ManifestTensor& t, const std::vector<const Control*>& group,
+                                const std::vector<Source>& sources, std::string* failed_url) {
+    const int n = static_cast<int>(group.size());
+    const int dim = t.shard_dim;
+    for (int r = 0; r < n; ++r) {
+      const ManifestTensor* o = sources[r].manifest.Find(t.name);
+      if (!o || o->dtype != t.dtype || o->full_shape != t.full_shape ||
+          o->shard_dim != t.shard_dim) {
+        *failed_url = group[r]->url();
+        return CorruptionError(group[r]->url() + ": tensor '" + t.name +
+                               "' differs from rank 0's or is missing");
+      }
+      if (dim >= 0) {
+        TL_ASSIGN_OR_RETURN(Range expect, ShardRange(t.full_shape[dim], r, n));
+        if (o->shard_start != expect.start || o->shape[dim] != expect.length) {
+          *failed_url = group[r]->url();
+          return CorruptionError(group[r]->url() + ": tensor '" + t.name + "': rank " +
+                                 std::to_string(r) + " holds [" +
+                                 std::to_string(o->shard_start) + ", +" +
+                                 std::to_string(o->shape[dim]) + ") of dim " +
+                                 std::to_string(dim) + ", expected [" +
+                                 std::to_string(expect.start) + ", +" +
+                                 std::to_string(expect.length) + ")");
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Pulls source rank `r`'s part of the destination into `buffer`: the gets,
+  // then the copies out of the staging chunks, once every chunk has checked
+  // out. False when the rank holds nothing the destination wants.
+  Result<bool> PullRank(int r, int n, const std::string& url, const std::vector<Wanted>& wanted,
+                        HostBuffer& buffer, Source* src) const {
+    RankPlan plan;
+    const bool sends_whole = r == options_.parallel.rank % n;
+    TL_RETURN_IF_ERROR(PlanRankGets(src->manifest, wanted, sends_whole, buffer.data(), &plan));
+    if (plan.gets.empty()) return false;
+    TL_RETURN_IF_ERROR(ConnectSource(url, src));
+    for (auto& g : plan.gets) g.region = src->regions[g.region];
+    TL_RETURN_IF_ERROR(src->ucx->MapLocal(buffer.data(), buffer.size()));
+    TL_RETURN_IF_ERROR(GetVerified(url, plan, src));
+    CopyStaged(plan.staged);
+    src->transports = src->ucx->TransportsInUse();
+    src->ucx.reset();
+    return true;
+  }
+
+  // Connects to the source's UCX worker and adds its manifest's regions.
+  Status ConnectSource(const std::string& url, Source* src) const {
+    UcxOptions uo;
+    uo.transports = options_.transports;
+    TL_ASSIGN_OR_RETURN(src->ucx,
+                        UcxClient::Connect(src->manifest.worker_address, uo,
+                                           std::chrono::milliseconds(options_.connect_timeout_ms)));
+    for (const Region& region : src->manifest.regions) {
+      if (region.rkey.empty()) {
+        return PermissionDeniedError(url + ": the manifest has no remote keys");
+      }
+      TL_ASSIGN_OR_RETURN(uint32_t idx,
+                          src->ucx->AddRegion(region.rkey, region.address, region.bytes));
+      src->regions.push_back(idx);
+    }
+    return Status::Ok();
+  }
+
+  // Runs the plan's gets, checking each chunk's XXH3 against the manifest as
+  // it lands; counts the bytes in src->pulled.
+  Status GetVerified(const std::string& url, const RankPlan& plan, Source* src) const {
+    const Manifest& mf = src->manifest;
+    const std::vector<UcxClient::Get>& gets = plan.gets;
+    UcxClient::GetOptions go;
+    go.max_in_flight = options_.max_in_flight;
+    go.max_get_bytes = options_.batch_bytes;
+    go.rate_limit = mf.rate_limit;
+    go.stall_timeout = std::chrono::milliseconds(options_.stall_timeout_ms);
+    Status bad = Status::Ok();
+    go.on_done = [&](size_t i) {
+      const RankPlan::Chunk& c = plan.chunks[i];
+      const uint64_t sum = Xxh3_64(c.dst, gets[i].bytes);
+      src->pulled += gets[i].bytes;
+      if (sum != c.t->chunk_xxh3[c.index] && bad.ok()) {
+        bad = CorruptionError(url + ": tensor '" + c.t->name + "' chunk " +
+                              std::to_string(c.index) + " (bytes " +
+                              std::to_string(c.index * mf.chunk_bytes) + ".." +
+                              std::to_string(c.index * mf.chunk_bytes + gets[i].bytes) +
+                              "): XXH3 " + HexU64(sum) + ", the manifest says " +
+                              HexU64(c.t->chunk_xxh3[c.index]));
+      }
+    };
+    TL_RETURN_IF_ERROR(src->ucx->GetAll(gets, go).WithContext(url));
+    return bad;
+  }
+
+  // The pulled tensors (views into `buffer`, which owns them) and each one's
+  // shard.
+  static void AddPulledTensors(const std::vector<Wanted>& wanted,
+                               const std::shared_ptr<HostBuffer>& buffer, CheckpointBuilder* out,
+                               std::vector<ShardOf>* shards) {
+    out->Reserve(wanted.size());
+    shards->clear();
+    for (const Wanted& w : wanted) {
+      LoadedTensor t;
+      t.name = w.name;
+      t.dtype = w.dtype;
+      t.shape = w.shape;
+      SetRowMajorStrides(&t);
+      t.data = buffer->data() + w.offset;
+      t.nbytes = w.nbytes;
+      out->Add(std::move(t), buffer);
+      shards->push_back({w.dim, w.dim >= 0 ? w.range.start : 0, w.full_shape});
+    }
+  }
+
+  // One file report per source rank: its endpoint, transports and bytes.
+  static void AddSourceReports(const std::vector<const Control*>& group,
+                               const std::vector<Source>& sources, CheckpointBuilder* out) {
+    const int n = static_cast<int>(group.size());
+    for (int r = 0; r < n; ++r) {
+      FileReport f;
+      f.path = group[r]->url();
+      f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n) +
+                 (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports);
+      f.bytes = sources[r].pulled;
+      out->files().push_back(std::move(f));
+    }
+  }
+
   const PeerKey& key_;
   const PeerLoadOptions& options_;
 };
