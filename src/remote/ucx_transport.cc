@@ -513,200 +513,19 @@ class UcxClientImpl final : public UcxClient {
     return Status::Ok();
   }
 
+  // Checks every get, then issues pieces and progresses the worker until all
+  // have landed, the run fails, or it stalls (FailGets cleans up).
   Status GetAll(const std::vector<Get>& gets, const GetOptions& options) override {
-    if (options.max_in_flight < 1 || options.max_get_bytes == 0 || options.stall_timeout.count() <= 0) {
-      return InvalidArgumentError("UCX GetAll: max_in_flight " + std::to_string(options.max_in_flight) +
-                                  ", max_get_bytes " + std::to_string(options.max_get_bytes) + " and stall_timeout " +
-                                  std::to_string(options.stall_timeout.count()) + " ms must all be positive");
+    TL_RETURN_IF_ERROR(CheckGets(gets, options));
+    GetRun run(gets, options);
+    run.SkipEmpty();
+    while ((run.next_get < gets.size() || !run.in_flight.empty()) && run.failure == UCS_OK) {
+      const Clock::time_point rate_wait = IssueGets(&run);
+      if (run.failure != UCS_OK) break;
+      if (!ProgressGets(&run, rate_wait)) break;
     }
-    TL_RETURN_IF_ERROR(CheckConnected());
-    // Validate every get before issuing any.
-    for (size_t i = 0; i < gets.size(); ++i) {
-      const Get& g = gets[i];
-      if (g.region >= regions_.size()) {
-        return OutOfRangeError("UCX get " + std::to_string(i) + ": region " + std::to_string(g.region) +
-                               " does not exist (" + std::to_string(regions_.size()) + " added)");
-      }
-      uint64_t end;
-      if (!CheckedAdd(g.offset, g.bytes, &end) || end > regions_[g.region].bytes) {
-        return OutOfRangeError("UCX get " + std::to_string(i) + ": [" + std::to_string(g.offset) + ", +" +
-                               std::to_string(g.bytes) + ") runs past the end of region " + std::to_string(g.region) +
-                               " (" + std::to_string(regions_[g.region].bytes) + " bytes)");
-      }
-      uint64_t dst_end;
-      if (g.bytes > 0 && (g.dst == nullptr || !CheckedAdd(reinterpret_cast<uint64_t>(g.dst), g.bytes, &dst_end))) {
-        return InvalidArgumentError("UCX get " + std::to_string(i) + ": null or wrapping destination");
-      }
-    }
-
-    struct InFlight {
-      void* request;
-      size_t get;
-      uint64_t bytes;
-    };
-    std::vector<InFlight> in_flight;
-    in_flight.reserve(static_cast<size_t>(options.max_in_flight));
-    std::vector<uint64_t> remaining(gets.size());
-    for (size_t i = 0; i < gets.size(); ++i) remaining[i] = gets[i].bytes;
-
-    size_t next_get = 0;        // The get being split and issued.
-    uint64_t next_offset = 0;   // Within it.
-    uint64_t issued_bytes = 0;  // For the rate limit.
-    const auto start = Clock::now();
-    auto last_event = start;  // Last completion, or first issue after idle.
-    ucs_status_t failure = UCS_OK;
-    bool stalled = false;
-
-    auto finish_piece = [&](size_t get, uint64_t bytes) {
-      remaining[get] -= bytes;
-      if (remaining[get] == 0 && options.on_done) options.on_done(get);
-    };
-    // Skips (and reports) empty gets at the cursor.
-    auto skip_empty = [&]() {
-      while (next_get < gets.size() && gets[next_get].bytes == 0) {
-        if (options.on_done) options.on_done(next_get);
-        ++next_get;
-      }
-    };
-    skip_empty();
-
-    while ((next_get < gets.size() || !in_flight.empty()) && failure == UCS_OK) {
-      auto now = Clock::now();
-      // Issue while slots and the rate allow.
-      Clock::time_point rate_wait = Clock::time_point::max();
-      while (next_get < gets.size() && in_flight.size() < static_cast<size_t>(options.max_in_flight)) {
-        if (options.rate_limit > 0) {
-          const auto allowed = start + std::chrono::nanoseconds(static_cast<int64_t>(
-                                           static_cast<long double>(issued_bytes) * 1e9L / options.rate_limit));
-          if (allowed > now) {
-            rate_wait = allowed;
-            break;
-          }
-        }
-        const Get& g = gets[next_get];
-        const uint64_t piece = std::min(options.max_get_bytes, g.bytes - next_offset);
-        const RemoteRegion& r = regions_[g.region];
-        char* dst = static_cast<char*>(g.dst) + next_offset;
-        ucp_request_param_t param{};
-        if (ucp_mem_h memh = LocalMemh(dst, piece)) {
-          param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-          param.memh = memh;
-        }
-        void* req = ucp_get_nbx(ep_, dst, piece, r.address + g.offset + next_offset, r.rkey, &param);
-        if (UCS_PTR_IS_ERR(req)) {
-          failure = UCS_PTR_STATUS(req);
-          break;
-        }
-        if (in_flight.empty()) last_event = now;
-        issued_bytes += piece;
-        const size_t get_index = next_get;
-        next_offset += piece;
-        if (next_offset == g.bytes) {
-          ++next_get;
-          next_offset = 0;
-        }
-        if (req == nullptr) {
-          finish_piece(get_index, piece);
-          last_event = now;
-        } else {
-          in_flight.push_back(InFlight{req, get_index, piece});
-        }
-        skip_empty();
-      }
-      if (failure != UCS_OK) break;
-
-      unsigned progressed = 0;
-      for (int i = 0; i < 64; ++i) {
-        const unsigned n = ucp_worker_progress(core_.worker());
-        progressed += n;
-        if (n == 0) break;
-      }
-      bool completed = false;
-      for (size_t i = 0; i < in_flight.size();) {
-        const ucs_status_t st = ucp_request_check_status(in_flight[i].request);
-        if (st == UCS_INPROGRESS) {
-          ++i;
-          continue;
-        }
-        ucp_request_free(in_flight[i].request);
-        const InFlight done = in_flight[i];
-        in_flight[i] = in_flight.back();
-        in_flight.pop_back();
-        if (st != UCS_OK) {
-          if (failure == UCS_OK) failure = st;
-          continue;
-        }
-        completed = true;
-        finish_piece(done.get, done.bytes);
-      }
-      if (failure != UCS_OK) break;
-      if (ep_status_ != UCS_OK) {
-        failure = ep_status_;
-        break;
-      }
-      now = Clock::now();
-      if (completed) {
-        last_event = now;
-        continue;
-      }
-      if (!in_flight.empty() && now - last_event >= options.stall_timeout) {
-        stalled = true;
-        break;
-      }
-      if (progressed > 0) continue;
-      // Nothing happened: sleep until an event, the rate allows the next get,
-      // or the stall deadline; at most 50 ms between checks.
-      auto deadline = now + std::chrono::milliseconds(50);
-      if (!in_flight.empty()) deadline = std::min(deadline, last_event + options.stall_timeout);
-      if (rate_wait != Clock::time_point::max()) deadline = std::min(deadline, rate_wait);
-      WaitForWorker(core_.worker(), efd_, deadline);
-    }
-    if (failure == UCS_OK && !stalled) return Status::Ok();
-
-    // Failure: close the endpoint so UCX completes every outstanding request,
-    // then release them; nothing writes to a destination after this.
-    const size_t outstanding = in_flight.size();
-    if (!detects_failures_) {
-      Abandon();  // Never progressed again: its gets cannot land.
-      return UnavailableError("UCX GetAll: " +
-                              std::string(stalled ? "no get finished within " +
-                                                        std::to_string(options.stall_timeout.count()) + " ms"
-                                                  : "get failed: " + UcsText(failure)) +
-                              " (" + std::to_string(outstanding) +
-                              " outstanding gets abandoned with the connection: shared memory has no peer-failure "
-                              "detection)");
-    }
-    const ucs_status_t ep_status = ep_status_;
-    CloseEndpoint(/*force=*/true, std::chrono::hours(24));  // Forced close always completes.
-    bool leaked = false;
-    const auto drain_deadline = Clock::now() + std::chrono::seconds(30);
-    while (!in_flight.empty()) {
-      ucp_worker_progress(core_.worker());
-      for (size_t i = 0; i < in_flight.size();) {
-        if (ucp_request_check_status(in_flight[i].request) == UCS_INPROGRESS) {
-          ++i;
-          continue;
-        }
-        ucp_request_free(in_flight[i].request);
-        in_flight[i] = in_flight.back();
-        in_flight.pop_back();
-      }
-      if (!in_flight.empty() && Clock::now() > drain_deadline) {
-        leaked = true;
-        break;
-      }
-    }
-    if (leaked) {
-      return InternalError("UCX GetAll: " + std::to_string(in_flight.size()) +
-                           " requests were not released after the endpoint was closed");
-    }
-    const std::string cancelled = " (" + std::to_string(outstanding) + " outstanding gets cancelled)";
-    if (stalled) {
-      return UnavailableError("UCX GetAll: no get finished within " + std::to_string(options.stall_timeout.count()) +
-                              " ms" + cancelled);
-    }
-    const ucs_status_t shown = ep_status != UCS_OK ? ep_status : failure;
-    return UnavailableError("UCX GetAll: get failed: " + UcsText(shown) + cancelled);
+    if (run.failure == UCS_OK && !run.stalled) return Status::Ok();
+    return FailGets(&run);
   }
 
   std::string TransportsInUse() const override { return transports_; }
@@ -722,6 +541,251 @@ class UcxClientImpl final : public UcxClient {
     uint64_t end;
     ucp_mem_h memh;
   };
+
+  // A get request issued and not yet released: a piece of gets[get].
+  struct InFlight {
+    void* request;
+    size_t get;
+    uint64_t bytes;
+  };
+
+  // One GetAll's state: the cursor of the next piece to issue, the requests
+  // in flight, and how the run ended (failed or stalled).
+  struct GetRun {
+    GetRun(const std::vector<Get>& g, const GetOptions& o) : gets(g), options(o) {
+      in_flight.reserve(static_cast<size_t>(options.max_in_flight));
+      remaining.resize(gets.size());
+      for (size_t i = 0; i < gets.size(); ++i) remaining[i] = gets[i].bytes;
+      start = Clock::now();
+      last_event = start;
+    }
+
+    // Counts a landed piece; reports its get once all of it has landed.
+    void FinishPiece(size_t get, uint64_t bytes) {
+      remaining[get] -= bytes;
+      if (remaining[get] == 0 && options.on_done) options.on_done(get);
+    }
+
+    // Skips (and reports) empty gets at the cursor.
+    void SkipEmpty() {
+      while (next_get < gets.size() && gets[next_get].bytes == 0) {
+        if (options.on_done) options.on_done(next_get);
+        ++next_get;
+      }
+    }
+
+    const std::vector<Get>& gets;
+    const GetOptions& options;
+    std::vector<InFlight> in_flight;
+    std::vector<uint64_t> remaining;  // Bytes of each get not landed yet.
+    size_t next_get = 0;              // The get being split and issued.
+    uint64_t next_offset = 0;         // Within it.
+    uint64_t issued_bytes = 0;        // For the rate limit.
+    Clock::time_point start;
+    Clock::time_point last_event;  // Last completion, or first issue after idle.
+    ucs_status_t failure = UCS_OK;
+    bool stalled = false;
+  };
+
+  // GetAll's arguments: positive limits, a connection, and every get inside
+  // its region with a destination, checked before any is issued.
+  Status CheckGets(const std::vector<Get>& gets, const GetOptions& options) const {
+    if (options.max_in_flight < 1 || options.max_get_bytes == 0 ||
+        options.stall_timeout.count() <= 0) {
+      return InvalidArgumentError(
+          "UCX GetAll: max_in_flight " + std::to_string(options.max_in_flight) +
+          ", max_get_bytes " + std::to_string(options.max_get_bytes) + " and stall_timeout " +
+          std::to_string(options.stall_timeout.count()) + " ms must all be positive");
+    }
+    TL_RETURN_IF_ERROR(CheckConnected());
+    for (size_t i = 0; i < gets.size(); ++i) {
+      const Get& g = gets[i];
+      if (g.region >= regions_.size()) {
+        return OutOfRangeError("UCX get " + std::to_string(i) + ": region " +
+                               std::to_string(g.region) + " does not exist (" +
+                               std::to_string(regions_.size()) + " added)");
+      }
+      uint64_t end;
+      if (!CheckedAdd(g.offset, g.bytes, &end) || end > regions_[g.region].bytes) {
+        return OutOfRangeError("UCX get " + std::to_string(i) + ": [" + std::to_string(g.offset) +
+                               ", +" + std::to_string(g.bytes) + ") runs past the end of region " +
+                               std::to_string(g.region) + " (" +
+                               std::to_string(regions_[g.region].bytes) + " bytes)");
+      }
+      uint64_t dst_end;
+      if (g.bytes > 0 && (g.dst == nullptr ||
+                          !CheckedAdd(reinterpret_cast<uint64_t>(g.dst), g.bytes, &dst_end))) {
+        return InvalidArgumentError("UCX get " + std::to_string(i) +
+                                    ": null or wrapping destination");
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Issues pieces (of at most max_get_bytes) while slots and the rate limit
+  // allow; sets run->failure when UCX refuses one. Returns when the rate
+  // limit allows the next piece (time_point::max() when it did not stop it).
+  Clock::time_point IssueGets(GetRun* run) {
+    const GetOptions& options = run->options;
+    const auto now = Clock::now();
+    while (run->next_get < run->gets.size() &&
+           run->in_flight.size() < static_cast<size_t>(options.max_in_flight)) {
+      if (options.rate_limit > 0) {
+        const long double ns =
+            static_cast<long double>(run->issued_bytes) * 1e9L / options.rate_limit;
+        const auto allowed = run->start + std::chrono::nanoseconds(static_cast<int64_t>(ns));
+        if (allowed > now) return allowed;
+      }
+      const Get& g = run->gets[run->next_get];
+      const uint64_t piece = std::min(options.max_get_bytes, g.bytes - run->next_offset);
+      void* req = PostGet(g, run->next_offset, piece);
+      if (UCS_PTR_IS_ERR(req)) {
+        run->failure = UCS_PTR_STATUS(req);
+        break;
+      }
+      if (run->in_flight.empty()) run->last_event = now;
+      run->issued_bytes += piece;
+      const size_t get_index = run->next_get;
+      run->next_offset += piece;
+      if (run->next_offset == g.bytes) {
+        ++run->next_get;
+        run->next_offset = 0;
+      }
+      if (req == nullptr) {
+        run->FinishPiece(get_index, piece);
+        run->last_event = now;
+      } else {
+        run->in_flight.push_back(InFlight{req, get_index, piece});
+      }
+      run->SkipEmpty();
+    }
+    return Clock::time_point::max();
+  }
+
+  // Posts the get of `bytes` at `offset` within `g`: a request, null when it
+  // completed at once, or an error pointer.
+  void* PostGet(const Get& g, uint64_t offset, uint64_t bytes) {
+    const RemoteRegion& r = regions_[g.region];
+    char* dst = static_cast<char*>(g.dst) + offset;
+    ucp_request_param_t param{};
+    if (ucp_mem_h memh = LocalMemh(dst, bytes)) {
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = memh;
+    }
+    return ucp_get_nbx(ep_, dst, bytes, r.address + g.offset + offset, r.rkey, &param);
+  }
+
+  // Progresses the worker and takes in the completed requests; when nothing
+  // happened, sleeps until an event, `rate_wait`, or the stall deadline (at
+  // most 50 ms). False when the run failed or stalled.
+  bool ProgressGets(GetRun* run, Clock::time_point rate_wait) {
+    unsigned progressed = 0;
+    for (int i = 0; i < 64; ++i) {
+      const unsigned n = ucp_worker_progress(core_.worker());
+      progressed += n;
+      if (n == 0) break;
+    }
+    const bool completed = ReapCompleted(run);
+    if (run->failure != UCS_OK) return false;
+    if (ep_status_ != UCS_OK) {
+      run->failure = ep_status_;
+      return false;
+    }
+    const auto now = Clock::now();
+    if (completed) {
+      run->last_event = now;
+      return true;
+    }
+    const auto stall_timeout = run->options.stall_timeout;
+    if (!run->in_flight.empty() && now - run->last_event >= stall_timeout) {
+      run->stalled = true;
+      return false;
+    }
+    if (progressed > 0) return true;
+    auto deadline = now + std::chrono::milliseconds(50);
+    if (!run->in_flight.empty()) deadline = std::min(deadline, run->last_event + stall_timeout);
+    if (rate_wait != Clock::time_point::max()) deadline = std::min(deadline, rate_wait);
+    WaitForWorker(core_.worker(), efd_, deadline);
+    return true;
+  }
+
+  // Releases the requests that have finished, counting the pieces that landed
+  // and keeping the first error in run->failure; true when any piece landed.
+  static bool ReapCompleted(GetRun* run) {
+    std::vector<InFlight>& in_flight = run->in_flight;
+    bool completed = false;
+    for (size_t i = 0; i < in_flight.size();) {
+      const ucs_status_t st = ucp_request_check_status(in_flight[i].request);
+      if (st == UCS_INPROGRESS) {
+        ++i;
+        continue;
+      }
+      ucp_request_free(in_flight[i].request);
+      const InFlight done = in_flight[i];
+      in_flight[i] = in_flight.back();
+      in_flight.pop_back();
+      if (st != UCS_OK) {
+        if (run->failure == UCS_OK) run->failure = st;
+        continue;
+      }
+      completed = true;
+      run->FinishPiece(done.get, done.bytes);
+    }
+    return completed;
+  }
+
+  // Ends a failed or stalled run: closes the endpoint so UCX completes every
+  // outstanding request, then releases them; nothing writes to a destination
+  // after this. Over shared memory the connection is abandoned instead.
+  Status FailGets(GetRun* run) {
+    const bool stalled = run->stalled;
+    const ucs_status_t failure = run->failure;
+    const std::string stall_ms = std::to_string(run->options.stall_timeout.count());
+    const size_t outstanding = run->in_flight.size();
+    if (!detects_failures_) {
+      Abandon();  // Never progressed again: its gets cannot land.
+      return UnavailableError("UCX GetAll: " +
+                              std::string(stalled ? "no get finished within " + stall_ms + " ms"
+                                                  : "get failed: " + UcsText(failure)) +
+                              " (" + std::to_string(outstanding) +
+                              " outstanding gets abandoned with the connection: shared memory "
+                              "has no peer-failure detection)");
+    }
+    const ucs_status_t ep_status = ep_status_;
+    CloseEndpoint(/*force=*/true, std::chrono::hours(24));  // Forced close always completes.
+    if (!ReleaseAfterClose(&run->in_flight, Clock::now() + std::chrono::seconds(30))) {
+      return InternalError("UCX GetAll: " + std::to_string(run->in_flight.size()) +
+                           " requests were not released after the endpoint was closed");
+    }
+    const std::string cancelled =
+        " (" + std::to_string(outstanding) + " outstanding gets cancelled)";
+    if (stalled) {
+      return UnavailableError("UCX GetAll: no get finished within " + stall_ms + " ms" +
+                              cancelled);
+    }
+    const ucs_status_t shown = ep_status != UCS_OK ? ep_status : failure;
+    return UnavailableError("UCX GetAll: get failed: " + UcsText(shown) + cancelled);
+  }
+
+  // Progresses the worker until every request of `in_flight` (on a closed
+  // endpoint) has completed, freeing each; false when some are still there at
+  // `deadline`.
+  bool ReleaseAfterClose(std::vector<InFlight>* in_flight, Clock::time_point deadline) {
+    while (!in_flight->empty()) {
+      ucp_worker_progress(core_.worker());
+      for (size_t i = 0; i < in_flight->size();) {
+        if (ucp_request_check_status((*in_flight)[i].request) == UCS_INPROGRESS) {
+          ++i;
+          continue;
+        }
+        ucp_request_free((*in_flight)[i].request);
+        (*in_flight)[i] = in_flight->back();
+        in_flight->pop_back();
+      }
+      if (!in_flight->empty() && Clock::now() > deadline) return false;
+    }
+    return true;
+  }
 
   // Gives up the connection over a transport without peer-failure
   // detection: the endpoint is closed (forced, not waited for) and the worker
