@@ -1,4 +1,5 @@
-// Balanced assignment of a checkpoint's read work to ranks, by bytes.
+// Balanced assignment of a checkpoint's read work to ranks, by bytes, and
+// the shard-range rule (ShardRange, at the end).
 //
 // Each rank reads its pieces once; the tensors are then shuffled to the ranks
 // that need them. A piece is a contiguous run of whole tensors of one file.
@@ -70,6 +71,9 @@ struct AssignOptions {
   // Whole files are kept when their max load is at most the split's max load
   // plus whole_file_slack x ideal (and within the bound). 0: only when as good.
   double whole_file_slack = 0.02;
+  // Always rule 1: every file is read whole by one rank (the fastsafetensors
+  // API, whose ranks each open only the files given to them).
+  bool whole_files = false;
 };
 
 // The byte sizes of each file's tensors, in file order: tensor_bytes[f][i]
@@ -85,6 +89,24 @@ Result<Assignment> AssignByBytes(std::span<const std::vector<uint64_t>> tensor_b
 // (pieces stay contiguous) but the loader skips them.
 Result<Assignment> AssignByBytes(const Checkpoint& checkpoint, int world,
                                  const AssignOptions& options = {});
+
+// The one shard-range rule of tensorlift (multi-rank loading's GetSharded,
+// slices served to a peer's tensor-parallel ranks, the fastsafetensors API's
+// get_sharded): a dimension of `extent` indices is cut into blocks of
+// ceil(extent / world) and rank r gets [r * block, min((r + 1) * block,
+// extent)), so the last ranks' blocks may be short or empty. It is the rule
+// of vLLM and Megatron-LM: their tensor-parallel layers give rank r the block
+// that starts at r * (extent / world) (they require world to divide the
+// extent, where every rule agrees), and vLLM's padded vocabulary embedding
+// clips the last blocks in exactly this way; fastsafetensors' get_sharded and
+// torch.chunk cut the same way.
+struct IndexRange {
+  int64_t start = 0;
+  int64_t length = 0;
+  bool operator==(const IndexRange&) const = default;
+};
+// InvalidArgument when world < 1, rank is not in [0, world) or extent < 0.
+Result<IndexRange> ShardRange(int64_t extent, int rank, int world);
 
 }  // namespace tensorlift
 

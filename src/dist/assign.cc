@@ -132,7 +132,7 @@ Result<Assignment> AssignByBytes(std::span<const std::vector<uint64_t>> tensor_b
   const uint64_t ideal = total / world + (total % world != 0);
 
   Assignment result = WholeFiles(files, order, world);
-  if (total > 0) {
+  if (total > 0 && !options.whole_files) {
     Assignment split = Split(tensor_bytes, order, world, ideal);
     const uint64_t whole_max = result.max_rank_bytes();
     const uint64_t split_max = split.max_rank_bytes();
@@ -171,6 +171,24 @@ Result<Assignment> AssignByBytes(const Checkpoint& checkpoint, int world,
     }
   }
   return AssignByBytes(sizes, world, options);
+}
+
+Result<IndexRange> ShardRange(int64_t extent, int rank, int world) {
+  if (world < 1) {
+    return InvalidArgumentError("shard range: world size " + std::to_string(world) + " < 1");
+  }
+  if (rank < 0 || rank >= world) {
+    return InvalidArgumentError("shard range: rank " + std::to_string(rank) + " is not in [0, " +
+                                std::to_string(world) + ")");
+  }
+  if (extent < 0) {
+    return InvalidArgumentError("shard range: negative extent " + std::to_string(extent));
+  }
+  const uint64_t n = static_cast<uint64_t>(extent);
+  const uint64_t block = n / world + (n % world != 0);
+  // rank * block <= (world - 1) * ceil(n / world) < n + world < 2^64.
+  const uint64_t start = std::min(static_cast<uint64_t>(rank) * block, n);
+  return IndexRange{static_cast<int64_t>(start), static_cast<int64_t>(std::min(block, n - start))};
 }
 
 }  // namespace tensorlift

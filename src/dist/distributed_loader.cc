@@ -122,12 +122,18 @@ struct DistributedCheckpoint::State {
 
 namespace {
 
-// Rank r's rows of a dimension of `size` rows: [r*block, min((r+1)*block, size)).
+// Rank r's rows [Lo(r), Hi(r)) of a dimension of `size` rows (ShardRange,
+// assign.h); `block` is the first rank's, which every other rank's fits in.
 struct Rows {
-  uint64_t block = 0;
-  uint64_t Lo(int r) const { return std::min(static_cast<uint64_t>(r) * block, size); }
-  uint64_t Hi(int r) const { return std::min((static_cast<uint64_t>(r) + 1) * block, size); }
   uint64_t size = 0;
+  int world = 1;
+  uint64_t block = 0;
+  IndexRange Of(int r) const {
+    // size and world were checked (a tensor's dim, a communicator's size).
+    return ShardRange(static_cast<int64_t>(size), r, world).value();
+  }
+  uint64_t Lo(int r) const { return static_cast<uint64_t>(Of(r).start); }
+  uint64_t Hi(int r) const { return static_cast<uint64_t>(Of(r).start + Of(r).length); }
 };
 
 // The geometry of slicing a tensor along `dim`: outer x size x unit bytes.
@@ -147,7 +153,8 @@ Result<SliceGeometry> Geometry(const TensorInfo& info, int dim, int world) {
   }
   SliceGeometry g;
   g.rows.size = info.shape[dim];
-  g.rows.block = (g.rows.size + world - 1) / world;
+  g.rows.world = world;
+  g.rows.block = static_cast<uint64_t>(g.rows.Of(0).length);
   if (info.num_elements == 0) return g;  // Every slice is empty: no bytes.
   for (int d = 0; d < dim; ++d) g.outer *= info.shape[d];
   uint64_t inner = 1;

@@ -76,25 +76,8 @@ int Layout::DimFor(std::string_view name) const {
   return -1;
 }
 
-Result<Range> ShardRange(int64_t extent, int rank, int world) {
-  if (world < 1)
-    return InvalidArgumentError("shard range: world size " + std::to_string(world) + " < 1");
-  if (rank < 0 || rank >= world) {
-    return InvalidArgumentError("shard range: rank " + std::to_string(rank) + " is not in [0, " +
-                                std::to_string(world) + ")");
-  }
-  if (extent < 0)
-    return InvalidArgumentError("shard range: negative extent " + std::to_string(extent));
-  const int64_t base = extent / world;
-  const int64_t extra = extent % world;
-  Range r;
-  r.start = base * rank + std::min<int64_t>(rank, extra);
-  r.length = base + (rank < extra ? 1 : 0);
-  return r;
-}
-
 Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shape,
-                                           uint32_t elem_bits, int dim, Range src, Range dst) {
+                                           uint32_t elem_bits, int dim, IndexRange src, IndexRange dst) {
   const int ndims = static_cast<int>(full_shape.size());
   if (dim < 0 || dim >= ndims) {
     return InvalidArgumentError("slice: dim " + std::to_string(dim) + " is out of range for " +
@@ -105,7 +88,7 @@ Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shap
     if (d < 0) return InvalidArgumentError("slice: negative dim in the full shape");
   }
   const uint64_t extent = static_cast<uint64_t>(full_shape[dim]);
-  for (const Range* r : {&src, &dst}) {
+  for (const IndexRange* r : {&src, &dst}) {
     uint64_t end;
     if (r->start < 0 || r->length < 0 ||
         !CheckedAdd(static_cast<uint64_t>(r->start), static_cast<uint64_t>(r->length), &end) ||
@@ -131,7 +114,7 @@ Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shap
   const uint64_t row_bytes = row_bits / 8;
   // Each shard's whole size must be addressable.
   uint64_t size;
-  for (const Range* r : {&src, &dst}) {
+  for (const IndexRange* r : {&src, &dst}) {
     if (!CheckedMul(outer, static_cast<uint64_t>(r->length), &size) ||
         !CheckedMul(size, row_bytes, &size)) {
       return InvalidArgumentError("slice: the shard's size overflows 64 bits");

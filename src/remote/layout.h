@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tensorlift/assign.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift::remote {
@@ -38,14 +39,8 @@ class Layout {
   std::vector<Rule> rules_;
 };
 
-// Rank `rank` of `world`'s part of a dim of `extent` elements: the first
-// extent % world ranks get one more. InvalidArgument when rank/world are out
-// of range or world > extent is fine (some ranks get 0).
-struct Range {
-  int64_t start = 0;
-  int64_t length = 0;
-};
-Result<Range> ShardRange(int64_t extent, int rank, int world);
+// A rank's part of a dim is ShardRange's (tensorlift/assign.h, the project's
+// one shard-range rule).
 
 // A copy from a source shard's bytes to a destination shard's bytes.
 struct CopyPiece {
@@ -60,7 +55,7 @@ struct CopyPiece {
 // Empty when they do not overlap. InvalidArgument for a dim out of range, a
 // sub-byte inner row, or sizes that overflow.
 Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shape, uint32_t elem_bits, int dim,
-                                           Range src, Range dst);
+                                           IndexRange src, IndexRange dst);
 
 }  // namespace tensorlift::remote
 

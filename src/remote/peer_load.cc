@@ -169,7 +169,7 @@ struct Wanted {
   Dtype dtype;
   std::vector<int64_t> full_shape;
   int dim = -1;
-  Range range;  // Along dim (dim >= 0).
+  IndexRange range;  // Along dim (dim >= 0).
   std::vector<int64_t> shape;
   uint64_t nbytes = 0;
   uint64_t offset = 0;  // In the destination buffer.
@@ -302,7 +302,7 @@ Status PlanRankGets(const Manifest& mf, const std::vector<Wanted>& wanted, bool 
       if (!sends_whole) continue;
       pieces.push_back({0, 0, t->nbytes});
     } else {
-      const Range src_range{t->shard_start, t->shape[w.dim]};
+      const IndexRange src_range{t->shard_start, t->shape[w.dim]};
       const uint32_t bits = static_cast<uint32_t>(DtypeBits(w.dtype));
       TL_ASSIGN_OR_RETURN(pieces, SlicePieces(w.full_shape, bits, w.dim, src_range, w.range));
     }
@@ -466,7 +466,7 @@ class Puller {
                                "' differs from rank 0's or is missing");
       }
       if (dim >= 0) {
-        TL_ASSIGN_OR_RETURN(Range expect, ShardRange(t.full_shape[dim], r, n));
+        TL_ASSIGN_OR_RETURN(IndexRange expect, ShardRange(t.full_shape[dim], r, n));
         if (o->shard_start != expect.start || o->shape[dim] != expect.length) {
           *failed_url = group[r]->url();
           return CorruptionError(group[r]->url() + ": tensor '" + t.name + "': rank " +

@@ -21,7 +21,7 @@ Result<ShardOf> ShardFor(const Layout& layout, std::string_view name, const std:
     return InvalidArgumentError("tensor '" + std::string(name) + "': the layout splits dim " + std::to_string(dim) +
                                 " but it has " + std::to_string(full_shape.size()) + " dims");
   }
-  TL_ASSIGN_OR_RETURN(Range r, ShardRange(full_shape[dim], parallel.rank, parallel.size));
+  TL_ASSIGN_OR_RETURN(IndexRange r, ShardRange(full_shape[dim], parallel.rank, parallel.size));
   s.dim = dim;
   s.start = r.start;
   return s;
@@ -49,7 +49,7 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
     }
   }
   std::vector<ShardOf> of(whole.tensors().size());
-  std::vector<Range> ranges(of.size());
+  std::vector<IndexRange> ranges(of.size());
   std::vector<uint64_t> offsets(of.size());
   uint64_t total = 0;
   bool any_split = false;
@@ -83,7 +83,7 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
     if (of[i].dim < 0) {
       if (t.nbytes) std::memcpy(dst, t.data, t.nbytes);
     } else {
-      const Range full{0, t.shape[of[i].dim]};
+      const IndexRange full{0, t.shape[of[i].dim]};
       TL_ASSIGN_OR_RETURN(auto pieces,
                           SlicePieces(t.shape, static_cast<uint32_t>(DtypeBits(t.dtype)), of[i].dim, full, ranges[i]));
       s.shape = ShardShape(of[i], ranges[i].length);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <cstdint>
 #include <filesystem>
 #include <random>
@@ -253,4 +254,76 @@ TEST(AssignTest, FromCheckpoint) {
 }
 
 }  // namespace
+TEST(AssignTest, WholeFilesOptionNeverSplitsAFile) {
+  const Files one_file = {{50, 50}};
+  auto split = AssignByBytes(one_file, 2);
+  ASSERT_TRUE(split.ok());
+  EXPECT_TRUE(split->split);
+  EXPECT_EQ(split->max_rank_bytes(), 50u);
+  AssignOptions whole;
+  whole.whole_files = true;
+  auto kept = AssignByBytes(one_file, 2, whole);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_FALSE(kept->split);
+  ASSERT_EQ(kept->ranks[0].pieces.size(), 1u);
+  EXPECT_EQ(kept->ranks[0].pieces[0], (ReadPiece{0, 0, 1, 100}));
+  EXPECT_TRUE(kept->ranks[1].pieces.empty());
+  // Largest first to the lightest rank (ties: fewer pieces, then the lower rank).
+  const Files files = {{100}, {70}, {60}, {30}, {30}, {10}};
+  auto got = AssignByBytes(files, 2, whole);
+  ASSERT_TRUE(got.ok());
+  std::vector<uint32_t> r0, r1;
+  for (const ReadPiece& p : got->ranks[0].pieces) r0.push_back(p.file);
+  for (const ReadPiece& p : got->ranks[1].pieces) r1.push_back(p.file);
+  EXPECT_EQ(r0, (std::vector<uint32_t>{0, 3, 4}));
+  EXPECT_EQ(r1, (std::vector<uint32_t>{1, 2, 5}));
+}
+
+// The one shard-range rule (vLLM's and Megatron-LM's): blocks of
+// ceil(extent / world), the last ones clipped.
+TEST(ShardRangeTest, CeilBlocksLastOnesClipped) {
+  EXPECT_EQ(*ShardRange(8, 1, 4), (IndexRange{2, 2}));
+  // 10 over 4: blocks of 3: 3 3 3 1 (torch.chunk(10, 4) and fastsafetensors' get_sharded too).
+  const int64_t starts[] = {0, 3, 6, 9}, lengths[] = {3, 3, 3, 1};
+  for (int rank = 0; rank < 4; ++rank) {
+    auto s = ShardRange(10, rank, 4);
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->start, starts[rank]);
+    EXPECT_EQ(s->length, lengths[rank]);
+  }
+  // 9 over 4: blocks of 3, the last rank gets nothing (3 3 3 0).
+  EXPECT_EQ(*ShardRange(9, 3, 4), (IndexRange{9, 0}));
+  // More ranks than elements: the last get nothing.
+  EXPECT_EQ(*ShardRange(2, 1, 4), (IndexRange{1, 1}));
+  EXPECT_EQ(*ShardRange(2, 3, 4), (IndexRange{2, 0}));
+  EXPECT_EQ(*ShardRange(0, 0, 3), (IndexRange{0, 0}));
+  // Every split tiles the extent in rank order, with blocks of ceil(extent / world).
+  for (int64_t extent = 0; extent < 40; ++extent) {
+    for (int world = 1; world <= 9; ++world) {
+      const int64_t block = (extent + world - 1) / world;
+      int64_t next = 0;
+      for (int rank = 0; rank < world; ++rank) {
+        auto s = ShardRange(extent, rank, world);
+        ASSERT_TRUE(s.ok());
+        EXPECT_EQ(s->start, next);
+        EXPECT_EQ(s->length, std::max<int64_t>(0, std::min(block, extent - rank * block)));
+        next += s->length;
+      }
+      EXPECT_EQ(next, extent);
+    }
+  }
+  // No overflow at the largest extents.
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  auto top = ShardRange(max, 6, 7);
+  ASSERT_TRUE(top.ok());
+  EXPECT_EQ(top->start + top->length, max);
+}
+
+TEST(ShardRangeTest, RejectsBadArguments) {
+  EXPECT_EQ(ShardRange(8, 0, 0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardRange(8, 4, 4).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardRange(8, -1, 4).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ShardRange(-1, 0, 1).status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace tensorlift

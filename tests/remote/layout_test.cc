@@ -79,55 +79,13 @@ TEST(LayoutTest, RejectsBadRules) {
   }
 }
 
-TEST(ShardRangeTest, EvenAndUneven) {
-  auto r = ShardRange(8, 1, 4);
-  ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->start, 2);
-  EXPECT_EQ(r->length, 2);
-  // 10 over 4: 3 3 2 2.
-  const int64_t starts[] = {0, 3, 6, 8}, lengths[] = {3, 3, 2, 2};
-  for (int rank = 0; rank < 4; ++rank) {
-    auto s = ShardRange(10, rank, 4);
-    ASSERT_TRUE(s.ok());
-    EXPECT_EQ(s->start, starts[rank]);
-    EXPECT_EQ(s->length, lengths[rank]);
-  }
-  // More ranks than elements: the last get nothing.
-  auto last = ShardRange(2, 3, 4);
-  ASSERT_TRUE(last.ok());
-  EXPECT_EQ(last->start, 2);
-  EXPECT_EQ(last->length, 0);
-  // Every split tiles the extent.
-  for (int64_t extent = 0; extent < 20; ++extent) {
-    for (int world = 1; world <= 9; ++world) {
-      int64_t next = 0;
-      for (int rank = 0; rank < world; ++rank) {
-        auto s = ShardRange(extent, rank, world);
-        ASSERT_TRUE(s.ok());
-        EXPECT_EQ(s->start, next);
-        EXPECT_GE(s->length, extent / world);
-        EXPECT_LE(s->length, extent / world + 1);
-        next += s->length;
-      }
-      EXPECT_EQ(next, extent);
-    }
-  }
-}
-
-TEST(ShardRangeTest, RejectsBadArguments) {
-  EXPECT_EQ(ShardRange(8, 0, 0).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShardRange(8, 4, 4).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShardRange(8, -1, 4).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(ShardRange(-1, 0, 1).status().code(), StatusCode::kInvalidArgument);
-}
-
 // The bytes of shard `r` along `dim` of a tensor whose elements are
 // `elem_bits` wide and hold their (whole-tensor) bit pattern `full`.
 // Elements are numbered row-major; bits are packed little-endian within
 // bytes, so a sub-byte element's bits may straddle bytes only when its width
 // does not divide 8 (not used here).
 std::vector<uint8_t> ShardBytes(const std::vector<uint8_t>& full, const std::vector<int64_t>& shape,
-                                uint32_t elem_bits, int dim, Range r) {
+                                uint32_t elem_bits, int dim, IndexRange r) {
   int64_t outer = 1, inner = 1;
   for (int i = 0; i < dim; ++i) outer *= shape[i];
   for (size_t i = dim + 1; i < shape.size(); ++i) inner *= shape[i];
@@ -166,14 +124,14 @@ TEST(SlicePiecesTest, MatchesBruteForce) {
         for (int src_world : {1, 2, 4}) {
           for (int dst_world : {1, 2, 4}) {
             for (int dst_rank = 0; dst_rank < dst_world; ++dst_rank) {
-              const Range dst = *ShardRange(shape[dim], dst_rank, dst_world);
+              const IndexRange dst = *ShardRange(shape[dim], dst_rank, dst_world);
               const std::vector<uint8_t> want = ShardBytes(full, shape, bits, dim, dst);
               // Assemble the destination shard from every source shard.
               std::vector<uint8_t> got(want.size(), 0xee);
               std::vector<bool> written(want.size(), false);
               bool failed = false;
               for (int src_rank = 0; src_rank < src_world; ++src_rank) {
-                const Range src = *ShardRange(shape[dim], src_rank, src_world);
+                const IndexRange src = *ShardRange(shape[dim], src_rank, src_world);
                 const std::vector<uint8_t> src_bytes = ShardBytes(full, shape, bits, dim, src);
                 auto pieces = SlicePieces(shape, bits, dim, src, dst);
                 if (!whole_rows) {
@@ -229,7 +187,7 @@ TEST(SlicePiecesTest, SameSplitIsOnePiece) {
   // The same shard on both sides: one piece, whatever the dim.
   const std::vector<int64_t> shape = {4, 6, 2};
   for (int dim = 0; dim < 3; ++dim) {
-    const Range r = *ShardRange(shape[dim], 1, 2);
+    const IndexRange r = *ShardRange(shape[dim], 1, 2);
     auto pieces = SlicePieces(shape, 16, dim, r, r);
     ASSERT_TRUE(pieces.ok());
     ASSERT_EQ(pieces->size(), 1u) << dim;

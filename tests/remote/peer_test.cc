@@ -83,7 +83,7 @@ class PeerTest : public ::testing::Test {
     const int dim = layout->DimFor(t.name);
     if (dim < 0 || size == 1) return t.bytes;
     const uint64_t esize = static_cast<uint64_t>(DtypeBits(t.dtype)) / 8;
-    auto r = remote::ShardRange(static_cast<int64_t>(t.shape[dim]), rank, size);
+    auto r = ShardRange(static_cast<int64_t>(t.shape[dim]), rank, size);
     uint64_t outer = 1, inner = 1;
     for (int d = 0; d < dim; ++d) outer *= t.shape[d];
     for (size_t d = dim + 1; d < t.shape.size(); ++d) inner *= t.shape[d];
