@@ -35,8 +35,11 @@ struct LoadArgs {
   uint64_t staging_mib = tensorlift::LoadOptions{}.staging_bytes >> 20;
   bool gds = tensorlift::LoadOptions{}.gds;
   bool copy = false;    // auto: owned copies of page-cached files, not views.
+  bool mpi = false;     // One rank of an MPI job (mpirun): read this rank's share.
 };
 int RunLoad(const LoadArgs& args);
+// RunLoad with --mpi (load_mpi.cc): `opts` already parsed from `args`.
+int RunLoadMpi(const LoadArgs& args, const LoadOptions& opts);
 
 struct SparsifyArgs {
   std::string input;

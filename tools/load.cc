@@ -64,6 +64,7 @@ int RunLoad(const LoadArgs& args) {
     }
     opts.filter = std::move(f).value();
   }
+  if (args.mpi) return RunLoadMpi(args, opts);
   const bool bar = args.progress && ::isatty(STDERR_FILENO);
   if (bar) opts.progress = DrawBar;
 

@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   load->add_flag("!--no-gds", load_args.gds, "GPU loads: never use GPUDirect Storage");
+  load->add_flag("--mpi", load_args.mpi,
+                 "Run as one rank of an MPI job (mpirun -n N tensorlift load --mpi ...): each rank "
+                 "reads its balanced share once; rank 0 reports every rank (host memory only)");
 
   SparsifyArgs sparsify_args;
   auto* sparsify = app.add_subcommand(

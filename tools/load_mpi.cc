@@ -1,0 +1,101 @@
+// tensorlift load --mpi: one rank of an MPI job. Every rank opens the
+// checkpoint and reads only its balanced share (LoadDistributed,
+// include/tensorlift/distributed.h); rank 0 gathers and prints what each rank
+// read. With --checksum every tensor is broadcast from the rank that read it
+// and rank 0 prints the same name<TAB>xxh3-64 lines as a single-process load,
+// so the two can be compared.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/checksum.h"
+#include "tensorlift/communicator.h"
+#include "tensorlift/distributed.h"
+
+namespace tensorlift::cli {
+namespace {
+
+// What one rank did, gathered on rank 0.
+struct RankReport {
+  uint64_t bytes = 0;
+  uint64_t pieces = 0;
+  double seconds = 0;
+};
+
+// Prints `st` on rank 0 only (every rank has the same error: the loader and
+// Agree make it so) and returns the exit code.
+int Fail(const Communicator& comm, const Status& st) {
+  if (comm.rank() == 0) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+  return kExitInvalid;
+}
+
+// Every rank's report, in rank order (a collective).
+Result<std::vector<RankReport>> Gather(Communicator& comm, const RankReport& mine) {
+  std::vector<RankReport> all(static_cast<size_t>(comm.size()));
+  TL_RETURN_IF_ERROR(comm.AllGather(&mine, all.data(), sizeof(RankReport)));
+  return all;
+}
+
+}  // namespace
+
+int RunLoadMpi(const LoadArgs& args, const LoadOptions& opts) {
+  if (args.device != "cpu" || opts.dtype) {
+    std::fprintf(stderr, "--mpi loads into host memory: --device and --dtype are not supported with it\n");
+    return kExitUsage;
+  }
+  auto comm = MakeMpiCommunicator();
+  if (!comm.ok()) {
+    std::fprintf(stderr, "--mpi: %s\n", comm.status().ToString().c_str());
+    return kExitInvalid;
+  }
+  Communicator& c = **comm;
+  // Each rank opens the checkpoint; the ranks agree before the collective load.
+  auto ckpt = Checkpoint::Open(args.path);
+  if (Status agreed = c.Agree(ckpt.status()); !agreed.ok()) return Fail(c, agreed);
+
+  const auto start = std::chrono::steady_clock::now();
+  auto dist = LoadDistributed(*ckpt, opts, c);
+  const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+  if (!dist.ok()) return Fail(c, dist.status());
+
+  RankReport mine;
+  mine.bytes = dist->load_bytes();
+  mine.pieces = dist->assignment().ranks[c.rank()].pieces.size();
+  mine.seconds = took.count();
+  auto all = Gather(c, mine);
+  if (!all.ok()) return Fail(c, all.status());
+  const std::vector<std::string> names = dist->loaded_names();
+  // With --checksum, stdout holds only the checksum lines.
+  FILE* report = args.checksum ? stderr : stdout;
+  if (c.rank() == 0) {
+    uint64_t total = 0;
+    double slowest = 0;
+    for (int r = 0; r < c.size(); ++r) {
+      const RankReport& rr = (*all)[r];
+      std::fprintf(report, "rank %d of %d: read %llu bytes (%llu pieces) in %.3f s\n", r, c.size(),
+                   static_cast<unsigned long long>(rr.bytes),
+                   static_cast<unsigned long long>(rr.pieces), rr.seconds);
+      total += rr.bytes;
+      slowest = std::max(slowest, rr.seconds);
+    }
+    std::fprintf(report, "loaded %zu tensors, %llu bytes over %d ranks in %.3f s: %.2f GB/s\n",
+                 names.size(), static_cast<unsigned long long>(total), c.size(), slowest,
+                 slowest > 0 ? total / slowest / 1e9 : 0.0);
+  }
+  if (args.checksum) {
+    for (const std::string& name : names) {  // Name order, the same on every rank.
+      auto t = dist->GetTensor(name);
+      if (!t.ok()) return Fail(c, t.status());
+      if (c.rank() == 0) {
+        std::printf("%s\t%s\n", name.c_str(), HexU64(Xxh3_64(t->data.get(), t->nbytes)).c_str());
+      }
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace tensorlift::cli
