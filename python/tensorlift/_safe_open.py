@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from . import _dtypes
-from ._core import _DLPackBytes, tensor_from
+from ._tensors import _DLPackBytes, tensor_from
 from ._framework import framework as framework_module
 from ._framework import paddle_from_numpy
 from ._tensorlift import Checkpoint, FormatError, SafetensorError

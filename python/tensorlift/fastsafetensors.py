@@ -80,7 +80,7 @@ import os
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import _dtypes
-from ._core import _DLPackBytes, device_name, tensor_from
+from ._tensors import _DLPackBytes, device_name, tensor_from
 from ._tensorlift import Checkpoint, dtype_bits
 
 __all__ = [

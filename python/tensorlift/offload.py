@@ -20,7 +20,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ._core import load, tensor_from
+from ._core import load
+from ._tensors import tensor_from
 from ._tensorlift import LayerStreamer
 
 

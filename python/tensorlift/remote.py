@@ -23,7 +23,7 @@ import os
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _tensorlift as _tl
-from ._core import tensor_from
+from ._tensors import tensor_from
 
 __all__ = ["Peer", "Server", "serve", "serve_tensors", "load_from_peer", "key_for", "last_report"]
 

@@ -264,7 +264,7 @@ def load_model(model: torch.nn.Module, filename: Union[str, os.PathLike], strict
 # 0.8's, shared-tensor grouping included: its groups are cut where a tensor
 # starts at or after the end of the one before it in address order, which is
 # narrower than the groups save() and save_model() above refuse or deduplicate
-# (every overlap, transitively). python/tests/test_safetensors_api.py checks
+# (every overlap, transitively). tests/python/test_safetensors_api.py checks
 # each name against the installed reference.
 
 _float8_e4m3fn = getattr(torch, "float8_e4m3fn", None)

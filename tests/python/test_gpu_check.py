@@ -102,7 +102,7 @@ def test_a_failing_test_makes_it_exit_non_zero(tmp_path):
     setup = run({"GPU_CHECK_EMULATED": "1", "OUT": str(out), "STEP": "setup"})
     assert setup.returncode == 0, setup.stderr[-2000:]
     p = run({"GPU_CHECK_EMULATED": "1", "OUT": str(out), "STEP": "test",
-             "GPU_CHECK_PYTESTS": "python/tests/no_such_test_file.py"})
+             "GPU_CHECK_PYTESTS": "tests/python/no_such_test_file.py"})
     assert p.returncode == 1, (p.stdout[-2000:], p.stderr[-2000:])
     assert "tests failed" in p.stderr
 

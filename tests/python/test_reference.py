@@ -308,7 +308,7 @@ def test_golden_dtypes_beyond_numpy(rewrite, tmp_path):
 
 
 def test_golden_reference_python_test_file(rewrite, tmp_path):
-    # bindings/python/tests/test_simple.py: "test" I32 [2,2] -> N = 64 ("@").
+    # bindings/tests/python/test_simple.py: "test" I32 [2,2] -> N = 64 ("@").
     path = tmp_path / "simple.safetensors"
     save_file({"test": np.zeros((2, 2), np.int32)}, str(path))
     data = path.read_bytes()

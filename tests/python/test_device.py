@@ -63,7 +63,7 @@ def test_emulated_device_through_the_core(ckpt):
     files = loaded.files()
     assert files[0]["converted"] == 4 and files[0]["gds"] is False
     with pytest.raises(ValueError, match="host memory"):
-        tensorlift._core.tensor_from(loaded, "w.bf16", "np")
+        tensorlift._tensors.tensor_from(loaded, "w.bf16", "np")
 
 
 @pytest.mark.skipif(HAVE_GPU, reason="checks the error on a machine without a GPU")
