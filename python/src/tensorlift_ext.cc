@@ -251,15 +251,10 @@ struct PyStreamer {
   std::unique_ptr<LayerStreamer> streamer;
 };
 
-}  // namespace
-
-NB_MODULE(_tensorlift, m) {
-  m.doc() = "tensorlift's C++ core (use the tensorlift package, not this module)";
-  m.attr("__version__") = kVersion;
-
-  // SafetensorError: the common base of the errors about safetensors files
-  // and their use (as safetensors.SafetensorError is), so that code written
-  // for the reference can catch it. FormatError is also a ValueError.
+// SafetensorError: the common base of the errors about safetensors files and
+// their use (as safetensors.SafetensorError is), so that code written for the
+// reference can catch it. FormatError is also a ValueError; Raise uses it.
+void BindErrors(nb::module_& m) {
   static nb::object safetensor_error = nb::steal(PyErr_NewExceptionWithDoc(
       "tensorlift.SafetensorError",
       "Base of tensorlift's safetensors errors (FormatError, missing tensor, closed file).",
@@ -275,7 +270,40 @@ NB_MODULE(_tensorlift, m) {
   if (!format_error.is_valid()) throw nb::python_error();
   g_format_error = format_error.ptr();
   m.attr("FormatError") = format_error;
+}
 
+// Checkpoint.load_names: a sparse-bitmask group counts as its dense tensor (as
+// load() returns it).
+std::vector<std::string> LoadNames(const PyCheckpoint& s) {
+  auto catalog = [&] {
+    nb::gil_scoped_release nogil;  // Reads each group's shape.
+    return sparse::FindSparse(*s.ckpt);
+  }();
+  const sparse::SparseCatalog c = Unwrap(std::move(catalog));
+  std::vector<std::string> out;
+  for (auto loc : c.dense) out.push_back(s.ckpt->info(loc).name);
+  for (const auto& g : c.sparse) out.push_back(g.name);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Checkpoint.tensors: (name, dtype, shape, begin, end, shard) in name order.
+nb::list CheckpointTensors(const PyCheckpoint& s) {
+  nb::list out;
+  for (auto loc : s.ckpt->tensors()) {
+    nb::tuple t = TensorTuple(s.ckpt->info(loc));
+    out.append(nb::make_tuple(t[0], t[1], t[2], t[3], t[4], loc.shard));
+  }
+  return out;
+}
+
+// The shard's header, or IndexError.
+const Header& ShardHeader(const PyCheckpoint& s, size_t shard) {
+  if (shard >= s.ckpt->shards().size()) Raise(OutOfRangeError("no such shard"));
+  return s.ckpt->shards()[shard].header;
+}
+
+void BindCheckpoint(nb::module_& m) {
   nb::class_<PyCheckpoint>(m, "Checkpoint")
       .def_static(
           "open",
@@ -295,37 +323,15 @@ NB_MODULE(_tensorlift, m) {
           "Opens several .safetensors files as the shards of one checkpoint, loaded in one go "
           "(a tensor in two of them is a ValueError naming both).")
       .def_prop_ro("path", [](const PyCheckpoint& s) { return s.ckpt->path(); })
-      .def("load_names",
-           [](const PyCheckpoint& s) {
-             // A sparse-bitmask group counts as its dense tensor (as load() returns it).
-             auto catalog = [&] {
-               nb::gil_scoped_release nogil;  // Reads each group's shape.
-               return sparse::FindSparse(*s.ckpt);
-             }();
-             const sparse::SparseCatalog c = Unwrap(std::move(catalog));
-             std::vector<std::string> out;
-             for (auto loc : c.dense) out.push_back(s.ckpt->info(loc).name);
-             for (const auto& g : c.sparse) out.push_back(g.name);
-             std::sort(out.begin(), out.end());
-             return out;
-           },
+      .def("load_names", &LoadNames,
            "The names load() returns by default, in name order: sparse-bitmask groups as their "
            "dense tensors.")
-      .def("tensors",
-           [](const PyCheckpoint& s) {
-             nb::list out;
-             for (auto loc : s.ckpt->tensors()) {
-               nb::tuple t = TensorTuple(s.ckpt->info(loc));
-               out.append(nb::make_tuple(t[0], t[1], t[2], t[3], t[4], loc.shard));
-             }
-             return out;
-           },
-           "(name, dtype, shape, begin, end, shard) in name order.")
+      .def("tensors", &CheckpointTensors, "(name, dtype, shape, begin, end, shard) in name order.")
       .def("shard_tensors",
            [](const PyCheckpoint& s, size_t shard) {
-             if (shard >= s.ckpt->shards().size()) Raise(OutOfRangeError("no such shard"));
+             const Header& header = ShardHeader(s, shard);
              nb::list out;
-             for (const auto& t : s.ckpt->shards()[shard].header.tensors()) out.append(TensorTuple(t));
+             for (const auto& t : header.tensors()) out.append(TensorTuple(t));
              return out;
            },
            nb::arg("shard") = 0, "(name, dtype, shape, begin, end) of one shard, in file order.")
@@ -337,15 +343,11 @@ NB_MODULE(_tensorlift, m) {
            })
       .def("metadata",
            [](const PyCheckpoint& s, size_t shard) {
-             if (shard >= s.ckpt->shards().size()) Raise(OutOfRangeError("no such shard"));
-             return MetadataToPy(s.ckpt->shards()[shard].header.metadata());
+             return MetadataToPy(ShardHeader(s, shard).metadata());
            },
            nb::arg("shard") = 0)
       .def("data_offset",
-           [](const PyCheckpoint& s, size_t shard) {
-             if (shard >= s.ckpt->shards().size()) Raise(OutOfRangeError("no such shard"));
-             return s.ckpt->shards()[shard].header.data_offset();
-           },
+           [](const PyCheckpoint& s, size_t shard) { return ShardHeader(s, shard).data_offset(); },
            nb::arg("shard") = 0)
       .def("warnings", [](const PyCheckpoint& s) { return s.ckpt->warnings(); })
       .def("load", &DoLoad, nb::arg("names") = nb::none(), nb::arg("regex") = nb::none(),
@@ -360,7 +362,9 @@ NB_MODULE(_tensorlift, m) {
            "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
            "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
            "files unless copy is True; the GIL is released.");
+}
 
+void BindArenaPool(nb::module_& m) {
   nb::class_<ArenaPool>(m, "ArenaPool",
                         "Host memory kept between loads (the pieces of tensorlift.stream): a load given the "
                         "pool takes its buffers from the ones freed before, already faulted in.")
@@ -376,7 +380,38 @@ NB_MODULE(_tensorlift, m) {
              return d;
            })
       .def("trim", &ArenaPool::Trim, "Frees the free buffers now.");
+}
 
+// The loaded tensor `name`, or KeyError.
+const LoadedTensor& FindOrKeyError(const PyLoaded& s, const std::string& name) {
+  const LoadedTensor* t = s.get().Find(name);
+  if (!t) {
+    PyErr_SetString(PyExc_KeyError, name.c_str());
+    throw nb::python_error();
+  }
+  return *t;
+}
+
+// Loaded.files: one dict per file (or peer) the tensors came from.
+nb::list FileReports(const PyLoaded& s) {
+  nb::list out;
+  for (const auto& f : s.get().files()) {
+    nb::dict d;
+    d["path"] = f.path;
+    d["mode"] = Str(IoModeName(f.mode));
+    d["engine"] = Str(IoEngineName(f.engine));
+    d["reason"] = f.reason;
+    d["bytes"] = f.bytes;
+    d["tensors"] = f.tensors;
+    d["realigned"] = f.realigned;
+    d["converted"] = f.converted;
+    d["gds"] = f.gds;
+    out.append(d);
+  }
+  return out;
+}
+
+void BindLoaded(nb::module_& m) {
   nb::class_<PyLoaded>(m, "Loaded")
       .def("names",
            [](const PyLoaded& s) {
@@ -386,32 +421,23 @@ NB_MODULE(_tensorlift, m) {
            })
       .def("info",
            [](const PyLoaded& s, const std::string& name) {
-             const LoadedTensor* t = s.get().Find(name);
-             if (!t) {
-               PyErr_SetString(PyExc_KeyError, name.c_str());
-               throw nb::python_error();
-             }
-             return nb::make_tuple(Str(DtypeName(t->dtype)), nb::tuple(nb::cast(t->shape)), t->nbytes);
+             const LoadedTensor& t = FindOrKeyError(s, name);
+             return nb::make_tuple(Str(DtypeName(t.dtype)), nb::tuple(nb::cast(t.shape)), t.nbytes);
            })
       .def("device",
            [](const PyLoaded& s, const std::string& name) {
-             const LoadedTensor* t = s.get().Find(name);
-             if (!t) {
-               PyErr_SetString(PyExc_KeyError, name.c_str());
-               throw nb::python_error();
-             }
+             const LoadedTensor& t = FindOrKeyError(s, name);
              // DLPack's device type and index: kDLCPU 1, kDLCUDA 2, kDLExtDev 12.
-             const int type = t->device == DeviceType::kCuda ? 2 : t->device == DeviceType::kEmulated ? 12 : 1;
-             return nb::make_tuple(type, t->device_index);
+             const int type = t.device == DeviceType::kCuda       ? 2
+                              : t.device == DeviceType::kEmulated ? 12
+                                                                  : 1;
+             return nb::make_tuple(type, t.device_index);
            },
            "(DLPack device type, index) of the tensor's memory.")
       .def(
           "dlpack",
           [](const PyLoaded& s, const std::string& name, bool versioned, bool raw_bytes) {
-            if (!s.get().Find(name)) {
-              PyErr_SetString(PyExc_KeyError, name.c_str());
-              throw nb::python_error();
-            }
+            FindOrKeyError(s, name);
             if (versioned) {
               return MakeCapsule(Unwrap(s.get().ToDLPackVersioned(name, raw_bytes)), "dltensor_versioned");
             }
@@ -419,24 +445,7 @@ NB_MODULE(_tensorlift, m) {
           },
           nb::arg("name"), nb::arg("versioned") = true, nb::arg("raw_bytes") = true,
           "A DLPack capsule over the tensor's bytes (uint8 1-D when raw_bytes).")
-      .def("files",
-           [](const PyLoaded& s) {
-             nb::list out;
-             for (const auto& f : s.get().files()) {
-               nb::dict d;
-               d["path"] = f.path;
-               d["mode"] = Str(IoModeName(f.mode));
-               d["engine"] = Str(IoEngineName(f.engine));
-               d["reason"] = f.reason;
-               d["bytes"] = f.bytes;
-               d["tensors"] = f.tensors;
-               d["realigned"] = f.realigned;
-               d["converted"] = f.converted;
-               d["gds"] = f.gds;
-               out.append(d);
-             }
-             return out;
-           })
+      .def("files", &FileReports)
       .def_prop_ro("total_bytes", [](const PyLoaded& s) { return s.get().total_bytes(); })
       .def_prop_ro("seconds", [](const PyLoaded& s) { return s.get().seconds(); })
       .def("device_plan",
@@ -451,27 +460,32 @@ NB_MODULE(_tensorlift, m) {
            "Memory the load planned (device buffers, conversion slots, pinned staging).")
       .def("release", [](PyLoaded& s) { s.loaded.reset(); },
            "Drops this object's reference to the buffers (tensors handed out keep theirs).");
+}
 
+// LayerStreamer(path, layers, budget, mode): opens the checkpoint and the
+// streamer without the GIL.
+void InitStreamer(PyStreamer* self, const std::string& path,
+                  std::vector<std::vector<std::string>> layers, uint64_t budget,
+                  const std::string& mode) {
+  LoadOptions opts;
+  opts.mode = Unwrap(ParseIoMode(mode));
+  Result<LayerStreamer> r = InternalError("not run");
+  {
+    nb::gil_scoped_release nogil;  // Open reads the headers (and sparse groups' shapes).
+    auto ckpt = Checkpoint::Open(path);
+    r = ckpt.ok() ? LayerStreamer::Open(*ckpt, std::move(layers), budget, std::move(opts))
+                  : Result<LayerStreamer>(ckpt.status());
+  }
+  new (self) PyStreamer{std::make_unique<LayerStreamer>(Unwrap(std::move(r)))};
+}
+
+void BindStreamer(nb::module_& m) {
   nb::class_<PyStreamer>(m, "LayerStreamer")
-      .def(
-          "__init__",
-          [](PyStreamer* self, const std::string& path, std::vector<std::vector<std::string>> layers,
-             uint64_t budget, const std::string& mode) {
-            LoadOptions opts;
-            opts.mode = Unwrap(ParseIoMode(mode));
-            Result<LayerStreamer> r = InternalError("not run");
-            {
-              nb::gil_scoped_release nogil;  // Open reads the headers (and sparse groups' shapes).
-              auto ckpt = Checkpoint::Open(path);
-              r = ckpt.ok() ? LayerStreamer::Open(*ckpt, std::move(layers), budget, std::move(opts))
-                            : Result<LayerStreamer>(ckpt.status());
-            }
-            new (self) PyStreamer{std::make_unique<LayerStreamer>(Unwrap(std::move(r)))};
-          },
-          nb::arg("path"), nb::arg("layers"), nb::arg("budget"), nb::arg("mode") = "auto",
-          "Streams the layers (dense tensor names per layer, in execution order) of the checkpoint "
-          "at `path` under a memory budget in bytes: those that fit stay resident, the next one "
-          "is prefetched while the current one is in use (include/tensorlift/streamer.h).")
+      .def("__init__", &InitStreamer, nb::arg("path"), nb::arg("layers"), nb::arg("budget"),
+           nb::arg("mode") = "auto",
+           "Streams the layers (dense tensor names per layer, in execution order) of the checkpoint "
+           "at `path` under a memory budget in bytes: those that fit stay resident, the next one "
+           "is prefetched while the current one is in use (include/tensorlift/streamer.h).")
       .def(
           "acquire",
           [](PyStreamer& s, size_t layer) {
@@ -510,7 +524,9 @@ NB_MODULE(_tensorlift, m) {
         d["wait_seconds"] = st.wait_seconds;
         return d;
       });
+}
 
+void BindPeerServer(nb::module_& m) {
   nb::class_<PyPeerServer>(m, "PeerServer")
       .def_prop_ro("url", [](const PyPeerServer& s) { return s.get().url(); })
       .def_prop_ro("port", [](const PyPeerServer& s) { return s.get().port(); })
@@ -528,126 +544,147 @@ NB_MODULE(_tensorlift, m) {
              s.server.reset();
            },
            "Stops serving (waits for the control thread; pulls in progress fail over on the clients).");
+}
 
+// serve_checkpoint, serve_loaded and serve_buffers: what to serve, then the
+// ServeOptions fields (TL_SERVE_ARGS in BindServing).
+PyPeerServer ServeCheckpointPy(const std::string& path, const nb::dict& key,
+                               const std::string& host, int port, const std::string& token,
+                               uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank,
+                               const std::string& registry, const std::string& transports,
+                               uint64_t chunk_bytes, int registry_ttl) {
+  const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size,
+                                          tp_rank, registry, transports, chunk_bytes, registry_ttl);
+  const PeerKey k = KeyFromDict(key);
+  Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
+  {
+    nb::gil_scoped_release nogil;
+    r = PeerServer::ServeCheckpoint(path, k, o);
+  }
+  return PyPeerServer{Unwrap(std::move(r))};
+}
+
+PyPeerServer ServeLoadedPy(const PyLoaded& loaded, const nb::dict& key, const std::string& host,
+                           int port, const std::string& token, uint64_t rate_limit,
+                           int max_sessions, int tp_size, int tp_rank, const std::string& registry,
+                           const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
+  const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size,
+                                          tp_rank, registry, transports, chunk_bytes, registry_ttl);
+  const PeerKey k = KeyFromDict(key);
+  auto held = loaded.loaded;
+  if (!held) Raise(InvalidArgumentError("the loaded checkpoint was released"));
+  Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
+  {
+    nb::gil_scoped_release nogil;
+    r = PeerServer::Serve(held, k, o);
+  }
+  return PyPeerServer{Unwrap(std::move(r))};
+}
+
+// (name, dtype, shape, data_ptr, shard_dim, shard_start, full_shape)
+using BufferSpec = std::tuple<std::string, std::string, std::vector<int64_t>, uintptr_t, int,
+                              int64_t, std::vector<int64_t>>;
+
+PyPeerServer ServeBuffersPy(const std::vector<BufferSpec>& specs, nb::object keep_alive,
+                            const nb::dict& key, const std::string& host, int port,
+                            const std::string& token, uint64_t rate_limit, int max_sessions,
+                            int tp_size, int tp_rank, const std::string& registry,
+                            const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
+  const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size,
+                                          tp_rank, registry, transports, chunk_bytes, registry_ttl);
+  const PeerKey k = KeyFromDict(key);
+  std::vector<PeerServer::Tensor> tensors;
+  for (const auto& [name, dtype, shape, ptr, dim, start, full] : specs) {
+    auto d = DtypeFromName(dtype);
+    if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + name + "'"));
+    tensors.push_back({name, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full});
+  }
+  // The Python objects owning the buffers stay referenced until the
+  // server is gone (released with the GIL held).
+  auto* ref = new nb::object(keep_alive);
+  std::shared_ptr<const void> hold(ref, [](const void* p) {
+    nb::gil_scoped_acquire gil;
+    delete static_cast<const nb::object*>(p);
+  });
+  Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
+  {
+    nb::gil_scoped_release nogil;
+    r = PeerServer::ServeBuffers(std::move(tensors), k, o, hold);
+    hold.reset();
+  }
+  return PyPeerServer{Unwrap(std::move(r))};
+}
+
+void BindServing(nb::module_& m) {
 #define TL_SERVE_ARGS                                                                                     \
   nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("token") = "", nb::arg("rate_limit") = 0,   \
       nb::arg("max_sessions") = 16, nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0, nb::arg("registry") = "", \
       nb::arg("transports") = "", nb::arg("chunk_bytes") = uint64_t{4} << 20, nb::arg("registry_ttl") = 10
-  m.def(
-      "serve_checkpoint",
-      [](const std::string& path, const nb::dict& key, const std::string& host, int port, const std::string& token,
-         uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank, const std::string& registry,
-         const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
-        const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank,
-                                                registry, transports, chunk_bytes, registry_ttl);
-        const PeerKey k = KeyFromDict(key);
-        Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
-        {
-          nb::gil_scoped_release nogil;
-          r = PeerServer::ServeCheckpoint(path, k, o);
-        }
-        return PyPeerServer{Unwrap(std::move(r))};
-      },
-      nb::arg("path"), nb::arg("key"), TL_SERVE_ARGS, "Loads `path` and serves this rank's tensors to peers.");
-  m.def(
-      "serve_loaded",
-      [](const PyLoaded& loaded, const nb::dict& key, const std::string& host, int port, const std::string& token,
-         uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank, const std::string& registry,
-         const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
-        const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank,
-                                                registry, transports, chunk_bytes, registry_ttl);
-        const PeerKey k = KeyFromDict(key);
-        auto held = loaded.loaded;
-        if (!held) Raise(InvalidArgumentError("the loaded checkpoint was released"));
-        Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
-        {
-          nb::gil_scoped_release nogil;
-          r = PeerServer::Serve(held, k, o);
-        }
-        return PyPeerServer{Unwrap(std::move(r))};
-      },
-      nb::arg("loaded"), nb::arg("key"), TL_SERVE_ARGS, "Serves tensors already loaded (whole tensors).");
-  m.def(
-      "serve_buffers",
-      [](const std::vector<std::tuple<std::string, std::string, std::vector<int64_t>, uintptr_t, int, int64_t,
-                                      std::vector<int64_t>>>& specs,
-         nb::object keep_alive, const nb::dict& key, const std::string& host, int port, const std::string& token,
-         uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank, const std::string& registry,
-         const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
-        const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank,
-                                                registry, transports, chunk_bytes, registry_ttl);
-        const PeerKey k = KeyFromDict(key);
-        std::vector<PeerServer::Tensor> tensors;
-        for (const auto& [name, dtype, shape, ptr, dim, start, full] : specs) {
-          auto d = DtypeFromName(dtype);
-          if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + name + "'"));
-          tensors.push_back({name, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full});
-        }
-        // The Python objects owning the buffers stay referenced until the
-        // server is gone (released with the GIL held).
-        auto* ref = new nb::object(keep_alive);
-        std::shared_ptr<const void> hold(ref, [](const void* p) {
-          nb::gil_scoped_acquire gil;
-          delete static_cast<const nb::object*>(p);
-        });
-        Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
-        {
-          nb::gil_scoped_release nogil;
-          r = PeerServer::ServeBuffers(std::move(tensors), k, o, hold);
-          hold.reset();
-        }
-        return PyPeerServer{Unwrap(std::move(r))};
-      },
-      nb::arg("tensors"), nb::arg("keep_alive"), nb::arg("key"), TL_SERVE_ARGS,
-      "Serves host buffers: (name, dtype, shape, data_ptr, shard_dim, shard_start, full_shape) each.");
+  m.def("serve_checkpoint", &ServeCheckpointPy, nb::arg("path"), nb::arg("key"), TL_SERVE_ARGS,
+        "Loads `path` and serves this rank's tensors to peers.");
+  m.def("serve_loaded", &ServeLoadedPy, nb::arg("loaded"), nb::arg("key"), TL_SERVE_ARGS,
+        "Serves tensors already loaded (whole tensors).");
+  m.def("serve_buffers", &ServeBuffersPy, nb::arg("tensors"), nb::arg("keep_alive"), nb::arg("key"),
+        TL_SERVE_ARGS,
+        "Serves host buffers: (name, dtype, shape, data_ptr, shard_dim, shard_start, "
+        "full_shape) each.");
 #undef TL_SERVE_ARGS
+}
+
+// load_from_peer: (Loaded, report dict, the seed server or None).
+nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& peers,
+                         const std::string& registry, const std::string& token, int tp_size,
+                         int tp_rank, const std::string& fallback, const std::string& mode,
+                         int timeout_ms, const std::string& transports, bool become_seed,
+                         const std::string& seed_host, uint64_t batch_bytes, int max_in_flight) {
+  PeerLoadOptions o;
+  o.peers = peers;
+  o.registry = registry;
+  o.token = token;
+  o.parallel = {tp_size, tp_rank};
+  o.fallback_path = fallback;
+  o.fallback_load.mode = Unwrap(ParseIoMode(mode));
+  o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = timeout_ms;
+  o.transports = transports;
+  o.become_seed = become_seed;
+  o.seed.host = seed_host;
+  o.batch_bytes = batch_bytes;
+  o.max_in_flight = max_in_flight;
+  const PeerKey k = KeyFromDict(key);
+  Result<PeerLoad> r = InternalError("not run");
+  {
+    nb::gil_scoped_release nogil;
+    r = LoadFromPeerAndSeed(k, o);
+  }
+  PeerLoad pl = Unwrap(std::move(r));
+  nb::dict report;
+  report["source"] = pl.report.source;
+  report["failures"] = pl.report.failures;
+  report["bytes"] = pl.report.bytes;
+  report["seconds"] = pl.report.seconds;
+  report["source_ranks"] = pl.report.source_ranks;
+  nb::object seed = nb::none();
+  if (pl.seed) seed = nb::cast(PyPeerServer{std::move(pl.seed)});
+  return nb::make_tuple(PyLoaded{pl.loaded}, report, seed);
+}
+
+void BindPeerLoading(nb::module_& m) {
   m.def(
       "peer_key_for",
       [](const std::string& path) { return KeyToDict(Unwrap(PeerKeyForCheckpoint(path))); },
       nb::arg("path"), "The default key of a checkpoint (its name and a digest of its headers).");
-  m.def(
-      "load_from_peer",
-      [](const nb::dict& key, const std::vector<std::string>& peers, const std::string& registry,
-         const std::string& token, int tp_size, int tp_rank, const std::string& fallback, const std::string& mode,
-         int timeout_ms, const std::string& transports, bool become_seed, const std::string& seed_host,
-         uint64_t batch_bytes, int max_in_flight) {
-        PeerLoadOptions o;
-        o.peers = peers;
-        o.registry = registry;
-        o.token = token;
-        o.parallel = {tp_size, tp_rank};
-        o.fallback_path = fallback;
-        o.fallback_load.mode = Unwrap(ParseIoMode(mode));
-        o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = timeout_ms;
-        o.transports = transports;
-        o.become_seed = become_seed;
-        o.seed.host = seed_host;
-        o.batch_bytes = batch_bytes;
-        o.max_in_flight = max_in_flight;
-        const PeerKey k = KeyFromDict(key);
-        Result<PeerLoad> r = InternalError("not run");
-        {
-          nb::gil_scoped_release nogil;
-          r = LoadFromPeerAndSeed(k, o);
-        }
-        PeerLoad pl = Unwrap(std::move(r));
-        nb::dict report;
-        report["source"] = pl.report.source;
-        report["failures"] = pl.report.failures;
-        report["bytes"] = pl.report.bytes;
-        report["seconds"] = pl.report.seconds;
-        report["source_ranks"] = pl.report.source_ranks;
-        nb::object seed = nb::none();
-        if (pl.seed) seed = nb::cast(PyPeerServer{std::move(pl.seed)});
-        return nb::make_tuple(PyLoaded{pl.loaded}, report, seed);
-      },
-      nb::arg("key"), nb::arg("peers") = std::vector<std::string>{}, nb::arg("registry") = "",
-      nb::arg("token") = "", nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0, nb::arg("fallback") = "",
-      nb::arg("mode") = "auto", nb::arg("timeout_ms") = 10000, nb::arg("transports") = "",
-      nb::arg("become_seed") = false, nb::arg("seed_host") = "127.0.0.1", nb::arg("batch_bytes") = uint64_t{8} << 20,
-      nb::arg("max_in_flight") = 16,
-      "Pulls from the first working peer (then the registry's seeds, then disk): (Loaded, report, seed or None).");
+  m.def("load_from_peer", &LoadFromPeerPy, nb::arg("key"),
+        nb::arg("peers") = std::vector<std::string>{}, nb::arg("registry") = "",
+        nb::arg("token") = "", nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0,
+        nb::arg("fallback") = "", nb::arg("mode") = "auto", nb::arg("timeout_ms") = 10000,
+        nb::arg("transports") = "", nb::arg("become_seed") = false,
+        nb::arg("seed_host") = "127.0.0.1", nb::arg("batch_bytes") = uint64_t{8} << 20,
+        nb::arg("max_in_flight") = 16,
+        "Pulls from the first working peer (then the registry's seeds, then disk): "
+        "(Loaded, report, seed or None).");
+}
 
+void BindFormat(nb::module_& m) {
   m.def(
       "parse_header",
       [](nb::bytes data) {
@@ -689,6 +726,40 @@ NB_MODULE(_tensorlift, m) {
       },
       nb::arg("tensors"), nb::arg("path"), nb::arg("metadata") = nb::none(),
       "Writes through a temporary file renamed over `path`.");
+}
+
+// convert: `data`'s elements converted from one dtype to another, as new bytes.
+nb::bytes ConvertPy(nb::bytes data, const std::string& from_dtype, const std::string& to_dtype) {
+  auto from = DtypeFromName(from_dtype);
+  if (!from) Raise(InvalidArgumentError("unknown dtype '" + from_dtype + "'"));
+  auto to = DtypeFromName(to_dtype);
+  if (!to) Raise(InvalidArgumentError("unknown dtype '" + to_dtype + "'"));
+  const uint64_t from_bits = DtypeBits(*from);
+  const uint64_t to_bits = DtypeBits(*to);
+  if (data.size() * 8 % from_bits != 0) {
+    Raise(InvalidArgumentError(std::to_string(data.size()) + " bytes are not a whole number of " +
+                               from_dtype + " elements"));
+  }
+  const uint64_t count = data.size() * 8 / from_bits;
+  // Checks the pair (the C++ message) before anything is allocated.
+  if (Status pair = ConvertOnHost(nullptr, *to, nullptr, *from, 0); !pair.ok()) Raise(pair);
+  // A new bytes object nobody else sees yet: filled without the GIL.
+  PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(count * to_bits / 8));
+  if (out == nullptr) throw nb::python_error();
+  nb::bytes result = nb::steal<nb::bytes>(out);
+  auto* dst = reinterpret_cast<std::byte*>(PyBytes_AS_STRING(out));
+  const auto* src = static_cast<const std::byte*>(data.data());
+  Status st;
+  {
+    nb::gil_scoped_release nogil;
+    st = ConvertOnHost(dst, *to, src, *from, count);
+  }
+  if (!st.ok()) Raise(st);
+  return result;
+}
+
+// ucx_version, dtype_bits and convert.
+void BindUtilities(nb::module_& m) {
   m.def(
       "ucx_version",
       [] {
@@ -702,37 +773,24 @@ NB_MODULE(_tensorlift, m) {
     if (!dt) Raise(InvalidArgumentError("unknown dtype '" + d + "'"));
     return DtypeBits(*dt);
   });
-  m.def(
-      "convert",
-      [](nb::bytes data, const std::string& from_dtype, const std::string& to_dtype) {
-        auto from = DtypeFromName(from_dtype);
-        if (!from) Raise(InvalidArgumentError("unknown dtype '" + from_dtype + "'"));
-        auto to = DtypeFromName(to_dtype);
-        if (!to) Raise(InvalidArgumentError("unknown dtype '" + to_dtype + "'"));
-        const uint64_t from_bits = DtypeBits(*from);
-        const uint64_t to_bits = DtypeBits(*to);
-        if (data.size() * 8 % from_bits != 0) {
-          Raise(InvalidArgumentError(std::to_string(data.size()) + " bytes are not a whole number of " +
-                                     from_dtype + " elements"));
-        }
-        const uint64_t count = data.size() * 8 / from_bits;
-        // Checks the pair (the C++ message) before anything is allocated.
-        if (Status pair = ConvertOnHost(nullptr, *to, nullptr, *from, 0); !pair.ok()) Raise(pair);
-        // A new bytes object nobody else sees yet: filled without the GIL.
-        PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(count * to_bits / 8));
-        if (out == nullptr) throw nb::python_error();
-        nb::bytes result = nb::steal<nb::bytes>(out);
-        auto* dst = reinterpret_cast<std::byte*>(PyBytes_AS_STRING(out));
-        const auto* src = static_cast<const std::byte*>(data.data());
-        Status st;
-        {
-          nb::gil_scoped_release nogil;
-          st = ConvertOnHost(dst, *to, src, *from, count);
-        }
-        if (!st.ok()) Raise(st);
-        return result;
-      },
-      nb::arg("data"), nb::arg("from_dtype"), nb::arg("to_dtype"),
-      "Converts the elements in `data` (safetensors dtype names) with the loader's conversions "
-      "(bit-exact with torch's scalar CPU conversions); ValueError for an unknown name or pair.");
+  m.def("convert", &ConvertPy, nb::arg("data"), nb::arg("from_dtype"), nb::arg("to_dtype"),
+        "Converts the elements in `data` (safetensors dtype names) with the loader's conversions "
+        "(bit-exact with torch's scalar CPU conversions); ValueError for an unknown name or pair.");
+}
+
+}  // namespace
+
+NB_MODULE(_tensorlift, m) {
+  m.doc() = "tensorlift's C++ core (use the tensorlift package, not this module)";
+  m.attr("__version__") = kVersion;
+  BindErrors(m);
+  BindCheckpoint(m);
+  BindArenaPool(m);
+  BindLoaded(m);
+  BindStreamer(m);
+  BindPeerServer(m);
+  BindServing(m);
+  BindPeerLoading(m);
+  BindFormat(m);
+  BindUtilities(m);
 }
