@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorlift/assign.h"
 #include "tensorlift/capabilities.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/convert.h"
@@ -758,6 +759,41 @@ nb::bytes ConvertPy(nb::bytes data, const std::string& from_dtype, const std::st
   return result;
 }
 
+// The multi-rank rules of include/tensorlift/assign.h, for the
+// fastsafetensors API: which rank reads which file, and a rank's shard.
+void BindMultiRank(nb::module_& m) {
+  m.def(
+      "assign_whole_files",
+      [](const std::vector<uint64_t>& file_bytes, int world) {
+        std::vector<std::vector<uint64_t>> tensor_bytes;
+        tensor_bytes.reserve(file_bytes.size());
+        for (uint64_t b : file_bytes) tensor_bytes.push_back({b});
+        AssignOptions options;
+        options.whole_files = true;
+        Result<Assignment> a = AssignByBytes(tensor_bytes, world, options);
+        if (!a.ok()) Raise(a.status());
+        std::vector<std::vector<uint32_t>> files(a->ranks.size());
+        for (size_t r = 0; r < a->ranks.size(); ++r) {
+          for (const ReadPiece& p : a->ranks[r].pieces) files[r].push_back(p.file);
+        }
+        return files;
+      },
+      nb::arg("file_bytes"), nb::arg("world"),
+      "Each rank's files (indices into file_bytes, ascending) under the multi-rank loader's "
+      "whole-file rule (AssignByBytes with whole_files): largest first, each to the rank with the "
+      "fewest bytes (ties: fewer files, then the lower rank).");
+  m.def(
+      "shard_range",
+      [](int64_t extent, int rank, int world) {
+        Result<IndexRange> r = ShardRange(extent, rank, world);
+        if (!r.ok()) Raise(r.status());
+        return std::make_pair(r->start, r->length);
+      },
+      nb::arg("extent"), nb::arg("rank"), nb::arg("world"),
+      "(start, length) of rank's part of a dim of `extent`: tensorlift's one shard-range rule "
+      "(blocks of ceil(extent / world), the last ones clipped; ValueError for bad arguments).");
+}
+
 // ucx_version, dtype_bits and convert.
 void BindUtilities(nb::module_& m) {
   m.def(
@@ -792,5 +828,6 @@ NB_MODULE(_tensorlift, m) {
   BindServing(m);
   BindPeerLoading(m);
   BindFormat(m);
+  BindMultiRank(m);
   BindUtilities(m);
 }

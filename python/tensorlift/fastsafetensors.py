@@ -54,7 +54,8 @@ same calls in the same order, with the same arguments.
   rank's slice along dim, scattered from the reader. `push_tensor` sends to one
   rank (others get None); `get_multi_cols` and `as_dict` shard as
   fastsafetensors does. Bytes travel as uint8, so every dtype works on gloo.
-- Uneven sizes follow fastsafetensors' rule: block = ceil(size / world);
+- Uneven sizes follow tensorlift's one shard-range rule (C++ ShardRange, also
+  fastsafetensors' rule and vLLM's): block = ceil(size / world);
   rank r gets [r*block, (r+1)*block) clipped to the size, so the last ranks
   get a smaller or empty slice (torch.chunk's slices, with an empty one for
   each rank torch.chunk leaves without a chunk; not torch.tensor_split).
@@ -81,7 +82,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from . import _dtypes
 from ._tensors import _DLPackBytes, device_name, tensor_from
-from ._tensorlift import Checkpoint, dtype_bits
+from ._tensorlift import Checkpoint, assign_whole_files, dtype_bits, shard_range
 
 __all__ = [
     "DType",
@@ -173,10 +174,11 @@ def assign_files(files: Sequence[Union[str, os.PathLike]], world_size: int,
                  sizes: Optional[Dict[str, int]] = None) -> Dict[int, List[str]]:
     """Assigns files to ranks balanced by bytes: {rank: [files]} for add_filenames.
 
-    Greedy, largest file first (ties by path), each to the rank with the fewest
-    bytes so far (ties: the lowest rank); each rank's files in path order. The
-    result depends only on the paths and sizes, so every rank computes the same
-    one. Sizes come from os.stat unless given as `sizes` ({path: bytes}), e.g.
+    The C++ multi-rank loader's whole-file rule (AssignByBytes with whole_files):
+    largest file first (ties by path), each to the rank with the fewest bytes so
+    far (ties: fewer files, then the lowest rank); each rank's files in path
+    order. The result depends only on the paths and sizes, so every rank
+    computes the same one. Sizes come from os.stat unless given as `sizes` ({path: bytes}), e.g.
     when the files are not all visible to the calling process. Every rank in
     range(world_size) has an entry (maybe empty).
     """
@@ -188,15 +190,9 @@ def assign_files(files: Sequence[Union[str, os.PathLike]], world_size: int,
         dup = sorted({p for p in paths if paths.count(p) > 1})
         raise ValueError(f"assign_files: files listed more than once: {dup}")
     size_of = {p: int(sizes[p]) if sizes is not None and p in sizes else os.stat(p).st_size for p in paths}
-    load = [0] * world_size
-    out: Dict[int, List[str]] = {r: [] for r in range(world_size)}
-    for p in sorted(paths, key=lambda q: (-size_of[q], q)):
-        r = min(range(world_size), key=lambda k: (load[k], k))
-        load[r] += size_of[p]
-        out[r].append(p)
-    for r in out:
-        out[r].sort()
-    return out
+    ordered = sorted(paths)
+    ranks = assign_whole_files([size_of[p] for p in ordered], world_size)
+    return {r: [ordered[f] for f in files] for r, files in enumerate(ranks)}
 
 
 class _Comm:
@@ -319,9 +315,13 @@ def _as_bytes(t):
 
 
 def _shard_ranges(size: int, world: int) -> List[Tuple[int, int]]:
-    """fastsafetensors' rule: block = ceil(size / world), rank r gets [r*block, (r+1)*block) clipped."""
-    block = (size + world - 1) // world
-    return [(min(r * block, size), min((r + 1) * block, size)) for r in range(world)]
+    """Every rank's [start, end) of a dim of `size`: tensorlift's one shard-range rule (C++
+    ShardRange: blocks of ceil(size / world), the last ones clipped; fastsafetensors' rule too)."""
+    ranges = []
+    for r in range(world):
+        start, length = shard_range(size, r, world)
+        ranges.append((start, start + length))
+    return ranges
 
 
 def _check_device(device: Any) -> str:

@@ -115,3 +115,21 @@ def test_assign_files_balances_bytes(tmp_path):
         tlf.assign_files([p], 0)
     with pytest.raises(ValueError, match="more than once"):
         tlf.assign_files([p, str(p)], 2)
+
+
+def test_shard_ranges_are_the_cpp_rule():
+    """_shard_ranges is the C++ ShardRange (one rule for the project): ceil blocks, the last clipped."""
+    from tensorlift import _tensorlift
+    from tensorlift.fastsafetensors import _shard_ranges
+    assert _shard_ranges(10, 4) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert _shard_ranges(6, 4) == [(0, 2), (2, 4), (4, 6), (6, 6)]
+    assert _shard_ranges(0, 3) == [(0, 0)] * 3
+    for size in range(0, 30):
+        for world in range(1, 9):
+            chunks = [len(c) for c in torch.arange(size).chunk(world)] if size else []
+            got = [b - a for a, b in _shard_ranges(size, world)]
+            assert got[:len(chunks)] == chunks and not any(got[len(chunks):]), (size, world)
+    with pytest.raises(ValueError, match="rank"):
+        _tensorlift.shard_range(10, 4, 4)
+    with pytest.raises(ValueError, match="world"):
+        _tensorlift.shard_range(10, 0, 0)
