@@ -19,8 +19,9 @@ namespace tensorlift::test {
 
 class ScratchDir {
  public:
-  explicit ScratchDir(const std::string& tag = "tl_test") {
-    std::string tmpl = ::testing::TempDir() + tag + "_XXXXXX";
+  // Under `parent` (ending in '/') when given, e.g. "/dev/shm/" for a tmpfs.
+  explicit ScratchDir(const std::string& tag = "tl_test", const std::string& parent = "") {
+    std::string tmpl = (parent.empty() ? ::testing::TempDir() : parent) + tag + "_XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) std::abort();
     path_ = tmpl;
   }

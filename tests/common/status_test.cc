@@ -8,20 +8,22 @@
 #include "common/checked_math.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "gtest/gtest-spi.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
 
 TEST(StatusTest, DefaultIsOk) {
   Status s;
-  EXPECT_TRUE(s.ok());
+  EXPECT_OK(s);
   EXPECT_EQ(s.code(), StatusCode::kOk);
   EXPECT_EQ(s.message(), "");
   EXPECT_EQ(s.ToString(), "OK");
-  EXPECT_TRUE(Status::Ok().ok());
+  EXPECT_OK(Status::Ok());
   // An OK code with a message is still OK, without the message.
   Status ok_with_message(StatusCode::kOk, "ignored");
-  EXPECT_TRUE(ok_with_message.ok());
+  EXPECT_OK(ok_with_message);
   EXPECT_EQ(ok_with_message.message(), "");
 }
 
@@ -62,7 +64,7 @@ TEST(StatusTest, WithContextPrefixesOnce) {
   // The original is unchanged (statuses are values).
   EXPECT_EQ(s.message(), "InvalidOffset: tensor 'a'");
   // OK stays OK and gains no message.
-  EXPECT_TRUE(Status::Ok().WithContext("path").ok());
+  EXPECT_OK(Status::Ok().WithContext("path"));
   EXPECT_EQ(Status::Ok().WithContext("path").message(), "");
 }
 
@@ -74,15 +76,15 @@ TEST(StatusTest, CopiesAndMovesAreValues) {
   Status c = std::move(a);
   EXPECT_EQ(c.message(), "gone");
   b = Status::Ok();
-  EXPECT_TRUE(b.ok());
+  EXPECT_OK(b);
   EXPECT_EQ(c.message(), "gone");
   c.IgnoreError();
 }
 
 TEST(ResultTest, HoldsAValueOrAnError) {
   Result<int> v = 42;
-  ASSERT_TRUE(v.ok());
-  EXPECT_TRUE(v.status().ok());
+  ASSERT_OK(v);
+  EXPECT_OK(v.status());
   EXPECT_EQ(*v, 42);
   EXPECT_EQ(v.value(), 42);
   *v = 7;
@@ -102,7 +104,7 @@ TEST(ResultTest, OkStatusBecomesInternalError) {
 
 TEST(ResultTest, MoveOnlyValuesAndArrow) {
   Result<std::unique_ptr<std::string>> r = std::make_unique<std::string>("abc");
-  ASSERT_TRUE(r.ok());
+  ASSERT_OK(r);
   EXPECT_EQ((*r)->size(), 3u);
   std::unique_ptr<std::string> p = std::move(r).value();
   EXPECT_EQ(*p, "abc");
@@ -136,7 +138,7 @@ Status TwoSteps(bool fail_first, bool fail_second, int* calls) {
 
 TEST(MacroTest, ReturnIfError) {
   int calls = 0;
-  EXPECT_TRUE(TwoSteps(false, false, &calls).ok());
+  EXPECT_OK(TwoSteps(false, false, &calls));
   EXPECT_EQ(calls, 2);
   calls = 0;
   Status s = TwoSteps(true, false, &calls);
@@ -180,7 +182,7 @@ TEST(MacroTest, AssignOrReturn) {
   ASSERT_FALSE(odd.ok());
   EXPECT_EQ(odd.status().message(), "3 is odd");
   int out = -1;
-  EXPECT_TRUE(QuarterInto(8, &out).ok());
+  EXPECT_OK(QuarterInto(8, &out));
   EXPECT_EQ(out, 2);
   out = -1;
   EXPECT_EQ(QuarterInto(7, &out).code(), StatusCode::kInvalidArgument);
@@ -197,6 +199,18 @@ TEST(CheckedMathTest, DetectsOverflow) {
   EXPECT_FALSE(CheckedMul(uint64_t{1} << 32, uint64_t{1} << 32, &out));
   EXPECT_TRUE(CheckedMul(0, UINT64_MAX, &out));
   EXPECT_EQ(out, 0u);
+}
+
+// The tests' ASSERT_OK / EXPECT_OK (tests/common/assert_ok.h) on Status and
+// Result: silent when OK, else the expression, the code and the message.
+TEST(AssertOkTest, PassesOnOkAndReportsErrors) {
+  EXPECT_OK(Status::Ok());
+  EXPECT_OK(Result<int>(3));
+  EXPECT_NONFATAL_FAILURE(EXPECT_OK(IOError("disk on fire")),
+                          "IOError(\"disk on fire\") is not OK: IOError: disk on fire");
+  EXPECT_NONFATAL_FAILURE(EXPECT_OK(Result<int>(NotFoundError("no such tensor"))) << "ctx",
+                          "no such tensor");
+  EXPECT_FATAL_FAILURE(ASSERT_OK(Result<int>(InternalError("boom"))), "boom");
 }
 
 }  // namespace

@@ -16,6 +16,8 @@
 #include "gtest/gtest.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/status.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -279,7 +281,7 @@ TEST(ConvertTest, HostLoopsMatchConvertElement) {
       // Offset by one byte: the host loops need no alignment.
       std::vector<std::byte> fast(count * convert::ElementBytes(to) + 1);
       std::vector<std::byte> slow(count * convert::ElementBytes(to));
-      ASSERT_TRUE(ConvertOnHost(fast.data() + 1, to, src.data(), from, count).ok());
+      ASSERT_OK(ConvertOnHost(fast.data() + 1, to, src.data(), from, count));
       for (uint64_t i = 0; i < count; ++i) ConvertElement(slow.data(), to, src.data(), from, i);
       ASSERT_EQ(std::memcmp(fast.data() + 1, slow.data(), slow.size()), 0);
       if (from == to) {
@@ -346,8 +348,8 @@ TEST(ConvertOnHostTest, UnsupportedPairIsInvalidArgument) {
 }
 
 TEST(ConvertOnHostTest, CountZeroIsOk) {
-  EXPECT_TRUE(ConvertOnHost(nullptr, Dtype::kBF16, nullptr, Dtype::kF32, 0).ok());
-  EXPECT_TRUE(ConvertOnHost(nullptr, Dtype::kF32, nullptr, Dtype::kF32, 0).ok());
+  EXPECT_OK(ConvertOnHost(nullptr, Dtype::kBF16, nullptr, Dtype::kF32, 0));
+  EXPECT_OK(ConvertOnHost(nullptr, Dtype::kF32, nullptr, Dtype::kF32, 0));
   uint16_t out = 0xBEEF;
   const float in = 1.0f;
   EXPECT_TRUE(ConvertOnHost(reinterpret_cast<std::byte*>(&out), Dtype::kBF16, reinterpret_cast<const std::byte*>(&in),

@@ -25,6 +25,9 @@
 #include "io/read_op.h"
 #include "tensorlift/bitmask.h"
 #include "tensorlift/capabilities.h"
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
 
 // Set by tests/CMakeLists.txt: whether the build found nvcc, and the path of
 // a libcufile.so.0 found next to cufile.h at build time ("" if none).
@@ -48,7 +51,7 @@ using ::testing::HasSubstr;
 
 template <typename T>
 T Take(Result<T> result) {
-  EXPECT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_OK(result);
   if (!result.ok()) std::abort();
   return std::move(result).value();
 }
@@ -113,20 +116,20 @@ TEST_F(CudaDeviceTest, RoundTripHostDeviceHost) {
   auto out = Take(device_->AllocatePinned(kBytes));
   std::memset(out->data(), 0, kBytes);
 
-  ASSERT_TRUE(stream_->CopyToDevice(a->data(), src->data(), kBytes).ok());
+  ASSERT_OK(stream_->CopyToDevice(a->data(), src->data(), kBytes));
   // Device to device at an odd offset, then back.
-  ASSERT_TRUE(stream_->CopyOnDevice(b->data() + 7, a->data(), kBytes).ok());
-  ASSERT_TRUE(stream_->CopyToHost(out->data(), b->data() + 7, kBytes).ok());
-  ASSERT_TRUE(stream_->Synchronize().ok());
+  ASSERT_OK(stream_->CopyOnDevice(b->data() + 7, a->data(), kBytes));
+  ASSERT_OK(stream_->CopyToHost(out->data(), b->data() + 7, kBytes));
+  ASSERT_OK(stream_->Synchronize());
   EXPECT_EQ(std::memcmp(out->data(), src->data(), kBytes), 0);
 
   // Pageable host memory works too (synchronously staged by CUDA).
   std::vector<std::byte> pageable(4099);
   Fill(pageable.data(), pageable.size(), 9);
   std::vector<std::byte> back(pageable.size());
-  ASSERT_TRUE(stream_->CopyToDevice(a->data(), pageable.data(), pageable.size()).ok());
-  ASSERT_TRUE(stream_->CopyToHost(back.data(), a->data(), back.size()).ok());
-  ASSERT_TRUE(stream_->Synchronize().ok());
+  ASSERT_OK(stream_->CopyToDevice(a->data(), pageable.data(), pageable.size()));
+  ASSERT_OK(stream_->CopyToHost(back.data(), a->data(), back.size()));
+  ASSERT_OK(stream_->Synchronize());
   EXPECT_EQ(back, pageable);
 }
 
@@ -148,8 +151,8 @@ TEST_F(CudaDeviceTest, ArgumentsAreCheckedAtOnce) {
   auto foreign = Take(emulated->CreateEvent());
   EXPECT_EQ(stream_->Record(*foreign).code(), StatusCode::kInvalidArgument);
   // The stream still works.
-  ASSERT_TRUE(stream_->CopyToDevice(a->data(), host->data(), 4096).ok());
-  EXPECT_TRUE(stream_->Synchronize().ok());
+  ASSERT_OK(stream_->CopyToDevice(a->data(), host->data(), 4096));
+  EXPECT_OK(stream_->Synchronize());
 }
 
 TEST_F(CudaDeviceTest, TooMuchMemoryIsResourceExhausted) {
@@ -158,7 +161,7 @@ TEST_F(CudaDeviceTest, TooMuchMemoryIsResourceExhausted) {
   EXPECT_EQ(huge.status().code(), StatusCode::kResourceExhausted) << huge.status().ToString();
   EXPECT_THAT(huge.status().message(), HasSubstr("cudaMalloc"));
   // The device is still usable afterwards.
-  EXPECT_TRUE(device_->Allocate(4096).ok());
+  EXPECT_OK(device_->Allocate(4096));
 }
 
 // Converts `src` (count elements of `from`) on the GPU and on the host, and
@@ -171,12 +174,12 @@ void ExpectSameAsHost(Device& device, DeviceStream& stream, const std::vector<st
   auto d_src = Take(device.Allocate(src_bytes));
   auto d_dst = Take(device.Allocate(dst_bytes));
   std::vector<std::byte> expected(dst_bytes);
-  ASSERT_TRUE(ConvertOnHost(expected.data(), to, src.data(), from, count).ok());
+  ASSERT_OK(ConvertOnHost(expected.data(), to, src.data(), from, count));
   std::vector<std::byte> got(dst_bytes, std::byte{0x5A});
-  ASSERT_TRUE(stream.CopyToDevice(d_src->data(), src.data(), src_bytes).ok());
-  ASSERT_TRUE(stream.Convert(d_dst->data(), to, d_src->data(), from, count).ok());
-  ASSERT_TRUE(stream.CopyToHost(got.data(), d_dst->data(), dst_bytes).ok());
-  ASSERT_TRUE(stream.Synchronize().ok());
+  ASSERT_OK(stream.CopyToDevice(d_src->data(), src.data(), src_bytes));
+  ASSERT_OK(stream.Convert(d_dst->data(), to, d_src->data(), from, count));
+  ASSERT_OK(stream.CopyToHost(got.data(), d_dst->data(), dst_bytes));
+  ASSERT_OK(stream.Synchronize());
   uint64_t mismatches = 0;
   const uint64_t width = DtypeBits(to) / 8;
   for (uint64_t i = 0; i < count && mismatches < 10; ++i) {
@@ -269,8 +272,8 @@ void ExpectDecodeSameAsCpu(Device& device, DeviceStream& stream, const sparse::t
                                  s.cols, s.elem_bytes)
                   .ok());
   std::vector<std::byte> got(s.dense_bytes(), std::byte{0x5A});
-  ASSERT_TRUE(stream.CopyToHost(got.data(), d_out->data() + out_at, got.size()).ok());
-  ASSERT_TRUE(stream.Synchronize().ok());
+  ASSERT_OK(stream.CopyToHost(got.data(), d_out->data() + out_at, got.size()));
+  ASSERT_OK(stream.Synchronize());
   EXPECT_TRUE(got == expected);
 }
 
@@ -313,7 +316,7 @@ TEST_F(CudaDeviceTest, DecodeBitmaskArgumentsAreCheckedAtOnce) {
                                    reinterpret_cast<const int64_t*>(a->data() + 4100), 8, 16, 2)
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_TRUE(stream_->Synchronize().ok());
+  EXPECT_OK(stream_->Synchronize());
 }
 
 TEST_F(CudaDeviceTest, EventsCompleteInStreamOrder) {
@@ -323,18 +326,18 @@ TEST_F(CudaDeviceTest, EventsCompleteInStreamOrder) {
   auto dev = Take(device_->Allocate(kBytes));
   auto never = Take(device_->CreateEvent());
   EXPECT_TRUE(never->Done());
-  EXPECT_TRUE(never->Synchronize().ok());
+  EXPECT_OK(never->Synchronize());
 
   auto first = Take(device_->CreateEvent());
   auto second = Take(device_->CreateEvent());
-  ASSERT_TRUE(stream_->CopyToDevice(dev->data(), host->data(), 4096).ok());
-  ASSERT_TRUE(stream_->Record(*first).ok());
-  ASSERT_TRUE(stream_->CopyToDevice(dev->data(), host->data(), kBytes).ok());
-  ASSERT_TRUE(stream_->Record(*second).ok());
-  ASSERT_TRUE(second->Synchronize().ok());
+  ASSERT_OK(stream_->CopyToDevice(dev->data(), host->data(), 4096));
+  ASSERT_OK(stream_->Record(*first));
+  ASSERT_OK(stream_->CopyToDevice(dev->data(), host->data(), kBytes));
+  ASSERT_OK(stream_->Record(*second));
+  ASSERT_OK(second->Synchronize());
   EXPECT_TRUE(first->Done());
   EXPECT_TRUE(second->Done());
-  ASSERT_TRUE(first->Synchronize().ok());
+  ASSERT_OK(first->Synchronize());
   const double t1 = first->CompletedAtMicros();
   const double t2 = second->CompletedAtMicros();
   EXPECT_FALSE(std::isnan(t1));
@@ -345,14 +348,14 @@ TEST_F(CudaDeviceTest, EventsCompleteInStreamOrder) {
   // Events on two streams share one clock.
   auto other = Take(device_->CreateStream());
   auto third = Take(device_->CreateEvent());
-  ASSERT_TRUE(other->Record(*third).ok());
-  ASSERT_TRUE(third->Synchronize().ok());
+  ASSERT_OK(other->Record(*third));
+  ASSERT_OK(third->Synchronize());
   EXPECT_GE(third->CompletedAtMicros(), t2);
 
   // Reusable: Record() moves the event.
-  ASSERT_TRUE(stream_->CopyToDevice(dev->data(), host->data(), 4096).ok());
-  ASSERT_TRUE(stream_->Record(*first).ok());
-  ASSERT_TRUE(first->Synchronize().ok());
+  ASSERT_OK(stream_->CopyToDevice(dev->data(), host->data(), 4096));
+  ASSERT_OK(stream_->Record(*first));
+  ASSERT_OK(first->Synchronize());
   EXPECT_GE(first->CompletedAtMicros(), t2);
 }
 
@@ -437,7 +440,7 @@ TEST(CuFileTest, RealLibraryLoadsAndTheDriverSaysWhy) {
   if (lib.empty()) GTEST_SKIP() << "no libcufile.so.0 was found next to cufile.h at build time";
   ScopedEnv env("TENSORLIFT_CUFILE_LIB", lib);
   auto library = LoadCuFileLibrary();
-  ASSERT_TRUE(library.ok()) << library.status().ToString();
+  ASSERT_OK(library);
   EXPECT_THAT(library->path, HasSubstr("libcufile.so"));
   EXPECT_GT(library->version, 0);
   auto driver = CuFileDriver::Open();
@@ -523,15 +526,13 @@ TEST(CapabilitiesTest, ConsistentWithTheBuildAndTheMachine) {
 }
 
 TEST(CapabilitiesTest, FilesystemOfAPath) {
-  char dir[] = "/tmp/tl_caps_XXXXXX";
-  ASSERT_NE(mkdtemp(dir), nullptr);
-  const CapabilityReport r = Capabilities(dir);
-  rmdir(dir);
-  EXPECT_EQ(r.gds.path, dir);
+  test::ScratchDir dir("tl_caps");
+  const CapabilityReport r = Capabilities(dir.path());
+  EXPECT_EQ(r.gds.path, dir.path());
   EXPECT_FALSE(r.gds.filesystem.empty());
   EXPECT_FALSE(r.gds.filesystem_reason.empty());
   struct statfs fs {};
-  ASSERT_EQ(statfs("/tmp", &fs), 0);
+  ASSERT_EQ(statfs(dir.path().c_str(), &fs), 0);
   if (fs.f_type == 0xEF53) {
     EXPECT_EQ(r.gds.filesystem, "ext4");
   }

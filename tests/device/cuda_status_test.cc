@@ -2,6 +2,7 @@
 // into cuda_device_test only with the CUDA backend (it needs the runtime's
 // types); runs without a GPU.
 #include "device/cuda/cuda_status.h"
+#include "../common/assert_ok.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,7 +12,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(CudaStatusTest, SuccessIsOk) { EXPECT_TRUE(CudaStatus(cudaSuccess, "cudaMalloc").ok()); }
+TEST(CudaStatusTest, SuccessIsOk) { EXPECT_OK(CudaStatus(cudaSuccess, "cudaMalloc")); }
 
 TEST(CudaStatusTest, NoGpuOrDriverIsUnavailable) {
   for (cudaError_t err : {cudaErrorNoDevice, cudaErrorInsufficientDriver, cudaErrorStubLibrary,

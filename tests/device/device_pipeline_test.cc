@@ -21,6 +21,8 @@
 #include "load/planner.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -44,9 +46,9 @@ std::vector<uint8_t> ToHost(Device& device, const LoadedTensor& t) {
   std::vector<uint8_t> out(t.nbytes);
   if (t.nbytes == 0) return out;
   auto stream = device.CreateStream();
-  EXPECT_TRUE(stream.ok());
-  EXPECT_TRUE((*stream)->CopyToHost(reinterpret_cast<std::byte*>(out.data()), static_cast<std::byte*>(t.data), t.nbytes).ok());
-  EXPECT_TRUE((*stream)->Synchronize().ok());
+  EXPECT_OK(stream);
+  EXPECT_OK((*stream)->CopyToHost(reinterpret_cast<std::byte*>(out.data()), static_cast<std::byte*>(t.data), t.nbytes));
+  EXPECT_OK((*stream)->Synchronize());
   return out;
 }
 
@@ -99,7 +101,7 @@ TEST(DevicePlanTest, CoversEveryByteOnceAndKeepsAlignment) {
     const std::string path = dir.File("m.safetensors");
     WriteRaw(path, MixedTensors(1), lead);
     auto ckpt = Checkpoint::Open(path);
-    ASSERT_TRUE(ckpt.ok());
+    ASSERT_OK(ckpt);
     const Header& h = ckpt->shards()[0].header;
     std::vector<uint32_t> all(h.tensors().size());
     for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
@@ -170,7 +172,7 @@ TEST_P(DevicePipelineTest, EveryModeGivesTheFileBytesOnTheDevice) {
   std::map<std::string, RawTensor> want;
   for (auto& t : tensors) want[t.name] = t;
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  ASSERT_OK(ckpt);
   auto device = Emulated();
   for (IoMode m : {IoMode::kAuto, IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap}) {
     for (PipelineCase c : {PipelineCase{m, 64 << 10, 1}, PipelineCase{m, 64 << 10, 3},
@@ -186,7 +188,7 @@ TEST_P(DevicePipelineTest, EveryModeGivesTheFileBytesOnTheDevice) {
                                 std::to_string(c.slots) + " dtype=" + (dt ? std::string(DtypeName(*dt)) : "-") +
                                 " lead=" + std::to_string(GetParam());
         auto got = LoadThroughDevice(*ckpt, opts, device, nullptr);
-        ASSERT_TRUE(got.ok()) << ctx << ": " << got.status().ToString();
+        ASSERT_OK(got) << ctx;
         ExpectLoaded(*device, want, *got, dt, ctx);
         ASSERT_EQ(got->files().size(), 1u);
         EXPECT_NE(got->files()[0].mode, IoMode::kAuto);
@@ -195,7 +197,7 @@ TEST_P(DevicePipelineTest, EveryModeGivesTheFileBytesOnTheDevice) {
     }
   }
   auto free_now = device->FreeMemory();
-  ASSERT_TRUE(free_now.ok());
+  ASSERT_OK(free_now);
   EXPECT_EQ(*free_now, 1ull << 30) << "every load's device memory was freed";
 }
 
@@ -220,16 +222,16 @@ TEST(DevicePipelineTest, ShardsAndFilters) {
   std::fwrite(index.data(), 1, index.size(), f);
   std::fclose(f);
   auto ckpt = Checkpoint::Open(dir.path());
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  ASSERT_OK(ckpt);
   auto device = Emulated();
   LoadOptions opts;
   auto re = TensorFilter::Regex("\\.x$");
-  ASSERT_TRUE(re.ok());
+  ASSERT_OK(re);
   opts.filter = *re;
   opts.staging_bytes = 64 << 10;
   opts.staging_buffers = 2;
   auto got = LoadThroughDevice(*ckpt, opts, device, nullptr);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   ExpectLoaded(*device, want, *got, std::nullopt, "shards");
   EXPECT_EQ(got->files().size(), 3u);
 }
@@ -239,7 +241,7 @@ TEST(DevicePipelineTest, ReadsOverlapCopies) {
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, {Random("w", Dtype::kBF16, {1024, 1024}, 3)}, 0);  // 2 MiB.
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   // 64 KiB blocks copied at 64 MB/s (1 ms each) while reads from the page
   // cache take microseconds: with 4 slots, block k+1 is read while block k is
   // still being copied.
@@ -250,7 +252,7 @@ TEST(DevicePipelineTest, ReadsOverlapCopies) {
   opts.staging_buffers = 4;
   PipelineTrace trace;
   auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   ASSERT_EQ(trace.blocks.size(), 32u);
   int overlapped = 0;
   for (size_t k = 0; k + 1 < trace.blocks.size(); ++k) {
@@ -272,7 +274,7 @@ TEST(DevicePipelineTest, DeviceMemoryPlanIsComputedFirstAndRespected) {
   auto tensors = MixedTensors(5);
   WriteRaw(path, tensors, 3);
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   LoadOptions opts;
   opts.dtype = Dtype::kF32;  // Conversions need device slots too.
   opts.staging_bytes = 64 << 10;
@@ -280,7 +282,7 @@ TEST(DevicePipelineTest, DeviceMemoryPlanIsComputedFirstAndRespected) {
   DeviceMemoryPlan plan;
   {
     auto got = LoadThroughDevice(*ckpt, opts, Emulated(), nullptr);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_OK(got);
     plan = got->device_plan();
   }
   EXPECT_GT(plan.device_bytes, 0u);
@@ -291,7 +293,7 @@ TEST(DevicePipelineTest, DeviceMemoryPlanIsComputedFirstAndRespected) {
     // Exactly the plan: fits.
     auto device = Emulated(need);
     auto got = LoadThroughDevice(*ckpt, opts, device, nullptr);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_OK(got);
   }
   // One byte less: refused before anything is read.
   auto device = Emulated(need - 1);
@@ -314,7 +316,7 @@ TEST(DevicePipelineTest, FaultsFreeEverything) {
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)}, 1);
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   for (IoMode mode : {IoMode::kBuffered, IoMode::kDirect}) {
     for (int fault = 0; fault < 2; ++fault) {
       auto device = Emulated(1ull << 30, 200e6);
@@ -340,7 +342,7 @@ TEST(DevicePipelineTest, FaultsFreeEverything) {
         EXPECT_EQ(got.status().code(), StatusCode::kIOError) << got.status().ToString();
         WriteRaw(path, {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)}, 1);
         auto again = Checkpoint::Open(path);
-        ASSERT_TRUE(again.ok());
+        ASSERT_OK(again);
         ckpt = std::move(again);
       }
       EXPECT_EQ(*device->FreeMemory(), 1ull << 30) << "device memory of the failed load was freed";
@@ -410,7 +412,7 @@ TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
   std::map<std::string, RawTensor> want;
   for (auto& t : tensors) want[t.name] = t;
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   for (std::optional<Dtype> dt : {std::optional<Dtype>(), std::optional<Dtype>(Dtype::kF32)}) {
     for (int fail_at : {0, 4}) {
       auto device = Emulated();
@@ -426,7 +428,7 @@ TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
       opts.staging_buffers = 2;
       auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
       const std::string ctx = "fail_at=" + std::to_string(fail_at) + (dt ? " F32" : "");
-      ASSERT_TRUE(got.ok()) << ctx << ": " << got.status().ToString();
+      ASSERT_OK(got) << ctx;
       ExpectLoaded(*device, want, *got, dt, ctx);
       EXPECT_EQ(stale, 0) << ctx << ": a registered buffer was freed before the reader closed";
       const FileReport& f = got->files()[0];
@@ -452,13 +454,13 @@ TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
     return UnimplementedError("built without GPUDirect Storage (test)");
   };
   auto got = LoadThroughDevice(*ckpt, LoadOptions{}, device, &trace);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_FALSE(got->files()[0].gds);
   EXPECT_THAT(got->files()[0].reason, HasSubstr("GDS unavailable: built without GPUDirect Storage (test)"));
   LoadOptions off;
   off.gds = false;
   got = LoadThroughDevice(*ckpt, off, device, &trace);
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   EXPECT_THAT(got->files()[0].reason, ::testing::Not(HasSubstr("GDS")));
 }
 
@@ -472,7 +474,7 @@ TEST(DevicePipelineTest, HostLoadsConvertThroughTheSamePipeline) {
   LoadOptions opts;
   opts.dtype = Dtype::kF16;
   auto got = Load(path, opts);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   ExpectLoaded(*MakeHostDevice(), want, *got, Dtype::kF16, "host");
   EXPECT_GT(got->files()[0].converted, 0u);
 

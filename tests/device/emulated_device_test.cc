@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "device/device.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -27,7 +29,7 @@ using ::testing::HasSubstr;
 // Test shorthand: the value of a Result, failing the test on an error.
 template <typename T>
 T Take(Result<T> result) {
-  EXPECT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_OK(result);
   if (!result.ok()) std::abort();
   return std::move(result).value();
 }
@@ -63,14 +65,14 @@ TEST(EmulatedDeviceTest, RoundTripHostDeviceHost) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(a->data()) % 256, 0u);
   EXPECT_FALSE(Overlaps(*a, *b));
   auto stream = Take(device->CreateStream());
-  ASSERT_TRUE(stream->CopyToDevice(a->data(), src->data(), kBytes).ok());
-  ASSERT_TRUE(stream->CopyOnDevice(b->data(), a->data(), kBytes).ok());
+  ASSERT_OK(stream->CopyToDevice(a->data(), src->data(), kBytes));
+  ASSERT_OK(stream->CopyOnDevice(b->data(), a->data(), kBytes));
   std::vector<std::byte> back(kBytes);
-  ASSERT_TRUE(stream->CopyToHost(back.data(), b->data(), kBytes).ok());
+  ASSERT_OK(stream->CopyToHost(back.data(), b->data(), kBytes));
   // A piece in the middle, into pinned memory.
   auto pinned = Take(device->AllocatePinned(1000));
-  ASSERT_TRUE(stream->CopyToHost(pinned->data(), b->data() + 5000, 1000).ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_OK(stream->CopyToHost(pinned->data(), b->data() + 5000, 1000));
+  ASSERT_OK(stream->Synchronize());
   EXPECT_EQ(std::memcmp(back.data(), src->data(), kBytes), 0);
   EXPECT_EQ(std::memcmp(pinned->data(), src->data() + 5000, 1000), 0);
 }
@@ -99,7 +101,7 @@ TEST(EmulatedDeviceTest, EnqueueChecksArguments) {
   EXPECT_EQ(stream->CopyToDevice(buf->data(), host->data(), ~0ull).code(),
             StatusCode::kInvalidArgument);
   // None of these reached the stream.
-  EXPECT_TRUE(stream->Synchronize().ok());
+  EXPECT_OK(stream->Synchronize());
 }
 
 // Throttled copies: enqueueing returns before the copy is done, events
@@ -115,20 +117,20 @@ TEST(EmulatedDeviceTest, StreamWorkIsAsynchronousAndInOrder) {
   auto start = Take(device->CreateEvent());
   auto first = Take(device->CreateEvent());
   auto second = Take(device->CreateEvent());
-  ASSERT_TRUE(stream->Record(*start).ok());
-  ASSERT_TRUE(stream->CopyToDevice(dst->data(), src->data(), kBytes).ok());
-  ASSERT_TRUE(stream->Record(*first).ok());
-  ASSERT_TRUE(stream->CopyToDevice(dst->data() + kBytes, src->data() + kBytes, kBytes).ok());
-  ASSERT_TRUE(stream->Record(*second).ok());
+  ASSERT_OK(stream->Record(*start));
+  ASSERT_OK(stream->CopyToDevice(dst->data(), src->data(), kBytes));
+  ASSERT_OK(stream->Record(*first));
+  ASSERT_OK(stream->CopyToDevice(dst->data() + kBytes, src->data() + kBytes, kBytes));
+  ASSERT_OK(stream->Record(*second));
   EXPECT_FALSE(first->Done());
   EXPECT_FALSE(second->Done());
 
-  ASSERT_TRUE(first->Synchronize().ok());
+  ASSERT_OK(first->Synchronize());
   EXPECT_TRUE(first->Done());
   EXPECT_FALSE(second->Done());  // Another 0.4 s to go.
-  ASSERT_TRUE(second->Synchronize().ok());
+  ASSERT_OK(second->Synchronize());
   EXPECT_TRUE(second->Done());
-  ASSERT_TRUE(start->Synchronize().ok());
+  ASSERT_OK(start->Synchronize());
 
   const double t0 = start->CompletedAtMicros();
   const double t1 = first->CompletedAtMicros();
@@ -141,8 +143,8 @@ TEST(EmulatedDeviceTest, StreamWorkIsAsynchronousAndInOrder) {
   EXPECT_GE(t2 - t1, 0.95 * kBytes / kRate * 1e6);
 
   std::vector<std::byte> back(2 * kBytes);
-  ASSERT_TRUE(stream->CopyToHost(back.data(), dst->data(), 2 * kBytes).ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_OK(stream->CopyToHost(back.data(), dst->data(), 2 * kBytes));
+  ASSERT_OK(stream->Synchronize());
   EXPECT_EQ(std::memcmp(back.data(), src->data(), 2 * kBytes), 0);
 }
 
@@ -150,13 +152,13 @@ TEST(EmulatedDeviceTest, EventsNeverRecordedAndReused) {
   auto device = MakeEmulatedDevice();
   auto event = Take(device->CreateEvent());
   EXPECT_TRUE(event->Done());
-  EXPECT_TRUE(event->Synchronize().ok());
+  EXPECT_OK(event->Synchronize());
   auto stream = Take(device->CreateStream());
-  ASSERT_TRUE(stream->Record(*event).ok());
-  ASSERT_TRUE(event->Synchronize().ok());
+  ASSERT_OK(stream->Record(*event));
+  ASSERT_OK(event->Synchronize());
   const double t1 = event->CompletedAtMicros();
-  ASSERT_TRUE(stream->Record(*event).ok());
-  ASSERT_TRUE(event->Synchronize().ok());
+  ASSERT_OK(stream->Record(*event));
+  ASSERT_OK(event->Synchronize());
   EXPECT_GE(event->CompletedAtMicros(), t1);
 }
 
@@ -176,15 +178,15 @@ TEST(EmulatedDeviceTest, IllegalAddressIsStickyAndReportedAtSynchronize) {
   auto stream = Take(device->CreateStream());
   auto before = Take(device->CreateEvent());
   auto after = Take(device->CreateEvent());
-  ASSERT_TRUE(stream->CopyToDevice(buf->data(), host->data(), 4096).ok());
-  ASSERT_TRUE(stream->Record(*before).ok());
+  ASSERT_OK(stream->CopyToDevice(buf->data(), host->data(), 4096));
+  ASSERT_OK(stream->Record(*before));
   // Runs 10 bytes past the end of the allocation: accepted at enqueue.
-  ASSERT_TRUE(stream->CopyToDevice(buf->data() + 4000, host->data(), 106).ok());
-  ASSERT_TRUE(stream->Record(*after).ok());
-  EXPECT_TRUE(before->Synchronize().ok());
+  ASSERT_OK(stream->CopyToDevice(buf->data() + 4000, host->data(), 106));
+  ASSERT_OK(stream->Record(*after));
+  EXPECT_OK(before->Synchronize());
   // Skipped: the stream has failed.
   Fill(host->data(), 4096, 3);
-  ASSERT_TRUE(stream->CopyToDevice(buf->data(), host->data(), 4096).ok());
+  ASSERT_OK(stream->CopyToDevice(buf->data(), host->data(), 4096));
 
   Status status = after->Synchronize();
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
@@ -194,15 +196,15 @@ TEST(EmulatedDeviceTest, IllegalAddressIsStickyAndReportedAtSynchronize) {
   EXPECT_THAT(status.message(), HasSubstr("illegal address"));
   // Sticky: later work is not run and later syncs report the same error.
   auto later = Take(device->CreateEvent());
-  ASSERT_TRUE(stream->Record(*later).ok());
+  ASSERT_OK(stream->Record(*later));
   EXPECT_THAT(later->Synchronize().message(), HasSubstr("illegal address"));
   EXPECT_THAT(stream->Synchronize().message(), HasSubstr("illegal address"));
 
   // Another stream is unaffected, and sees that the skipped copy never ran.
   auto other = Take(device->CreateStream());
   std::vector<std::byte> back(4096);
-  ASSERT_TRUE(other->CopyToHost(back.data(), buf->data(), 4096).ok());
-  ASSERT_TRUE(other->Synchronize().ok());
+  ASSERT_OK(other->CopyToHost(back.data(), buf->data(), 4096));
+  ASSERT_OK(other->Synchronize());
   EXPECT_NE(std::memcmp(back.data(), host->data(), 4096), 0);
 }
 
@@ -213,7 +215,7 @@ TEST(EmulatedDeviceTest, HostAddressesAreNotDeviceMemory) {
   {
     // A host address as the device destination.
     auto stream = Take(device->CreateStream());
-    ASSERT_TRUE(stream->CopyToDevice(host->data(), host->data() + 2048, 16).ok());
+    ASSERT_OK(stream->CopyToDevice(host->data(), host->data() + 2048, 16));
     Status status = stream->Synchronize();
     EXPECT_THAT(status.message(), HasSubstr("illegal address"));
     EXPECT_THAT(status.message(), HasSubstr("is not device memory"));
@@ -221,20 +223,20 @@ TEST(EmulatedDeviceTest, HostAddressesAreNotDeviceMemory) {
   {
     // A device address as the host source (would fault on a worker).
     auto stream = Take(device->CreateStream());
-    ASSERT_TRUE(stream->CopyToDevice(buf->data(), buf->data() + 100, 16).ok());
+    ASSERT_OK(stream->CopyToDevice(buf->data(), buf->data() + 100, 16));
     Status status = stream->Synchronize();
     EXPECT_THAT(status.message(), HasSubstr("illegal address: host source"));
   }
   {
     // A device address as the host destination.
     auto stream = Take(device->CreateStream());
-    ASSERT_TRUE(stream->CopyToHost(buf->data() + 100, buf->data(), 16).ok());
+    ASSERT_OK(stream->CopyToHost(buf->data() + 100, buf->data(), 16));
     EXPECT_THAT(stream->Synchronize().message(), HasSubstr("illegal address: host destination"));
   }
   {
     // Between two allocations' device ranges, on device.
     auto stream = Take(device->CreateStream());
-    ASSERT_TRUE(stream->CopyOnDevice(buf->data(), buf->data() - 4096 * 64, 16).ok());
+    ASSERT_OK(stream->CopyOnDevice(buf->data(), buf->data() - 4096 * 64, 16));
     EXPECT_THAT(stream->Synchronize().message(), HasSubstr("illegal address"));
   }
 }
@@ -245,8 +247,8 @@ TEST(EmulatedDeviceTest, UseAfterFreeIsReportedAndFreedMemoryIsPoisoned) {
   Fill(host->data(), 8192, 4);
   auto buf = Take(device->Allocate(8192));
   auto stream = Take(device->CreateStream());
-  ASSERT_TRUE(stream->CopyToDevice(buf->data(), host->data(), 8192).ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_OK(stream->CopyToDevice(buf->data(), host->data(), 8192));
+  ASSERT_OK(stream->Synchronize());
   std::byte* stale = buf->data();
   buf.reset();
 
@@ -254,18 +256,18 @@ TEST(EmulatedDeviceTest, UseAfterFreeIsReportedAndFreedMemoryIsPoisoned) {
   EXPECT_EQ(counts.live_allocations, 0u);
   EXPECT_EQ(counts.quarantined_allocations, 1u);
   std::vector<std::byte> peek(8192);
-  ASSERT_TRUE(PeekEmulatedDevice(*device, peek.data(), stale, 8192).ok());
+  ASSERT_OK(PeekEmulatedDevice(*device, peek.data(), stale, 8192));
   EXPECT_EQ(peek, std::vector<std::byte>(8192, kEmulatedPoison));
 
   std::vector<std::byte> back(100);
-  ASSERT_TRUE(stream->CopyToHost(back.data(), stale + 10, 100).ok());
+  ASSERT_OK(stream->CopyToHost(back.data(), stale + 10, 100));
   Status status = stream->Synchronize();
   EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("use after free"));
   EXPECT_EQ(back, std::vector<std::byte>(100));  // Nothing was copied.
 
   auto writer = Take(device->CreateStream());
-  ASSERT_TRUE(writer->CopyToDevice(stale, host->data(), 16).ok());
+  ASSERT_OK(writer->CopyToDevice(stale, host->data(), 16));
   EXPECT_THAT(writer->Synchronize().message(), HasSubstr("use after free"));
 }
 
@@ -282,7 +284,7 @@ TEST(EmulatedDeviceTest, NewAllocationsDoNotAliasQuarantinedOnes) {
     EXPECT_FALSE(p < stale + stale_size && stale < p + fresh.back()->size()) << i;
   }
   std::byte b{};
-  EXPECT_TRUE(PeekEmulatedDevice(*device, &b, stale, 1).ok());
+  EXPECT_OK(PeekEmulatedDevice(*device, &b, stale, 1));
   EXPECT_EQ(b, kEmulatedPoison);
 }
 
@@ -303,7 +305,7 @@ TEST(EmulatedDeviceTest, QuarantineIsBounded) {
   EXPECT_FALSE(PeekEmulatedDevice(*device, &b, stale[0], 1).ok());
   EXPECT_FALSE(PeekEmulatedDevice(*device, &b, stale[1], 1).ok());
   for (int i = 2; i < 5; ++i) {
-    ASSERT_TRUE(PeekEmulatedDevice(*device, &b, stale[i] + 4095, 1).ok()) << i;
+    ASSERT_OK(PeekEmulatedDevice(*device, &b, stale[i] + 4095, 1)) << i;
     EXPECT_EQ(b, kEmulatedPoison);
   }
   // Larger than the whole quarantine: unmapped at once.
@@ -369,17 +371,17 @@ TEST(EmulatedDeviceTest, ConvertBf16ToF32) {
   auto src = Take(device->Allocate(n * 2));
   auto dst = Take(device->Allocate(n * 4));
   auto stream = Take(device->CreateStream());
-  ASSERT_TRUE(stream->CopyToDevice(src->data(), host->data(), n * 2).ok());
-  ASSERT_TRUE(stream->Convert(dst->data(), Dtype::kF32, src->data(), Dtype::kBF16, n).ok());
+  ASSERT_OK(stream->CopyToDevice(src->data(), host->data(), n * 2));
+  ASSERT_OK(stream->Convert(dst->data(), Dtype::kF32, src->data(), Dtype::kBF16, n));
   std::vector<uint32_t> out(n);
   ASSERT_TRUE(
       stream->CopyToHost(reinterpret_cast<std::byte*>(out.data()), dst->data(), n * 4).ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_OK(stream->Synchronize());
   for (uint64_t i = 0; i < n; ++i) {
     EXPECT_EQ(out[i], static_cast<uint32_t>(Bf16Bits(values[i])) << 16) << i;
   }
   // Past the end of the destination: an asynchronous illegal address.
-  ASSERT_TRUE(stream->Convert(dst->data() + 4, Dtype::kF32, src->data(), Dtype::kBF16, n).ok());
+  ASSERT_OK(stream->Convert(dst->data() + 4, Dtype::kF32, src->data(), Dtype::kBF16, n));
   EXPECT_THAT(stream->Synchronize().message(), HasSubstr("illegal address"));
 }
 
@@ -396,15 +398,15 @@ TEST(EmulatedDeviceTest, DestroyingAStreamWaitsForItsWork) {
       ASSERT_TRUE(
           stream->CopyToDevice(buf->data() + i * kBytes, host->data() + i * kBytes, kBytes).ok());
     }
-    ASSERT_TRUE(stream->Record(*event).ok());
+    ASSERT_OK(stream->Record(*event));
     EXPECT_FALSE(event->Done());
   }
   EXPECT_TRUE(event->Done());
-  EXPECT_TRUE(event->Synchronize().ok());
+  EXPECT_OK(event->Synchronize());
   auto stream = Take(device->CreateStream());
   std::vector<std::byte> back(4 * kBytes);
-  ASSERT_TRUE(stream->CopyToHost(back.data(), buf->data(), 4 * kBytes).ok());
-  ASSERT_TRUE(stream->Synchronize().ok());
+  ASSERT_OK(stream->CopyToHost(back.data(), buf->data(), 4 * kBytes));
+  ASSERT_OK(stream->Synchronize());
   EXPECT_EQ(std::memcmp(back.data(), host->data(), 4 * kBytes), 0);
 }
 
@@ -417,10 +419,10 @@ TEST(EmulatedDeviceTest, ObjectsOutliveTheDevice) {
   device.reset();
   Fill(host->data(), 4096, 6);
   std::vector<std::byte> back(4096);
-  ASSERT_TRUE(stream->CopyToDevice(buf->data(), host->data(), 4096).ok());
-  ASSERT_TRUE(stream->CopyToHost(back.data(), buf->data(), 4096).ok());
-  ASSERT_TRUE(stream->Record(*event).ok());
-  ASSERT_TRUE(event->Synchronize().ok());
+  ASSERT_OK(stream->CopyToDevice(buf->data(), host->data(), 4096));
+  ASSERT_OK(stream->CopyToHost(back.data(), buf->data(), 4096));
+  ASSERT_OK(stream->Record(*event));
+  ASSERT_OK(event->Synchronize());
   EXPECT_EQ(std::memcmp(back.data(), host->data(), 4096), 0);
 }
 
@@ -454,7 +456,7 @@ TEST(EmulatedDeviceTest, ManyStreamsConcurrently) {
     });
   }
   for (auto& thread : threads) thread.join();
-  for (int t = 0; t < kThreads; ++t) EXPECT_TRUE(results[t].ok()) << results[t].ToString();
+  for (int t = 0; t < kThreads; ++t) EXPECT_OK(results[t]);
   EmulatedDeviceCounts counts = Counts(*device);
   EXPECT_EQ(counts.live_allocations, 0u);
   EXPECT_EQ(counts.live_bytes, 0u);

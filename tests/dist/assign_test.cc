@@ -13,6 +13,7 @@
 
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/safetensors.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -73,7 +74,7 @@ void CheckAssignment(const Files& files, int world, const Assignment& a) {
 
 Assignment Assign(const Files& files, int world, AssignOptions options = {}) {
   auto a = AssignByBytes(files, world, options);
-  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_OK(a);
   if (!a.ok()) return {};
   CheckAssignment(files, world, *a);
   return std::move(a).value();
@@ -238,7 +239,7 @@ TEST(AssignTest, FromCheckpoint) {
                     .ok());
   }
   auto ckpt = Checkpoint::Open(dir.string());
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  ASSERT_OK(ckpt);
   for (const auto& shard : ckpt->shards()) {
     std::vector<uint64_t> sizes;
     for (const auto& t : shard.header.tensors()) sizes.push_back(t.nbytes());
@@ -246,7 +247,7 @@ TEST(AssignTest, FromCheckpoint) {
   }
   for (int world : {1, 2, 3, 4, 8}) {
     auto a = AssignByBytes(*ckpt, world);
-    ASSERT_TRUE(a.ok()) << a.status().ToString();
+    ASSERT_OK(a);
     CheckAssignment(expect, world, *a);
     EXPECT_EQ(a->total_bytes, ckpt->total_bytes());
   }
@@ -257,13 +258,13 @@ TEST(AssignTest, FromCheckpoint) {
 TEST(AssignTest, WholeFilesOptionNeverSplitsAFile) {
   const Files one_file = {{50, 50}};
   auto split = AssignByBytes(one_file, 2);
-  ASSERT_TRUE(split.ok());
+  ASSERT_OK(split);
   EXPECT_TRUE(split->split);
   EXPECT_EQ(split->max_rank_bytes(), 50u);
   AssignOptions whole;
   whole.whole_files = true;
   auto kept = AssignByBytes(one_file, 2, whole);
-  ASSERT_TRUE(kept.ok());
+  ASSERT_OK(kept);
   EXPECT_FALSE(kept->split);
   ASSERT_EQ(kept->ranks[0].pieces.size(), 1u);
   EXPECT_EQ(kept->ranks[0].pieces[0], (ReadPiece{0, 0, 1, 100}));
@@ -271,7 +272,7 @@ TEST(AssignTest, WholeFilesOptionNeverSplitsAFile) {
   // Largest first to the lightest rank (ties: fewer pieces, then the lower rank).
   const Files files = {{100}, {70}, {60}, {30}, {30}, {10}};
   auto got = AssignByBytes(files, 2, whole);
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   std::vector<uint32_t> r0, r1;
   for (const ReadPiece& p : got->ranks[0].pieces) r0.push_back(p.file);
   for (const ReadPiece& p : got->ranks[1].pieces) r1.push_back(p.file);
@@ -287,7 +288,7 @@ TEST(ShardRangeTest, CeilBlocksLastOnesClipped) {
   const int64_t starts[] = {0, 3, 6, 9}, lengths[] = {3, 3, 3, 1};
   for (int rank = 0; rank < 4; ++rank) {
     auto s = ShardRange(10, rank, 4);
-    ASSERT_TRUE(s.ok());
+    ASSERT_OK(s);
     EXPECT_EQ(s->start, starts[rank]);
     EXPECT_EQ(s->length, lengths[rank]);
   }
@@ -304,7 +305,7 @@ TEST(ShardRangeTest, CeilBlocksLastOnesClipped) {
       int64_t next = 0;
       for (int rank = 0; rank < world; ++rank) {
         auto s = ShardRange(extent, rank, world);
-        ASSERT_TRUE(s.ok());
+        ASSERT_OK(s);
         EXPECT_EQ(s->start, next);
         EXPECT_EQ(s->length, std::max<int64_t>(0, std::min(block, extent - rank * block)));
         next += s->length;
@@ -315,7 +316,7 @@ TEST(ShardRangeTest, CeilBlocksLastOnesClipped) {
   // No overflow at the largest extents.
   const int64_t max = std::numeric_limits<int64_t>::max();
   auto top = ShardRange(max, 6, 7);
-  ASSERT_TRUE(top.ok());
+  ASSERT_OK(top);
   EXPECT_EQ(top->start + top->length, max);
 }
 

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "rank_failure_printer.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 #include <cstdint>
 #include <cstdio>
@@ -51,7 +53,7 @@ class CommunicatorTest : public ::testing::TestWithParam<int> {
     // A failure on any rank fails the test on every rank.
     const Status agreed = comm().Agree(
         HasFailure() ? InternalError("a check failed on this rank") : Status::Ok());
-    EXPECT_TRUE(agreed.ok()) << agreed.ToString();
+    EXPECT_OK(agreed);
   }
 };
 
@@ -62,7 +64,7 @@ TEST_P(CommunicatorTest, RankAndSize) {
   if (!g_mpi) {
     EXPECT_EQ(comm().size(), 1);
   }
-  EXPECT_TRUE(comm().Barrier().ok());
+  EXPECT_OK(comm().Barrier());
 }
 
 TEST_P(CommunicatorTest, BroadcastFromEachRoot) {
@@ -73,7 +75,7 @@ TEST_P(CommunicatorTest, BroadcastFromEachRoot) {
       std::vector<uint8_t> buf(bytes + 1, 0xEE);  // +1: a guard byte.
       if (c.rank() == root) Fill(buf.data(), bytes, root, tag);
       const Status s = c.Broadcast(buf.data(), bytes, root);
-      EXPECT_TRUE(s.ok()) << s.ToString();
+      EXPECT_OK(s);
       EXPECT_EQ(FirstMismatch(buf.data(), bytes, root, tag), bytes)
           << "bytes " << bytes << " root " << root;
       EXPECT_EQ(buf[bytes], 0xEE);
@@ -94,7 +96,7 @@ TEST_P(CommunicatorTest, ScatterFromEachRoot) {
       }
       std::vector<uint8_t> recv(bytes + 1, 0xEE);
       const Status s = c.Scatter(send.data(), recv.data(), bytes, root);
-      EXPECT_TRUE(s.ok()) << s.ToString();
+      EXPECT_OK(s);
       EXPECT_EQ(FirstMismatch(recv.data(), bytes, c.rank(), tag), bytes)
           << "bytes " << bytes << " root " << root;
       EXPECT_EQ(recv[bytes], 0xEE);
@@ -111,7 +113,7 @@ TEST_P(CommunicatorTest, AllGather) {
     Fill(send.data(), bytes, c.rank(), tag);
     std::vector<uint8_t> recv(bytes * n + 1, 0xEE);
     const Status s = c.AllGather(send.data(), recv.data(), bytes);
-    EXPECT_TRUE(s.ok()) << s.ToString();
+    EXPECT_OK(s);
     for (int r = 0; r < n; ++r) {
       EXPECT_EQ(FirstMismatch(recv.data() + r * bytes, bytes, r, tag), bytes)
           << "bytes " << bytes << " from rank " << r;
@@ -121,7 +123,7 @@ TEST_P(CommunicatorTest, AllGather) {
 }
 
 TEST_P(CommunicatorTest, AgreeAllOk) {
-  EXPECT_TRUE(comm().Agree(Status::Ok()).ok());
+  EXPECT_OK(comm().Agree(Status::Ok()));
 }
 
 TEST_P(CommunicatorTest, AgreeOneRankFails) {
@@ -136,7 +138,7 @@ TEST_P(CommunicatorTest, AgreeOneRankFails) {
   EXPECT_EQ(agreed.message(), "rank " + std::to_string(failing) +
                                   ": /ckpt/model-00002.safetensors: no such file");
   // The ranks go on working together afterwards.
-  EXPECT_TRUE(c.Barrier().ok());
+  EXPECT_OK(c.Barrier());
 }
 
 TEST_P(CommunicatorTest, AgreeLowestFailingRankWins) {
@@ -175,9 +177,9 @@ TEST_P(CommunicatorTest, BadArgumentsAreErrorsOnEveryRank) {
   EXPECT_EQ(c.AllGather(&byte, nullptr, 1).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(c.Scatter(&byte, &byte, 1, c.size()).code(), StatusCode::kInvalidArgument);
   // Zero bytes with null buffers is fine.
-  EXPECT_TRUE(c.Broadcast(nullptr, 0, 0).ok());
-  EXPECT_TRUE(c.AllGather(nullptr, nullptr, 0).ok());
-  EXPECT_TRUE(c.Scatter(nullptr, nullptr, 0, 0).ok());
+  EXPECT_OK(c.Broadcast(nullptr, 0, 0));
+  EXPECT_OK(c.AllGather(nullptr, nullptr, 0));
+  EXPECT_OK(c.Scatter(nullptr, nullptr, 0, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Chunks, CommunicatorTest, ::testing::Values(0, 1),

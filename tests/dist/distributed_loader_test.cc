@@ -1,8 +1,8 @@
 // LoadDistributed tests. Without arguments: the single-process communicator.
 // With --mpi (under mpiexec -n N): the MPI communicator over N ranks.
 //
-// Rank 0 writes a checkpoint of 3 shards into a fresh directory (mkdtemp
-// under $TMPDIR or /tmp, so concurrent runs never share one) and broadcasts
+// Rank 0 writes a checkpoint of 3 shards into a fresh directory (a
+// ScratchDir, so concurrent runs never share one) and broadcasts
 // its path; every rank then opens it. Every rank runs every test and checks
 // its own results against a plain Load of the whole checkpoint, sliced
 // locally. Tests use EXPECT (not ASSERT) around collectives so that all ranks
@@ -28,6 +28,9 @@
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -35,6 +38,7 @@ namespace {
 bool g_mpi = false;
 Communicator* g_comm = nullptr;
 std::string g_dir;  // The shared checkpoint directory (same on every rank).
+std::unique_ptr<test::ScratchDir> g_scratch;  // Rank 0's, which holds g_dir.
 
 struct Spec {
   std::string file;
@@ -114,7 +118,7 @@ std::vector<std::byte> Bytes(const HostTensor& t) { return {t.bytes().begin(), t
 // Every rank's value, in rank order.
 std::vector<uint64_t> Gather(uint64_t v) {
   std::vector<uint64_t> all(g_comm->size());
-  EXPECT_TRUE(g_comm->AllGather(&v, all.data(), sizeof(v)).ok());
+  EXPECT_OK(g_comm->AllGather(&v, all.data(), sizeof(v)));
   return all;
 }
 
@@ -125,37 +129,37 @@ class DistributedLoaderTest : public ::testing::Test {
     char path[256] = {};
     Status st = Status::Ok();
     if (g_comm->rank() == 0) {
-      const char* tmp = std::getenv("TMPDIR");
-      std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/tl_dist_loader_XXXXXX";
-      if (templ.size() < sizeof(path) && mkdtemp(templ.data()) != nullptr) {
-        std::memcpy(path, templ.c_str(), templ.size());
-        st = WriteCheckpoint(templ);
+      g_scratch = std::make_unique<test::ScratchDir>("tl_dist_loader");
+      const std::string& dir = g_scratch->path();
+      if (dir.size() < sizeof(path)) {
+        std::memcpy(path, dir.c_str(), dir.size());
+        st = WriteCheckpoint(dir);
       } else {
-        st = InternalError("mkdtemp failed for " + templ);
+        st = InternalError("the scratch directory's path is too long: " + dir);
       }
     }
     st = g_comm->Agree(st);
-    ASSERT_TRUE(st.ok()) << st.ToString();
-    ASSERT_TRUE(g_comm->Broadcast(path, sizeof(path), 0).ok());
+    ASSERT_OK(st);
+    ASSERT_OK(g_comm->Broadcast(path, sizeof(path), 0));
     g_dir = path;
   }
   static void TearDownTestSuite() {
-    EXPECT_TRUE(g_comm->Barrier().ok());
-    if (g_comm->rank() == 0 && !g_dir.empty()) std::filesystem::remove_all(g_dir);
+    EXPECT_OK(g_comm->Barrier());
+    g_scratch.reset();
   }
   void SetUp() override {
     auto c = Checkpoint::Open(g_dir);
-    ASSERT_TRUE(c.ok()) << c.status().ToString();  // The same on every rank.
+    ASSERT_OK(c);  // The same on every rank.
     ckpt_ = std::make_unique<Checkpoint>(std::move(c).value());
     auto full = Load(*ckpt_);
-    ASSERT_TRUE(full.ok()) << full.status().ToString();
+    ASSERT_OK(full);
     full_ = std::move(full).value();
   }
   void TearDown() override {
     // A failure on any rank fails the test on every rank.
     const Status agreed =
         g_comm->Agree(HasFailure() ? InternalError("a check failed on this rank") : Status::Ok());
-    EXPECT_TRUE(agreed.ok()) << agreed.ToString();
+    EXPECT_OK(agreed);
   }
 
   int rank() const { return g_comm->rank(); }
@@ -167,7 +171,7 @@ class DistributedLoaderTest : public ::testing::Test {
 
 TEST_F(DistributedLoaderTest, GetTensorEqualsPlainLoadAndBuffersAreReleased) {
   auto d = LoadDistributed(*ckpt_, {}, *g_comm);
-  ASSERT_TRUE(d.ok()) << d.status().ToString();  // Agreed: the same on every rank.
+  ASSERT_OK(d);  // Agreed: the same on every rank.
   EXPECT_EQ(d->loaded_names().size(), Specs().size());
   // Each rank read exactly its assigned bytes; together, the checkpoint once.
   EXPECT_EQ(d->bytes_read(), d->assignment().ranks[rank()].bytes);
@@ -178,7 +182,7 @@ TEST_F(DistributedLoaderTest, GetTensorEqualsPlainLoadAndBuffersAreReleased) {
 
   for (const LoadedTensor& ref : full_.tensors()) {
     auto t = d->GetTensor(ref.name);
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_OK(t);
     if (!t.ok()) continue;
     EXPECT_EQ(t->dtype, ref.dtype) << ref.name;
     EXPECT_EQ(t->shape, ExpectedShape(ref, -1, 0, 1)) << ref.name;
@@ -196,7 +200,7 @@ TEST_F(DistributedLoaderTest, GetShardedEqualsReferenceSlicing) {
   DistributedOptions dopts;
   dopts.keep_buffers = true;  // Each tensor is asked for several times.
   auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_OK(d);
   for (int dim : {-1, 0, 1, 2}) {
     for (const LoadedTensor& ref : full_.tensors()) {
       if (dim >= static_cast<int>(ref.shape.size())) {
@@ -204,7 +208,7 @@ TEST_F(DistributedLoaderTest, GetShardedEqualsReferenceSlicing) {
         continue;
       }
       auto t = d->GetSharded(ref.name, dim);
-      EXPECT_TRUE(t.ok()) << ref.name << " dim " << dim << ": " << t.status().ToString();
+      EXPECT_OK(t) << ref.name << " dim " << dim;
       if (!t.ok()) continue;
       EXPECT_EQ(t->shape, ExpectedShape(ref, dim, rank(), world())) << ref.name << " dim " << dim;
       EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, dim, rank(), world())) << ref.name << " dim " << dim;
@@ -224,7 +228,7 @@ TEST_F(DistributedLoaderTest, ShardedByReadEqualsScatter) {
   DistributedOptions dopts;
   dopts.keep_buffers = true;
   auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_OK(d);
   EXPECT_TRUE(d->per_rank_read_names().empty());  // Nothing declared.
   const uint64_t loaded = d->bytes_read();
   uint64_t direct = 0;
@@ -235,8 +239,8 @@ TEST_F(DistributedLoaderTest, ShardedByReadEqualsScatter) {
     }
     auto by_read = d->GetShardedByRead(ref.name);
     auto sharded = d->GetSharded(ref.name, 0);  // Scattered: the tensor was loaded.
-    EXPECT_TRUE(by_read.ok()) << by_read.status().ToString();
-    EXPECT_TRUE(sharded.ok()) << sharded.status().ToString();
+    EXPECT_OK(by_read);
+    EXPECT_OK(sharded);
     if (!by_read.ok() || !sharded.ok()) continue;
     direct += by_read->nbytes;
     EXPECT_EQ(by_read->shape, sharded->shape) << ref.name;
@@ -257,7 +261,7 @@ TEST_F(DistributedLoaderTest, DeclaredDim0TensorsAreReadPerRank) {
     dopts.dim0_read_threshold = 100;  // kAuto: per-rank reads over 100 bytes.
     dopts.dim0_sharded = TensorFilter();  // All of them.
     auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
-    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    ASSERT_OK(d);
     std::vector<std::string> expect_per_rank;
     uint64_t loaded_total = 0;
     for (const LoadedTensor& ref : full_.tensors()) {
@@ -279,7 +283,7 @@ TEST_F(DistributedLoaderTest, DeclaredDim0TensorsAreReadPerRank) {
       for (const LoadedTensor& ref : full_.tensors()) {
         if (dim >= static_cast<int>(ref.shape.size())) continue;
         auto t = d->GetSharded(ref.name, dim);
-        EXPECT_TRUE(t.ok()) << ref.name << " dim " << dim << ": " << t.status().ToString();
+        EXPECT_OK(t) << ref.name << " dim " << dim;
         if (!t.ok()) continue;
         EXPECT_EQ(t->shape, ExpectedShape(ref, dim, rank(), world())) << ref.name << " dim " << dim;
         EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, dim, rank(), world())) << ref.name << " dim " << dim;
@@ -302,11 +306,11 @@ TEST_F(DistributedLoaderTest, PerRankReadChoiceIsAgreed) {
   dopts.dim0 = rank() == 0 ? Dim0Mode::kRead : Dim0Mode::kScatter;
   if (rank() == 0) dopts.dim0_sharded = TensorFilter::Names({"c.f32", "a.bf16"});
   auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_OK(d);
   EXPECT_EQ(d->per_rank_read_names(), (std::vector<std::string>{"a.bf16", "c.f32"}));
   for (const LoadedTensor& ref : full_.tensors()) {
     auto t = d->GetSharded(ref.name, ref.shape.empty() ? -1 : 0);
-    EXPECT_TRUE(t.ok()) << ref.name << ": " << t.status().ToString();
+    EXPECT_OK(t) << ref.name;
     if (t.ok()) {
       EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, ref.shape.empty() ? -1 : 0, rank(), world()))
           << ref.name;
@@ -335,7 +339,7 @@ TEST_F(DistributedLoaderTest, PerRankNeededFilter) {
   LoadOptions options;
   options.filter = TensorFilter::Predicate([](std::string_view name) { return name != "c.i64"; });
   auto d = LoadDistributed(*ckpt_, options, *g_comm, dopts);
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_OK(d);
 
   // The union over the ranks (with every rank, that is all of them) but
   // b.u8 and c.i64.
@@ -354,7 +358,7 @@ TEST_F(DistributedLoaderTest, PerRankNeededFilter) {
   EXPECT_EQ(d->GetSharded("c.i64", 0).status().code(), StatusCode::kNotFound);
   for (const std::string& name : expected) {
     auto t = d->GetTensor(name);
-    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_OK(t);
     if (t.ok()) {
       EXPECT_EQ(Bytes(*t), ReferenceSlice(*full_.Find(name), -1, 0, 1)) << name;
     }
@@ -370,7 +374,7 @@ TEST_F(DistributedLoaderTest, NeededByOneRankOnlyIsReadOnce) {
   dopts.needed = TensorFilter::Predicate(
       [&](std::string_view name) { return rank() == last && name.substr(0, 2) == "c."; });
   auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
-  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  ASSERT_OK(d);
   uint64_t expected = 0;
   for (const LoadedTensor& t : full_.tensors()) {
     if (t.name.substr(0, 2) == "c.") expected += t.nbytes;
@@ -392,12 +396,12 @@ TEST_F(DistributedLoaderTest, MissingFileFailsEveryRank) {
     st = ec ? InternalError(ec.message()) : WriteCheckpoint(dir);
   }
   st = g_comm->Agree(st);
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   auto c = Checkpoint::Open(dir);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
-  EXPECT_TRUE(g_comm->Barrier().ok());
+  ASSERT_OK(c);
+  EXPECT_OK(g_comm->Barrier());
   if (rank() == 0) std::filesystem::remove(dir + "/b.safetensors");
-  EXPECT_TRUE(g_comm->Barrier().ok());
+  EXPECT_OK(g_comm->Barrier());
   auto d = LoadDistributed(*c, {}, *g_comm);
   EXPECT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kNotFound) << d.status().ToString();
@@ -410,7 +414,7 @@ TEST_F(DistributedLoaderTest, DifferentCheckpointsOnRanksFail) {
   // The last rank opens one shard only: the headers differ.
   Result<Checkpoint> c = rank() == world() - 1 ? Checkpoint::OpenFile(g_dir + "/a.safetensors")
                                                : Checkpoint::Open(g_dir);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   auto d = LoadDistributed(*c, {}, *g_comm);
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << d.status().ToString();
   EXPECT_NE(d.status().message().find("differ"), std::string::npos) << d.status().ToString();

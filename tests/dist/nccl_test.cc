@@ -9,6 +9,8 @@
 
 #include "device/device.h"
 #include "tensorlift/communicator.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -30,24 +32,25 @@ TEST(NcclTest, OneRankOnAGpuOrAClearReason) {
     }
     GTEST_SKIP() << "no GPU here (" << device.status().ToString() << "); NCCL said: " << comm.status().ToString();
   }
-  ASSERT_TRUE(device.ok()) << device.status().ToString();
+  ASSERT_OK(device);
   EXPECT_EQ((*comm)->size(), 1);
   constexpr uint64_t kBytes = 1 << 20;
   std::vector<uint8_t> host(kBytes), back(kBytes);
   std::iota(host.begin(), host.end(), 0);
   auto a = (*device)->Allocate(kBytes);
   auto b = (*device)->Allocate(kBytes);
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   auto stream = (*device)->CreateStream();
-  ASSERT_TRUE(stream.ok());
-  ASSERT_TRUE((*stream)->CopyToDevice((*a)->data(), reinterpret_cast<std::byte*>(host.data()), kBytes).ok());
-  ASSERT_TRUE((*stream)->Synchronize().ok());
-  ASSERT_TRUE((*comm)->Broadcast((*a)->data(), kBytes, 0).ok());
-  ASSERT_TRUE((*comm)->AllGather((*a)->data(), (*b)->data(), kBytes).ok());
-  ASSERT_TRUE((*comm)->Scatter((*b)->data(), (*a)->data(), kBytes, 0).ok());
-  ASSERT_TRUE((*comm)->Barrier().ok());
-  ASSERT_TRUE((*stream)->CopyToHost(reinterpret_cast<std::byte*>(back.data()), (*a)->data(), kBytes).ok());
-  ASSERT_TRUE((*stream)->Synchronize().ok());
+  ASSERT_OK(stream);
+  ASSERT_OK((*stream)->CopyToDevice((*a)->data(), reinterpret_cast<std::byte*>(host.data()), kBytes));
+  ASSERT_OK((*stream)->Synchronize());
+  ASSERT_OK((*comm)->Broadcast((*a)->data(), kBytes, 0));
+  ASSERT_OK((*comm)->AllGather((*a)->data(), (*b)->data(), kBytes));
+  ASSERT_OK((*comm)->Scatter((*b)->data(), (*a)->data(), kBytes, 0));
+  ASSERT_OK((*comm)->Barrier());
+  ASSERT_OK((*stream)->CopyToHost(reinterpret_cast<std::byte*>(back.data()), (*a)->data(), kBytes));
+  ASSERT_OK((*stream)->Synchronize());
   EXPECT_EQ(back, host);
 }
 

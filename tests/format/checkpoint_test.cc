@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "tensorlift/safetensors.h"
 #include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -45,7 +46,7 @@ void WriteShard(const std::string& path, const std::vector<std::pair<std::string
                      std::as_bytes(std::span<const char>(data.back().data(), data.back().size()))});
   }
   Status s = WriteFile(path, views, std::nullopt);
-  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_OK(s);
 }
 
 std::vector<std::string> Names(const Checkpoint& c) {
@@ -82,7 +83,7 @@ TEST(CheckpointFileTest, OpensOneFile) {
   const std::string path = dir / "model.safetensors";
   WriteShard(path, {{"z", 3}, {"a", 5}});
   auto c = Checkpoint::Open(path);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(c->kind(), Checkpoint::Kind::kFile);
   EXPECT_EQ(c->path(), path);
   ASSERT_EQ(c->shards().size(), 1u);
@@ -125,7 +126,7 @@ TEST(CheckpointDirectoryTest, AllShardsInNameOrder) {
   WriteText(dir / "config.json", "{}");
   std::filesystem::create_directory(dir / "sub.safetensors");
   auto c = Checkpoint::Open(dir.path());
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(c->kind(), Checkpoint::Kind::kDirectory);
   ASSERT_EQ(c->shards().size(), 2u);
   EXPECT_EQ(c->shards()[0].path, dir / "a.safetensors");
@@ -142,7 +143,7 @@ TEST(CheckpointDirectoryTest, TrailingSlash) {
   ScratchDir dir;
   WriteShard(dir / "a.safetensors", {{"x", 1}});
   auto c = Checkpoint::Open(dir.path() + "/");
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(c->shards()[0].path, dir / "a.safetensors");
 }
 
@@ -183,7 +184,7 @@ TEST(CheckpointFilesTest, SeveralFilesAreTheShardsOfOne) {
   WriteShard(dir / "b.safetensors", {{"y", 2}});
   WriteShard(dir / "a.safetensors", {{"z", 1}, {"x", 4}});
   auto c = Checkpoint::OpenFiles({dir / "b.safetensors", dir / "a.safetensors"});
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(c->kind(), Checkpoint::Kind::kDirectory);
   ASSERT_EQ(c->shards().size(), 2u);
   EXPECT_EQ(c->shards()[0].path, dir / "b.safetensors");  // The caller's order.
@@ -197,7 +198,7 @@ TEST(CheckpointFilesTest, OneFileIsAFile) {
   ScratchDir dir;
   WriteShard(dir / "a.bin", {{"x", 1}});
   auto c = Checkpoint::OpenFiles({dir / "a.bin"});
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_EQ(c->kind(), Checkpoint::Kind::kFile);
 }
 
@@ -249,7 +250,7 @@ TEST(CheckpointIndexTest, DirectoryWithIndex) {
   // A stray shard that the index does not name is not opened.
   WriteText(m.dir / "stray.safetensors", "garbage");
   auto c = Checkpoint::Open(m.dir.path());
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   ExpectShardedModel(*c, m);
   EXPECT_EQ(c->path(), m.dir.path());
 }
@@ -257,7 +258,7 @@ TEST(CheckpointIndexTest, DirectoryWithIndex) {
 TEST(CheckpointIndexTest, IndexPathDirectly) {
   ShardedModel m;
   auto c = Checkpoint::Open(m.index);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   ExpectShardedModel(*c, m);
   EXPECT_EQ(c->path(), m.index);
 }
@@ -266,7 +267,7 @@ TEST(CheckpointIndexTest, TheOnlyOtherIndexInADirectory) {
   ShardedModel m;
   std::filesystem::rename(m.index, m.dir / "diffusion_pytorch_model.safetensors.index.json");
   auto c = Checkpoint::Open(m.dir.path());
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   ExpectShardedModel(*c, m);
 }
 
@@ -274,7 +275,7 @@ TEST(CheckpointIndexTest, ModelIndexWinsOverOthers) {
   ShardedModel m;
   WriteText(m.dir / "other.safetensors.index.json", "{ not json");
   auto c = Checkpoint::Open(m.dir.path());
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   ExpectShardedModel(*c, m);
 }
 
@@ -333,7 +334,7 @@ TEST(CheckpointIndexTest, ShardTensorAbsentFromTheIndexIsAWarning) {
   ShardedModel m;
   WriteShard(m.dir / m.shard2, {{"c", 16}, {"extra", 5}});
   auto c = Checkpoint::Open(m.index);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_THAT(Names(*c), ElementsAre("a", "b", "c"));
   EXPECT_FALSE(c->Find("extra").has_value());
   EXPECT_EQ(c->total_bytes(), 28u);
@@ -359,7 +360,7 @@ TEST(CheckpointIndexTest, ShardInASubdirectory) {
   WriteShard(m.dir / "sub/part.safetensors", {{"a", 2}});
   m.WriteWeightMap("\"a\":\"sub/part.safetensors\"");
   auto c = Checkpoint::Open(m.index);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_THAT(Names(*c), ElementsAre("a"));
   EXPECT_EQ(c->total_bytes(), 2u);
 }
@@ -402,7 +403,7 @@ TEST(CheckpointIndexTest, NullMetadataAndEmptyWeightMap) {
   ShardedModel m;
   m.WriteIndex("{\"metadata\":null,\"weight_map\":{}}");
   auto c = Checkpoint::Open(m.index);
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   EXPECT_THAT(c->tensors(), IsEmpty());
   EXPECT_THAT(c->index_metadata(), IsEmpty());
   EXPECT_EQ(c->total_bytes(), 0u);

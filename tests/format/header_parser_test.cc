@@ -20,6 +20,8 @@
 #include "tensorlift/dtype.h"
 #include "tensorlift/safetensors.h"
 #include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace testing {
@@ -467,10 +469,10 @@ TEST(ParsePrefixTest, NeedsTheWholeHeader) {
   const CorpusCase& c = Case("valid_reference_test_deserialization");
   // 8 + 60 bytes of prefix are enough; the rest of the file is not read.
   auto ok = Header::ParsePrefix(c.span().first(68), c.bytes.size());
-  ASSERT_TRUE(ok.ok()) << ok.status().ToString();
+  ASSERT_OK(ok);
   EXPECT_EQ(ok->file_size(), c.bytes.size());
   // A longer prefix is fine too.
-  EXPECT_TRUE(Header::ParsePrefix(c.span().first(75), c.bytes.size()).ok());
+  EXPECT_OK(Header::ParsePrefix(c.span().first(75), c.bytes.size()));
   auto short_prefix = Header::ParsePrefix(c.span().first(67), c.bytes.size());
   ASSERT_FALSE(short_prefix.ok());
   EXPECT_EQ(short_prefix.status().code(), StatusCode::kInvalidArgument);
@@ -519,7 +521,7 @@ TEST(ReadFileTest, ReadsOnlyTheHeader) {
     GTEST_SKIP() << "this file system cannot hold a sparse 1 TiB file";
   }
   auto r = Header::ReadFile(path);
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_OK(r);
   EXPECT_EQ(r->data_size(), size);
   EXPECT_EQ(r->tensors()[0].num_elements, size);
 }
@@ -547,14 +549,14 @@ TEST(LargeHeaderTest, HeaderOfExactlyTheLimitIsValid) {
   ASSERT_EQ(large->bytes.size(), 8 + kMaxHeaderSize);
   EXPECT_EQ(large->expected, "ok");
   auto r = Header::Parse(large->span());
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_OK(r);
   EXPECT_EQ(r->header_size(), kMaxHeaderSize);
   EXPECT_TRUE(r->tensors().empty());
 
   ScratchDir dir;
   const std::string path = dir.Write("large.safetensors", large->bytes);
   auto read = Header::ReadFile(path);
-  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_OK(read);
   EXPECT_EQ(read->header_size(), kMaxHeaderSize);
   // One byte more of data is rule 8, not a header-size error.
   std::filesystem::resize_file(path, large->bytes.size() + 1);

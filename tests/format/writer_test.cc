@@ -21,6 +21,8 @@
 #include "tensorlift/safetensors.h"
 #include "tensorlift/text.h"
 #include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -73,7 +75,7 @@ Status Write(const std::string& path, const std::vector<TensorView>& tensors,
 std::string Written(const std::vector<TensorView>& tensors,
                     const std::optional<Metadata>& metadata = std::nullopt) {
   auto r = Serialize(tensors, metadata);
-  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_OK(r);
   return r.ok() ? ToString(*r) : "";
 }
 
@@ -152,7 +154,7 @@ TEST(WriterOrderTest, DtypeDescendingThenName) {
   };
   std::vector<size_t> order;
   auto header = SerializeHeader(tensors, std::nullopt, &order);
-  ASSERT_TRUE(header.ok()) << header.status().ToString();
+  ASSERT_OK(header);
   EXPECT_THAT(order, ElementsAre(1, 2, 4, 0, 3));
   // The reference writer's bytes (safetensors.numpy.save of the same dict).
   EXPECT_EQ(*header,
@@ -181,7 +183,7 @@ TEST(WriterOrderTest, AllDtypesInTheReferenceDataOrder) {
   }
   const std::string file = Written(tensors);
   auto h = Header::Parse(Bytes(file));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   std::vector<std::string> dtypes;
   for (const TensorInfo& t : h->tensors()) dtypes.push_back(std::string(DtypeName(t.dtype)));
   EXPECT_THAT(dtypes, ElementsAre("U64", "I64", "F64", "C64", "F32", "U32", "I32", "BF16", "F16",
@@ -203,7 +205,7 @@ TEST(WriterOrderTest, NamesCompareBytewise) {
   }
   tensors.push_back({"a", Dtype::kU16, {0}, {}});
   std::vector<size_t> order;
-  ASSERT_TRUE(SerializeHeader(tensors, std::nullopt, &order).ok());
+  ASSERT_OK(SerializeHeader(tensors, std::nullopt, &order));
   std::vector<std::string> sorted;
   for (size_t i : order) sorted.push_back(tensors[i].name);
   // U16 before U8; then "", "B", "a", "a\0", "aa", "b", "é".
@@ -223,7 +225,7 @@ TEST(WriterJsonTest, EscapesNamesAndMetadataLikeSerdeJson) {
             "\"a\\\"b\\\\c\\n\\t\\u0001\\u001f\x7f\xc3\xa9\\b\\f\\r\":{\"dtype\":\"U8\","
             "\"shape\":[1],\"data_offsets\":[0,1]}}    ");
   auto h = Header::Parse(Bytes(Written(tensors, meta)));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->tensors()[0].name, tensors[0].name);
   EXPECT_EQ(h->metadata(), meta);
 }
@@ -241,7 +243,7 @@ TEST(WriterJsonTest, NoTensorsAndEmptyMetadataIsValidJson) {
   const std::string file = Written({}, Metadata{});
   EXPECT_EQ(file, Le64(24) + "{\"__metadata__\":{}}     ");
   auto h = Header::Parse(Bytes(file));
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   ASSERT_TRUE(h->metadata().has_value());
   EXPECT_TRUE(h->metadata()->empty());
   EXPECT_TRUE(h->tensors().empty());
@@ -320,9 +322,9 @@ std::vector<TensorView> Views(const std::vector<Owned>& owned) {
 void ExpectRoundTrip(const std::vector<Owned>& owned, const std::optional<Metadata>& metadata) {
   ScratchDir dir;
   const std::string path = dir / "model.safetensors";
-  ASSERT_TRUE(WriteFile(path, Views(owned), metadata).ok());
+  ASSERT_OK(WriteFile(path, Views(owned), metadata));
   auto h = Header::ReadFile(path);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   EXPECT_EQ(h->metadata(), metadata);
   ASSERT_EQ(h->tensors().size(), owned.size());
   const std::string file = ReadAll(path);
@@ -337,7 +339,7 @@ void ExpectRoundTrip(const std::vector<Owned>& owned, const std::optional<Metada
   }
   // WriteFile and Serialize make the same bytes.
   auto mem = Serialize(Views(owned), metadata);
-  ASSERT_TRUE(mem.ok());
+  ASSERT_OK(mem);
   EXPECT_EQ(ToString(*mem), file);
   // Parsing the written file and writing it again gives the same bytes.
   std::vector<TensorView> again;
@@ -392,7 +394,7 @@ TEST(WriterRejectTest, ReservedName) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("__metadata__"));
   // Other spellings are ordinary names.
-  EXPECT_TRUE(SerializeStatus({{"__METADATA__", Dtype::kU8, {1}, Bytes(one)}}).ok());
+  EXPECT_OK(SerializeStatus({{"__METADATA__", Dtype::kU8, {1}, Bytes(one)}}));
 }
 
 TEST(WriterRejectTest, SizeMismatches) {
@@ -426,7 +428,7 @@ TEST(WriterRejectTest, FailedWriteLeavesNothingAndKeepsTheOldFile) {
   ScratchDir dir;
   const std::string path = dir / "m.safetensors";
   const std::string one = "\x01";
-  ASSERT_TRUE(Write(path, {{"a", Dtype::kU8, {1}, Bytes(one)}}, std::nullopt).ok());
+  ASSERT_OK(Write(path, {{"a", Dtype::kU8, {1}, Bytes(one)}}, std::nullopt));
   const std::string before = ReadAll(path);
   Status s = Write(path, {{"a", Dtype::kU8, {2}, Bytes(one)}}, std::nullopt);
   ASSERT_FALSE(s.ok());
@@ -451,7 +453,7 @@ TEST(WriteFileTest, ReplacesAtomicallyAndLeavesNoTemporaryFiles) {
   ScratchDir dir;
   const std::string path = dir / "model.safetensors";
   const std::string a(16, 'a'), b(32, 'b');
-  ASSERT_TRUE(Write(path, {{"x", Dtype::kU8, {16}, Bytes(a)}}, std::nullopt).ok());
+  ASSERT_OK(Write(path, {{"x", Dtype::kU8, {16}, Bytes(a)}}, std::nullopt));
   const std::string old_bytes = ReadAll(path);
   struct stat old_st;
   ASSERT_EQ(::stat(path.c_str(), &old_st), 0);
@@ -459,7 +461,7 @@ TEST(WriteFileTest, ReplacesAtomicallyAndLeavesNoTemporaryFiles) {
   // A reader of the old file keeps seeing the old bytes.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ASSERT_GE(fd, 0);
-  ASSERT_TRUE(Write(path, {{"y", Dtype::kU8, {32}, Bytes(b)}}, Metadata{{"v", "2"}}).ok());
+  ASSERT_OK(Write(path, {{"y", Dtype::kU8, {32}, Bytes(b)}}, Metadata{{"v", "2"}}));
   std::string seen(old_bytes.size(), '\0');
   EXPECT_EQ(::pread(fd, seen.data(), seen.size(), 0), static_cast<ssize_t>(seen.size()));
   EXPECT_EQ(seen, old_bytes);
@@ -473,7 +475,7 @@ TEST(WriteFileTest, ReplacesAtomicallyAndLeavesNoTemporaryFiles) {
   ASSERT_EQ(::stat(path.c_str(), &new_st), 0);
   EXPECT_NE(new_st.st_ino, old_st.st_ino);
   auto h = Header::ReadFile(path);
-  ASSERT_TRUE(h.ok()) << h.status().ToString();
+  ASSERT_OK(h);
   ASSERT_NE(h->Find("y"), nullptr);
   EXPECT_EQ(h->Find("x"), nullptr);
   EXPECT_EQ(h->metadata(), (Metadata{{"v", "2"}}));
@@ -485,7 +487,7 @@ TEST(WriteFileTest, NewFilesGetTheUsualPermissions) {
   const mode_t old_mask = ::umask(022);
   Status s = WriteFile(dir / "p.safetensors", {}, std::nullopt);
   ::umask(old_mask);
-  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_OK(s);
   struct stat st;
   ASSERT_EQ(::stat((dir / "p.safetensors").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0644u);
@@ -497,10 +499,10 @@ TEST(WriteFileTest, RelativePathWithoutDirectory) {
   std::filesystem::current_path(dir.path());
   Status s = WriteFile("plain.safetensors", {}, Metadata{{"k", "v"}});
   std::filesystem::current_path(cwd);
-  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_OK(s);
   EXPECT_THAT(dir.List(), ElementsAre("plain.safetensors"));
   auto h = Header::ReadFile(dir / "plain.safetensors");
-  ASSERT_TRUE(h.ok());
+  ASSERT_OK(h);
   EXPECT_EQ(h->metadata(), (Metadata{{"k", "v"}}));
 }
 

@@ -25,6 +25,7 @@
 #include "tensorlift/loader.h"
 #include "tensorlift/streamer.h"
 #include "test_files.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -95,7 +96,7 @@ TEST_P(LoaderBytesTest, EveryModeEngineAndBlockSizeGivesThePlainBytes) {
   for (auto& t : tensors) want[t.name] = t;
 
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  ASSERT_OK(ckpt);
   for (const Combo& c : AllCombos()) {
     LoadOptions opts;
     opts.mode = c.mode;
@@ -103,7 +104,7 @@ TEST_P(LoaderBytesTest, EveryModeEngineAndBlockSizeGivesThePlainBytes) {
     opts.block_size = c.block;
     opts.threads = 3;
     auto got = Load(*ckpt, opts);
-    ASSERT_TRUE(got.ok()) << ComboName(c) << ": " << got.status().ToString();
+    ASSERT_OK(got) << ComboName(c);
     ExpectSameAsFile(want, *got, ComboName(c) + " lead=" + std::to_string(GetParam()));
     ASSERT_EQ(got->files().size(), 1u);
     EXPECT_NE(got->files()[0].mode, IoMode::kAuto);
@@ -118,10 +119,10 @@ TEST(LoaderTest, FiltersLoadOnlyWhatMatches) {
   auto tensors = MixedTensors(7);
   WriteRaw(path, tensors, 3);
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
 
   auto re = TensorFilter::Regex("^(c|e|g)\\.");
-  ASSERT_TRUE(re.ok());
+  ASSERT_OK(re);
   auto names = TensorFilter::Names({"a.f32", "j.c64", "not.there"});
   auto pred = TensorFilter::Predicate([](std::string_view n) { return n.size() > 6; });
   for (const TensorFilter* f : {&*re, &names, &pred}) {
@@ -136,7 +137,7 @@ TEST(LoaderTest, FiltersLoadOnlyWhatMatches) {
       opts.block_size = c.block;
       opts.filter = *f;
       auto got = Load(*ckpt, opts);
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_OK(got);
       ExpectSameAsFile(want, *got, "filtered " + ComboName(c));
       uint64_t bytes = 0;
       for (auto& [n, t] : want) bytes += t.bytes.size();
@@ -164,14 +165,14 @@ TEST(LoaderTest, ShardsThroughAnIndex) {
     opts.engine = c.engine;
     opts.block_size = c.block;
     auto got = Load(dir.path(), opts);
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_OK(got);
     ExpectSameAsFile(want, *got, "shards " + ComboName(c));
     EXPECT_EQ(got->files().size(), 2u);
   }
   LoadOptions only_y;
   only_y.filter = TensorFilter::Regex("^y").value();
   auto got = Load(dir.path(), only_y);
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   ASSERT_EQ(got->files().size(), 1u) << "a file none of whose tensors is wanted is not read";
   EXPECT_THAT(got->files()[0].path, HasSubstr("s-2"));
 }
@@ -187,7 +188,7 @@ TEST(LoaderTest, MemoryIsTheLoadedBytesPlusSmallPadding) {
     LoadOptions opts;
     opts.mode = m;
     auto got = Load(path, opts);
-    ASSERT_TRUE(got.ok());
+    ASSERT_OK(got);
     // At most 4 KiB per run and 64 bytes per realigned tensor of padding.
     EXPECT_LE(got->buffer_bytes(), bytes + 4096 * tensors.size());
     EXPECT_GE(got->buffer_bytes(), bytes);
@@ -202,7 +203,7 @@ TEST(LoaderTest, ProgressReachesTheTotal) {
   std::vector<Progress> seen;
   opts.progress = [&](const Progress& p) { seen.push_back(p); };
   auto got = Load(path, opts);
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   ASSERT_FALSE(seen.empty());
   EXPECT_EQ(seen.back().bytes_done, seen.back().bytes_total);
   EXPECT_GT(seen.back().bytes_total, 0u);
@@ -217,10 +218,11 @@ TEST(LoaderTest, DLPackExportsOutliveTheCheckpoint) {
   DLManagedTensor* legacy = nullptr;
   {
     auto got = Load(path);
-    ASSERT_TRUE(got.ok());
+    ASSERT_OK(got);
     auto r1 = got->ToDLPackVersioned("g.big");
     auto r2 = got->ToDLPack("c.bf16");
-    ASSERT_TRUE(r1.ok() && r2.ok());
+    ASSERT_OK(r1);
+    ASSERT_OK(r2);
     v = *r1;
     legacy = *r2;
     EXPECT_EQ(got->ToDLPack("nope").status().code(), StatusCode::kNotFound);
@@ -262,7 +264,7 @@ TEST(LoaderTest, AutoViewsACachedFileOrCopiesItWhenAsked) {
   WriteRaw(path, tensors, 3);
   ReadWholeFile(path);
   auto views = Load(path);
-  ASSERT_TRUE(views.ok()) << views.status().ToString();
+  ASSERT_OK(views);
   ASSERT_EQ(views->files().size(), 1u);
   EXPECT_EQ(views->files()[0].mode, IoMode::kMmap);
   EXPECT_THAT(views->files()[0].reason, HasSubstr("in page cache: views of it"));
@@ -276,7 +278,7 @@ TEST(LoaderTest, AutoViewsACachedFileOrCopiesItWhenAsked) {
   LoadOptions copy;
   copy.copy = true;
   auto owned = Load(path, copy);
-  ASSERT_TRUE(owned.ok()) << owned.status().ToString();
+  ASSERT_OK(owned);
   EXPECT_EQ(owned->files()[0].mode, IoMode::kBuffered);
   EXPECT_THAT(owned->files()[0].reason, Not(HasSubstr("views")));
   ExpectSameAsFile(ByName(tensors), *owned, "copy");
@@ -295,10 +297,10 @@ TEST(LoaderTest, AutoReadsAFileOutOfThePageCacheDirect) {
   ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
   auto resident = ResidentFraction(fd, 0, 1 << 20);
   ::close(fd);
-  ASSERT_TRUE(resident.ok());
+  ASSERT_OK(resident);
   if (*resident >= 0.5) GTEST_SKIP() << "this filesystem keeps the file in memory";
   auto got = Load(path);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   const FileReport& f = got->files()[0];
   if (f.mode == IoMode::kBuffered) {
     EXPECT_THAT(f.reason, HasSubstr("refuses O_DIRECT"));
@@ -317,7 +319,7 @@ TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
   ASSERT_EQ(::ftruncate(fd, kSize), 0);
   ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
   auto none = ResidentFraction(fd, 0, kSize);
-  ASSERT_TRUE(none.ok());
+  ASSERT_OK(none);
   if (*none > 0.01) {
     ::close(fd);
     GTEST_SKIP() << "this filesystem keeps the file in memory";
@@ -332,7 +334,10 @@ TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
   auto second = ResidentFraction(fd, kSize / 2, kSize / 2);
   auto edge = ResidentFraction(fd, kSize / 2 - 4096, 8192);  // one cached page, one not
   ::close(fd);
-  ASSERT_TRUE(all.ok() && first.ok() && second.ok() && edge.ok());
+  ASSERT_OK(all);
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  ASSERT_OK(edge);
   EXPECT_NEAR(*all, 0.5, 0.02);
   EXPECT_EQ(*first, 1.0);
   EXPECT_EQ(*second, 0.0);
@@ -348,10 +353,10 @@ TEST(LoaderTest, ViewsOfThePageCacheOutliveTheLoadAndAReplacedFile) {
   DLManagedTensorVersioned* v = nullptr;
   {
     auto got = Load(path);
-    ASSERT_TRUE(got.ok());
+    ASSERT_OK(got);
     ASSERT_EQ(got->files()[0].mode, IoMode::kMmap);
     auto r = got->ToDLPackVersioned(tensors[2].name);
-    ASSERT_TRUE(r.ok());
+    ASSERT_OK(r);
     v = *r;
   }  // The LoadedCheckpoint is gone; the export keeps the mapping.
   // A new file is written and renamed over the old name (how checkpoints are updated):
@@ -365,7 +370,7 @@ TEST(LoaderTest, ViewsOfThePageCacheOutliveTheLoadAndAReplacedFile) {
   EXPECT_EQ(std::memcmp(v->dl_tensor.data, tensors[2].bytes.data(), tensors[2].bytes.size()), 0);
   v->deleter(v);
   auto again = Load(path);
-  ASSERT_TRUE(again.ok());
+  ASSERT_OK(again);
   ExpectSameAsFile(ByName(other), *again, "the new file");
 }
 
@@ -443,7 +448,7 @@ TEST_P(LoaderFaultTest, FileReplacedDuringTheLoad) {
 
 TEST_P(LoaderFaultTest, FileModifiedAfterItsHeaderWasRead) {
   auto ckpt = Checkpoint::Open(path_);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   ASSERT_EQ(::truncate(path_.c_str(), 200), 0);
   LoadOptions opts;
   opts.mode = GetParam();
@@ -454,7 +459,7 @@ TEST_P(LoaderFaultTest, FileModifiedAfterItsHeaderWasRead) {
 
 TEST_P(LoaderFaultTest, SameSizeFileSwappedInAfterTheHeaderWasRead) {
   auto ckpt = Checkpoint::Open(path_);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   // Same layout and size, other bytes: only the file's identity tells.
   const std::string other = dir_.File("other.safetensors");
   WriteRaw(other, MixedTensors(10), 2);
@@ -484,7 +489,7 @@ TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
   std::map<std::string, RawTensor> want;
   for (auto& t : tensors) want[t.name] = t;
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  ASSERT_OK(ckpt);
   for (IoMode m : {IoMode::kBuffered, IoMode::kDirect}) {
     for (int ft : {-1, 1, 2, 5}) {
       LoadOptions opts;
@@ -493,7 +498,7 @@ TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
       opts.block_size = 1 << 20;
       auto got = Load(*ckpt, opts);
       const std::string what = std::string(IoModeName(m)) + " fault_threads=" + std::to_string(ft);
-      ASSERT_TRUE(got.ok()) << what << ": " << got.status().ToString();
+      ASSERT_OK(got) << what;
       ExpectSameAsFile(want, *got, what);
     }
     LoadOptions opts;
@@ -515,7 +520,7 @@ TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
 // rebuilt keeps what it had.
 TEST(CheckpointBuilderTest, FinishSortsByNameAndKeepsOwnersReportsAndTotals) {
   auto buffer = HostBuffer::Allocate(64);
-  ASSERT_TRUE(buffer.ok());
+  ASSERT_OK(buffer);
   std::shared_ptr<Buffer> b = *buffer;
   auto tensor = [&](std::string name, uint64_t bytes, uint64_t offset) {
     LoadedTensor t;
@@ -659,7 +664,7 @@ TEST(ArenaPoolTest, ReusesFreedBuffersForTheNextLoadWithTheNewBytes) {
     opts.arena_pool = pool;
     {
       auto got = Load(a, opts);
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_OK(got);
       ExpectSameAsFile(ByName(ta), *got, "a");
       EXPECT_EQ(pool->stats().fresh, 1u);
       EXPECT_EQ(pool->stats().free, 0u);  // Held by the tensors.
@@ -667,19 +672,19 @@ TEST(ArenaPoolTest, ReusesFreedBuffersForTheNextLoadWithTheNewBytes) {
     EXPECT_EQ(pool->stats().free, 1u);  // Back in the pool, not to the system.
     {
       auto got = Load(b, opts);  // About the same size: the same buffer.
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_OK(got);
       ExpectSameAsFile(ByName(tb), *got, "b");
       EXPECT_EQ(pool->stats().reused, 1u);
       EXPECT_EQ(pool->stats().fresh, 1u);
       auto held = Load(a, opts);  // The other is held: a fresh one.
-      ASSERT_TRUE(held.ok());
+      ASSERT_OK(held);
       ExpectSameAsFile(ByName(ta), *held, "a again");
       EXPECT_EQ(pool->stats().fresh, 2u);
     }
     EXPECT_EQ(pool->stats().free, 2u);
     {
       auto got = Load(big, opts);  // Larger than either: the largest, grown.
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_OK(got);
       ExpectSameAsFile(ByName(tbig), *got, "big");
       EXPECT_EQ(pool->stats().reused, 2u);
       EXPECT_EQ(pool->stats().fresh, 2u);
@@ -704,9 +709,10 @@ TEST(ArenaPoolTest, ExportsOutliveThePoolAndAFullPoolFreesTheRest) {
     opts.arena_pool = pool;
     auto one = Load(a, opts);
     auto two = Load(a, opts);
-    ASSERT_TRUE(one.ok() && two.ok());
+    ASSERT_OK(one);
+    ASSERT_OK(two);
     auto r = one->ToDLPackVersioned("g.big");
-    ASSERT_TRUE(r.ok());
+    ASSERT_OK(r);
     v = *r;
     one = InternalError("dropped");
     two = InternalError("dropped");
@@ -721,14 +727,14 @@ TEST(ArenaPoolTest, BuffersAreGrownAndShrunkKeepingTheirPages) {
   const std::byte* p = nullptr;
   {
     auto r = TakeArena(pool, 3u << 20);
-    ASSERT_TRUE(r.ok());
+    ASSERT_OK(r);
     std::memset((*r)->data(), 0x5a, (*r)->size());
     (*r)->set_touched((*r)->size());
     p = (*r)->data();
   }
   {
     auto r = TakeArena(pool, 1u << 20);  // Smaller: the same memory, still touched.
-    ASSERT_TRUE(r.ok());
+    ASSERT_OK(r);
     EXPECT_EQ((*r)->data(), p);
     EXPECT_EQ((*r)->size(), 1u << 20);
     EXPECT_EQ((*r)->touched(), 1u << 20);
@@ -736,13 +742,13 @@ TEST(ArenaPoolTest, BuffersAreGrownAndShrunkKeepingTheirPages) {
   }
   {
     auto r = TakeArena(pool, 9u << 20);  // Larger: grown, the old bytes kept.
-    ASSERT_TRUE(r.ok());
+    ASSERT_OK(r);
     EXPECT_EQ((*r)->size(), 9u << 20);
     EXPECT_EQ(static_cast<unsigned char>((*r)->data()[(1u << 20) - 1]), 0x5au);
     std::memset((*r)->data(), 1, (*r)->size());  // All of it is writable.
   }
   auto none = TakeArena(nullptr, 4096);  // No pool: a plain buffer.
-  ASSERT_TRUE(none.ok());
+  ASSERT_OK(none);
   EXPECT_EQ((*none)->touched(), 0u);
   EXPECT_EQ(pool->stats().fresh, 1u);
   EXPECT_EQ(pool->stats().reused, 2u);
@@ -792,7 +798,7 @@ TEST(OnTensorTest, EveryModeAndEngineHandsOutEveryTensorOnceWithItsBytes) {
     opts.on_tensor = h.Callback(/*export_all=*/true);
     {
       auto got = Load(path, opts);
-      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_OK(got);
       EXPECT_EQ(h.calls.load(), static_cast<int>(got->tensors().size()));
     }  // The exports outlive the LoadedCheckpoint.
     ASSERT_EQ(h.bytes.size(), want.size());
@@ -816,7 +822,7 @@ TEST(OnTensorTest, TensorsComeOutWhileLaterReadsAreStillToCome) {
   for (uint32_t i = 0; i < 6; ++i) tensors.push_back(Random("t" + std::to_string(i), Dtype::kF32, {1u << 18}, 50 + i));
   WriteRaw(path, tensors);
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   for (IoMode m : {IoMode::kBuffered, IoMode::kDirect}) {
     SCOPED_TRACE(std::string(IoModeName(m)));
     Handed h;
@@ -838,7 +844,7 @@ TEST(OnTensorTest, TensorsComeOutWhileLaterReadsAreStillToCome) {
         return Status::Ok();
       });
     });
-    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_OK(got);
     EXPECT_GE(seen_before_last.load(), 5);
     EXPECT_EQ(h.calls.load(), 6);
   }
@@ -849,7 +855,7 @@ TEST(OnTensorTest, AnErrorFromTheCallbackOrAReadFailsTheLoad) {
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, MixedTensors(32));
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   for (IoMode m : {IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap}) {
     SCOPED_TRACE(std::string(IoModeName(m)));
     std::atomic<int> calls{0};
@@ -887,7 +893,7 @@ TEST(OnTensorTest, ConvertingLoadsHandOutEveryTensorAtTheEnd) {
   opts.dtype = Dtype::kF32;
   opts.on_tensor = h.Callback(/*export_all=*/true);
   auto got = Load(path, opts);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   ASSERT_EQ(h.calls.load(), 3);
   for (const LoadedTensor& t : got->tensors()) {
     EXPECT_EQ(h.bytes[t.name], std::string(static_cast<const char*>(t.data), t.nbytes)) << t.name;
@@ -899,7 +905,7 @@ TEST(OnTensorTest, LoadersThatHandOutNoTensorsWhileTheyLoadRefuseIt) {
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, {Random("a", Dtype::kF32, {16}, 1), Random("b", Dtype::kF32, {16}, 2)});
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   LoadOptions opts;
   opts.on_tensor = [](const StreamedTensor&) { return Status::Ok(); };
   auto s = LayerStreamer::Open(*ckpt, {{"a"}, {"b"}}, 1 << 20, opts);
@@ -918,7 +924,7 @@ TEST(LoaderTest, MissingFileAndNoPermission) {
   const std::string path = dir.File("m.safetensors");
   WriteRaw(path, MixedTensors(1));
   auto ckpt = Checkpoint::Open(path);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   ASSERT_EQ(::chmod(path.c_str(), 0), 0);
   if (::geteuid() == 0) GTEST_SKIP() << "running as root: permission bits are not enforced";
   auto denied = Load(*ckpt);
@@ -929,22 +935,20 @@ TEST(LoaderTest, MissingFileAndNoPermission) {
 
 TEST(LoaderTest, DirectOnAFilesystemWithoutODirectFallsBack) {
   if (::access("/dev/shm", W_OK) != 0) GTEST_SKIP() << "no writable /dev/shm";
-  char tmpl[] = "/dev/shm/tl_test_XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string path = std::string(tmpl) + "/m.safetensors";
+  ScratchDir shm("tl_test", "/dev/shm/");
+  const std::string path = shm.File("m.safetensors");
   auto tensors = MixedTensors(2);
   WriteRaw(path, tensors, 1);
   LoadOptions opts;
   opts.mode = IoMode::kDirect;
   auto got = Load(path, opts);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   std::map<std::string, RawTensor> want;
   for (auto& t : tensors) want[t.name] = t;
   ExpectSameAsFile(want, *got, "shm");
   if (got->files()[0].mode == IoMode::kBuffered) {
     EXPECT_THAT(got->files()[0].reason, HasSubstr("O_DIRECT"));
   }
-  std::filesystem::remove_all(tmpl);
 }
 
 TEST(LoaderTest, OpenFileTakesAnyNameAsOneFile) {
@@ -954,9 +958,9 @@ TEST(LoaderTest, OpenFileTakesAnyNameAsOneFile) {
   WriteRaw(path, tensors);
   EXPECT_FALSE(Checkpoint::Open(path).ok()) << "a .json path is read as an index";
   auto ckpt = Checkpoint::OpenFile(path);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  ASSERT_OK(ckpt);
   auto got = Load(*ckpt);
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   std::map<std::string, RawTensor> want;
   for (auto& t : tensors) want[t.name] = t;
   ExpectSameAsFile(want, *got, "json-named");

@@ -7,6 +7,7 @@
 
 #include "io/read_op.h"
 #include "tensorlift/safetensors.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -31,7 +32,7 @@ Header MakeHeader(const std::vector<std::pair<Dtype, uint64_t>>& specs, size_t l
   for (int i = 0; i < 8; ++i) file[i] = static_cast<std::byte>(n >> (8 * i));
   std::memcpy(file.data() + 8, json.data(), json.size());
   auto h = Header::Parse(file);
-  EXPECT_TRUE(h.ok()) << h.status().ToString();
+  EXPECT_OK(h);
   return std::move(h).value();
 }
 

@@ -17,6 +17,8 @@
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
 #include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -112,8 +114,8 @@ class SparseLoadTest : public ::testing::Test {
       values_views.push_back({prefix + ".compressed", d.dtype, {parts[i].nnz}, parts[i].values});
     }
     a.push_back({dense_.back().name, dense_.back().dtype, dense_.back().shape, dense_.back().bytes});
-    ASSERT_TRUE(WriteFile(dir_ + "/a.safetensors", a, std::nullopt).ok());
-    ASSERT_TRUE(WriteFile(dir_ + "/b.safetensors", b, std::nullopt).ok());
+    ASSERT_OK(WriteFile(dir_ + "/a.safetensors", a, std::nullopt));
+    ASSERT_OK(WriteFile(dir_ + "/b.safetensors", b, std::nullopt));
   }
 
   void ExpectDense(const LoadedCheckpoint& l, const std::vector<std::string>& only = {}) {
@@ -130,7 +132,7 @@ class SparseLoadTest : public ::testing::Test {
       EXPECT_EQ(std::vector<uint64_t>(t->shape.begin(), t->shape.end()), d.shape) << d.name;
       ASSERT_EQ(t->nbytes, d.bytes.size()) << d.name;
       std::vector<std::byte> host(t->nbytes);
-      ASSERT_TRUE(l.CopyToHost(d.name, host.data()).ok());
+      ASSERT_OK(l.CopyToHost(d.name, host.data()));
       EXPECT_EQ(host, d.bytes) << d.name;
     }
     EXPECT_EQ(l.tensors().size(), expected);
@@ -150,7 +152,7 @@ TEST_F(SparseLoadTest, EveryModeReturnsTheDenseTensorsBitExact) {
     LoadOptions options;
     options.mode = mode;
     auto l = Load(dir_, options);
-    ASSERT_TRUE(l.ok()) << l.status().ToString();
+    ASSERT_OK(l);
     ExpectDense(*l);
     uint32_t decoded = 0;
     for (const auto& f : l->files()) decoded += f.decoded;
@@ -161,14 +163,14 @@ TEST_F(SparseLoadTest, EveryModeReturnsTheDenseTensorsBitExact) {
 TEST_F(SparseLoadTest, GroupAcrossShardsAndFilterOnDenseNames) {
   Write(/*split_group=*/true);
   auto all = Load(dir_);
-  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  ASSERT_OK(all);
   ExpectDense(*all);
   LoadOptions options;
   auto re = TensorFilter::Regex("down_proj|norm");
-  ASSERT_TRUE(re.ok());
+  ASSERT_OK(re);
   options.filter = *re;
   auto some = Load(dir_, options);
-  ASSERT_TRUE(some.ok()) << some.status().ToString();
+  ASSERT_OK(some);
   ExpectDense(*some, {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight",
                       "model.norm.weight"});
 }
@@ -178,7 +180,7 @@ TEST_F(SparseLoadTest, RawModeReturnsTheStoredParts) {
   LoadOptions options;
   options.decode_sparse = false;
   auto l = Load(dir_, options);
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_OK(l);
   EXPECT_EQ(l->tensors().size(), 4 * (dense_.size() - 1) + 1);
   EXPECT_NE(l->Find("model.layers.0.mlp.down_proj.bitmask"), nullptr);
   EXPECT_EQ(l->Find("model.layers.0.mlp.down_proj.weight"), nullptr);
@@ -190,7 +192,7 @@ TEST_F(SparseLoadTest, EmulatedDeviceDecodesOnTheDevice) {
   options.device = "emulated";
   options.staging_bytes = 4096;  // Many blocks.
   auto l = Load(dir_, options);
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_OK(l);
   ExpectDense(*l);
   for (const auto& t : l->tensors()) EXPECT_EQ(t.device, DeviceType::kEmulated) << t.name;
 }
@@ -229,7 +231,7 @@ TEST_F(SparseLoadTest, ReadErrorMidLoadStopsTheDecoders) {
     return f;
   };
   auto ckpt = Checkpoint::Open(dir_);
-  ASSERT_TRUE(ckpt.ok());
+  ASSERT_OK(ckpt);
   LoadOptions options;
   options.mode = IoMode::kBuffered;
   auto l = LoadWithEngineWrapper(*ckpt, options, wrap);
@@ -243,15 +245,15 @@ TEST_F(SparseLoadTest, SparsifiedShardsLoadAsTheOriginal) {
   std::vector<TensorView> views;
   for (const Dense& d : dense_) views.push_back({d.name, d.dtype, d.shape, d.bytes});
   ASSERT_TRUE(std::filesystem::create_directory(dir_ + "/in"));
-  ASSERT_TRUE(WriteFile(dir_ + "/in/model.safetensors", views, std::nullopt).ok());
+  ASSERT_OK(WriteFile(dir_ + "/in/model.safetensors", views, std::nullopt));
   sparse::SparsifyOptions options;
   options.min_sparsity = 0;
   options.max_shard_bytes = 20000;
   auto report = sparse::Sparsify(dir_ + "/in", dir_ + "/out", options);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_GT(report->files.size(), 2u);
   auto l = Load(dir_ + "/out");
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_OK(l);
   ExpectDense(*l);
 }
 

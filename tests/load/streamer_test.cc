@@ -19,6 +19,8 @@
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
 #include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -100,11 +102,11 @@ class StreamerTest : public ::testing::TestWithParam<bool> {
       views.push_back({prefix + ".row_offsets", Dtype::kI64, {kRows}, AsBytes(parts[i].offsets)});
       views.push_back({prefix + ".compressed", Dtype::kBF16, {parts[i].nnz}, parts[i].values});
     }
-    ASSERT_TRUE(WriteFile(dir_ + "/a.safetensors", a, std::nullopt).ok());
-    ASSERT_TRUE(WriteFile(dir_ + "/b.safetensors", b, std::nullopt).ok());
-    ASSERT_TRUE(WriteFile(dir_ + "/c.safetensors", c, std::nullopt).ok());
+    ASSERT_OK(WriteFile(dir_ + "/a.safetensors", a, std::nullopt));
+    ASSERT_OK(WriteFile(dir_ + "/b.safetensors", b, std::nullopt));
+    ASSERT_OK(WriteFile(dir_ + "/c.safetensors", c, std::nullopt));
     auto ckpt = Checkpoint::Open(dir_);
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+    ASSERT_OK(ckpt);
     ckpt_ = std::move(ckpt).value();
     for (size_t i = 0; i < kLayers; ++i) layers_.push_back({WeightName(i), NormName(i)});
     options_.mode = IoMode::kDirect;  // As streaming uses it; falls back where refused.
@@ -115,7 +117,7 @@ class StreamerTest : public ::testing::TestWithParam<bool> {
   // A budget that makes layer 0 resident and streams the others.
   uint64_t OneResidentBudget() {
     auto all = Open(~uint64_t{0});
-    EXPECT_TRUE(all.ok());
+    EXPECT_OK(all);
     uint64_t largest = 0;
     for (size_t i = 1; i < kLayers; ++i) largest = std::max(largest, all->peak_bytes(i));
     return all->dense_bytes(0) + 2 * largest;
@@ -133,19 +135,19 @@ std::vector<std::byte> HostBytes(const LoadedCheckpoint& l, const std::string& n
   EXPECT_NE(t, nullptr) << name;
   if (t == nullptr) return {};
   std::vector<std::byte> out(t->nbytes);
-  EXPECT_TRUE(l.CopyToHost(name, out.data()).ok());
+  EXPECT_OK(l.CopyToHost(name, out.data()));
   return out;
 }
 
 TEST_P(StreamerTest, LayersAreTheBytesOfAPlainLoad) {
   auto full = Load(ckpt_);
-  ASSERT_TRUE(full.ok()) << full.status().ToString();
+  ASSERT_OK(full);
   auto s = Open(OneResidentBudget());
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < kLayers; ++i) {
       auto layer = s->Acquire(i);
-      ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+      ASSERT_OK(layer);
       EXPECT_EQ((*layer)->tensors().size(), 2u);
       for (const std::string& name : layers_[i]) {
         EXPECT_EQ(HostBytes(**layer, name), HostBytes(*full, name)) << name;
@@ -158,7 +160,7 @@ TEST_P(StreamerTest, LayersAreTheBytesOfAPlainLoad) {
 
 TEST_P(StreamerTest, ResidentSplitFollowsTheBudget) {
   auto all = Open(~uint64_t{0});
-  ASSERT_TRUE(all.ok());
+  ASSERT_OK(all);
   for (size_t i = 0; i < kLayers; ++i) {
     EXPECT_TRUE(all->resident(i));
     EXPECT_EQ(all->dense_bytes(i), (kRows * kCols + kCols) * 2);
@@ -172,21 +174,21 @@ TEST_P(StreamerTest, ResidentSplitFollowsTheBudget) {
     }
   }
   auto one = Open(OneResidentBudget());
-  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  ASSERT_OK(one);
   EXPECT_TRUE(one->resident(0));
   for (size_t i = 1; i < kLayers; ++i) EXPECT_FALSE(one->resident(i)) << i;
   auto none = Open(OneResidentBudget() - 1);
-  ASSERT_TRUE(none.ok()) << none.status().ToString();
+  ASSERT_OK(none);
   for (size_t i = 0; i < kLayers; ++i) EXPECT_FALSE(none->resident(i)) << i;
 }
 
 TEST_P(StreamerTest, InOrderAcquiresHitThePrefetchAcrossPasses) {
   auto s = Open(OneResidentBudget());
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   constexpr int kPasses = 3;
   for (int pass = 0; pass < kPasses; ++pass) {
     for (size_t i = 0; i < kLayers; ++i) {
-      ASSERT_TRUE(s->Acquire(i).ok());
+      ASSERT_OK(s->Acquire(i));
       s->Release(i);
     }
   }
@@ -210,24 +212,24 @@ TEST_P(StreamerTest, InOrderAcquiresHitThePrefetchAcrossPasses) {
 
 TEST_P(StreamerTest, OutOfOrderAcquireLoadsOnTheSpot) {
   auto s = Open(OneResidentBudget());
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   auto layer = s->Acquire(2);
-  ASSERT_TRUE(layer.ok()) << layer.status().ToString();
+  ASSERT_OK(layer);
   EXPECT_NE((*layer)->Find(WeightName(2)), nullptr);
   EXPECT_EQ(s->stats().prefetch_misses, 1u);
   // Releasing drops the streamer's reference only: the caller's stays valid.
   s->Release(2);
   EXPECT_EQ(HostBytes(**layer, NormName(2)).size(), kCols * 2);
-  EXPECT_TRUE(s->Acquire(1).ok());
+  EXPECT_OK(s->Acquire(1));
   EXPECT_EQ(s->Acquire(kLayers).status().code(), StatusCode::kOutOfRange);
 }
 
 TEST_P(StreamerTest, BudgetBelowTwoStreamedLayersIsAnError) {
   auto all = Open(~uint64_t{0});
-  ASSERT_TRUE(all.ok());
+  ASSERT_OK(all);
   uint64_t largest = 0;
   for (size_t i = 0; i < kLayers; ++i) largest = std::max(largest, all->peak_bytes(i));
-  EXPECT_TRUE(Open(2 * largest).ok());
+  EXPECT_OK(Open(2 * largest));
   auto small = Open(2 * largest - 1);
   ASSERT_FALSE(small.ok());
   EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
@@ -247,11 +249,11 @@ TEST_P(StreamerTest, UnknownOrRepeatedNamesAreErrors) {
 
 TEST_P(StreamerTest, AMissingFileFailsThatAcquireOnly) {
   auto s = Open(OneResidentBudget());
-  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  ASSERT_OK(s);
   std::filesystem::remove(dir_ + "/c.safetensors");  // Layer 3's norm.
   for (size_t i = 0; i < 3; ++i) {
     auto layer = s->Acquire(i);
-    ASSERT_TRUE(layer.ok()) << i << layer.status().ToString();
+    ASSERT_OK(layer) << i;
     s->Release(i);
   }
   for (int attempt = 0; attempt < 2; ++attempt) {  // Reported again, not cached as success.
@@ -262,7 +264,7 @@ TEST_P(StreamerTest, AMissingFileFailsThatAcquireOnly) {
   }
   // The layers whose file is still there keep working.
   auto again = s->Acquire(1);
-  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_OK(again);
   EXPECT_NE((*again)->Find(WeightName(1)), nullptr);
 }
 

@@ -3,6 +3,9 @@
 #include "remote/auth.h"
 
 #include "tensorlift/remote.h"
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
 
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -88,7 +91,7 @@ TEST(VerifyTest, RejectsWrongTokenOrAlteredRequest) {
   h.back() = h.back() == '0' ? '1' : '0';
   ExpectDenied(v.Verify(h, "GET", "/m", now), "bad MAC");
   // The rejected nonces were not remembered: the right request still works.
-  EXPECT_TRUE(v.Verify(SignRequest("secret", "GET", "/m", now, "n5"), "GET", "/m", now).ok());
+  EXPECT_OK(v.Verify(SignRequest("secret", "GET", "/m", now, "n5"), "GET", "/m", now));
 }
 
 TEST(VerifyTest, RejectsStale) {
@@ -105,7 +108,7 @@ TEST(VerifyTest, RejectsReplay) {
   RequestVerifier v("secret", 60);
   const int64_t now = 1700000000;
   const std::string h = SignRequest("secret", "GET", "/m", now, "once");
-  EXPECT_TRUE(v.Verify(h, "GET", "/m", now).ok());
+  EXPECT_OK(v.Verify(h, "GET", "/m", now));
   ExpectDenied(v.Verify(h, "GET", "/m", now), "replayed");
   ExpectDenied(v.Verify(h, "GET", "/m", now + 60), "replayed");
   ExpectDenied(v.Verify(h, "GET", "/m", now + 61), "stale");
@@ -123,7 +126,7 @@ TEST(VerifyTest, PrunesOldNonces) {
   for (int i = 0; i < 3000; ++i) {
     now += i % 10 == 0 ? 1 : 0;
     last = SignRequest("secret", "GET", "/m", now, "n" + std::to_string(i));
-    ASSERT_TRUE(v.Verify(last, "GET", "/m", now).ok()) << i;
+    ASSERT_OK(v.Verify(last, "GET", "/m", now)) << i;
   }
   ExpectDenied(v.Verify(last, "GET", "/m", now), "replayed");
 }
@@ -153,13 +156,7 @@ TEST(VerifyTest, RejectsMalformed) {
 class TokenFileTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char dir[] = "/tmp/tl_auth_test_XXXXXX";
-    ASSERT_NE(mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override {
-    for (const auto& p : files_) unlink(p.c_str());
-    rmdir(dir_.c_str());
+    dir_ = scratch_.path();
   }
   std::string Write(const std::string& name, const std::string& content, mode_t mode) {
     const std::string path = dir_ + "/" + name;
@@ -168,19 +165,18 @@ class TokenFileTest : public ::testing::Test {
     EXPECT_EQ(write(fd, content.data(), content.size()), static_cast<ssize_t>(content.size()));
     close(fd);
     EXPECT_EQ(chmod(path.c_str(), mode), 0);
-    files_.push_back(path);
     return path;
   }
+  test::ScratchDir scratch_{"tl_auth_test"};
   std::string dir_;
-  std::vector<std::string> files_;
 };
 
 TEST_F(TokenFileTest, ReadsTrimmed) {
   auto t = ReadTokenFile(Write("tok", "  s3cret token\n\n", 0600));
-  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  ASSERT_OK(t);
   EXPECT_EQ(*t, "s3cret token");
   auto r = ReadTokenFile(Write("ro", "abc", 0400));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_OK(r);
   EXPECT_EQ(*r, "abc");
 }
 
@@ -205,7 +201,7 @@ TEST_F(TokenFileTest, RejectsMissingEmptyAndLarge) {
   EXPECT_FALSE(large.ok());
   EXPECT_THAT(large.status().message(), HasSubstr("4097"));
   auto max = ReadTokenFile(Write("max", std::string(4096, 'x'), 0600));
-  EXPECT_TRUE(max.ok());
+  EXPECT_OK(max);
   auto dir = ReadTokenFile(dir_);
   EXPECT_FALSE(dir.ok());
 }

@@ -1,6 +1,7 @@
 // Layouts: rule parsing, the split of a dim, and slice pieces checked
 // against a brute-force copy of every element.
 #include "remote/layout.h"
+#include "../common/assert_ok.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -19,7 +20,7 @@ constexpr const char* kLlama =
 
 TEST(LayoutTest, ParseAndDimFor) {
   auto l = Layout::Parse(kLlama);
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_OK(l);
   EXPECT_EQ(l->text(), kLlama);
   EXPECT_FALSE(l->empty());
   EXPECT_EQ(l->DimFor("model.layers.0.self_attn.q_proj.weight"), 0);
@@ -35,7 +36,7 @@ TEST(LayoutTest, ParseAndDimFor) {
 
 TEST(LayoutTest, FirstRuleWinsAndTrims) {
   auto l = Layout::Parse("  w = 1 ;  w.*=0 ; a=b=2");
-  ASSERT_TRUE(l.ok()) << l.status().ToString();
+  ASSERT_OK(l);
   EXPECT_EQ(l->text(), "w = 1;w.*=0;a=b=2");
   EXPECT_EQ(l->DimFor("xw"), 1);
   EXPECT_EQ(l->DimFor("a=b"), 2);  // The dim follows the last '='.
@@ -44,7 +45,7 @@ TEST(LayoutTest, FirstRuleWinsAndTrims) {
 TEST(LayoutTest, EmptyLayout) {
   for (const char* text : {"", "   "}) {
     auto l = Layout::Parse(text);
-    ASSERT_TRUE(l.ok());
+    ASSERT_OK(l);
     EXPECT_TRUE(l->empty());
     EXPECT_EQ(l->DimFor("anything"), -1);
   }
@@ -141,7 +142,7 @@ TEST(SlicePiecesTest, MatchesBruteForce) {
                   failed = true;
                   break;
                 }
-                ASSERT_TRUE(pieces.ok()) << pieces.status().ToString();
+                ASSERT_OK(pieces);
                 const int64_t lo = std::max(src.start, dst.start);
                 const int64_t hi = std::min(src.start + src.length, dst.start + dst.length);
                 if (lo >= hi) {
@@ -189,14 +190,14 @@ TEST(SlicePiecesTest, SameSplitIsOnePiece) {
   for (int dim = 0; dim < 3; ++dim) {
     const IndexRange r = *ShardRange(shape[dim], 1, 2);
     auto pieces = SlicePieces(shape, 16, dim, r, r);
-    ASSERT_TRUE(pieces.ok());
+    ASSERT_OK(pieces);
     ASSERT_EQ(pieces->size(), 1u) << dim;
     EXPECT_EQ((*pieces)[0].src_offset, 0u);
     EXPECT_EQ((*pieces)[0].dst_offset, 0u);
   }
   // Whole to half along dim 1: one piece per outer row.
   auto pieces = SlicePieces(shape, 8, 1, {0, 6}, {3, 3});
-  ASSERT_TRUE(pieces.ok());
+  ASSERT_OK(pieces);
   ASSERT_EQ(pieces->size(), 4u);
   EXPECT_EQ((*pieces)[1].src_offset, 12u + 6u);
   EXPECT_EQ((*pieces)[1].dst_offset, 6u);
@@ -222,7 +223,7 @@ TEST(SlicePiecesTest, RejectsBadArguments) {
   EXPECT_EQ(over.status().code(), StatusCode::kInvalidArgument);
   // Disjoint ranges: nothing to copy.
   auto none = SlicePieces(shape, 8, 1, {0, 3}, {3, 3});
-  ASSERT_TRUE(none.ok());
+  ASSERT_OK(none);
   EXPECT_TRUE(none->empty());
 }
 

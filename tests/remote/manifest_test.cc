@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tensorlift/checksum.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift::remote {
 namespace {
@@ -126,7 +127,7 @@ TEST(ManifestTest, RoundTrip) {
   const Manifest m = ValidManifest();
   const std::string json = m.ToJson();
   auto parsed = ParseManifest(json);
-  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString() << "\n" << json;
+  ASSERT_OK(parsed) << parsed.status().ToString() << "\n" << json;
   // Parse sorts by name.
   Manifest sorted = m;
   std::sort(sorted.tensors.begin(), sorted.tensors.end(),
@@ -161,13 +162,13 @@ TEST(ManifestTest, JsonShape) {
             "\"offset\":0,\"shard_dim\":-1,\"shard_start\":0,\"full_shape\":[8],"
             "\"xxh3\":[\"0000000000000abc\"]}]}");
   auto parsed = ParseManifest(m.ToJson());
-  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_OK(parsed);
   EXPECT_EQ(parsed->tensors[0].full_shape, std::vector<int64_t>{8});
 }
 
 TEST(ManifestTest, Find) {
   auto parsed = ParseManifest(ValidManifest().ToJson());
-  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  ASSERT_OK(parsed);
   const ManifestTensor* t = parsed->Find("layers.0.q_proj.weight");
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->nbytes, 4096u);
@@ -457,9 +458,9 @@ TEST(ManifestTest, MutationsNeverCrash) {
     }
     ++accepted;
     auto again = ParseManifest(r->ToJson());
-    ASSERT_TRUE(again.ok()) << again.status().ToString() << "\nfrom: " << s;
+    ASSERT_OK(again) << again.status().ToString() << "\nfrom: " << s;
     ExpectEqual(*r, *again);
-    EXPECT_TRUE(r->key.Validate().ok());
+    EXPECT_OK(r->key.Validate());
     for (size_t i = 1; i < r->tensors.size(); ++i)
       EXPECT_LT(r->tensors[i - 1].name, r->tensors[i].name);
   }
@@ -495,7 +496,7 @@ TEST(PeerKeyTest, Validate) {
   PeerKey k;
   k.model = "m";
   k.revision = "r";
-  EXPECT_TRUE(k.Validate().ok());
+  EXPECT_OK(k.Validate());
   k.model = "";
   EXPECT_EQ(k.Validate().code(), StatusCode::kInvalidArgument);
   k.model = "m";

@@ -16,6 +16,8 @@
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/remote.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -61,7 +63,7 @@ class PeerTest : public ::testing::Test {
 
   std::unique_ptr<PeerServer> Start(const ServeOptions& o, const PeerKey* key = nullptr) {
     auto s = PeerServer::ServeCheckpoint(path_, key ? *key : key_, o);
-    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    EXPECT_OK(s);
     return s.ok() ? std::move(s).value() : nullptr;
   }
 
@@ -121,12 +123,12 @@ TEST_F(PeerTest, PullsWhatADiskLoadGives) {
   ASSERT_NE(server, nullptr);
   PeerLoadReport report;
   auto got = LoadFromPeer(key_, Pull({server->url()}), &report);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_EQ(report.source, server->url());
   EXPECT_TRUE(report.failures.empty()) << report.failures[0];
   EXPECT_EQ(report.source_ranks, 1);
   auto disk = Load(path_);
-  ASSERT_TRUE(disk.ok());
+  ASSERT_OK(disk);
   ASSERT_EQ(got->tensors().size(), disk->tensors().size());
   for (const LoadedTensor& d : disk->tensors()) {
     const LoadedTensor* g = got->Find(d.name);
@@ -151,7 +153,7 @@ TEST_F(PeerTest, WrongKeyFallsBackToDiskAndSaysWhy) {
   opts.fallback_path = path_;
   PeerLoadReport report;
   auto got = LoadFromPeer(other, opts, &report);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_EQ(report.source, "disk:" + path_);
   ASSERT_FALSE(report.failures.empty());
   EXPECT_THAT(report.failures[0], HasSubstr("revision: 'r2' (ours) != 'r1' (peer's)"));
@@ -188,7 +190,7 @@ TEST_F(PeerTest, TokenIsRequiredAndChecked) {
   EXPECT_THAT(report.failures[0], HasSubstr("HTTP 401"));
   opts.token = "s3cret";
   auto right = LoadFromPeer(key_, opts, &report);
-  ASSERT_TRUE(right.ok()) << right.status().ToString();
+  ASSERT_OK(right);
   ExpectRank(*right, 1, 0);
   // A raw request with a replayed signature is refused too.
   httplib::Client cli("127.0.0.1", server->port());
@@ -201,10 +203,10 @@ TEST_F(PeerTest, CorruptChunkFailsOverToTheNextPeer) {
   auto bad = Start(Serve());
   auto good = Start(Serve());
   ASSERT_TRUE(bad && good);
-  ASSERT_TRUE(bad->CorruptForTesting("big", (2 << 20) + 12345).ok());
+  ASSERT_OK(bad->CorruptForTesting("big", (2 << 20) + 12345));
   PeerLoadReport report;
   auto got = LoadFromPeer(key_, Pull({bad->url(), good->url()}), &report);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_EQ(report.source, good->url());
   ASSERT_EQ(report.failures.size(), 1u);
   EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 2"));
@@ -237,7 +239,7 @@ TEST_F(PeerTest, MalformedManifestIsRejectedLikeAFileHeader) {
   auto got = LoadFromPeer(key_, opts, &report);
   fake.stop();
   t.join();
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_EQ(report.source, "disk:" + path_);
   ASSERT_EQ(report.failures.size(), 2u);  // The manifest, then "no live endpoint".
   EXPECT_THAT(report.failures[0], HasSubstr("manifest"));
@@ -255,7 +257,7 @@ TEST_F(PeerTest, DeadPeerFailsOverWithinTheTimeOut) {
   const auto t0 = std::chrono::steady_clock::now();
   PeerLoadReport report;
   auto got = LoadFromPeer(key_, Pull({url, good->url()}), &report);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   EXPECT_EQ(report.source, good->url());
   ASSERT_FALSE(report.failures.empty());
@@ -279,7 +281,7 @@ TEST_F(PeerTest, TranslatesBetweenTensorParallelSizes) {
                      std::to_string(dst_size));
         PeerLoadReport report;
         auto got = LoadFromPeer(key_, Pull(urls, dst_size, rank), &report);
-        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        ASSERT_OK(got);
         EXPECT_TRUE(report.failures.empty()) << report.failures[0];
         EXPECT_GE(report.source_ranks, 1);
         ExpectRank(*got, dst_size, rank);
@@ -287,7 +289,7 @@ TEST_F(PeerTest, TranslatesBetweenTensorParallelSizes) {
         auto opts = Pull({}, dst_size, rank);
         opts.fallback_path = path_;
         auto disk = LoadFromPeer(key_, opts);
-        ASSERT_TRUE(disk.ok()) << disk.status().ToString();
+        ASSERT_OK(disk);
         ExpectRank(*disk, dst_size, rank);
       }
     }
@@ -301,7 +303,7 @@ TEST_F(PeerTest, IncompleteSourceGroupFallsBack) {
   opts.fallback_path = path_;
   PeerLoadReport report;
   auto got = LoadFromPeer(key_, opts, &report);
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   EXPECT_EQ(report.source, "disk:" + path_);
   ASSERT_FALSE(report.failures.empty());
   EXPECT_THAT(report.failures.back(), HasSubstr("no live endpoint for rank 1"));
@@ -315,7 +317,7 @@ TEST_F(PeerTest, RateLimitPacesThePull) {
   const auto t0 = std::chrono::steady_clock::now();
   auto got = LoadFromPeer(key_, Pull({server->url()}));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   EXPECT_GT(s, 0.25);
 }
 
@@ -343,12 +345,12 @@ TEST_F(PeerTest, ALoadedInstanceBecomesASeed) {
   opts.become_seed = true;
   opts.seed.chunk_bytes = 64 << 10;
   auto seeded = LoadFromPeerAndSeed(key_, opts);
-  ASSERT_TRUE(seeded.ok()) << seeded.status().ToString();
+  ASSERT_OK(seeded);
   ASSERT_NE(seeded->seed, nullptr);
   ExpectRank(*seeded->loaded, 2, 1);
   origin1.reset();  // The seed now stands in for rank 1.
   auto got = LoadFromPeer(key_, Pull({origin->url(), seeded->seed->url()}, 1, 0));
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   ExpectRank(*got, 1, 0);
 }
 
@@ -364,9 +366,9 @@ TEST_F(PeerTest, ServesUserBuffers) {
   key.model = "buffers";
   key.revision = "1";
   auto server = PeerServer::ServeBuffers(tensors, key, {});
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ASSERT_OK(server);
   auto got = LoadFromPeer(key, Pull({(*server)->url()}));
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_OK(got);
   ASSERT_EQ(got->Find("a")->nbytes, a.size() * 4);
   EXPECT_EQ(std::memcmp(got->Find("a")->data, a.data(), a.size() * 4), 0);
   EXPECT_EQ(std::memcmp(got->Find("b")->data, b.data(), b.size() * 2), 0);
@@ -383,7 +385,8 @@ TEST(PeerKeyTest, ForCheckpointIsStableAndNamesTheModel) {
   WriteRaw(sub + "/model.safetensors", Tensors());
   auto a = PeerKeyForCheckpoint(sub);
   auto b = PeerKeyForCheckpoint(sub + "/model.safetensors");
-  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_OK(a);
+  ASSERT_OK(b);
   EXPECT_EQ(a->model, "llama-tiny");
   EXPECT_EQ(b->model, "llama-tiny");
   EXPECT_EQ(a->revision, b->revision);
@@ -392,7 +395,7 @@ TEST(PeerKeyTest, ForCheckpointIsStableAndNamesTheModel) {
   other[0].name = "w0x";
   WriteRaw(sub + "/model.safetensors", other);
   auto c = PeerKeyForCheckpoint(sub);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_NE(a->revision, c->revision);
 }
 

@@ -1,6 +1,8 @@
 // Registry against a real etcd (started per test on free ports in a temporary
 // directory; the tests skip when no etcd binary is installed).
 #include "remote/registry.h"
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -133,9 +135,8 @@ class RegistryTest : public ::testing::Test {
   void SetUp() override {
     const std::string etcd = FindEtcd();
     if (etcd.empty()) GTEST_SKIP() << "etcd is not installed (not on PATH, no /usr/bin/etcd)";
-    char tmpl[] = "/tmp/tl_registry_test_XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    scratch_ = std::make_unique<test::ScratchDir>("tl_registry_test");
+    dir_ = scratch_->path();
     port_ = FreePort();
     const int peer_port = FreePort();
     ASSERT_GT(port_, 0);
@@ -180,7 +181,7 @@ class RegistryTest : public ::testing::Test {
       std::this_thread::sleep_for(milliseconds(50));
     }
     auto registry = Registry::Connect(url_, kTimeout);
-    ASSERT_TRUE(registry.ok()) << registry.status().ToString();
+    ASSERT_OK(registry);
     registry_ = std::move(*registry);
   }
 
@@ -190,15 +191,12 @@ class RegistryTest : public ::testing::Test {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
-    if (!dir_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
+    scratch_.reset();
   }
 
   std::vector<SeedInfo> ListOrDie() {
     auto seeds = registry_->List(kDigest);
-    EXPECT_TRUE(seeds.ok()) << seeds.status().ToString();
+    EXPECT_OK(seeds);
     return seeds.ok() ? *seeds : std::vector<SeedInfo>{};
   }
 
@@ -221,6 +219,7 @@ class RegistryTest : public ::testing::Test {
     ASSERT_EQ(reply.rfind("HTTP/1.0 200", 0), 0u) << reply;
   }
 
+  std::unique_ptr<test::ScratchDir> scratch_;
   std::string dir_;
   int port_ = 0;
   pid_t pid_ = -1;
@@ -230,7 +229,7 @@ class RegistryTest : public ::testing::Test {
 
 TEST_F(RegistryTest, RegisterThenList) {
   auto reg = registry_->Register(Seed("http://10.0.0.1:8000", 0, 1, 2), 10);
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  ASSERT_OK(reg);
   const std::vector<SeedInfo> seeds = ListOrDie();
   ASSERT_EQ(seeds.size(), 1u);
   EXPECT_EQ(seeds[0].key_digest, kDigest);
@@ -240,18 +239,18 @@ TEST_F(RegistryTest, RegisterThenList) {
   EXPECT_EQ(seeds[0].load, 0);
   EXPECT_EQ(seeds[0].id.size(), 16u);
   EXPECT_EQ(seeds[0].id.find_first_not_of("0123456789abcdef"), std::string::npos);
-  EXPECT_TRUE((*reg)->health().ok());
+  EXPECT_OK((*reg)->health());
   // Another digest sees nothing.
   auto other = registry_->List("fedcba9876543210");
-  ASSERT_TRUE(other.ok()) << other.status().ToString();
+  ASSERT_OK(other);
   EXPECT_TRUE(other->empty());
 }
 
 TEST_F(RegistryTest, SortedByLoadAndUpdateLoadReorders) {
   auto busy = registry_->Register(Seed("http://busy:1", 3.5), 10);
   auto idle = registry_->Register(Seed("http://idle:1", 0.25), 10);
-  ASSERT_TRUE(busy.ok()) << busy.status().ToString();
-  ASSERT_TRUE(idle.ok()) << idle.status().ToString();
+  ASSERT_OK(busy);
+  ASSERT_OK(idle);
   std::vector<SeedInfo> seeds = ListOrDie();
   ASSERT_EQ(seeds.size(), 2u);
   EXPECT_EQ(seeds[0].url, "http://idle:1");
@@ -260,7 +259,7 @@ TEST_F(RegistryTest, SortedByLoadAndUpdateLoadReorders) {
   EXPECT_EQ(seeds[1].load, 3.5);
   EXPECT_NE(seeds[0].id, seeds[1].id);
 
-  ASSERT_TRUE((*idle)->UpdateLoad(7).ok());
+  ASSERT_OK((*idle)->UpdateLoad(7));
   seeds = ListOrDie();
   ASSERT_EQ(seeds.size(), 2u);
   EXPECT_EQ(seeds[0].url, "http://busy:1");
@@ -269,7 +268,7 @@ TEST_F(RegistryTest, SortedByLoadAndUpdateLoadReorders) {
   EXPECT_EQ((*idle)->UpdateLoad(-1).code(), StatusCode::kInvalidArgument);
 
   // Equal loads: ties by id.
-  ASSERT_TRUE((*busy)->UpdateLoad(7).ok());
+  ASSERT_OK((*busy)->UpdateLoad(7));
   seeds = ListOrDie();
   ASSERT_EQ(seeds.size(), 2u);
   EXPECT_LT(seeds[0].id, seeds[1].id);
@@ -277,7 +276,7 @@ TEST_F(RegistryTest, SortedByLoadAndUpdateLoadReorders) {
 
 TEST_F(RegistryTest, DestroyingTheRegistrationRemovesTheEntry) {
   auto reg = registry_->Register(Seed("http://a:1", 0), 30);
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  ASSERT_OK(reg);
   ASSERT_EQ(ListOrDie().size(), 1u);
   const auto start = steady_clock::now();
   reg->reset();  // Revokes the lease.
@@ -287,15 +286,15 @@ TEST_F(RegistryTest, DestroyingTheRegistrationRemovesTheEntry) {
 
 TEST_F(RegistryTest, RenewalKeepsTheEntryPastItsTtl) {
   auto reg = registry_->Register(Seed("http://a:1", 0), 2);
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  ASSERT_OK(reg);
   std::this_thread::sleep_for(milliseconds(4500));
   EXPECT_EQ(ListOrDie().size(), 1u);
-  EXPECT_TRUE((*reg)->health().ok()) << (*reg)->health().ToString();
+  EXPECT_OK((*reg)->health());
 }
 
 TEST_F(RegistryTest, ReRegistersWhenTheLeaseIsRevokedUnderIt) {
   auto reg = registry_->Register(Seed("http://a:1", 0), 2);
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  ASSERT_OK(reg);
   ASSERT_NO_FATAL_FAILURE(RevokeTheOnlyLease());
   ASSERT_TRUE(ListOrDie().empty());
   // The renewal thread (every TTL/3) finds the lease gone and puts the entry back.
@@ -304,12 +303,12 @@ TEST_F(RegistryTest, ReRegistersWhenTheLeaseIsRevokedUnderIt) {
     std::this_thread::sleep_for(milliseconds(100));
   }
   ASSERT_EQ(ListOrDie().size(), 1u);
-  EXPECT_TRUE((*reg)->health().ok()) << (*reg)->health().ToString();
+  EXPECT_OK((*reg)->health());
   // UpdateLoad works on the new lease, and re-registers itself when it finds
   // the lease gone before the renewal thread does.
   ASSERT_NO_FATAL_FAILURE(RevokeTheOnlyLease());
   Status status = (*reg)->UpdateLoad(2);
-  ASSERT_TRUE(status.ok()) << status.ToString();
+  ASSERT_OK(status);
   const std::vector<SeedInfo> seeds = ListOrDie();
   ASSERT_EQ(seeds.size(), 1u);
   EXPECT_EQ(seeds[0].load, 2);
@@ -317,8 +316,8 @@ TEST_F(RegistryTest, ReRegistersWhenTheLeaseIsRevokedUnderIt) {
 
 TEST_F(RegistryTest, HealthReportsRenewalFailuresAndDestructionStaysBounded) {
   auto reg = registry_->Register(Seed("http://a:1", 0), 2);
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
-  EXPECT_TRUE((*reg)->health().ok());
+  ASSERT_OK(reg);
+  EXPECT_OK((*reg)->health());
   kill(pid_, SIGKILL);  // etcd goes away under the renewal thread.
   waitpid(pid_, nullptr, 0);
   pid_ = -1;
@@ -391,7 +390,7 @@ TEST_F(RegistryTest, InvalidEntriesAreSkipped) {
              "\"}");  // Id size.
   RawPut(p + "bad-key", R"({"url":"http://x:1","rank":0,"world":1,"load":0,"id":"bf"})");
   auto reg = registry_->Register(Seed("http://mine:1", 0.5), 10);
-  ASSERT_TRUE(reg.ok()) << reg.status().ToString();
+  ASSERT_OK(reg);
   const std::vector<SeedInfo> seeds = ListOrDie();
   ASSERT_EQ(seeds.size(), 2u);
   EXPECT_EQ(seeds[0].url, "http://mine:1");
@@ -429,9 +428,9 @@ TEST(RegistryConnectTest, RejectsMalformedUrls) {
   }
   EXPECT_EQ(Registry::Connect("http://127.0.0.1:2379", milliseconds(0)).status().code(),
             StatusCode::kInvalidArgument);
-  EXPECT_TRUE(Registry::Connect("http://127.0.0.1:2379", kTimeout).ok());
-  EXPECT_TRUE(Registry::Connect("http://etcd-0.example:2379/", kTimeout).ok());
-  EXPECT_TRUE(Registry::Connect("http://[::1]:2379", kTimeout).ok());
+  EXPECT_OK(Registry::Connect("http://127.0.0.1:2379", kTimeout));
+  EXPECT_OK(Registry::Connect("http://etcd-0.example:2379/", kTimeout));
+  EXPECT_OK(Registry::Connect("http://[::1]:2379", kTimeout));
 }
 
 TEST(RegistryConnectTest, EtcdDownIsUnavailableQuickly) {
@@ -439,7 +438,7 @@ TEST(RegistryConnectTest, EtcdDownIsUnavailableQuickly) {
   ASSERT_GT(port, 0);
   const std::string url = "http://127.0.0.1:" + std::to_string(port);
   auto registry = Registry::Connect(url, kTimeout);  // Nothing is sent yet.
-  ASSERT_TRUE(registry.ok()) << registry.status().ToString();
+  ASSERT_OK(registry);
   const auto start = steady_clock::now();
   auto reg = (*registry)->Register(Seed("http://a:1", 0), 10);
   EXPECT_EQ(reg.status().code(), StatusCode::kUnavailable);

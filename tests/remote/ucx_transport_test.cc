@@ -3,6 +3,8 @@
 // Parameterized over TCP (over loopback) and shared memory ("sm"); a
 // transport UCX cannot start here makes its tests skip, with the reason.
 #include "remote/ucx_transport.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -223,10 +225,10 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
     if (!c.ok() && c.status().code() == StatusCode::kUnimplemented) {
       GTEST_SKIP() << "UCX transport unavailable here (client): " << c.status().ToString();
     }
-    ASSERT_TRUE(c.ok()) << "Connect: " << c.status().ToString();
+    ASSERT_OK(c) << "Connect: ";
     *client = std::move(*c);
     auto r = (*client)->AddRegion(child->rkey, child->region_address, child->region_bytes);
-    ASSERT_TRUE(r.ok()) << "AddRegion: " << r.status().ToString();
+    ASSERT_OK(r) << "AddRegion: ";
     *region = *r;
   }
 };
@@ -254,7 +256,7 @@ TEST_P(UcxTransportTest, ReadsWholeRegionInManyGets) {
   std::vector<uint8_t> dst(kRegionBytes, 0);
   // Map the first half only: gets inside it use the memory handle, the rest
   // do not; both must give the same bytes.
-  ASSERT_TRUE(client->MapLocal(dst.data(), kRegionBytes / 2).ok());
+  ASSERT_OK(client->MapLocal(dst.data(), kRegionBytes / 2));
   std::vector<UcxClient::Get> gets = TileGets(region, kRegionBytes, dst.data());
   // Also some gets in reverse order at the end (same bytes again).
   std::vector<int> done(gets.size(), 0);
@@ -265,7 +267,7 @@ TEST_P(UcxTransportTest, ReadsWholeRegionInManyGets) {
   const auto t0 = Clock::now();
   Status st = client->GetAll(gets, options);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   for (size_t i = 0; i < done.size(); ++i) ASSERT_EQ(done[i], 1) << "get " << i;
   for (uint64_t i = 0; i < kRegionBytes; ++i) {
     if (dst[i] != Pattern(i)) FAIL() << "byte " << i << " is " << int(dst[i]) << ", want " << int(Pattern(i));
@@ -281,7 +283,7 @@ TEST_P(UcxTransportTest, ReadsWholeRegionInManyGets) {
                                       again.data() + kRegionBytes / 2}};
   UcxClient::GetOptions fast;
   fast.max_get_bytes = 64ull << 20;
-  ASSERT_TRUE(client->GetAll(big, fast).ok());
+  ASSERT_OK(client->GetAll(big, fast));
   EXPECT_EQ(std::memcmp(again.data(), dst.data(), kRegionBytes), 0);
 }
 
@@ -310,7 +312,7 @@ TEST_P(UcxTransportTest, OutOfRangeGetIsRejectedBeforeAnythingIsIssued) {
 
   // The connection still works.
   gets = {{region, kRegionBytes - 100, 100, dst.data()}};
-  ASSERT_TRUE(client->GetAll(gets, options).ok());
+  ASSERT_OK(client->GetAll(gets, options));
   for (int i = 0; i < 100; ++i) ASSERT_EQ(dst[i], Pattern(kRegionBytes - 100 + i));
   EXPECT_EQ(done, 1);
 }
@@ -405,7 +407,7 @@ TEST_P(UcxTransportTest, ConnectToGarbageOrDeadPeerFailsCleanly) {
   if (!good.ok() && good.status().code() == StatusCode::kUnimplemented) {
     GTEST_SKIP() << "UCX transport unavailable here (client): " << good.status().ToString();
   }
-  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  ASSERT_OK(good);
   EXPECT_EQ((*good)->AddRegion("garbage", child.region_address, child.region_bytes).status().code(),
             StatusCode::kInvalidArgument);
   good->reset();
@@ -438,7 +440,7 @@ TEST_P(UcxTransportTest, RateLimitIsRespected) {
   const auto t0 = Clock::now();
   Status st = client->GetAll(gets, options);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  ASSERT_TRUE(st.ok()) << st.ToString();
+  ASSERT_OK(st);
   EXPECT_GE(secs, 0.4);  // A loose lower bound only.
   for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ(dst[i], Pattern(12345 + i)) << i;
   std::printf("[ %s ] 8 MiB at 16 MiB/s took %.3f s\n", GetParam().c_str(), secs);
@@ -465,12 +467,12 @@ TEST(UcxTransport, ServerRejectsEmptyRegionAndUnknownIndex) {
   if (!server.ok() && server.status().code() == StatusCode::kUnimplemented) {
     GTEST_SKIP() << server.status().ToString();
   }
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  ASSERT_OK(server);
   char buf[64];
   EXPECT_EQ((*server)->Register(buf, 0).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ((*server)->PackedRkey(3).status().code(), StatusCode::kOutOfRange);
   auto r = (*server)->Register(buf, sizeof(buf));
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_OK(r);
   EXPECT_EQ((*server)->RegionBytes(*r), sizeof(buf));
   EXPECT_EQ((*server)->RegionAddress(*r), reinterpret_cast<uint64_t>(buf));
   EXPECT_FALSE((*server)->WorkerAddress().empty());

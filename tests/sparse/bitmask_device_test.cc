@@ -16,6 +16,8 @@
 #include "device/device.h"
 #include "device/emulated_device.h"
 #include "tensorlift/bitmask.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -28,7 +30,7 @@ using ::testing::HasSubstr;
 
 template <typename T>
 T Take(Result<T> result) {
-  EXPECT_TRUE(result.ok()) << result.status().ToString();
+  EXPECT_OK(result);
   if (!result.ok()) std::abort();
   return std::move(result).value();
 }
@@ -64,7 +66,7 @@ OnDevice Upload(Device& device, DeviceStream& stream, const Encoded& e) {
                                 e.bitmask.size())
                   .ok());
   if (!e.values.empty()) {
-    EXPECT_TRUE(stream.CopyToDevice(d.values, e.values.data(), e.values.size()).ok());
+    EXPECT_OK(stream.CopyToDevice(d.values, e.values.data(), e.values.size()));
   }
   return d;
 }
@@ -92,10 +94,10 @@ TEST(BitmaskDeviceTest, EmulatedDeviceDecodesLikeTheCpu) {
         ASSERT_EQ(cpu, dense);
 
         const OnDevice d = Upload(*device, *stream, e);
-        ASSERT_TRUE(DecodeOn(*stream, d, e).ok());
+        ASSERT_OK(DecodeOn(*stream, d, e));
         std::vector<std::byte> back(s.dense_bytes(), std::byte{0xCD});
-        ASSERT_TRUE(stream->CopyToHost(back.data(), d.out->data(), back.size()).ok());
-        ASSERT_TRUE(stream->Synchronize().ok());
+        ASSERT_OK(stream->CopyToHost(back.data(), d.out->data(), back.size()));
+        ASSERT_OK(stream->Synchronize());
         ASSERT_EQ(back, cpu);
       }
     }
@@ -149,7 +151,7 @@ TEST(BitmaskDeviceTest, ArgumentsAreCheckedAtEnqueue) {
     EXPECT_EQ(decode(out, out + 8, 4, mask, offsets, 8, 16, 2), kBad);         // Overlaps values.
     EXPECT_EQ(decode(base + 8000, values, 4, mask, offsets, 8, 16, 2), kBad);  // Overlaps mask.
     EXPECT_EQ(decode(base + 4000, values, 4, mask, offsets, 8, 16, 2), kBad);  // Overlaps offsets.
-    EXPECT_TRUE(stream->Synchronize().ok());  // Nothing was enqueued.
+    EXPECT_OK(stream->Synchronize());  // Nothing was enqueued.
   }
 }
 
@@ -162,7 +164,7 @@ TEST(BitmaskDeviceTest, EmulatedDeviceFailsTheStreamOnAnUnvalidatedEncoding) {
   Encoded e = EncodeDense(dense, s);
   e.row_offsets[2] += 1;  // A GPU would read the wrong values, or out of bounds.
   const OnDevice d = Upload(*device, *stream, e);
-  ASSERT_TRUE(DecodeOn(*stream, d, e).ok());  // Asynchronous: reported later.
+  ASSERT_OK(DecodeOn(*stream, d, e));  // Asynchronous: reported later.
   const Status status = stream->Synchronize();
   EXPECT_EQ(status.code(), StatusCode::kCorruption);
   EXPECT_THAT(status.message(), HasSubstr("row_offsets[2]"));

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "bitmask_test_util.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift::sparse {
 namespace {
@@ -73,7 +75,7 @@ TEST(BitmaskTest, EveryIsaDecodesEveryShape) {
           const BitmaskShape s{.rows = rows, .cols = cols, .elem_bytes = w};
           const std::vector<std::byte> dense = RandomDense(s, density, rng);
           const Encoded e = EncodeDense(dense, s);
-          ASSERT_TRUE(Validate(e.bitmask.data(), e.row_offsets.data(), s, e.nnz()).ok());
+          ASSERT_OK(Validate(e.bitmask.data(), e.row_offsets.data(), s, e.nnz()));
           for (DecodeIsa isa : Isas()) {
             ExpectDecodes(isa, e, dense, 0, rows);
             if (rows > 2) ExpectDecodes(isa, e, dense, 1, rows - 1);  // Interior rows only.
@@ -220,7 +222,7 @@ TEST(BitmaskTest, DecodeOfEmptyShapes) {
   for (const BitmaskShape& s : {BitmaskShape{.rows = 0, .cols = 5, .elem_bytes = 2},
                                 BitmaskShape{.rows = 3, .cols = 0, .elem_bytes = 2}}) {
     const std::vector<int64_t> offsets(s.rows, 0);
-    EXPECT_TRUE(Decode(nullptr, 0, nullptr, offsets.data(), s, nullptr).ok());
+    EXPECT_OK(Decode(nullptr, 0, nullptr, offsets.data(), s, nullptr));
   }
 }
 
@@ -232,7 +234,7 @@ class BitmaskValidateTest : public ::testing::Test {
     std::mt19937_64 rng(5);
     dense_ = RandomDense(shape_, 0.5, rng);
     e_ = EncodeDense(dense_, shape_);
-    ASSERT_TRUE(Check().ok());
+    ASSERT_OK(Check());
   }
 
   // Validate, and Decode, which must fail the same way without writing.
@@ -313,7 +315,7 @@ TEST_F(BitmaskValidateTest, BadElementSize) {
 }
 
 TEST(BitmaskShapeTest, Overflow) {
-  EXPECT_TRUE(CheckShape({.rows = 1ull << 20, .cols = 1ull << 20, .elem_bytes = 8}).ok());
+  EXPECT_OK(CheckShape({.rows = 1ull << 20, .cols = 1ull << 20, .elem_bytes = 8}));
   for (const BitmaskShape& s :
        {BitmaskShape{.rows = 1ull << 40, .cols = 1ull << 40, .elem_bytes = 1},
         BitmaskShape{.rows = 1ull << 31, .cols = 1ull << 31, .elem_bytes = 8},
@@ -334,7 +336,7 @@ TEST(BitmaskDecodeTest, RefusesBadArguments) {
   const uint16_t value = 7;
   std::byte out[16];
   const auto* v = reinterpret_cast<const std::byte*>(&value);
-  EXPECT_TRUE(Decode(v, 1, &mask, &offset, s, out).ok());
+  EXPECT_OK(Decode(v, 1, &mask, &offset, s, out));
   EXPECT_EQ(Decode(nullptr, 1, &mask, &offset, s, out).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Decode(v, 1, nullptr, &offset, s, out).code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Decode(v, 1, &mask, nullptr, s, out).code(), StatusCode::kInvalidArgument);

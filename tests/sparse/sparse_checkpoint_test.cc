@@ -9,6 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sparse_files.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift::sparse {
 namespace {
@@ -102,7 +103,7 @@ TEST(FindSparseTest, CurrentGeneration) {
               RandomSparse("model.norm.weight", Dtype::kF32, 1, 13, 0, 3)});
   std::string path;
   auto cat = FindIn(dir, tensors, &path);
-  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  ASSERT_OK(cat);
   ASSERT_EQ(cat->sparse.size(), 1u);
   const SparseTensor& st = cat->sparse[0];
   EXPECT_EQ(st.name, "model.layers.0.mlp.down_proj.weight");
@@ -116,7 +117,7 @@ TEST(FindSparseTest, CurrentGeneration) {
   EXPECT_EQ(st.dense_bytes(), 7u * 13 * 2);
   EXPECT_DOUBLE_EQ(st.density(), st.nnz / 91.0);
   auto c = Checkpoint::Open(path);
-  ASSERT_TRUE(c.ok());
+  ASSERT_OK(c);
   EXPECT_EQ(c->info(st.values).name, "model.layers.0.mlp.down_proj.compressed");
   EXPECT_EQ(c->info(st.bitmask).name, "model.layers.0.mlp.down_proj.bitmask");
   EXPECT_EQ(c->info(st.row_offsets).name, "model.layers.0.mlp.down_proj.row_offsets");
@@ -135,7 +136,7 @@ TEST(FindSparseTest, OldGenerationCompressedEveryTensor) {
   auto tensors = Concat(Group("a.weight", RandomSparse("", Dtype::kF16, 4, 20, 0.5, 1)),
                         sparse_testing::Group1D("a.bias", bias));
   auto cat = FindIn(dir, tensors);
-  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  ASSERT_OK(cat);
   ASSERT_EQ(cat->sparse.size(), 2u);
   const SparseTensor& b = cat->sparse[0];
   EXPECT_EQ(b.name, "a.bias");
@@ -158,7 +159,7 @@ TEST(FindSparseTest, EveryElementWidth) {
     tensors = Concat(tensors, Group(prefix, RandomSparse("", d, 3, 17, 0.5, 9)));
   }
   auto cat = FindIn(dir, tensors);
-  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  ASSERT_OK(cat);
   ASSERT_EQ(cat->sparse.size(), 5u);
   for (const auto& st : cat->sparse)
     EXPECT_EQ(st.shape.elem_bytes * 8, uint32_t(DtypeBits(st.dtype)));
@@ -167,7 +168,7 @@ TEST(FindSparseTest, EveryElementWidth) {
 TEST(FindSparseTest, EmptyDenseTensor) {
   ScratchDir dir;
   auto cat = FindIn(dir, Group("e", Tensor{"", Dtype::kF32, {0, 9}, {}}));
-  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  ASSERT_OK(cat);
   ASSERT_EQ(cat->sparse.size(), 1u);
   EXPECT_EQ(cat->sparse[0].nnz, 0u);
   EXPECT_EQ(cat->sparse[0].density(), 0.0);
@@ -179,7 +180,7 @@ TEST(FindSparseTest, ALoneSuffixIsAPlainTensor) {
                           Make("x.compressed", Dtype::kF4, {4}, std::vector<uint8_t>{1, 2}),
                           Make(".bitmask", Dtype::kU8, {1}, std::vector<uint8_t>{1}),
                           Make(".shape", Dtype::kU8, {1}, std::vector<uint8_t>{1})});
-  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  ASSERT_OK(cat);
   EXPECT_TRUE(cat->empty());
   EXPECT_EQ(cat->dense.size(), 4u);
 }
@@ -201,9 +202,9 @@ TEST(FindSparseTest, GroupAcrossShards) {
       "\"m.q_proj.row_offsets\":\"model-00002-of-00002.safetensors\","
       "\"m.norm.weight\":\"model-00002-of-00002.safetensors\"}}");
   auto c = Checkpoint::Open(dir.path());
-  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_OK(c);
   auto cat = FindSparse(*c);
-  ASSERT_TRUE(cat.ok()) << cat.status().ToString();
+  ASSERT_OK(cat);
   ASSERT_EQ(cat->sparse.size(), 1u);
   EXPECT_EQ(cat->sparse[0].name, "m.q_proj.weight");
   EXPECT_NE(cat->sparse[0].shape_tensor.shard, cat->sparse[0].bitmask.shard);

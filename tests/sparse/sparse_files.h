@@ -23,6 +23,7 @@
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
 #include "../common/scratch_dir.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift::sparse_testing {
 
@@ -154,7 +155,7 @@ inline std::map<std::string, std::vector<std::byte>> LoadAll(const std::string& 
   LoadOptions opts;
   opts.decode_sparse = decode_sparse;
   auto loaded = Load(path, opts);
-  EXPECT_TRUE(loaded.ok()) << loaded.status().ToString();
+  EXPECT_OK(loaded);
   if (!loaded.ok()) return out;
   for (const auto& t : loaded->tensors()) {
     const auto* p = static_cast<const std::byte*>(t.data);

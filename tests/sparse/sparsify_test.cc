@@ -20,6 +20,8 @@
 #include "tensorlift/sparse.h"
 #include "sparse_files.h"
 #include "tensorlift/checkpoint.h"
+#include "../common/assert_ok.h"
+#include "../common/assert_ok.h"
 
 namespace tensorlift::sparse {
 namespace {
@@ -39,10 +41,10 @@ constexpr uint16_t kBf16NegZero = 0x8000, kBf16Nan = 0x7FC1, kBf16Inf = 0x7F80, 
 std::map<std::string, std::vector<std::byte>> DecodeAll(const std::string& path) {
   std::map<std::string, std::vector<std::byte>> out;
   auto ckpt = Checkpoint::Open(path);
-  EXPECT_TRUE(ckpt.ok()) << ckpt.status().ToString();
+  EXPECT_OK(ckpt);
   if (!ckpt.ok()) return out;
   auto cat = FindSparse(*ckpt);
-  EXPECT_TRUE(cat.ok()) << cat.status().ToString();
+  EXPECT_OK(cat);
   if (!cat.ok()) return out;
   auto raw = sparse_testing::LoadAll(path);
   auto part = [&](Checkpoint::Location loc) -> const std::vector<std::byte>& {
@@ -63,7 +65,7 @@ std::map<std::string, std::vector<std::byte>> DecodeAll(const std::string& path)
     }
     Status v = Validate(reinterpret_cast<const uint8_t*>(mask.data()),
                         reinterpret_cast<const int64_t*>(offsets.data()), st.shape, st.nnz);
-    EXPECT_TRUE(v.ok()) << st.name << ": " << v.ToString();
+    EXPECT_OK(v) << st.name;
     out[st.name] = sparse_testing::ReferenceDecode(values.data(),
                                                    reinterpret_cast<const uint8_t*>(mask.data()),
                                                    st.shape.rows, st.shape.cols, st.shape.elem_bytes);
@@ -106,9 +108,9 @@ TEST(SparsifyTest, RoundTripIsBitExact) {
       RandomSparse("m.norm.weight", Dtype::kF32, 1, 33, 0, 6),
       Make("m.step", Dtype::kI64, {}, std::vector<int64_t>{42}),
   };
-  ASSERT_TRUE(sparse_testing::Write(dir / "in.safetensors", in, Metadata{{"format", "pt"}}).ok());
+  ASSERT_OK(sparse_testing::Write(dir / "in.safetensors", in, Metadata{{"format", "pt"}}));
   auto report = Sparsify(dir / "in.safetensors", dir / "out");
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_EQ(DecodeAll(dir / "out"), AsMap(in));
   // The loader's own decoding (LoadOptions::decode_sparse) agrees.
   EXPECT_EQ(sparse_testing::LoadAll(dir / "out", /*decode_sparse=*/true), AsMap(in));
@@ -120,10 +122,10 @@ TEST(SparsifyTest, RoundTripIsBitExact) {
   EXPECT_EQ(Find(*report, "m.step")->note, "not a target");
 
   auto out = Checkpoint::Open(dir / "out");
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   EXPECT_EQ(out->shards()[0].header.metadata(), (Metadata{{"format", "pt"}}));
   auto cat = FindSparse(*out);
-  ASSERT_TRUE(cat.ok());
+  ASSERT_OK(cat);
   const SparseTensor* q = cat->Find("m.layers.0.q_proj.weight");
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->prefix, "m.layers.0.q_proj");  // The current generation's naming.
@@ -152,12 +154,12 @@ TEST(SparsifyTest, FilesAreTheLibraryWritersBytes) {
   SparsifyOptions opts;
   opts.max_shard_bytes = 1;  // A shard per tensor.
   auto report = Sparsify(dir / "in.safetensors", dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   ASSERT_EQ(report->files.size(), 4u);
   for (size_t i = 0; i < 3; ++i) {
     const std::string bytes = sparse_testing::ReadText(dir / "out/" + report->files[i]);
     auto h = Header::Parse(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
-    ASSERT_TRUE(h.ok()) << h.status().ToString();
+    ASSERT_OK(h);
     std::vector<TensorView> views;
     for (const auto& t : h->tensors()) {
       views.push_back({t.name, t.dtype, t.shape,
@@ -165,7 +167,7 @@ TEST(SparsifyTest, FilesAreTheLibraryWritersBytes) {
                            bytes.data() + h->data_offset() + t.begin, t.nbytes()))});
     }
     auto again = Serialize(views, h->metadata());
-    ASSERT_TRUE(again.ok());
+    ASSERT_OK(again);
     EXPECT_TRUE(std::equal(again->begin(), again->end(),
                            reinterpret_cast<const std::byte*>(bytes.data()),
                            reinterpret_cast<const std::byte*>(bytes.data() + bytes.size())) &&
@@ -184,11 +186,11 @@ TEST(SparsifyTest, DensityAndSizeOfAHalfPrunedBf16Checkpoint) {
     in.push_back(
         RandomSparse("layers." + std::to_string(l) + ".w.weight", Dtype::kBF16, 256, 1024, 0, l));
   }
-  ASSERT_TRUE(sparse_testing::Write(dir / "in.safetensors", in).ok());
+  ASSERT_OK(sparse_testing::Write(dir / "in.safetensors", in));
   SparsifyOptions opts;
   opts.prune = 0.5;
   auto report = Sparsify(dir / "in.safetensors", dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_EQ(report->encoded, 3u);
   EXPECT_DOUBLE_EQ(report->global_sparsity, 0.5);
   const uint64_t dense = 3ull * 256 * 1024 * 2;
@@ -200,7 +202,7 @@ TEST(SparsifyTest, DensityAndSizeOfAHalfPrunedBf16Checkpoint) {
   EXPECT_NEAR(ratio, (0.5 * 16 + 1) / 16, 0.005);
   // The file adds only its header.
   auto out = Checkpoint::Open(dir / "out");
-  ASSERT_TRUE(out.ok());
+  ASSERT_OK(out);
   struct stat st;
   ASSERT_EQ(::stat((dir / "out/model.safetensors").c_str(), &st), 0);
   EXPECT_EQ(static_cast<uint64_t>(st.st_size),
@@ -211,11 +213,11 @@ TEST(SparsifyTest, BelowMinSparsityStaysDense) {
   ScratchDir dir;
   const std::vector<Tensor> in = {RandomSparse("a.weight", Dtype::kBF16, 10, 100, 0.2, 1),
                                   RandomSparse("b.weight", Dtype::kBF16, 10, 100, 0.45, 2)};
-  ASSERT_TRUE(sparse_testing::Write(dir / "in.safetensors", in).ok());
+  ASSERT_OK(sparse_testing::Write(dir / "in.safetensors", in));
   SparsifyOptions opts;
   opts.min_sparsity = 0.4;
   auto report = Sparsify(dir / "in.safetensors", dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_FALSE(Find(*report, "a.weight")->encoded);
   EXPECT_THAT(Find(*report, "a.weight")->note, HasSubstr("is below 0.4000"));
   EXPECT_TRUE(Find(*report, "b.weight")->encoded);
@@ -230,11 +232,11 @@ TEST(SparsifyTest, EncodingThatIsNotSmallerStaysDense) {
   // F8 at 90% density: 0.9 + 1/8 of dense, plus the offsets, is more.
   ScratchDir dir;
   const std::vector<Tensor> in = {RandomSparse("a.weight", Dtype::kF8_E5M2, 4, 64, 0.1, 1)};
-  ASSERT_TRUE(sparse_testing::Write(dir / "in.safetensors", in).ok());
+  ASSERT_OK(sparse_testing::Write(dir / "in.safetensors", in));
   SparsifyOptions opts;
   opts.min_sparsity = 0;
   auto report = Sparsify(dir / "in.safetensors", dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_EQ(Find(*report, "a.weight")->note, "the encoding is not smaller");
   EXPECT_EQ(sparse_testing::LoadAll(dir / "out"), AsMap(in));
 }
@@ -249,11 +251,11 @@ TEST(SparsifyTest, TargetsRegexAndWhatCanBeATarget) {
       RandomSparse("a.mlp.qweight", Dtype::kI32, 4, 16, 0.5, 5),  // Not floating point.
       Tensor{"a.mlp.conv", Dtype::kF32, {2, 2, 4}, std::vector<std::byte>(64)},
   };
-  ASSERT_TRUE(sparse_testing::Write(dir / "in.safetensors", in).ok());
+  ASSERT_OK(sparse_testing::Write(dir / "in.safetensors", in));
   SparsifyOptions opts;
   opts.targets = "mlp";
   auto report = Sparsify(dir / "in.safetensors", dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_TRUE(Find(*report, "a.mlp.weight")->encoded);
   EXPECT_TRUE(Find(*report, "a.mlp.bias")->encoded);
   EXPECT_EQ(Find(*report, "a.attn.weight")->note, "not a target");
@@ -285,7 +287,7 @@ TEST(PruneTest, EachRowLosesItsSmallestMagnitudes) {
     std::memcpy(t.bytes.data() + 4 * i, &u, 4);
   }
   std::vector<std::byte> pruned = t.bytes;
-  ASSERT_TRUE(PruneByMagnitude(pruned.data(), Dtype::kF32, rows, cols, 0.5).ok());
+  ASSERT_OK(PruneByMagnitude(pruned.data(), Dtype::kF32, rows, cols, 0.5));
   const auto before = AsFloats(t.bytes), after = AsFloats(pruned);
   const uint64_t k = static_cast<uint64_t>(std::floor(cols * 0.5));
   for (uint64_t r = 0; r < rows; ++r) {
@@ -313,11 +315,11 @@ TEST(PruneTest, TiesGoToTheLowerColumnAndNanRanksAboveInfinity) {
   // One BF16 row: 2.0 x 4, NaN, -inf, -0.0, 1.0.
   std::vector<uint16_t> row = {0x4000, 0x4000, 0x7FC1, 0x4000, 0xFF80, 0x8000, 0x3F80, 0x4000};
   auto bytes = Make("", Dtype::kBF16, {1, 8}, row).bytes;
-  ASSERT_TRUE(PruneByMagnitude(bytes.data(), Dtype::kBF16, 1, 8, 0.5).ok());
+  ASSERT_OK(PruneByMagnitude(bytes.data(), Dtype::kBF16, 1, 8, 0.5));
   std::memcpy(row.data(), bytes.data(), 16);
   // -0.0 and 1.0 first, then the two lowest columns holding 2.0.
   EXPECT_THAT(row, ElementsAre(0, 0, 0x7FC1, 0x4000, 0xFF80, 0, 0, 0x4000));
-  ASSERT_TRUE(PruneByMagnitude(bytes.data(), Dtype::kBF16, 1, 8, 7.0 / 8).ok());
+  ASSERT_OK(PruneByMagnitude(bytes.data(), Dtype::kBF16, 1, 8, 7.0 / 8));
   std::memcpy(row.data(), bytes.data(), 16);
   EXPECT_THAT(row, ElementsAre(0, 0, 0x7FC1, 0, 0, 0, 0, 0));
 }
@@ -325,11 +327,11 @@ TEST(PruneTest, TiesGoToTheLowerColumnAndNanRanksAboveInfinity) {
 TEST(PruneTest, FractionsAtTheEnds) {
   Tensor t = RandomSparse("w", Dtype::kF16, 3, 10, 0, 1);
   auto bytes = t.bytes;
-  ASSERT_TRUE(PruneByMagnitude(bytes.data(), Dtype::kF16, 3, 10, 0.0).ok());
+  ASSERT_OK(PruneByMagnitude(bytes.data(), Dtype::kF16, 3, 10, 0.0));
   EXPECT_EQ(bytes, t.bytes);
-  ASSERT_TRUE(PruneByMagnitude(bytes.data(), Dtype::kF16, 3, 10, 0.09).ok());  // floor(0.9) = 0.
+  ASSERT_OK(PruneByMagnitude(bytes.data(), Dtype::kF16, 3, 10, 0.09));  // floor(0.9) = 0.
   EXPECT_EQ(bytes, t.bytes);
-  ASSERT_TRUE(PruneByMagnitude(bytes.data(), Dtype::kF16, 3, 10, 1.0).ok());
+  ASSERT_OK(PruneByMagnitude(bytes.data(), Dtype::kF16, 3, 10, 1.0));
   EXPECT_EQ(bytes, std::vector<std::byte>(60));
 }
 
@@ -337,7 +339,7 @@ TEST(PruneTest, EveryFloatingDtypeAndNothingElse) {
   for (Dtype d :
        {Dtype::kF16, Dtype::kBF16, Dtype::kF32, Dtype::kF64, Dtype::kF8_E4M3, Dtype::kF8_E5M2}) {
     Tensor t = RandomSparse("w", d, 4, 30, 0, 2);
-    ASSERT_TRUE(PruneByMagnitude(t.bytes.data(), d, 4, 30, 0.3).ok()) << DtypeName(d);
+    ASSERT_OK(PruneByMagnitude(t.bytes.data(), d, 4, 30, 0.3)) << DtypeName(d);
     const uint32_t w = DtypeBits(d) / 8;
     for (uint64_t r = 0; r < 4; ++r) {
       int zeros = 0;
@@ -363,15 +365,15 @@ TEST(SparsifyTest, PruneThenEncode) {
   const std::vector<Tensor> in = {SpecialBf16("a.weight"),
                                   RandomSparse("b.weight", Dtype::kF32, 6, 50, 0, 1),
                                   RandomSparse("c.bias", Dtype::kF32, 1, 50, 0, 2)};
-  ASSERT_TRUE(sparse_testing::Write(dir / "in.safetensors", in).ok());
+  ASSERT_OK(sparse_testing::Write(dir / "in.safetensors", in));
   SparsifyOptions opts;
   opts.prune = 0.6;
   auto report = Sparsify(dir / "in.safetensors", dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   // What comes back is exactly the input pruned by PruneByMagnitude.
   auto expected = AsMap(in);
-  ASSERT_TRUE(PruneByMagnitude(expected["a.weight"].data(), Dtype::kBF16, 9, 21, 0.6).ok());
-  ASSERT_TRUE(PruneByMagnitude(expected["b.weight"].data(), Dtype::kF32, 6, 50, 0.6).ok());
+  ASSERT_OK(PruneByMagnitude(expected["a.weight"].data(), Dtype::kBF16, 9, 21, 0.6));
+  ASSERT_OK(PruneByMagnitude(expected["b.weight"].data(), Dtype::kF32, 6, 50, 0.6));
   EXPECT_EQ(DecodeAll(dir / "out"), expected);
   EXPECT_FALSE(Find(*report, "c.bias")->target);
   EXPECT_EQ(Find(*report, "b.weight")->nnz, 6u * 20);
@@ -388,12 +390,12 @@ TEST(SparsifyTest, ShardsAndIndex) {
     in.push_back(
         RandomSparse("layers." + std::to_string(i) + ".bias", Dtype::kBF16, 1, 16, 0, 10 + i));
   }
-  ASSERT_TRUE(sparse_testing::Write(dir / "a.safetensors", {in.begin(), in.begin() + 5}).ok());
-  ASSERT_TRUE(sparse_testing::Write(dir / "b.safetensors", {in.begin() + 5, in.end()}).ok());
+  ASSERT_OK(sparse_testing::Write(dir / "a.safetensors", {in.begin(), in.begin() + 5}));
+  ASSERT_OK(sparse_testing::Write(dir / "b.safetensors", {in.begin() + 5, in.end()}));
   SparsifyOptions opts;
   opts.max_shard_bytes = 10000;  // An encoded weight is ~5 KB.
   auto report = Sparsify(dir.path(), dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   ASSERT_GT(report->files.size(), 2u);
   const size_t n = report->files.size() - 1;
   for (size_t i = 0; i < n; ++i) {
@@ -404,7 +406,7 @@ TEST(SparsifyTest, ShardsAndIndex) {
   EXPECT_EQ(report->files.back(), "model.safetensors.index.json");
 
   auto out = Checkpoint::Open(dir / "out");
-  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_OK(out);
   EXPECT_EQ(out->kind(), Checkpoint::Kind::kIndex);
   EXPECT_THAT(out->warnings(), IsEmpty());
   EXPECT_EQ(out->index_metadata().at("total_size"), std::to_string(report->bytes_out));
@@ -418,7 +420,7 @@ TEST(SparsifyTest, ShardsAndIndex) {
   }
   EXPECT_EQ(out->tensors().size(), names);  // The weight_map names every stored tensor.
   auto cat = FindSparse(*out);
-  ASSERT_TRUE(cat.ok());
+  ASSERT_OK(cat);
   EXPECT_EQ(cat->sparse.size(), 6u);
   for (const auto& st : cat->sparse) {  // A group stays in one shard.
     EXPECT_EQ(st.values.shard, st.shape_tensor.shard);
@@ -433,11 +435,11 @@ TEST(SparsifyTest, ATensorOverTheShardLimitGetsItsOwnShard) {
   const std::vector<Tensor> in = {RandomSparse("a.weight", Dtype::kF32, 8, 8, 0, 1),
                                   RandomSparse("b.weight", Dtype::kF32, 64, 64, 0, 2),
                                   RandomSparse("c.weight", Dtype::kF32, 8, 8, 0, 3)};
-  ASSERT_TRUE(sparse_testing::Write(dir / "in.safetensors", in).ok());
+  ASSERT_OK(sparse_testing::Write(dir / "in.safetensors", in));
   SparsifyOptions opts;
   opts.max_shard_bytes = 1000;
   auto report = Sparsify(dir / "in.safetensors", dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_THAT(report->files,
               ElementsAre("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                           "model-00003-of-00003.safetensors", "model.safetensors.index.json"));
@@ -472,7 +474,7 @@ TEST(SparsifyTest, ConfigGetsTheSparsityConfigAndCompanionsAreCopied) {
   SparsifyOptions opts;
   opts.max_copy_bytes = 1000;
   auto report = Sparsify(dir.path(), dir / "out", opts);
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_THAT(report->copied,
               ElementsAre("config.json", "generation_config.json", "tokenizer.json"));
   ASSERT_EQ(report->skipped.size(), 1u);
@@ -515,7 +517,7 @@ TEST(SparsifyTest, ANewQuantizationConfig) {
                   .ok());
   sparse_testing::WriteText(dir / "config.json", "{\"model_type\": \"llama\"}");
   auto report = Sparsify(dir.path(), dir / "out");
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_EQ(report->global_sparsity, 1.0);
   simdjson::dom::parser parser;
   const std::string text = sparse_testing::ReadText(dir / "out/config.json");
@@ -534,7 +536,7 @@ TEST(SparsifyTest, NothingEncodedLeavesConfigAlone) {
                   .ok());
   sparse_testing::WriteText(dir / "config.json", "{\"model_type\":  \"llama\"}");
   auto report = Sparsify(dir.path(), dir / "out");
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_EQ(report->encoded, 0u);
   EXPECT_EQ(sparse_testing::ReadText(dir / "out/config.json"), "{\"model_type\":  \"llama\"}");
 }
@@ -546,7 +548,7 @@ TEST(SparsifyTest, AFileInputCopiesNoCompanions) {
                   .ok());
   sparse_testing::WriteText(dir / "config.json", "{}");
   auto report = Sparsify(dir / "model.safetensors", dir / "out");
-  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  ASSERT_OK(report);
   EXPECT_THAT(report->files, ElementsAre("model.safetensors"));
 }
 
@@ -570,7 +572,7 @@ TEST(SparsifyErrorTest, OutputMustBeNewOrEmpty) {
   EXPECT_EQ(report.status().code(), StatusCode::kNotFound);
   // An empty directory is fine.
   std::filesystem::create_directory(dir / "empty");
-  EXPECT_TRUE(Sparsify(dir / "in.safetensors", dir / "empty").ok());
+  EXPECT_OK(Sparsify(dir / "in.safetensors", dir / "empty"));
 }
 
 TEST(SparsifyErrorTest, BadOptions) {
