@@ -335,13 +335,16 @@ class Puller {
     const int n = static_cast<int>(group.size());
     TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key_.layout));
     std::vector<Source> sources(n);
+    // Declared before the closer, so that on an error the UCX clients (which
+    // map it) are closed before the buffer is freed.
+    std::shared_ptr<HostBuffer> buffer;
     SessionCloser closer{&sources};
     TL_RETURN_IF_ERROR(OpenSessions(group, &sources, failed_url));
 
     *failed_url = group[0]->url();
     TL_ASSIGN_OR_RETURN(std::vector<Wanted> wanted, PlanWanted(group, sources, layout, failed_url));
     TL_ASSIGN_OR_RETURN(uint64_t total, PlaceWanted(group[0]->url(), &wanted));
-    TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, HostBuffer::Allocate(total));
+    TL_ASSIGN_OR_RETURN(buffer, HostBuffer::Allocate(total));
     // Fresh memory is faulted in by helper threads ahead of the gets, as a
     // disk load does (docs/loading.md, "Memory"): first touches cost more
     // than the transfer itself on the machine measured (docs/remote.md).
