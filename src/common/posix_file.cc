@@ -69,29 +69,6 @@ Result<FileIdentity> PosixFile::Identity() const {
                       static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
-Status PosixFile::ReadExactlyAt(uint64_t offset, void* buf, size_t n) const {
-  return PreadFully(fd_, buf, n, offset);
-}
-
-Status PreadFully(int fd, void* buf, size_t n, uint64_t offset) {
-  auto* p = static_cast<char*>(buf);
-  size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return PosixError("read at offset " + std::to_string(offset + done), errno);
-    }
-    if (r == 0) {
-      return OutOfRangeError("unexpected end of file at offset " + std::to_string(offset + done) +
-                             " (wanted " + std::to_string(n) + " bytes at offset " +
-                             std::to_string(offset) + ")");
-    }
-    done += static_cast<size_t>(r);
-  }
-  return Status::Ok();
-}
-
 Status PosixFile::Close() {
   if (fd_ < 0) return Status::Ok();
   int fd = std::exchange(fd_, -1);

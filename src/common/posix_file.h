@@ -1,8 +1,7 @@
-// Move-only RAII over a POSIX file descriptor, with reads that handle EINTR
-// and short reads, and errno converted to a Status in one place.
+// Move-only RAII over a POSIX file descriptor, and errno converted to a Status
+// in one place. Reads are in io/ (io/read_op.h: ReadExactlyAt, the engines).
 //
-// Thread safety: ReadAt may be called concurrently (pread has no shared
-// offset); Close and move are not thread safe.
+// Thread safety: Close and move are not thread safe.
 #ifndef TENSORLIFT_COMMON_POSIX_FILE_H_
 #define TENSORLIFT_COMMON_POSIX_FILE_H_
 
@@ -20,10 +19,6 @@ namespace tensorlift {
 // Converts errno `err` from operation `what` into a Status with the matching
 // code (ENOENT -> NotFound, EACCES/EPERM -> PermissionDenied, else IOError).
 Status PosixError(std::string_view what, int err);
-
-// Reads exactly `n` bytes at `offset` with pread, retrying EINTR, EAGAIN and
-// short reads; a premature end of file is an OutOfRange error.
-Status PreadFully(int fd, void* buf, size_t n, uint64_t offset);
 
 class PosixFile {
  public:
@@ -46,8 +41,6 @@ class PosixFile {
   Result<uint64_t> Size() const;
   // Device, inode, size and modification time from fstat.
   Result<FileIdentity> Identity() const;
-  // Reads exactly `n` bytes at `offset`; a short file is OutOfRange.
-  Status ReadExactlyAt(uint64_t offset, void* buf, size_t n) const;
   Status Close();
 
  private:

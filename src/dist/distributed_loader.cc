@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
+#include "io/read_op.h"
 #include "tensorlift/checksum.h"
 
 namespace tensorlift {
@@ -182,7 +183,7 @@ Status ReadFromFile(const Checkpoint::Shard& shard, const TensorInfo& info, uint
       return IOError("the file changed since its header was read (size " +
                      std::to_string(shard.identity.size) + " -> " + std::to_string(id.size) + ")");
     }
-    Status st = file.ReadExactlyAt(shard.header.data_offset() + info.begin + offset, dst, bytes);
+    Status st = ReadExactlyAt(file.fd(), shard.header.data_offset() + info.begin + offset, dst, bytes);
     if (!st.ok()) {
       return st.WithContext(Quoted(info.name) + " bytes [" + std::to_string(offset) + ", " +
                             std::to_string(offset + bytes) + ")");

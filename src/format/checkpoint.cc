@@ -9,6 +9,7 @@
 #include <map>
 
 #include "common/posix_file.h"
+#include "io/read_op.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift {
@@ -55,7 +56,7 @@ Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
                            std::to_string(limit) + " for an index");
   }
   std::string data(size, '\0');
-  TL_RETURN_IF_ERROR(file.ReadExactlyAt(0, data.data(), size));
+  TL_RETURN_IF_ERROR(ReadExactlyAt(file.fd(), 0, data.data(), size));
   return data;
 }
 

@@ -10,6 +10,7 @@
 
 #include "common/checked_math.h"
 #include "common/posix_file.h"
+#include "io/read_op.h"
 #include "tensorlift/text.h"
 #include "tensorlift/safetensors.h"
 
@@ -446,11 +447,11 @@ Result<Header> Header::ReadFile(const std::string& path, FileIdentity* identity)
     if (identity != nullptr) *identity = id;
     const uint64_t size = id.size;
     std::byte len[8] = {};
-    if (size >= 8) TL_RETURN_IF_ERROR(file.ReadExactlyAt(0, len, 8));
+    if (size >= 8) TL_RETURN_IF_ERROR(ReadExactlyAt(file.fd(), 0, len, 8));
     TL_ASSIGN_OR_RETURN(uint64_t n, CheckLength(std::span(len, size >= 8 ? 8 : 0), size));
     auto buf = PaddedBuffer(n);
     if (!buf) return ResourceExhaustedError("cannot allocate " + std::to_string(n) + " bytes for the header");
-    TL_RETURN_IF_ERROR(file.ReadExactlyAt(8, buf.get(), n));
+    TL_RETURN_IF_ERROR(ReadExactlyAt(file.fd(), 8, buf.get(), n));
     return HeaderParser::ParseJson(buf.get(), n, size);
   }();
   if (!result.ok()) return result.status().WithContext(path);

@@ -10,6 +10,25 @@
 
 namespace tensorlift {
 
+Status ReadExactlyAt(int fd, uint64_t offset, void* buf, size_t n) {
+  auto* p = static_cast<char*>(buf);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return PosixError("read at offset " + std::to_string(offset + done), errno);
+    }
+    if (r == 0) {
+      return OutOfRangeError("unexpected end of file at offset " + std::to_string(offset + done) +
+                             " (wanted " + std::to_string(n) + " bytes at offset " +
+                             std::to_string(offset) + ")");
+    }
+    done += static_cast<size_t>(r);
+  }
+  return Status::Ok();
+}
+
 Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, uint64_t min_read) {
   uint64_t got = 0;
   while (got < length) {
@@ -34,7 +53,7 @@ Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, ui
 OpReader::~OpReader() { std::free(scratch_); }
 
 Status OpReader::Read(const ReadOp& op) {
-  if (!op.bounce) return PreadFully(op.fd, op.dest, op.length, op.offset);
+  if (!op.bounce) return ReadExactlyAt(op.fd, op.offset, op.dest, op.length);
   // O_DIRECT: read the aligned span that covers the range, copy out the bytes.
   const uint64_t a0 = op.offset / kDirectAlign * kDirectAlign;
   const uint64_t a1 = (op.offset + op.length + kDirectAlign - 1) / kDirectAlign * kDirectAlign;

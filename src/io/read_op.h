@@ -1,4 +1,5 @@
-// The unit of work of the read engines, and the pieces they share.
+// The unit of work of the read engines, the pieces they share, and the plain
+// reads of byte ranges: every read of a file goes through src/io/.
 #ifndef TENSORLIFT_IO_READ_OP_H_
 #define TENSORLIFT_IO_READ_OP_H_
 
@@ -59,6 +60,12 @@ std::unique_ptr<ReadEngine> MakeInlineEngine();
 // refuses it (e.g. disabled by sysctl or seccomp).
 Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth);
 bool UringBuiltIn();
+
+// Reads exactly `n` bytes at `offset` of `fd` into `buf` with pread, retrying
+// EINTR, EAGAIN and short reads; a premature end of file is an OutOfRange
+// error. The read of every byte range outside the engines (headers, indexes,
+// token files, the rows a rank reads itself, sparse parts). Thread-safe.
+Status ReadExactlyAt(int fd, uint64_t offset, void* buf, size_t n);
 
 // Reads `length` bytes at `offset` of `fd` into `dest` with pread, retrying
 // EINTR, EAGAIN and short reads; the read may end early at the end of the

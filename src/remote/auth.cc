@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
+#include "io/read_op.h"
 #include "tensorlift/remote.h"
 
 namespace tensorlift::remote {
@@ -210,7 +211,7 @@ Result<std::string> ReadTokenFile(const std::string& path) {
                                   std::to_string(remote::kMaxTokenFileBytes));
     }
     std::string text(static_cast<size_t>(st.st_size), '\0');
-    TL_RETURN_IF_ERROR(file.ReadExactlyAt(0, text.data(), text.size()));
+    TL_RETURN_IF_ERROR(ReadExactlyAt(file.fd(), 0, text.data(), text.size()));
     size_t b = 0, e = text.size();
     while (b < e && remote::IsSpace(text[b])) ++b;
     while (e > b && remote::IsSpace(text[e - 1])) --e;

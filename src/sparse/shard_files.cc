@@ -1,5 +1,7 @@
 #include "sparse/shard_files.h"
 
+#include "io/read_op.h"
+
 #include <string>
 
 namespace tensorlift::sparse {
@@ -23,7 +25,7 @@ Status ShardFiles::Read(Checkpoint::Location loc, uint64_t pos, void* buf, size_
                          std::to_string(pos) + " past the end of a tensor of " +
                          std::to_string(info.nbytes()));
   }
-  Status st = file->ReadExactlyAt(shard.header.data_offset() + info.begin + pos, buf, n);
+  Status st = ReadExactlyAt(file->fd(), shard.header.data_offset() + info.begin + pos, buf, n);
   return st.ok() ? st : st.WithContext(shard.path);
 }
 

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
+#include "io/read_op.h"
 #include "kernels/convert.h"
 #include "tensorlift/bitmask.h"
 #include "sparse/shard_files.h"
@@ -361,7 +362,7 @@ Result<std::string> MergeConfig(const std::string& text, const std::string& spar
 Result<std::string> ReadSmall(const std::string& path, uint64_t size) {
   TL_ASSIGN_OR_RETURN(PosixFile f, PosixFile::OpenForRead(path));
   std::string data(size, '\0');
-  TL_RETURN_IF_ERROR(f.ReadExactlyAt(0, data.data(), size));
+  TL_RETURN_IF_ERROR(ReadExactlyAt(f.fd(), 0, data.data(), size));
   return data;
 }
 
