@@ -4,6 +4,7 @@
 
 #include "common/checked_math.h"
 #include "io/read_op.h"
+#include "kernels/convert.h"
 #include "load/planner.h"
 
 namespace tensorlift {
@@ -21,19 +22,6 @@ uint64_t PlaceAt(uint64_t cur, uint64_t residue) {
   return base >= cur ? base : base + kDeviceAlign;
 }
 
-bool Convertible(Dtype d) {
-  switch (d) {
-    case Dtype::kF32:
-    case Dtype::kF16:
-    case Dtype::kBF16:
-    case Dtype::kF8_E4M3:
-    case Dtype::kF8_E5M2:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // A byte range of the data section and where it goes.
 struct Segment {
   uint64_t begin = 0, end = 0;  // Data-section offsets.
@@ -45,7 +33,7 @@ struct Segment {
 }  // namespace
 
 Dtype TargetDtype(Dtype from, std::optional<Dtype> to) {
-  if (!to || !Convertible(from)) return from;
+  if (!to || !convert::ConversionSupported(from, *to)) return from;
   return *to;
 }
 
