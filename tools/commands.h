@@ -30,12 +30,12 @@ struct LoadArgs {
   bool checksum = false;
   bool progress = true;  // Only drawn on a terminal.
   std::string device = "cpu";
-  std::string dtype;     // Empty: keep each tensor's.
+  std::string dtype;  // Empty: keep each tensor's.
   int staging_buffers = tensorlift::LoadOptions{}.staging_buffers;
   uint64_t staging_mib = tensorlift::LoadOptions{}.staging_bytes >> 20;
   bool gds = tensorlift::LoadOptions{}.gds;
-  bool copy = false;    // auto: owned copies of page-cached files, not views.
-  bool mpi = false;     // One rank of an MPI job (mpirun): read this rank's share.
+  bool copy = false;  // auto: owned copies of page-cached files, not views.
+  bool mpi = false;   // One rank of an MPI job (mpirun): read this rank's share.
 };
 int RunLoad(const LoadArgs& args);
 // RunLoad with --mpi (load_mpi.cc): `opts` already parsed from `args`.
@@ -62,7 +62,7 @@ struct PeerArgs {
   std::string revision;  // Default: a digest of the checkpoint's headers.
   std::string dtype = "as-stored";
   std::string quantization = "none";
-  std::string layout;    // Sharding rules ("" = whole tensors).
+  std::string layout;  // Sharding rules ("" = whole tensors).
   int tp_size = 1;
   int tp_rank = 0;
   std::string transports;  // UCX_TLS syntax; empty: UCX's default.
@@ -77,7 +77,7 @@ struct ServeArgs {
   std::string token_file;
   double rate_limit_mbps = 0;  // MB/s for all clients; 0: none.
   int max_sessions = 16;
-  std::string ready_file;      // Written with the URL once serving.
+  std::string ready_file;  // Written with the URL once serving.
 };
 // Loads a checkpoint and serves it until SIGINT/SIGTERM.
 int RunServe(const ServeArgs& args);

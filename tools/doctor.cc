@@ -78,18 +78,19 @@ void PrintText(const CapabilityReport& r) {
                 g.filesystem_reason.c_str());
   }
   const CommCapabilities& m = r.comm;
-  const std::string mpi = !m.mpi_built ? "not built (" + m.mpi_reason + ")"
-                                      : Or(!m.mpi_library.empty(), "built, " + m.mpi_library,
-                                           "built", m.mpi_reason);
+  const std::string mpi =
+      !m.mpi_built ? "not built (" + m.mpi_reason + ")"
+                   : Or(!m.mpi_library.empty(), "built, " + m.mpi_library, "built", m.mpi_reason);
   std::printf("MPI: %s\n", mpi.c_str());
-  std::printf("NCCL: %s\n",
-              !m.nccl_built ? ("not built (" + m.nccl_reason + ")").c_str()
-                            : Or(m.nccl_loaded, "built, library " + m.nccl_version, "built",
-                                 m.nccl_reason)
-                                  .c_str());
+  std::printf(
+      "NCCL: %s\n",
+      !m.nccl_built
+          ? ("not built (" + m.nccl_reason + ")").c_str()
+          : Or(m.nccl_loaded, "built, library " + m.nccl_version, "built", m.nccl_reason).c_str());
   const RemoteCapabilities& rc = r.remote;
-  std::printf("UCX (peer loading): %s\n",
-              rc.ucx_built ? ("built, " + rc.ucx_version).c_str() : ("not built (" + rc.ucx_reason + ")").c_str());
+  std::printf("UCX (peer loading): %s\n", rc.ucx_built
+                                              ? ("built, " + rc.ucx_version).c_str()
+                                              : ("not built (" + rc.ucx_reason + ")").c_str());
   std::printf("etcd (registry tests): %s\n", rc.etcd.empty() ? "not on PATH" : rc.etcd.c_str());
 }
 
@@ -139,13 +140,14 @@ void PrintJson(const CapabilityReport& r) {
   out += ",\"comm\":{\"mpi_built\":" + std::string(JsonBool(m.mpi_built)) +
          ",\"mpi_library\":" + JsonOrNull(m.mpi_library) +
          ",\"mpi_reason\":" + JsonOrNull(m.mpi_reason) +
-         ",\"nccl_built\":" + JsonBool(m.nccl_built) + ",\"nccl_loaded\":" + JsonBool(m.nccl_loaded) +
+         ",\"nccl_built\":" + JsonBool(m.nccl_built) +
+         ",\"nccl_loaded\":" + JsonBool(m.nccl_loaded) +
          ",\"nccl_version\":" + JsonOrNull(m.nccl_version) +
          ",\"nccl_reason\":" + JsonOrNull(m.nccl_reason) + "}";
   const RemoteCapabilities& rc = r.remote;
   out += ",\"remote\":{\"ucx_built\":" + std::string(JsonBool(rc.ucx_built)) +
-         ",\"ucx_version\":" + JsonOrNull(rc.ucx_version) + ",\"ucx_reason\":" + JsonOrNull(rc.ucx_reason) +
-         ",\"etcd\":" + JsonOrNull(rc.etcd) + "}}";
+         ",\"ucx_version\":" + JsonOrNull(rc.ucx_version) +
+         ",\"ucx_reason\":" + JsonOrNull(rc.ucx_reason) + ",\"etcd\":" + JsonOrNull(rc.etcd) + "}}";
   std::printf("%s\n", out.c_str());
 }
 

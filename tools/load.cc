@@ -48,7 +48,8 @@ int RunLoad(const LoadArgs& args) {
   }
   if (!args.dtype.empty()) {
     std::string upper;
-    for (char c : args.dtype) upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    for (char c : args.dtype)
+      upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
     auto dt = DtypeFromName(upper);
     if (!dt) {
       std::fprintf(stderr, "unknown dtype '%s' (expected F32, F16 or BF16)\n", args.dtype.c_str());
@@ -77,9 +78,9 @@ int RunLoad(const LoadArgs& args) {
   // With --checksum, stdout holds only the checksum lines.
   FILE* report = args.checksum ? stderr : stdout;
   for (const FileReport& f : loaded->files()) {
-    const std::string how = f.mode == IoMode::kMmap
-                                ? "mmap (mapped, read on first touch)"
-                                : std::string(IoModeName(f.mode)) + " (" + std::string(IoEngineName(f.engine)) + ")";
+    const std::string how = f.mode == IoMode::kMmap ? "mmap (mapped, read on first touch)"
+                                                    : std::string(IoModeName(f.mode)) + " (" +
+                                                          std::string(IoEngineName(f.engine)) + ")";
     const std::string decoded =
         f.decoded > 0 ? " (" + std::to_string(f.decoded) + " sparse tensors decoded)" : "";
     std::fprintf(report, "%s: %u tensors, %llu bytes%s, %s%s%s\n", f.path.c_str(), f.tensors,
@@ -88,22 +89,26 @@ int RunLoad(const LoadArgs& args) {
   }
   if (args.device != "cpu" || opts.dtype) {
     const DeviceMemoryPlan& p = loaded->device_plan();
-    std::fprintf(report, "memory plan on %s: %llu bytes for tensors, %llu for conversion slots, %llu pinned\n",
-                 args.device.c_str(), static_cast<unsigned long long>(p.device_bytes),
-                 static_cast<unsigned long long>(p.scratch_bytes), static_cast<unsigned long long>(p.pinned_bytes));
+    std::fprintf(
+        report,
+        "memory plan on %s: %llu bytes for tensors, %llu for conversion slots, %llu pinned\n",
+        args.device.c_str(), static_cast<unsigned long long>(p.device_bytes),
+        static_cast<unsigned long long>(p.scratch_bytes),
+        static_cast<unsigned long long>(p.pinned_bytes));
   }
   const double secs = loaded->seconds();
   uint64_t mapped = 0;
   for (const FileReport& f : loaded->files()) {
     if (f.mode == IoMode::kMmap) mapped += f.bytes;
   }
-  const std::string views =
-      mapped == 0 ? ""
-                  : " (" + std::to_string(mapped) + " of those bytes are views of the page cache: not copied, "
-                    "read on first touch)";
-  std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s%s\n", loaded->tensors().size(),
-               static_cast<unsigned long long>(loaded->total_bytes()), secs,
-               secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0, views.c_str());
+  const std::string views = mapped == 0
+                                ? ""
+                                : " (" + std::to_string(mapped) +
+                                      " of those bytes are views of the page cache: not copied, "
+                                      "read on first touch)";
+  std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s%s\n",
+               loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
+               secs, secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0, views.c_str());
   if (args.checksum) {
     std::vector<std::byte> host;
     for (const LoadedTensor& t : loaded->tensors()) {  // Name order.

@@ -44,7 +44,8 @@ Result<std::vector<RankReport>> Gather(Communicator& comm, const RankReport& min
 
 int RunLoadMpi(const LoadArgs& args, const LoadOptions& opts) {
   if (args.device != "cpu" || opts.dtype) {
-    std::fprintf(stderr, "--mpi loads into host memory: --device and --dtype are not supported with it\n");
+    std::fprintf(stderr,
+                 "--mpi loads into host memory: --device and --dtype are not supported with it\n");
     return kExitUsage;
   }
   auto comm = MakeMpiCommunicator();

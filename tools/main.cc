@@ -1,6 +1,5 @@
 // tensorlift: the command-line tool. A thin layer over the public API.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 
 #include "commands.h"
@@ -24,7 +23,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> verify_paths;
   bool verify_quiet = false;
   auto* verify = app.add_subcommand(
-      "verify", "Check files completely; exit 0 if all are valid, else print PATH: error per bad one");
+      "verify",
+      "Check files completely; exit 0 if all are valid, else print PATH: error per bad one");
   verify->add_option("PATH", verify_paths, "Files, indexes or directories")->required();
   verify->add_flag("-q,--quiet", verify_quiet, "Print nothing for valid files");
 
@@ -37,8 +37,9 @@ int main(int argc, char** argv) {
   load->add_option("--mode", load_args.mode, "I/O mode")
       ->check(CLI::IsMember({"auto", "buffered", "direct", "mmap"}))
       ->capture_default_str();
-  load->add_flag("--copy", load_args.copy,
-                 "auto: read page-cached files into memory of their own instead of viewing the page cache");
+  load->add_flag(
+      "--copy", load_args.copy,
+      "auto: read page-cached files into memory of their own instead of viewing the page cache");
   load->add_option("--engine", load_args.engine, "Read engine")
       ->check(CLI::IsMember({"auto", "threads", "uring"}))
       ->capture_default_str();
@@ -50,17 +51,21 @@ int main(int argc, char** argv) {
   load->add_option("--block-size", load_args.block_mib, "Largest single read, in MiB")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
-  load->add_flag("--checksum", load_args.checksum,
-                 "Print name<TAB>xxh3-64 of each tensor's bytes, sorted by name (summary to stderr)");
+  load->add_flag(
+      "--checksum", load_args.checksum,
+      "Print name<TAB>xxh3-64 of each tensor's bytes, sorted by name (summary to stderr)");
   load->add_flag("!--no-progress", load_args.progress, "Never draw the progress bar");
   load->add_option("--device", load_args.device, "Where the tensors go: cpu, cuda or cuda:N")
       ->capture_default_str();
-  load->add_option("--dtype", load_args.dtype,
-                   "Convert floating-point tensors (F32/F16/BF16/F8) to F32, F16 or BF16 while loading");
-  load->add_option("--staging-buffers", load_args.staging_buffers, "GPU loads: pinned staging buffers")
+  load->add_option(
+      "--dtype", load_args.dtype,
+      "Convert floating-point tensors (F32/F16/BF16/F8) to F32, F16 or BF16 while loading");
+  load->add_option("--staging-buffers", load_args.staging_buffers,
+                   "GPU loads: pinned staging buffers")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
-  load->add_option("--staging-size", load_args.staging_mib, "GPU loads: bytes per staging buffer, in MiB")
+  load->add_option("--staging-size", load_args.staging_mib,
+                   "GPU loads: bytes per staging buffer, in MiB")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   load->add_flag("!--no-gds", load_args.gds, "GPU loads: never use GPUDirect Storage");
@@ -72,80 +77,119 @@ int main(int argc, char** argv) {
   auto* sparsify = app.add_subcommand(
       "sparsify",
       "Write a sparse-bitmask (compressed-tensors) copy of a checkpoint: zeros cost one bit");
-  sparsify->add_option("IN", sparsify_args.input, "File, model.safetensors.index.json, or directory")
+  sparsify
+      ->add_option("IN", sparsify_args.input, "File, model.safetensors.index.json, or directory")
       ->required();
   sparsify->add_option("OUT", sparsify_args.output, "Output directory (new or empty)")->required();
-  sparsify->add_option("--prune", sparsify_args.prune,
-                       "none, or magnitude:FRACTION: zero that fraction of each target row, smallest |x| first")
+  sparsify
+      ->add_option(
+          "--prune", sparsify_args.prune,
+          "none, or magnitude:FRACTION: zero that fraction of each target row, smallest |x| first")
       ->capture_default_str();
-  sparsify->add_option("--min-sparsity", sparsify_args.min_sparsity,
-                       "Encode a target only if at least this fraction of it is zero")
+  sparsify
+      ->add_option("--min-sparsity", sparsify_args.min_sparsity,
+                   "Encode a target only if at least this fraction of it is zero")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
-  sparsify->add_option("--targets", sparsify_args.targets,
-                       "Regex (searched) for the tensors to encode; only 2-D floating-point ones are")
+  sparsify
+      ->add_option("--targets", sparsify_args.targets,
+                   "Regex (searched) for the tensors to encode; only 2-D floating-point ones are")
       ->capture_default_str();
-  sparsify->add_option("--max-shard-size", sparsify_args.max_shard_size,
-                       "Tensor bytes per output shard: BYTES, or with KB, MB, GB, KiB, MiB, GiB")
+  sparsify
+      ->add_option("--max-shard-size", sparsify_args.max_shard_size,
+                   "Tensor bytes per output shard: BYTES, or with KB, MB, GB, KiB, MiB, GiB")
       ->capture_default_str();
-  sparsify->add_flag("--no-sparsity-config", sparsify_args.no_sparsity_config,
-                     "Copy config.json unchanged (no quantization_config.sparsity_config): for servers that "
-                     "refuse it, such as vLLM 0.32 with --load-format tensorlift, which decodes the weights");
+  sparsify->add_flag(
+      "--no-sparsity-config", sparsify_args.no_sparsity_config,
+      "Copy config.json unchanged (no quantization_config.sparsity_config): for servers that "
+      "refuse it, such as vLLM 0.32 with --load-format tensorlift, which decodes the weights");
 
   auto add_peer = [](CLI::App* cmd, PeerArgs& p) {
     cmd->add_option("--model", p.model, "Model id of the key (default: the checkpoint's name)");
-    cmd->add_option("--revision", p.revision, "Revision of the key (default: a digest of the headers)");
+    cmd->add_option("--revision", p.revision,
+                    "Revision of the key (default: a digest of the headers)");
     cmd->add_option("--dtype", p.dtype, "Dtype of the key")->capture_default_str();
-    cmd->add_option("--quantization", p.quantization, "Quantization of the key")->capture_default_str();
+    cmd->add_option("--quantization", p.quantization, "Quantization of the key")
+        ->capture_default_str();
     cmd->add_option("--layout", p.layout, "Sharding rules REGEX=DIM;... (docs/remote.md)");
-    cmd->add_option("--tp-size", p.tp_size, "Tensor-parallel size of this side")->check(CLI::Range(1, 65536))
+    cmd->add_option("--tp-size", p.tp_size, "Tensor-parallel size of this side")
+        ->check(CLI::Range(1, 65536))
         ->capture_default_str();
-    cmd->add_option("--tp-rank", p.tp_rank, "Tensor-parallel rank of this side")->check(CLI::Range(0, 65535))
+    cmd->add_option("--tp-rank", p.tp_rank, "Tensor-parallel rank of this side")
+        ->check(CLI::Range(0, 65535))
         ->capture_default_str();
-    cmd->add_option("--transports", p.transports, "UCX transports (UCX_TLS syntax, e.g. tcp or sm,self)");
+    cmd->add_option("--transports", p.transports,
+                    "UCX transports (UCX_TLS syntax, e.g. tcp or sm,self)");
   };
   ServeArgs serve_args;
-  auto* serve = app.add_subcommand("serve", "Load a checkpoint and serve it to peers until interrupted");
-  serve->add_option("PATH", serve_args.path, "File, model.safetensors.index.json, or directory")->required();
+  auto* serve =
+      app.add_subcommand("serve", "Load a checkpoint and serve it to peers until interrupted");
+  serve->add_option("PATH", serve_args.path, "File, model.safetensors.index.json, or directory")
+      ->required();
   add_peer(serve, serve_args.peer);
-  serve->add_option("--host", serve_args.host, "Address to listen on and advertise")->capture_default_str();
-  serve->add_option("--port", serve_args.port, "Control port (0: any free one)")->check(CLI::Range(0, 65535))
+  serve->add_option("--host", serve_args.host, "Address to listen on and advertise")
       ->capture_default_str();
-  serve->add_option("--registry", serve_args.registry, "etcd endpoint to register with (http://host:port)");
-  serve->add_option("--registry-ttl", serve_args.registry_ttl_s, "Seconds the registration outlives this process")
-      ->check(CLI::Range(1, 3600))->capture_default_str();
-  serve->add_option("--token-file", serve_args.token_file, "Require requests signed with this token (chmod 600)");
-  serve->add_option("--rate-limit", serve_args.rate_limit_mbps, "MB/s all clients may pull in total (0: no limit)")
+  serve->add_option("--port", serve_args.port, "Control port (0: any free one)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  serve->add_option("--registry", serve_args.registry,
+                    "etcd endpoint to register with (http://host:port)");
+  serve
+      ->add_option("--registry-ttl", serve_args.registry_ttl_s,
+                   "Seconds the registration outlives this process")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  serve->add_option("--token-file", serve_args.token_file,
+                    "Require requests signed with this token (chmod 600)");
+  serve
+      ->add_option("--rate-limit", serve_args.rate_limit_mbps,
+                   "MB/s all clients may pull in total (0: no limit)")
       ->check(CLI::Range(0.0, 1e9));
-  serve->add_option("--max-sessions", serve_args.max_sessions, "Concurrent clients")->check(CLI::Range(1, 4096))
+  serve->add_option("--max-sessions", serve_args.max_sessions, "Concurrent clients")
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  serve->add_option("--ready-file", serve_args.ready_file, "Write the URL to this file once serving");
+  serve->add_option("--ready-file", serve_args.ready_file,
+                    "Write the URL to this file once serving");
 
   FetchArgs fetch_args;
-  auto* fetch = app.add_subcommand("fetch", "Pull a checkpoint from a running peer (or the registry's seeds)");
-  fetch->add_option("URL", fetch_args.urls, "Peer control endpoints http://host:port, tried in order");
+  auto* fetch = app.add_subcommand(
+      "fetch", "Pull a checkpoint from a running peer (or the registry's seeds)");
+  fetch->add_option("URL", fetch_args.urls,
+                    "Peer control endpoints http://host:port, tried in order");
   add_peer(fetch, fetch_args.peer);
   fetch->add_option("--registry", fetch_args.registry, "etcd endpoint to find seeds for the key");
   fetch->add_option("--token-file", fetch_args.token_file, "Sign requests with this token");
-  fetch->add_option("--fallback", fetch_args.fallback, "Checkpoint to load from disk when no peer works");
+  fetch->add_option("--fallback", fetch_args.fallback,
+                    "Checkpoint to load from disk when no peer works");
   fetch->add_option("--out", fetch_args.out, "Write the tensors to DIR/model.safetensors");
-  fetch->add_flag("--checksum", fetch_args.checksum,
-                  "Print name<TAB>xxh3-64 of each tensor's bytes, as tensorlift load --checksum does");
-  fetch->add_option("--timeout-ms", fetch_args.timeout_ms, "Each request, connection and stalled pull")
-      ->check(CLI::Range(100, 3600000))->capture_default_str();
+  fetch->add_flag(
+      "--checksum", fetch_args.checksum,
+      "Print name<TAB>xxh3-64 of each tensor's bytes, as tensorlift load --checksum does");
+  fetch
+      ->add_option("--timeout-ms", fetch_args.timeout_ms,
+                   "Each request, connection and stalled pull")
+      ->check(CLI::Range(100, 3600000))
+      ->capture_default_str();
   fetch->add_flag("--seed", fetch_args.seed,
                   "Then serve what was pulled (registered with --registry) until interrupted");
-  fetch->add_option("--seed-host", fetch_args.seed_host, "With --seed: the address to listen on and advertise")
+  fetch
+      ->add_option("--seed-host", fetch_args.seed_host,
+                   "With --seed: the address to listen on and advertise")
       ->capture_default_str();
-  fetch->add_option("--registry-ttl", fetch_args.registry_ttl_s, "With --seed: the registration's lease, seconds")
-      ->check(CLI::Range(1, 3600))->capture_default_str();
-  fetch->add_option("--ready-file", fetch_args.ready_file, "With --seed: write the seed's URL here once serving");
+  fetch
+      ->add_option("--registry-ttl", fetch_args.registry_ttl_s,
+                   "With --seed: the registration's lease, seconds")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  fetch->add_option("--ready-file", fetch_args.ready_file,
+                    "With --seed: write the seed's URL here once serving");
 
   std::string doctor_path;
   bool doctor_json = false;
   auto* doctor = app.add_subcommand(
       "doctor", "Show what was built and what works here: CUDA, GPUs, io_uring, GPUDirect Storage");
-  doctor->add_option("PATH", doctor_path, "A file or directory whose filesystem to check for GPUDirect Storage");
+  doctor->add_option("PATH", doctor_path,
+                     "A file or directory whose filesystem to check for GPUDirect Storage");
   doctor->add_flag("--json", doctor_json, "Print JSON for machines");
 
   try {

@@ -1,4 +1,6 @@
 // tensorlift serve / fetch: peer loading from the command line.
+#include "tensorlift/remote.h"
+
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,7 +13,6 @@
 
 #include "commands.h"
 #include "tensorlift/checksum.h"
-#include "tensorlift/remote.h"
 #include "tensorlift/safetensors.h"
 
 namespace tensorlift::cli {
@@ -25,7 +26,8 @@ Result<PeerKey> KeyFrom(const PeerArgs& a, const std::string& path) {
   }
   if (!a.model.empty()) key.model = a.model;
   if (!a.revision.empty()) key.revision = a.revision;
-  if (key.model.empty()) return InvalidArgumentError("--model is needed (or a checkpoint path to take it from)");
+  if (key.model.empty())
+    return InvalidArgumentError("--model is needed (or a checkpoint path to take it from)");
   key.dtype = a.dtype;
   key.quantization = a.quantization;
   key.layout = a.layout;
@@ -59,11 +61,13 @@ int WaitServing(const PeerServer& server, const std::string& ready_file, const s
   if (!ready_file.empty()) {
     const std::string tmp = ready_file + ".tmp";
     std::ofstream(tmp) << server.url() << "\n";
-    if (std::rename(tmp.c_str(), ready_file.c_str()) != 0) return Fail(IOError("cannot write " + ready_file));
+    if (std::rename(tmp.c_str(), ready_file.c_str()) != 0)
+      return Fail(IOError("cannot write " + ready_file));
   }
   int sig = 0;
   sigwait(&set, &sig);
-  std::printf("stopping (signal %d): served %llu bytes\n", sig, static_cast<unsigned long long>(server.served_bytes()));
+  std::printf("stopping (signal %d): served %llu bytes\n", sig,
+              static_cast<unsigned long long>(server.served_bytes()));
   return kExitOk;
 }
 
@@ -110,7 +114,8 @@ int RunFetch(const FetchArgs& args) {
   opts.connect_timeout_ms = args.timeout_ms;
   opts.stall_timeout_ms = args.timeout_ms;
   if (opts.peers.empty() && opts.registry.empty() && opts.fallback_path.empty()) {
-    return Fail(InvalidArgumentError("fetch: give a peer URL, --registry, or --fallback"), kExitUsage);
+    return Fail(InvalidArgumentError("fetch: give a peer URL, --registry, or --fallback"),
+                kExitUsage);
   }
   sigset_t set;
   sigemptyset(&set);
@@ -126,23 +131,27 @@ int RunFetch(const FetchArgs& args) {
   for (const std::string& f : report.failures) std::fprintf(stderr, "fallback: %s\n", f.c_str());
   const std::shared_ptr<const LoadedCheckpoint>& loaded = pulled->loaded;
   FILE* out = args.checksum ? stderr : stdout;
-  std::fprintf(out, "fetched %zu tensors, %llu bytes from %s (%d source ranks) in %.3f s: %.2f GB/s\n",
+  std::fprintf(out,
+               "fetched %zu tensors, %llu bytes from %s (%d source ranks) in %.3f s: %.2f GB/s\n",
                loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
                report.source.c_str(), report.source_ranks, report.seconds,
                report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
   for (const FileReport& f : loaded->files()) {
-    if (f.bytes) std::fprintf(out, "  %s: %s, %llu bytes\n", f.path.c_str(), f.reason.c_str(),
-                              static_cast<unsigned long long>(f.bytes));
+    if (f.bytes)
+      std::fprintf(out, "  %s: %s, %llu bytes\n", f.path.c_str(), f.reason.c_str(),
+                   static_cast<unsigned long long>(f.bytes));
   }
   if (!args.out.empty()) {
     std::vector<TensorView> views;
     for (const LoadedTensor& t : loaded->tensors()) {
       std::vector<uint64_t> shape(t.shape.begin(), t.shape.end());
-      views.push_back({t.name, t.dtype, shape,
-                       std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes)});
+      views.push_back(
+          {t.name, t.dtype, shape,
+           std::span<const std::byte>(static_cast<const std::byte*>(t.data), t.nbytes)});
     }
     ::mkdir(args.out.c_str(), 0755);
-    Metadata md{{"format", "pt"}, {"tensorlift.peer.model", key->model},
+    Metadata md{{"format", "pt"},
+                {"tensorlift.peer.model", key->model},
                 {"tensorlift.peer.revision", key->revision}};
     const std::string file = args.out + "/model.safetensors";
     Status st = WriteFile(file, views, md);

@@ -1,15 +1,14 @@
 #include <sys/stat.h>
 
 #include <cstdio>
-
 #include <string>
 #include <vector>
 
 #include "commands.h"
 #include "tensorlift/bitmask.h"
-#include "tensorlift/sparse.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
+#include "tensorlift/sparse.h"
 
 namespace tensorlift::cli {
 namespace {
@@ -34,7 +33,8 @@ Result<size_t> CheckSparseGroups(const Checkpoint& ckpt) {
     const LoadedTensor* offsets = parts.Find(ckpt.info(g.row_offsets).name);
     Status st = sparse::Validate(static_cast<const uint8_t*>(mask->data),
                                  static_cast<const int64_t*>(offsets->data), g.shape, g.nnz);
-    if (!st.ok()) return st.WithContext("sparse tensor '" + g.name + "' (group '" + g.prefix + "')");
+    if (!st.ok())
+      return st.WithContext("sparse tensor '" + g.name + "' (group '" + g.prefix + "')");
   }
   return catalog.sparse.size();
 }
@@ -51,7 +51,8 @@ int RunVerify(const std::vector<std::string>& paths, bool quiet) {
       rc = kExitInvalid;
       continue;
     }
-    for (const auto& w : ckpt->warnings()) std::fprintf(stderr, "%s: warning: %s\n", path.c_str(), w.c_str());
+    for (const auto& w : ckpt->warnings())
+      std::fprintf(stderr, "%s: warning: %s\n", path.c_str(), w.c_str());
     auto groups = CheckSparseGroups(*ckpt);
     if (!groups.ok()) {
       std::printf("%s: %s\n", path.c_str(), groups.status().ToString().c_str());
@@ -62,7 +63,8 @@ int RunVerify(const std::vector<std::string>& paths, bool quiet) {
       const std::string sparse =
           *groups > 0 ? "; " + std::to_string(*groups) + " sparse-bitmask groups checked" : "";
       std::printf("%s: OK (%zu tensors in %zu file%s, %llu bytes of data%s)\n", path.c_str(),
-                  ckpt->tensors().size(), ckpt->shards().size(), ckpt->shards().size() == 1 ? "" : "s",
+                  ckpt->tensors().size(), ckpt->shards().size(),
+                  ckpt->shards().size() == 1 ? "" : "s",
                   static_cast<unsigned long long>(ckpt->total_bytes()), sparse.c_str());
     }
   }

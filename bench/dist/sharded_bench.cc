@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "tensorlift/distributed.h"
 #include "tensorlift/checkpoint.h"
+#include "tensorlift/distributed.h"
 #include "tensorlift/safetensors.h"
 
 namespace tl = tensorlift;
@@ -48,14 +48,16 @@ tl::Status WriteCheckpoint(const std::string& dir, uint64_t size, uint64_t total
   std::filesystem::create_directories(dir);
   const uint64_t count = std::max<uint64_t>(1, total / size);
   std::vector<std::byte> data(size);
-  for (uint64_t i = 0; i < size; ++i) data[i] = static_cast<std::byte>((i * 131 + (i >> 12)) & 0xff);
+  for (uint64_t i = 0; i < size; ++i)
+    data[i] = static_cast<std::byte>((i * 131 + (i >> 12)) & 0xff);
   for (int f = 0; f < kShards; ++f) {
     std::vector<tl::TensorView> views;
     std::vector<std::string> names;
     for (uint64_t t = f; t < count; t += kShards) names.push_back("t" + std::to_string(t));
-    for (const auto& n : names) views.push_back({n, tl::Dtype::kU8, {size / kRowBytes, kRowBytes}, data});
-    TL_RETURN_IF_ERROR(tl::WriteFile(dir + "/part" + std::to_string(f) + ".safetensors", views,
-                                     std::nullopt));
+    for (const auto& n : names)
+      views.push_back({n, tl::Dtype::kU8, {size / kRowBytes, kRowBytes}, data});
+    TL_RETURN_IF_ERROR(
+        tl::WriteFile(dir + "/part" + std::to_string(f) + ".safetensors", views, std::nullopt));
   }
   return tl::Status::Ok();
 }
@@ -83,7 +85,8 @@ std::vector<uint64_t> ParseList(const char* s) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: mpiexec -n W %s DIR [--total-mib N] [--runs N] [--sizes-kib a,b]\n",
+    std::fprintf(stderr,
+                 "usage: mpiexec -n W %s DIR [--total-mib N] [--runs N] [--sizes-kib a,b]\n",
                  argv[0]);
     return 2;
   }
@@ -92,9 +95,12 @@ int main(int argc, char** argv) {
   int runs = 5;
   std::vector<uint64_t> sizes_kib = {256, 1024, 4096, 16384, 65536};
   for (int i = 2; i + 1 < argc; i += 2) {
-    if (std::strcmp(argv[i], "--total-mib") == 0) total = std::strtoull(argv[i + 1], nullptr, 10) << 20;
-    else if (std::strcmp(argv[i], "--runs") == 0) runs = std::atoi(argv[i + 1]);
-    else if (std::strcmp(argv[i], "--sizes-kib") == 0) sizes_kib = ParseList(argv[i + 1]);
+    if (std::strcmp(argv[i], "--total-mib") == 0)
+      total = std::strtoull(argv[i + 1], nullptr, 10) << 20;
+    else if (std::strcmp(argv[i], "--runs") == 0)
+      runs = std::atoi(argv[i + 1]);
+    else if (std::strcmp(argv[i], "--sizes-kib") == 0)
+      sizes_kib = ParseList(argv[i + 1]);
   }
   auto made = tl::MakeMpiCommunicator();
   if (!made.ok()) Die("MakeMpiCommunicator", made.status());
@@ -122,7 +128,8 @@ int main(int argc, char** argv) {
         tl::Dim0Mode mode;
         std::vector<double> secs;
         std::vector<uint64_t> read;
-      } modes[2] = {{"scatter", tl::Dim0Mode::kScatter, {}, {}}, {"read", tl::Dim0Mode::kRead, {}, {}}};
+      } modes[2] = {{"scatter", tl::Dim0Mode::kScatter, {}, {}},
+                    {"read", tl::Dim0Mode::kRead, {}, {}}};
       // Warm: one untimed pass so the files are cached.
       if (!cold) {
         auto l = tl::Load(*ckpt);
@@ -148,7 +155,8 @@ int main(int argc, char** argv) {
             kept.push_back(std::move(t).value());
           }
           if (!comm.Barrier().ok()) return 1;
-          m.secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          m.secs.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
           const uint64_t mine = d->bytes_read();
           std::vector<uint64_t> all(world);
           if (!comm.AllGather(&mine, all.data(), sizeof(mine)).ok()) return 1;
@@ -162,10 +170,11 @@ int main(int argc, char** argv) {
         std::string secs, read;
         for (double s : m.secs) secs += (secs.empty() ? "" : ",") + std::to_string(s);
         for (uint64_t r : m.read) read += (read.empty() ? "" : ",") + std::to_string(r);
-        std::printf("{\"world\": %d, \"tensor_bytes\": %llu, \"tensors\": %zu, \"state\": \"%s\", "
-                    "\"mode\": \"%s\", \"median_s\": %.4f, \"runs_s\": [%s], \"bytes_read\": [%s]}\n",
-                    world, static_cast<unsigned long long>(size), names.size(), state, m.name,
-                    sorted[sorted.size() / 2], secs.c_str(), read.c_str());
+        std::printf(
+            "{\"world\": %d, \"tensor_bytes\": %llu, \"tensors\": %zu, \"state\": \"%s\", "
+            "\"mode\": \"%s\", \"median_s\": %.4f, \"runs_s\": [%s], \"bytes_read\": [%s]}\n",
+            world, static_cast<unsigned long long>(size), names.size(), state, m.name,
+            sorted[sorted.size() / 2], secs.c_str(), read.c_str());
         std::fflush(stdout);
       }
     }

@@ -37,6 +37,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -46,7 +47,6 @@
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -55,7 +55,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr uint64_t kAlign = 4096;
 
-double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 [[noreturn]] void Die(const std::string& msg) {
   std::fprintf(stderr, "tl_limits: %s\n", msg.c_str());
@@ -63,13 +65,13 @@ double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 }
 
 uint64_t PeakRss() {
-  struct rusage ru{};
+  struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
 
-bool g_thp = true;  // --pages
-bool g_prefault = false;  // --prefault
+bool g_thp = true;         // --pages
+bool g_prefault = false;   // --prefault
 int g_populate_ahead = 0;  // --populate-ahead: threads
 
 #ifndef MADV_POPULATE_WRITE
@@ -78,8 +80,8 @@ int g_populate_ahead = 0;  // --populate-ahead: threads
 int g_settle_ms = 0;  // --settle-ms
 
 std::byte* MapAnon(uint64_t bytes) {
-  void* p = ::mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* p = ::mmap(nullptr, std::max<uint64_t>(bytes, 1), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) Die("mmap of " + std::to_string(bytes) + " bytes: " + std::strerror(errno));
   ::madvise(p, bytes, g_thp ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);  // Advisory.
   return static_cast<std::byte*>(p);
@@ -88,7 +90,7 @@ std::byte* MapAnon(uint64_t bytes) {
 struct FileRanges {
   std::string path;
   std::vector<std::pair<uint64_t, uint64_t>> ranges;  // (offset, length)
-  uint64_t span_begin = 0, span_end = 0;             // 4 KiB-aligned.
+  uint64_t span_begin = 0, span_end = 0;              // 4 KiB-aligned.
   uint64_t buffer_offset = 0;
   int fd = -1;
 };
@@ -159,7 +161,8 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
   std::vector<Read> reads;
   for (auto& f : files) {
     for (uint64_t off = f.span_begin; off < f.span_end; off += block) {
-      reads.push_back({f.fd, off, std::min(block, f.span_end - off), 0, buf + f.buffer_offset + (off - f.span_begin)});
+      reads.push_back({f.fd, off, std::min(block, f.span_end - off), 0,
+                       buf + f.buffer_offset + (off - f.span_begin)});
     }
   }
   io_uring ring;
@@ -171,7 +174,8 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
     if (sqe == nullptr) Die("submission queue full");
     Read& rd = reads[i];
-    io_uring_prep_read(sqe, rd.fd, rd.dest + rd.done, static_cast<unsigned>(rd.length - rd.done), rd.offset + rd.done);
+    io_uring_prep_read(sqe, rd.fd, rd.dest + rd.done, static_cast<unsigned>(rd.length - rd.done),
+                       rd.offset + rd.done);
     io_uring_sqe_set_data64(sqe, i);
     ++in_flight;
   };
@@ -199,7 +203,9 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
       io_uring_submit(&ring);
       continue;
     }
-    if (res < 0) Die("read of " + std::to_string(rd.length) + " bytes at " + std::to_string(rd.offset) + ": " + std::strerror(-res));
+    if (res < 0)
+      Die("read of " + std::to_string(rd.length) + " bytes at " + std::to_string(rd.offset) + ": " +
+          std::strerror(-res));
     rd.done += static_cast<uint64_t>(res);
     bytes_read += static_cast<uint64_t>(res);
     // A short read ends the span at end of file (the last block is rounded
@@ -227,7 +233,8 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
   for (auto& f : files) ::close(f.fd);
   std::printf(
       "{\"read_s\":%.6f,\"hash_s\":%.6f,\"total_s\":%.6f,\"bytes_read\":%llu,\"tensor_bytes\":%llu,"
-      "\"tensors\":%llu,\"xor\":\"%016llx\",\"peak_rss_bytes\":%llu,\"queue_depth\":%d,\"block_size\":%llu,"
+      "\"tensors\":%llu,\"xor\":\"%016llx\",\"peak_rss_bytes\":%llu,\"queue_depth\":%d,\"block_"
+      "size\":%llu,"
       "\"pages\":\"%s\",\"prefault\":%s,\"populate_ahead\":%d}\n",
       read_s, hash_s, total_s, static_cast<unsigned long long>(bytes_read),
       static_cast<unsigned long long>(tensor_bytes), static_cast<unsigned long long>(tensors),
@@ -330,7 +337,8 @@ int CmdResident(int argc, char** argv) {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: tl_limits read RANGES [--queue-depth N] [--block-mib N] [--pages thp|4k] [--prefault 0|1] [--populate-ahead N]\n"
+               "usage: tl_limits read RANGES [--queue-depth N] [--block-mib N] [--pages thp|4k] "
+               "[--prefault 0|1] [--populate-ahead N]\n"
                "       tl_limits memcpy BYTES [--threads N] [--pages thp|4k] [--settle-ms MS]\n"
                "       tl_limits resident FILE...\n");
   return 2;
@@ -348,15 +356,24 @@ int main(int argc, char** argv) {
     const std::string opt = argv[i];
     const std::string val = argv[i + 1];
     const long v = std::strtol(val.c_str(), nullptr, 10);
-    if (opt == "--pages" && (val == "thp" || val == "4k")) g_thp = val == "thp";
-    else if (opt == "--prefault" && (val == "0" || val == "1")) g_prefault = val == "1";
-    else if (opt == "--populate-ahead" && v >= 0 && v <= 64) g_populate_ahead = static_cast<int>(v);
-    else if (opt == "--settle-ms" && v >= 0) g_settle_ms = static_cast<int>(v);
-    else if (v <= 0) return Usage();
-    else if (opt == "--queue-depth") depth = static_cast<int>(v);
-    else if (opt == "--block-mib") block = static_cast<uint64_t>(v) << 20;
-    else if (opt == "--threads") threads = static_cast<int>(v);
-    else return Usage();
+    if (opt == "--pages" && (val == "thp" || val == "4k"))
+      g_thp = val == "thp";
+    else if (opt == "--prefault" && (val == "0" || val == "1"))
+      g_prefault = val == "1";
+    else if (opt == "--populate-ahead" && v >= 0 && v <= 64)
+      g_populate_ahead = static_cast<int>(v);
+    else if (opt == "--settle-ms" && v >= 0)
+      g_settle_ms = static_cast<int>(v);
+    else if (v <= 0)
+      return Usage();
+    else if (opt == "--queue-depth")
+      depth = static_cast<int>(v);
+    else if (opt == "--block-mib")
+      block = static_cast<uint64_t>(v) << 20;
+    else if (opt == "--threads")
+      threads = static_cast<int>(v);
+    else
+      return Usage();
   }
   if (cmd == "read") return CmdRead(argv[2], depth, block);
   if (cmd == "memcpy") {

@@ -126,26 +126,31 @@ int main(int argc, char** argv) {
   }
   const auto t2 = Clock::now();
 
-  struct rusage ru{};
+  struct rusage ru {};
   ::getrusage(RUSAGE_SELF, &ru);
   const double load_s = std::chrono::duration<double>(t1 - t0).count();
   const double total_s = std::chrono::duration<double>(t2 - t0).count();
   std::string files = "[";
   for (const tensorlift::FileReport& f : loaded->files()) {
     if (files.size() > 1) files += ",";
-    files += "{\"path\":" + JsonString(f.path) + ",\"mode\":" + JsonString(tensorlift::IoModeName(f.mode)) +
+    files += "{\"path\":" + JsonString(f.path) +
+             ",\"mode\":" + JsonString(tensorlift::IoModeName(f.mode)) +
              ",\"engine\":" + JsonString(tensorlift::IoEngineName(f.engine)) +
              ",\"reason\":" + JsonString(f.reason) + ",\"bytes\":" + std::to_string(f.bytes) +
              ",\"realigned\":" + std::to_string(f.realigned) + "}";
   }
   files += "]";
   std::printf(
-      "{\"first_s\":%s,\"load_s\":%.6f,\"total_s\":%.6f,\"loader_s\":%.6f,\"bytes\":%llu,\"tensors\":%zu,"
-      "\"peak_rss_bytes\":%llu,\"xor\":\"%s\",\"options\":{\"mode\":%s,\"engine\":%s,\"threads\":%d,"
+      "{\"first_s\":%s,\"load_s\":%.6f,\"total_s\":%.6f,\"loader_s\":%.6f,\"bytes\":%llu,"
+      "\"tensors\":%zu,"
+      "\"peak_rss_bytes\":%llu,\"xor\":\"%s\",\"options\":{\"mode\":%s,\"engine\":%s,\"threads\":%"
+      "d,"
       "\"queue_depth\":%d,\"block_size\":%llu,\"fault_threads\":%d},\"files\":%s}\n",
-      first_s < 0 ? "null" : std::to_string(first_s).c_str(), load_s, total_s, loaded->seconds(), static_cast<unsigned long long>(bytes), loaded->tensors().size(),
+      first_s < 0 ? "null" : std::to_string(first_s).c_str(), load_s, total_s, loaded->seconds(),
+      static_cast<unsigned long long>(bytes), loaded->tensors().size(),
       static_cast<unsigned long long>(ru.ru_maxrss) * 1024ull, tensorlift::HexU64(x).c_str(),
-      JsonString(tensorlift::IoModeName(opts.mode)).c_str(), JsonString(tensorlift::IoEngineName(opts.engine)).c_str(),
-      opts.threads, opts.queue_depth, static_cast<unsigned long long>(opts.block_size), opts.fault_threads, files.c_str());
+      JsonString(tensorlift::IoModeName(opts.mode)).c_str(),
+      JsonString(tensorlift::IoEngineName(opts.engine)).c_str(), opts.threads, opts.queue_depth,
+      static_cast<unsigned long long>(opts.block_size), opts.fault_threads, files.c_str());
   return 0;
 }

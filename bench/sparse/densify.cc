@@ -20,7 +20,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   uint64_t shard = uint64_t{1024} << 20;
-  if (argc == 5 && std::strcmp(argv[3], "--shard-mib") == 0) shard = std::strtoull(argv[4], nullptr, 10) << 20;
+  if (argc == 5 && std::strcmp(argv[3], "--shard-mib") == 0)
+    shard = std::strtoull(argv[4], nullptr, 10) << 20;
   auto loaded = Load(argv[1]);
   if (!loaded.ok()) {
     std::fprintf(stderr, "tl_sparse_densify: %s\n", loaded.status().ToString().c_str());

@@ -86,10 +86,10 @@ struct CommCapabilities {
 };
 
 struct RemoteCapabilities {
-  bool ucx_built = false;    // The UCX data plane was compiled in (peer loading).
-  std::string ucx_version;   // "1.13.1", when built.
-  std::string ucx_reason;    // Why not built.
-  std::string etcd;          // The etcd binary on PATH (for tests), or empty.
+  bool ucx_built = false;   // The UCX data plane was compiled in (peer loading).
+  std::string ucx_version;  // "1.13.1", when built.
+  std::string ucx_reason;   // Why not built.
+  std::string etcd;         // The etcd binary on PATH (for tests), or empty.
 };
 
 struct CapabilityReport {

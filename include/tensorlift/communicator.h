@@ -97,7 +97,8 @@ Result<std::string> NcclLibraryVersion();
 // of `bootstrap`: a failure on one rank (no GPU, no library) is returned on
 // every rank (Agree). Unavailable with the reason when NCCL or the GPU
 // cannot be used; Unimplemented when built without NCCL.
-Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap, int cuda_device);
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap,
+                                                           int cuda_device);
 
 }  // namespace tensorlift
 

@@ -43,8 +43,8 @@
 #include <vector>
 
 #include "tensorlift/assign.h"
-#include "tensorlift/communicator.h"
 #include "tensorlift/checkpoint.h"
+#include "tensorlift/communicator.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/status.h"

@@ -11,14 +11,14 @@ namespace tensorlift {
 
 enum class Dtype : uint8_t {
   kBool = 0,
-  kF4,           // MXFP4 (E2M1): two elements per byte.
-  kF6_E2M3,      // MXFP6: four elements per three bytes.
+  kF4,       // MXFP4 (E2M1): two elements per byte.
+  kF6_E2M3,  // MXFP6: four elements per three bytes.
   kF6_E3M2,
   kU8,
   kI8,
   kF8_E5M2,
-  kF8_E4M3,      // torch.float8_e4m3fn
-  kF8_E8M0,      // exponent-only scale (torch.float8_e8m0fnu)
+  kF8_E4M3,  // torch.float8_e4m3fn
+  kF8_E8M0,  // exponent-only scale (torch.float8_e8m0fnu)
   kF8_E4M3FNUZ,
   kF8_E5M2FNUZ,
   kI16,

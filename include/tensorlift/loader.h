@@ -62,7 +62,7 @@ namespace tensorlift {
 enum class IoMode : uint8_t { kAuto, kBuffered, kDirect, kMmap };
 enum class IoEngine : uint8_t { kAuto, kThreads, kUring };
 
-std::string_view IoModeName(IoMode mode);      // "auto", "buffered", ...
+std::string_view IoModeName(IoMode mode);        // "auto", "buffered", ...
 std::string_view IoEngineName(IoEngine engine);  // "auto", "threads", "uring"
 Result<IoMode> ParseIoMode(std::string_view name);
 Result<IoEngine> ParseIoEngine(std::string_view name);
@@ -177,9 +177,9 @@ struct LoadOptions {
   // the page cache (a view sees the file: a later truncation of it faults).
   bool copy = false;
   IoEngine engine = IoEngine::kAuto;
-  int threads = 0;                  // pread threads; 0: a default from the CPU count.
-  int queue_depth = 32;             // io_uring reads in flight.
-  uint64_t block_size = 8ull << 20; // The largest single read (rounded to 4 KiB).
+  int threads = 0;                   // pread threads; 0: a default from the CPU count.
+  int queue_depth = 32;              // io_uring reads in flight.
+  uint64_t block_size = 8ull << 20;  // The largest single read (rounded to 4 KiB).
   // Threads that fault the destination memory in ahead of the reads
   // (MADV_POPULATE_WRITE); 0: the CPU count, 2 to 4; negative: none, the reads
   // fault it in themselves. See docs/loading.md, "Memory".
@@ -246,15 +246,15 @@ struct DeviceMemoryPlan {
 // What the loader did with one file.
 struct FileReport {
   std::string path;
-  IoMode mode = IoMode::kBuffered;     // The mode used (never kAuto).
+  IoMode mode = IoMode::kBuffered;  // The mode used (never kAuto).
   IoEngine engine = IoEngine::kThreads;
-  std::string reason;                   // Why this mode, e.g. "92% in page cache".
-  uint64_t bytes = 0;                   // Bytes of tensors loaded from it.
+  std::string reason;  // Why this mode, e.g. "92% in page cache".
+  uint64_t bytes = 0;  // Bytes of tensors loaded from it.
   uint32_t tensors = 0;
-  uint32_t realigned = 0;               // Tensors read or copied on their own to align them.
-  uint32_t converted = 0;               // Tensors converted to LoadOptions::dtype.
-  uint32_t decoded = 0;                 // Sparse tensors decoded whose values are in it.
-  bool gds = false;                     // Read straight to the GPU (GPUDirect Storage).
+  uint32_t realigned = 0;  // Tensors read or copied on their own to align them.
+  uint32_t converted = 0;  // Tensors converted to LoadOptions::dtype.
+  uint32_t decoded = 0;    // Sparse tensors decoded whose values are in it.
+  bool gds = false;        // Read straight to the GPU (GPUDirect Storage).
 };
 
 class Device;

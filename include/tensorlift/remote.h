@@ -46,11 +46,11 @@ inline constexpr int kPeerProtocolVersion = 1;
 // destinations with the same rules but different tensor-parallel sizes are
 // compatible (the destination reads its slices from the source ranks).
 struct PeerKey {
-  std::string model;                   // Model id, e.g. "meta-llama/Llama-2-7b-hf".
-  std::string revision;                // An immutable revision (commit or digest).
-  std::string dtype = "as-stored";     // Tensor dtypes: "as-stored" or the converted-to dtype.
+  std::string model;                // Model id, e.g. "meta-llama/Llama-2-7b-hf".
+  std::string revision;             // An immutable revision (commit or digest).
+  std::string dtype = "as-stored";  // Tensor dtypes: "as-stored" or the converted-to dtype.
   std::string quantization = "none";
-  std::string layout;                  // Sharding rules ("" = every tensor whole).
+  std::string layout;  // Sharding rules ("" = every tensor whole).
   int protocol = kPeerProtocolVersion;
 
   // "tensorlift-peer\nprotocol=1\nmodel=...\n...": one line per field, in
@@ -94,12 +94,12 @@ struct ServeOptions {
   // Bytes per second the source lets clients pull in all (0: no limit); each
   // session gets an equal share, and clients pace themselves to it.
   uint64_t rate_limit = 0;
-  int max_sessions = 16;                // Concurrent clients.
-  uint64_t chunk_bytes = 4ull << 20;    // Checksum granularity (4 KiB .. 1 GiB).
-  TensorParallel parallel;              // This source's position.
+  int max_sessions = 16;              // Concurrent clients.
+  uint64_t chunk_bytes = 4ull << 20;  // Checksum granularity (4 KiB .. 1 GiB).
+  TensorParallel parallel;            // This source's position.
   // etcd endpoint ("http://host:2379"); empty: not registered.
   std::string registry;
-  int registry_ttl_s = 10;              // Lease TTL; renewed every TTL/3.
+  int registry_ttl_s = 10;  // Lease TTL; renewed every TTL/3.
   // UCX transports (UCX_TLS syntax, e.g. "tcp" or "sm,self"); empty: UCX's
   // defaults (or UCX_TLS from the environment).
   std::string transports;
@@ -111,7 +111,8 @@ class PeerServer {
   // Loads `path` from disk (LoadOptions `load`) and serves the tensors of
   // this rank: with options.parallel.size > 1, only its slices of the
   // tensors the key's layout shards, and the other tensors whole.
-  static Result<std::unique_ptr<PeerServer>> ServeCheckpoint(const std::string& path, const PeerKey& key,
+  static Result<std::unique_ptr<PeerServer>> ServeCheckpoint(const std::string& path,
+                                                             const PeerKey& key,
                                                              const ServeOptions& options,
                                                              const LoadOptions& load = {});
   // Serves tensors already loaded (they stay alive as long as the server).
@@ -133,15 +134,16 @@ class PeerServer {
   };
   // Serves user-registered host buffers. `keep_alive` is held until the
   // server is destroyed (may be null).
-  static Result<std::unique_ptr<PeerServer>> ServeBuffers(std::vector<Tensor> tensors, const PeerKey& key,
-                                                          const ServeOptions& options,
-                                                          std::shared_ptr<const void> keep_alive = nullptr);
+  static Result<std::unique_ptr<PeerServer>> ServeBuffers(
+      std::vector<Tensor> tensors, const PeerKey& key, const ServeOptions& options,
+      std::shared_ptr<const void> keep_alive = nullptr);
 
   virtual ~PeerServer() = default;
   virtual std::string url() const = 0;  // "http://host:port"
   virtual int port() const = 0;
   virtual const PeerKey& key() const = 0;
-  virtual uint64_t served_bytes() const = 0;  // Bytes of tensors served so far (as reported by clients' sessions).
+  virtual uint64_t served_bytes()
+      const = 0;  // Bytes of tensors served so far (as reported by clients' sessions).
   virtual int active_sessions() const = 0;
   // Test hook: flips one bit of the served copy of `tensor`'s bytes at
   // `offset` so that its chunk no longer matches the manifest. Only for
@@ -155,11 +157,11 @@ struct PeerLoadOptions {
   // etcd endpoint: live seeds for the key are tried (least loaded first)
   // after `peers`.
   std::string registry;
-  std::string token;           // As ServeOptions::token.
-  TensorParallel parallel;     // The destination's position.
+  std::string token;        // As ServeOptions::token.
+  TensorParallel parallel;  // The destination's position.
   // Where to load from when no peer works ("" = fail instead).
   std::string fallback_path;
-  LoadOptions fallback_load;   // For the disk fallback (filter and dtype are ignored on peers).
+  LoadOptions fallback_load;  // For the disk fallback (filter and dtype are ignored on peers).
   // Time-outs: each control request, connecting the data plane, and the
   // longest a pull may go without finishing a get.
   int request_timeout_ms = 5000;
@@ -180,7 +182,7 @@ struct PeerLoadReport {
   std::vector<std::string> failures;  // One line per source that failed, and why.
   uint64_t bytes = 0;                 // Tensor bytes pulled (or loaded).
   double seconds = 0;
-  int source_ranks = 0;               // Source ranks read from (layout translation when != 1).
+  int source_ranks = 0;  // Source ranks read from (layout translation when != 1).
 };
 
 // Pulls the tensors for options.parallel from the first compatible peer,

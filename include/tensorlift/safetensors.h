@@ -82,7 +82,7 @@ class Header {
   // "__metadata__": nullopt when absent or null, a map (maybe empty) otherwise.
   const std::optional<Metadata>& metadata() const { return metadata_; }
 
-  uint64_t header_size() const { return header_size_; }     // N.
+  uint64_t header_size() const { return header_size_; }      // N.
   uint64_t data_offset() const { return 8 + header_size_; }  // Start of data.
   uint64_t data_size() const { return data_size_; }
   uint64_t file_size() const { return data_offset() + data_size_; }

@@ -83,7 +83,7 @@ Status UnavailableError(std::string message);
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit by design.
+  Result(T value) : value_(std::move(value)) {}         // NOLINT: implicit by design.
   Result(Status status) : status_(std::move(status)) {  // NOLINT
     if (status_.ok()) status_ = InternalError("Result constructed from an OK status");
   }
@@ -93,9 +93,18 @@ class [[nodiscard]] Result {
   Status status() && { return std::move(status_); }
 
   // Accessors; calling them on an error is a bug and aborts.
-  T& value() & { Check(); return *value_; }
-  const T& value() const& { Check(); return *value_; }
-  T&& value() && { Check(); return std::move(*value_); }
+  T& value() & {
+    Check();
+    return *value_;
+  }
+  const T& value() const& {
+    Check();
+    return *value_;
+  }
+  T&& value() && {
+    Check();
+    return std::move(*value_);
+  }
   T& operator*() & { return value(); }
   const T& operator*() const& { return value(); }
   T&& operator*() && { return std::move(*this).value(); }
@@ -116,18 +125,18 @@ class [[nodiscard]] Result {
 #define TL_STATUS_CONCAT_(a, b) TL_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the enclosing function if `expr` (a Status) is not OK.
-#define TL_RETURN_IF_ERROR(expr)                        \
-  do {                                                  \
-    ::tensorlift::Status tl_status_ = (expr);           \
-    if (!tl_status_.ok()) return tl_status_;            \
+#define TL_RETURN_IF_ERROR(expr)              \
+  do {                                        \
+    ::tensorlift::Status tl_status_ = (expr); \
+    if (!tl_status_.ok()) return tl_status_;  \
   } while (0)
 
 // Evaluates `expr` (a Result<T>); on error returns its status, otherwise
 // assigns (moves) the value to `lhs`, which may be a declaration.
 #define TL_ASSIGN_OR_RETURN(lhs, expr) \
   TL_ASSIGN_OR_RETURN_IMPL_(TL_STATUS_CONCAT_(tl_result_, __LINE__), lhs, expr)
-#define TL_ASSIGN_OR_RETURN_IMPL_(result, lhs, expr) \
-  auto result = (expr);                              \
+#define TL_ASSIGN_OR_RETURN_IMPL_(result, lhs, expr)   \
+  auto result = (expr);                                \
   if (!result.ok()) return std::move(result).status(); \
   lhs = std::move(result).value()
 

@@ -22,13 +22,12 @@
 //
 // Prefetch: after each Acquire(i) (and each Release(i), and each background
 // load of layer i), the first layer after i in cyclic order that is neither
-// loaded nor loading is loaded in the background, one at a time: a resident layer not yet loaded, or a streamed layer while fewer
-// than two streamed layers are live. So the last layer prefetches the first
-// streamed layer for the next pass (wrap-around). Acquiring the layers in
-// order, with each streamed layer released before the next one after it is
-// acquired, keeps at most two streamed layers live. Out of order, an Acquire of
-// a layer that is neither loaded nor loading loads it on the calling thread (a
-// miss), and a prefetched layer nobody acquired is dropped to make room.
+// loaded nor loading is loaded in the background, one at a time: a resident layer not yet loaded,
+// or a streamed layer while fewer than two streamed layers are live. So the last layer prefetches
+// the first streamed layer for the next pass (wrap-around). Acquiring the layers in order, with
+// each streamed layer released before the next one after it is acquired, keeps at most two streamed
+// layers live. Out of order, an Acquire of a layer that is neither loaded nor loading loads it on
+// the calling thread (a miss), and a prefetched layer nobody acquired is dropped to make room.
 //
 // Ownership: Acquire returns shared ownership. Release(i) drops the streamer's
 // reference to a streamed layer; its memory is freed when the caller's last

@@ -42,16 +42,35 @@ PyObject* g_format_error = nullptr;
 [[noreturn]] void Raise(const Status& st) {
   PyObject* type = PyExc_RuntimeError;
   switch (st.code()) {
-    case StatusCode::kCorruption: type = g_format_error; break;
-    case StatusCode::kNotFound: type = PyExc_FileNotFoundError; break;
-    case StatusCode::kPermissionDenied: type = PyExc_PermissionError; break;
-    case StatusCode::kIOError: type = PyExc_OSError; break;
-    case StatusCode::kInvalidArgument: type = PyExc_ValueError; break;
-    case StatusCode::kOutOfRange: type = PyExc_IndexError; break;
-    case StatusCode::kResourceExhausted: type = PyExc_MemoryError; break;
-    case StatusCode::kUnimplemented: type = PyExc_NotImplementedError; break;
-    case StatusCode::kUnavailable: type = PyExc_ConnectionError; break;
-    default: break;
+    case StatusCode::kCorruption:
+      type = g_format_error;
+      break;
+    case StatusCode::kNotFound:
+      type = PyExc_FileNotFoundError;
+      break;
+    case StatusCode::kPermissionDenied:
+      type = PyExc_PermissionError;
+      break;
+    case StatusCode::kIOError:
+      type = PyExc_OSError;
+      break;
+    case StatusCode::kInvalidArgument:
+      type = PyExc_ValueError;
+      break;
+    case StatusCode::kOutOfRange:
+      type = PyExc_IndexError;
+      break;
+    case StatusCode::kResourceExhausted:
+      type = PyExc_MemoryError;
+      break;
+    case StatusCode::kUnimplemented:
+      type = PyExc_NotImplementedError;
+      break;
+    case StatusCode::kUnavailable:
+      type = PyExc_ConnectionError;
+      break;
+    default:
+      break;
   }
   PyErr_SetString(type, st.message().c_str());
   throw nb::python_error();
@@ -79,14 +98,16 @@ nb::tuple TensorTuple(const TensorInfo& t) {
 }
 
 // (name, dtype, shape, data_ptr, nbytes) tuples from Python -> TensorViews.
-std::vector<TensorView> ToViews(const std::vector<std::tuple<std::string, std::string, std::vector<uint64_t>,
-                                                              uintptr_t, uint64_t>>& specs) {
+std::vector<TensorView> ToViews(
+    const std::vector<
+        std::tuple<std::string, std::string, std::vector<uint64_t>, uintptr_t, uint64_t>>& specs) {
   std::vector<TensorView> views;
   views.reserve(specs.size());
   for (const auto& [name, dtype, shape, ptr, len] : specs) {
     auto d = DtypeFromName(dtype);
     if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + name + "'"));
-    if (len > 0 && ptr == 0) Raise(InvalidArgumentError("tensor '" + name + "' has no data pointer"));
+    if (len > 0 && ptr == 0)
+      Raise(InvalidArgumentError("tensor '" + name + "' has no data pointer"));
     views.push_back({name, *d, shape,
                      std::span<const std::byte>(reinterpret_cast<const std::byte*>(ptr), len)});
   }
@@ -110,7 +131,8 @@ std::optional<Metadata> ToMetadata(const std::optional<nb::dict>& md) {
 template <typename Managed>
 nb::object MakeCapsule(Managed* m, const char* name) {
   PyCapsule_Destructor dtor = [](PyObject* cap) {
-    const char* n = std::is_same_v<Managed, DLManagedTensorVersioned> ? "dltensor_versioned" : "dltensor";
+    const char* n =
+        std::is_same_v<Managed, DLManagedTensorVersioned> ? "dltensor_versioned" : "dltensor";
     if (PyCapsule_IsValid(cap, n)) {
       auto* managed = static_cast<Managed*>(PyCapsule_GetPointer(cap, n));
       if (managed && managed->deleter) managed->deleter(managed);
@@ -137,10 +159,11 @@ struct PyLoaded {
 };
 
 PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>> names,
-                std::optional<std::string> regex, const std::string& mode, const std::string& engine,
-                int threads, int queue_depth, uint64_t block_size, std::optional<nb::object> progress,
-                const std::string& device, std::optional<std::string> dtype, int staging_buffers,
-                uint64_t staging_bytes, bool gds, bool decode_sparse, bool copy,
+                std::optional<std::string> regex, const std::string& mode,
+                const std::string& engine, int threads, int queue_depth, uint64_t block_size,
+                std::optional<nb::object> progress, const std::string& device,
+                std::optional<std::string> dtype, int staging_buffers, uint64_t staging_bytes,
+                bool gds, bool decode_sparse, bool copy,
                 std::optional<std::shared_ptr<ArenaPool>> arena_pool) {
   LoadOptions opts;
   if (arena_pool) opts.arena_pool = *arena_pool;
@@ -199,12 +222,18 @@ PeerKey KeyFromDict(const nb::dict& d) {
       continue;
     }
     const std::string value = nb::cast<std::string>(v);
-    if (name == "model") key.model = value;
-    else if (name == "revision") key.revision = value;
-    else if (name == "dtype") key.dtype = value;
-    else if (name == "quantization") key.quantization = value;
-    else if (name == "layout") key.layout = value;
-    else Raise(InvalidArgumentError("unknown peer key field '" + name + "'"));
+    if (name == "model")
+      key.model = value;
+    else if (name == "revision")
+      key.revision = value;
+    else if (name == "dtype")
+      key.dtype = value;
+    else if (name == "quantization")
+      key.quantization = value;
+    else if (name == "layout")
+      key.layout = value;
+    else
+      Raise(InvalidArgumentError("unknown peer key field '" + name + "'"));
   }
   return key;
 }
@@ -229,9 +258,10 @@ struct PyPeerServer {
   }
 };
 
-ServeOptions MakeServeOptions(const std::string& host, int port, const std::string& token, uint64_t rate_limit,
-                              int max_sessions, int tp_size, int tp_rank, const std::string& registry,
-                              const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
+ServeOptions MakeServeOptions(const std::string& host, int port, const std::string& token,
+                              uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank,
+                              const std::string& registry, const std::string& transports,
+                              uint64_t chunk_bytes, int registry_ttl) {
   ServeOptions o;
   o.host = host;
   o.port = port;
@@ -264,10 +294,10 @@ void BindErrors(nb::module_& m) {
   m.attr("SafetensorError") = safetensor_error;
   nb::object format_bases = nb::steal(PyTuple_Pack(2, PyExc_ValueError, safetensor_error.ptr()));
   if (!format_bases.is_valid()) throw nb::python_error();
-  static nb::object format_error = nb::steal(
-      PyErr_NewExceptionWithDoc("tensorlift.FormatError",
-                                "A file breaks the safetensors format (the message names the rule).",
-                                format_bases.ptr(), nullptr));
+  static nb::object format_error = nb::steal(PyErr_NewExceptionWithDoc(
+      "tensorlift.FormatError",
+      "A file breaks the safetensors format (the message names the rule).", format_bases.ptr(),
+      nullptr));
   if (!format_error.is_valid()) throw nb::python_error();
   g_format_error = format_error.ptr();
   m.attr("FormatError") = format_error;
@@ -318,7 +348,8 @@ void BindCheckpoint(nb::module_& m) {
       .def_static(
           "open_files",
           [](const std::vector<std::string>& paths) {
-            return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(Checkpoint::OpenFiles(paths)))};
+            return PyCheckpoint{
+                std::make_shared<const Checkpoint>(Unwrap(Checkpoint::OpenFiles(paths)))};
           },
           nb::arg("paths"),
           "Opens several .safetensors files as the shards of one checkpoint, loaded in one go "
@@ -328,47 +359,55 @@ void BindCheckpoint(nb::module_& m) {
            "The names load() returns by default, in name order: sparse-bitmask groups as their "
            "dense tensors.")
       .def("tensors", &CheckpointTensors, "(name, dtype, shape, begin, end, shard) in name order.")
-      .def("shard_tensors",
-           [](const PyCheckpoint& s, size_t shard) {
-             const Header& header = ShardHeader(s, shard);
-             nb::list out;
-             for (const auto& t : header.tensors()) out.append(TensorTuple(t));
-             return out;
-           },
-           nb::arg("shard") = 0, "(name, dtype, shape, begin, end) of one shard, in file order.")
+      .def(
+          "shard_tensors",
+          [](const PyCheckpoint& s, size_t shard) {
+            const Header& header = ShardHeader(s, shard);
+            nb::list out;
+            for (const auto& t : header.tensors()) out.append(TensorTuple(t));
+            return out;
+          },
+          nb::arg("shard") = 0, "(name, dtype, shape, begin, end) of one shard, in file order.")
       .def("shards",
            [](const PyCheckpoint& s) {
              std::vector<std::string> out;
              for (const auto& sh : s.ckpt->shards()) out.push_back(sh.path);
              return out;
            })
-      .def("metadata",
-           [](const PyCheckpoint& s, size_t shard) {
-             return MetadataToPy(ShardHeader(s, shard).metadata());
-           },
-           nb::arg("shard") = 0)
-      .def("data_offset",
-           [](const PyCheckpoint& s, size_t shard) { return ShardHeader(s, shard).data_offset(); },
-           nb::arg("shard") = 0)
+      .def(
+          "metadata",
+          [](const PyCheckpoint& s, size_t shard) {
+            return MetadataToPy(ShardHeader(s, shard).metadata());
+          },
+          nb::arg("shard") = 0)
+      .def(
+          "data_offset",
+          [](const PyCheckpoint& s, size_t shard) { return ShardHeader(s, shard).data_offset(); },
+          nb::arg("shard") = 0)
       .def("warnings", [](const PyCheckpoint& s) { return s.ckpt->warnings(); })
-      .def("load", &DoLoad, nb::arg("names") = nb::none(), nb::arg("regex") = nb::none(),
-           nb::arg("mode") = "auto", nb::arg("engine") = "auto", nb::arg("threads") = LoadOptions{}.threads,
-           nb::arg("queue_depth") = LoadOptions{}.queue_depth, nb::arg("block_size") = LoadOptions{}.block_size,
-           nb::arg("progress") = nb::none(), nb::arg("device") = "cpu", nb::arg("dtype") = nb::none(),
-           nb::arg("staging_buffers") = LoadOptions{}.staging_buffers,
-           nb::arg("staging_bytes") = LoadOptions{}.staging_bytes, nb::arg("gds") = LoadOptions{}.gds,
-           nb::arg("decode_sparse") = LoadOptions{}.decode_sparse, nb::arg("copy") = false,
-           nb::arg("arena_pool") = nb::none(),
-           "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
-           "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
-           "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
-           "files unless copy is True; the GIL is released.");
+      .def(
+          "load", &DoLoad, nb::arg("names") = nb::none(), nb::arg("regex") = nb::none(),
+          nb::arg("mode") = "auto", nb::arg("engine") = "auto",
+          nb::arg("threads") = LoadOptions{}.threads,
+          nb::arg("queue_depth") = LoadOptions{}.queue_depth,
+          nb::arg("block_size") = LoadOptions{}.block_size, nb::arg("progress") = nb::none(),
+          nb::arg("device") = "cpu", nb::arg("dtype") = nb::none(),
+          nb::arg("staging_buffers") = LoadOptions{}.staging_buffers,
+          nb::arg("staging_bytes") = LoadOptions{}.staging_bytes,
+          nb::arg("gds") = LoadOptions{}.gds,
+          nb::arg("decode_sparse") = LoadOptions{}.decode_sparse, nb::arg("copy") = false,
+          nb::arg("arena_pool") = nb::none(),
+          "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
+          "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
+          "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
+          "files unless copy is True; the GIL is released.");
 }
 
 void BindArenaPool(nb::module_& m) {
-  nb::class_<ArenaPool>(m, "ArenaPool",
-                        "Host memory kept between loads (the pieces of tensorlift.stream): a load given the "
-                        "pool takes its buffers from the ones freed before, already faulted in.")
+  nb::class_<ArenaPool>(
+      m, "ArenaPool",
+      "Host memory kept between loads (the pieces of tensorlift.stream): a load given the "
+      "pool takes its buffers from the ones freed before, already faulted in.")
       .def(nb::init<int>(), nb::arg("max_free") = 2)
       .def("stats",
            [](const ArenaPool& p) {
@@ -425,22 +464,24 @@ void BindLoaded(nb::module_& m) {
              const LoadedTensor& t = FindOrKeyError(s, name);
              return nb::make_tuple(Str(DtypeName(t.dtype)), nb::tuple(nb::cast(t.shape)), t.nbytes);
            })
-      .def("device",
-           [](const PyLoaded& s, const std::string& name) {
-             const LoadedTensor& t = FindOrKeyError(s, name);
-             // DLPack's device type and index: kDLCPU 1, kDLCUDA 2, kDLExtDev 12.
-             const int type = t.device == DeviceType::kCuda       ? 2
-                              : t.device == DeviceType::kEmulated ? 12
-                                                                  : 1;
-             return nb::make_tuple(type, t.device_index);
-           },
-           "(DLPack device type, index) of the tensor's memory.")
+      .def(
+          "device",
+          [](const PyLoaded& s, const std::string& name) {
+            const LoadedTensor& t = FindOrKeyError(s, name);
+            // DLPack's device type and index: kDLCPU 1, kDLCUDA 2, kDLExtDev 12.
+            const int type = t.device == DeviceType::kCuda       ? 2
+                             : t.device == DeviceType::kEmulated ? 12
+                                                                 : 1;
+            return nb::make_tuple(type, t.device_index);
+          },
+          "(DLPack device type, index) of the tensor's memory.")
       .def(
           "dlpack",
           [](const PyLoaded& s, const std::string& name, bool versioned, bool raw_bytes) {
             FindOrKeyError(s, name);
             if (versioned) {
-              return MakeCapsule(Unwrap(s.get().ToDLPackVersioned(name, raw_bytes)), "dltensor_versioned");
+              return MakeCapsule(Unwrap(s.get().ToDLPackVersioned(name, raw_bytes)),
+                                 "dltensor_versioned");
             }
             return MakeCapsule(Unwrap(s.get().ToDLPack(name, raw_bytes)), "dltensor");
           },
@@ -449,18 +490,20 @@ void BindLoaded(nb::module_& m) {
       .def("files", &FileReports)
       .def_prop_ro("total_bytes", [](const PyLoaded& s) { return s.get().total_bytes(); })
       .def_prop_ro("seconds", [](const PyLoaded& s) { return s.get().seconds(); })
-      .def("device_plan",
-           [](const PyLoaded& s) {
-             const DeviceMemoryPlan& p = s.get().device_plan();
-             nb::dict d;
-             d["device_bytes"] = p.device_bytes;
-             d["scratch_bytes"] = p.scratch_bytes;
-             d["pinned_bytes"] = p.pinned_bytes;
-             return d;
-           },
-           "Memory the load planned (device buffers, conversion slots, pinned staging).")
-      .def("release", [](PyLoaded& s) { s.loaded.reset(); },
-           "Drops this object's reference to the buffers (tensors handed out keep theirs).");
+      .def(
+          "device_plan",
+          [](const PyLoaded& s) {
+            const DeviceMemoryPlan& p = s.get().device_plan();
+            nb::dict d;
+            d["device_bytes"] = p.device_bytes;
+            d["scratch_bytes"] = p.scratch_bytes;
+            d["pinned_bytes"] = p.pinned_bytes;
+            return d;
+          },
+          "Memory the load planned (device buffers, conversion slots, pinned staging).")
+      .def(
+          "release", [](PyLoaded& s) { s.loaded.reset(); },
+          "Drops this object's reference to the buffers (tensors handed out keep theirs).");
 }
 
 // LayerStreamer(path, layers, budget, mode): opens the checkpoint and the
@@ -482,11 +525,12 @@ void InitStreamer(PyStreamer* self, const std::string& path,
 
 void BindStreamer(nb::module_& m) {
   nb::class_<PyStreamer>(m, "LayerStreamer")
-      .def("__init__", &InitStreamer, nb::arg("path"), nb::arg("layers"), nb::arg("budget"),
-           nb::arg("mode") = "auto",
-           "Streams the layers (dense tensor names per layer, in execution order) of the checkpoint "
-           "at `path` under a memory budget in bytes: those that fit stay resident, the next one "
-           "is prefetched while the current one is in use (include/tensorlift/streamer.h).")
+      .def(
+          "__init__", &InitStreamer, nb::arg("path"), nb::arg("layers"), nb::arg("budget"),
+          nb::arg("mode") = "auto",
+          "Streams the layers (dense tensor names per layer, in execution order) of the checkpoint "
+          "at `path` under a memory budget in bytes: those that fit stay resident, the next one "
+          "is prefetched while the current one is in use (include/tensorlift/streamer.h).")
       .def(
           "acquire",
           [](PyStreamer& s, size_t layer) {
@@ -498,8 +542,10 @@ void BindStreamer(nb::module_& m) {
             return PyLoaded{Unwrap(std::move(r))};
           },
           nb::arg("layer"), "The layer's tensors (a Loaded), waiting for its load without the GIL.")
-      .def("release", [](PyStreamer& s, size_t layer) { s.streamer->Release(layer); }, nb::arg("layer"),
-           "Drops the streamer's reference to a streamed layer (tensors handed out keep theirs).")
+      .def(
+          "release", [](PyStreamer& s, size_t layer) { s.streamer->Release(layer); },
+          nb::arg("layer"),
+          "Drops the streamer's reference to a streamed layer (tensors handed out keep theirs).")
       .def("resident_layers",
            [](const PyStreamer& s) {
              std::vector<size_t> out;
@@ -509,12 +555,13 @@ void BindStreamer(nb::module_& m) {
              return out;
            })
       .def("num_layers", [](const PyStreamer& s) { return s.streamer->num_layers(); })
-      .def("layer_bytes",
-           [](const PyStreamer& s, size_t layer) {
-             if (layer >= s.streamer->num_layers()) Raise(OutOfRangeError("no such layer"));
-             return nb::make_tuple(s.streamer->dense_bytes(layer), s.streamer->stored_bytes(layer));
-           },
-           nb::arg("layer"), "(dense bytes, stored bytes) of a layer.")
+      .def(
+          "layer_bytes",
+          [](const PyStreamer& s, size_t layer) {
+            if (layer >= s.streamer->num_layers()) Raise(OutOfRangeError("no such layer"));
+            return nb::make_tuple(s.streamer->dense_bytes(layer), s.streamer->stored_bytes(layer));
+          },
+          nb::arg("layer"), "(dense bytes, stored bytes) of a layer.")
       .def("stats", [](const PyStreamer& s) {
         const LayerStreamer::Stats st = s.streamer->stats();
         nb::dict d;
@@ -533,18 +580,21 @@ void BindPeerServer(nb::module_& m) {
       .def_prop_ro("port", [](const PyPeerServer& s) { return s.get().port(); })
       .def_prop_ro("key", [](const PyPeerServer& s) { return KeyToDict(s.get().key()); })
       .def_prop_ro("served_bytes", [](const PyPeerServer& s) { return s.get().served_bytes(); })
-      .def_prop_ro("active_sessions", [](const PyPeerServer& s) { return s.get().active_sessions(); })
+      .def_prop_ro("active_sessions",
+                   [](const PyPeerServer& s) { return s.get().active_sessions(); })
       .def("corrupt_for_testing",
            [](PyPeerServer& s, const std::string& name, uint64_t offset) {
              Status st = s.get().CorruptForTesting(name, offset);
              if (!st.ok()) Raise(st);
            })
-      .def("close",
-           [](PyPeerServer& s) {
-             nb::gil_scoped_release nogil;
-             s.server.reset();
-           },
-           "Stops serving (waits for the control thread; pulls in progress fail over on the clients).");
+      .def(
+          "close",
+          [](PyPeerServer& s) {
+            nb::gil_scoped_release nogil;
+            s.server.reset();
+          },
+          "Stops serving (waits for the control thread; pulls in progress fail over on the "
+          "clients).");
 }
 
 // serve_checkpoint, serve_loaded and serve_buffers: what to serve, then the
@@ -617,10 +667,11 @@ PyPeerServer ServeBuffersPy(const std::vector<BufferSpec>& specs, nb::object kee
 }
 
 void BindServing(nb::module_& m) {
-#define TL_SERVE_ARGS                                                                                     \
-  nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("token") = "", nb::arg("rate_limit") = 0,   \
-      nb::arg("max_sessions") = 16, nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0, nb::arg("registry") = "", \
-      nb::arg("transports") = "", nb::arg("chunk_bytes") = uint64_t{4} << 20, nb::arg("registry_ttl") = 10
+#define TL_SERVE_ARGS                                                              \
+  nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("token") = "",       \
+  nb::arg("rate_limit") = 0, nb::arg("max_sessions") = 16, nb::arg("tp_size") = 1, \
+  nb::arg("tp_rank") = 0, nb::arg("registry") = "", nb::arg("transports") = "",    \
+  nb::arg("chunk_bytes") = uint64_t{4} << 20, nb::arg("registry_ttl") = 10
   m.def("serve_checkpoint", &ServeCheckpointPy, nb::arg("path"), nb::arg("key"), TL_SERVE_ARGS,
         "Loads `path` and serves this rank's tensors to peers.");
   m.def("serve_loaded", &ServeLoadedPy, nb::arg("loaded"), nb::arg("key"), TL_SERVE_ARGS,
@@ -689,13 +740,15 @@ void BindFormat(nb::module_& m) {
   m.def(
       "parse_header",
       [](nb::bytes data) {
-        auto span = std::span<const std::byte>(static_cast<const std::byte*>(data.data()), data.size());
+        auto span =
+            std::span<const std::byte>(static_cast<const std::byte*>(data.data()), data.size());
         Header h = Unwrap(Header::Parse(span));
         nb::list tensors;
         for (const auto& t : h.tensors()) tensors.append(TensorTuple(t));
         return nb::make_tuple(tensors, MetadataToPy(h.metadata()), h.data_offset());
       },
-      nb::arg("data"), "Validates a whole file held in bytes: (tensors in file order, metadata, data_offset).");
+      nb::arg("data"),
+      "Validates a whole file held in bytes: (tensors in file order, metadata, data_offset).");
 
   using Spec = std::tuple<std::string, std::string, std::vector<uint64_t>, uintptr_t, uint64_t>;
   m.def(
@@ -712,10 +765,12 @@ void BindFormat(nb::module_& m) {
         return nb::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       },
       nb::arg("tensors"), nb::arg("metadata") = nb::none(),
-      "tensors: (name, dtype, shape, data_ptr, nbytes); bytes identical to the reference writer's.");
+      "tensors: (name, dtype, shape, data_ptr, nbytes); bytes identical to the reference "
+      "writer's.");
   m.def(
       "serialize_file",
-      [](const std::vector<Spec>& specs, const std::string& path, std::optional<nb::dict> metadata) {
+      [](const std::vector<Spec>& specs, const std::string& path,
+         std::optional<nb::dict> metadata) {
         auto views = ToViews(specs);
         auto md = ToMetadata(metadata);
         Status st;

@@ -14,10 +14,10 @@
 
 #include "common/posix_file.h"
 #include "device/cuda_info.h"
-#include "tensorlift/communicator.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
 #include "remote/ucx_transport.h"
+#include "tensorlift/communicator.h"
 #include "tensorlift/version.h"
 
 namespace tensorlift {
@@ -161,7 +161,6 @@ CommCapabilities QueryComm() {
   }
   return c;
 }
-
 
 CapabilityReport Capabilities(const std::string& path_for_gds) {
   CapabilityReport report;

@@ -16,8 +16,9 @@ Result<DynamicLibrary> DynamicLibrary::Open(const char* env_var, const std::stri
   void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* err = dlerror();
-    return UnavailableError(std::string(what) + " not found: dlopen(" + name + "): " + (err ? err : "unknown error") +
-                       (named ? std::string() : std::string(hint)));
+    return UnavailableError(std::string(what) + " not found: dlopen(" + name +
+                            "): " + (err ? err : "unknown error") +
+                            (named ? std::string() : std::string(hint)));
   }
   return DynamicLibrary(handle, name, std::string(what));
 }
@@ -48,7 +49,8 @@ Status DynamicLibrary::Find(const char* symbol, void** out) const {
   void* p = dlsym(handle_, symbol);
   if (p == nullptr) {
     const char* err = dlerror();
-    return UnavailableError(what_ + " lacks symbol " + symbol + (err ? std::string(": ") + err : std::string()));
+    return UnavailableError(what_ + " lacks symbol " + symbol +
+                            (err ? std::string(": ") + err : std::string()));
   }
   *out = p;
   return Status::Ok();

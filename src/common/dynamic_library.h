@@ -17,8 +17,8 @@ class DynamicLibrary {
   // Unavailable("<what> not found: dlopen(<name>): <dlerror>" + hint) on
   // failure; the hint (how to install it, or to set env_var) is left out
   // when the caller named the library through env_var.
-  static Result<DynamicLibrary> Open(const char* env_var, const std::string& default_name, std::string_view what,
-                                     std::string_view hint);
+  static Result<DynamicLibrary> Open(const char* env_var, const std::string& default_name,
+                                     std::string_view what, std::string_view hint);
   DynamicLibrary(DynamicLibrary&& other) noexcept;
   DynamicLibrary& operator=(DynamicLibrary&& other) noexcept;
   DynamicLibrary(const DynamicLibrary&) = delete;

@@ -69,7 +69,8 @@ class DeviceStream {
   virtual Status CopyToHost(std::byte* dst, const std::byte* src, uint64_t bytes) = 0;
   // Converts `count` elements at device address `src` (dtype `from`) into
   // `to` at `dst` (convert.h: ConversionSupported). No overlap.
-  virtual Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t count) = 0;
+  virtual Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from,
+                         uint64_t count) = 0;
   // Decodes a sparse-bitmask tensor (layout: tensorlift/bitmask.h) of rows x
   // cols elements of elem_bytes (1, 2, 4 or 8) bytes into `dst`
   // (rows * cols * elem_bytes bytes): `values` holds its nnz non-zeros,

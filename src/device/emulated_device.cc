@@ -27,11 +27,11 @@
 
 #include "common/checked_math.h"
 #include "common/posix_file.h"
-#include "kernels/convert.h"
-#include "tensorlift/convert.h"
 #include "device/stream_checks.h"
-#include "tensorlift/bitmask.h"
 #include "kernels/bitmask_kernel.h"
+#include "kernels/convert.h"
+#include "tensorlift/bitmask.h"
+#include "tensorlift/convert.h"
 
 namespace tensorlift {
 namespace {
@@ -634,10 +634,18 @@ class EmulatedStream final : public DeviceStream {
       return s.WithContext("DecodeBitmask (an encoding not validated on the host)");
     }
     switch (shape.elem_bytes) {
-      case 1: DecodeRowsEmulated<1>(values.ptr, bitmask, row_offsets, shape, dst.ptr); break;
-      case 2: DecodeRowsEmulated<2>(values.ptr, bitmask, row_offsets, shape, dst.ptr); break;
-      case 4: DecodeRowsEmulated<4>(values.ptr, bitmask, row_offsets, shape, dst.ptr); break;
-      default: DecodeRowsEmulated<8>(values.ptr, bitmask, row_offsets, shape, dst.ptr); break;
+      case 1:
+        DecodeRowsEmulated<1>(values.ptr, bitmask, row_offsets, shape, dst.ptr);
+        break;
+      case 2:
+        DecodeRowsEmulated<2>(values.ptr, bitmask, row_offsets, shape, dst.ptr);
+        break;
+      case 4:
+        DecodeRowsEmulated<4>(values.ptr, bitmask, row_offsets, shape, dst.ptr);
+        break;
+      default:
+        DecodeRowsEmulated<8>(values.ptr, bitmask, row_offsets, shape, dst.ptr);
+        break;
     }
     return Status::Ok();
   }

@@ -22,12 +22,14 @@ Result<std::shared_ptr<HostBuffer>> HostBuffer::Allocate(uint64_t bytes) {
 Result<std::unique_ptr<HostBuffer>> HostBuffer::AllocateOwned(uint64_t bytes) {
   std::unique_ptr<HostBuffer> buf(new (std::nothrow) HostBuffer());
   if (!buf) return ResourceExhaustedError("out of memory");
-  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
+  const uint64_t rounded =
+      (std::max<uint64_t>(bytes, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
   if (rounded >= kMmapThreshold) {
     void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
-      return ResourceExhaustedError("cannot allocate " + std::to_string(bytes) +
-                                    " bytes of host memory: " + PosixError("mmap", errno).message());
+      return ResourceExhaustedError(
+          "cannot allocate " + std::to_string(bytes) +
+          " bytes of host memory: " + PosixError("mmap", errno).message());
     }
     // No MADV_HUGEPAGE: measured on VMs that return freed memory to the host
     // (free page reporting), first touch of huge pages was 2-3x slower than of
@@ -37,7 +39,8 @@ Result<std::unique_ptr<HostBuffer>> HostBuffer::AllocateOwned(uint64_t bytes) {
   } else {
     void* p = std::aligned_alloc(kPageAlign, rounded);
     if (p == nullptr) {
-      return ResourceExhaustedError("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
+      return ResourceExhaustedError("cannot allocate " + std::to_string(bytes) +
+                                    " bytes of host memory");
     }
     buf->data_ = static_cast<std::byte*>(p);
   }
@@ -47,7 +50,8 @@ Result<std::unique_ptr<HostBuffer>> HostBuffer::AllocateOwned(uint64_t bytes) {
 }
 
 Status HostBuffer::Resize(uint64_t bytes) {
-  const uint64_t rounded = (std::max<uint64_t>(bytes, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
+  const uint64_t rounded =
+      (std::max<uint64_t>(bytes, 1) + kPageAlign - 1) / kPageAlign * kPageAlign;
   if (rounded <= capacity_) {
     size_ = bytes;
     touched_ = std::min(touched_, bytes);
@@ -56,8 +60,9 @@ Status HostBuffer::Resize(uint64_t bytes) {
   if (mapped_) {
     void* p = ::mremap(data_, capacity_, rounded, MREMAP_MAYMOVE);
     if (p == MAP_FAILED) {
-      return ResourceExhaustedError("cannot grow a buffer to " + std::to_string(bytes) +
-                                    " bytes of host memory: " + PosixError("mremap", errno).message());
+      return ResourceExhaustedError(
+          "cannot grow a buffer to " + std::to_string(bytes) +
+          " bytes of host memory: " + PosixError("mremap", errno).message());
     }
     data_ = static_cast<std::byte*>(p);
     capacity_ = rounded;

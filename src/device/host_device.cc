@@ -2,16 +2,18 @@
 #include <chrono>
 #include <cstring>
 
-#include "tensorlift/convert.h"
 #include "device/device.h"
 #include "device/stream_checks.h"
 #include "tensorlift/bitmask.h"
+#include "tensorlift/convert.h"
 
 namespace tensorlift {
 namespace {
 
 double NowMicros() {
-  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration<double, std::micro>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 class HostEvent final : public DeviceEvent {
@@ -36,8 +38,10 @@ class HostStream final : public DeviceStream {
   Status CopyToHost(std::byte* dst, const std::byte* src, uint64_t bytes) override {
     return Copy(dst, src, bytes);
   }
-  Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t count) override {
-    if (count > 0 && (dst == nullptr || src == nullptr)) return InvalidArgumentError("convert: null address");
+  Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from,
+                 uint64_t count) override {
+    if (count > 0 && (dst == nullptr || src == nullptr))
+      return InvalidArgumentError("convert: null address");
     return ConvertOnHost(dst, to, src, from, count);
   }
   // The CPU decoder (the best ISA), on the calling thread as everything here.
@@ -76,7 +80,9 @@ class HostDevice final : public Device {
     TL_ASSIGN_OR_RETURN(auto b, HostBuffer::Allocate(bytes));
     return std::shared_ptr<Buffer>(std::move(b));
   }
-  Result<std::shared_ptr<Buffer>> AllocatePinned(uint64_t bytes) override { return Allocate(bytes); }
+  Result<std::shared_ptr<Buffer>> AllocatePinned(uint64_t bytes) override {
+    return Allocate(bytes);
+  }
   Result<std::unique_ptr<DeviceStream>> CreateStream() override {
     return std::unique_ptr<DeviceStream>(std::make_unique<HostStream>());
   }

@@ -37,10 +37,12 @@ PopulateAhead::PopulateAhead(const std::vector<Region>& regions, int threads) {
         const Step& s = steps_[i];
         // A kernel without the advice fails it at once: the other steps of its kind are skipped.
         std::atomic<bool>& failed = s.read ? failed_read_ : failed_write_;
-        if ((!s.read && stop_fresh_.load(std::memory_order_relaxed)) || failed.load(std::memory_order_relaxed)) {
+        if ((!s.read && stop_fresh_.load(std::memory_order_relaxed)) ||
+            failed.load(std::memory_order_relaxed)) {
           continue;
         }
-        if (::madvise(s.base, s.size, s.read ? MADV_POPULATE_READ : MADV_POPULATE_WRITE) != 0) failed = true;
+        if (::madvise(s.base, s.size, s.read ? MADV_POPULATE_READ : MADV_POPULATE_WRITE) != 0)
+          failed = true;
       }
     });
   }

@@ -14,7 +14,8 @@
 namespace tensorlift {
 
 // Null / zero / wrap-around checks of a copy of `bytes` from src to dst.
-inline Status CheckCopyArgs(const char* op, const std::byte* dst, const std::byte* src, uint64_t bytes) {
+inline Status CheckCopyArgs(const char* op, const std::byte* dst, const std::byte* src,
+                            uint64_t bytes) {
   if (dst == nullptr || src == nullptr) {
     return InvalidArgumentError(std::string(op) + ": null address");
   }

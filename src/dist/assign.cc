@@ -141,9 +141,9 @@ Result<Assignment> AssignByBytes(std::span<const std::vector<uint64_t>> tensor_b
     uint64_t bound = 0;
     if (!CheckedAdd(ideal, max_tensor, &bound)) bound = UINT64_MAX;
     const bool within_bound = whole_max <= bound;
-    const bool close_enough = static_cast<double>(whole_max) <=
-                              static_cast<double>(split_max) +
-                                  options.whole_file_slack * static_cast<double>(ideal);
+    const bool close_enough =
+        static_cast<double>(whole_max) <=
+        static_cast<double>(split_max) + options.whole_file_slack * static_cast<double>(ideal);
     if (!(within_bound && close_enough)) result = std::move(split);
   }
   result.total_bytes = total;

@@ -1,5 +1,3 @@
-#include "tensorlift/distributed.h"
-
 #include <algorithm>
 #include <cstring>
 #include <new>
@@ -9,6 +7,7 @@
 #include "common/posix_file.h"
 #include "io/read_op.h"
 #include "tensorlift/checksum.h"
+#include "tensorlift/distributed.h"
 
 namespace tensorlift {
 namespace {
@@ -98,8 +97,7 @@ struct DistributedCheckpoint::State {
     const Group& g = GroupOf(t);
     if (!g.dropped) return Status::Ok();
     return InvalidArgumentError(Quoted(Info(t).name) + ": rank " + std::to_string(g.reader) +
-                                " already released its buffer of " +
-                                ckpt->shards()[g.shard].path +
+                                " already released its buffer of " + ckpt->shards()[g.shard].path +
                                 " (its tensors were all handed out, or Release() was called; "
                                 "DistributedOptions::keep_buffers keeps them)");
   }
@@ -183,7 +181,8 @@ Status ReadFromFile(const Checkpoint::Shard& shard, const TensorInfo& info, uint
       return IOError("the file changed since its header was read (size " +
                      std::to_string(shard.identity.size) + " -> " + std::to_string(id.size) + ")");
     }
-    Status st = ReadExactlyAt(file.fd(), shard.header.data_offset() + info.begin + offset, dst, bytes);
+    Status st =
+        ReadExactlyAt(file.fd(), shard.header.data_offset() + info.begin + offset, dst, bytes);
     if (!st.ok()) {
       return st.WithContext(Quoted(info.name) + " bytes [" + std::to_string(offset) + ", " +
                             std::to_string(offset + bytes) + ")");
@@ -206,7 +205,8 @@ HostTensor Describe(const TensorInfo& info, int dim, uint64_t extent) {
 
 }  // namespace
 
-DistributedCheckpoint::DistributedCheckpoint(std::unique_ptr<State> state) : state_(std::move(state)) {}
+DistributedCheckpoint::DistributedCheckpoint(std::unique_ptr<State> state)
+    : state_(std::move(state)) {}
 DistributedCheckpoint::DistributedCheckpoint(DistributedCheckpoint&&) noexcept = default;
 DistributedCheckpoint& DistributedCheckpoint::operator=(DistributedCheckpoint&&) noexcept = default;
 DistributedCheckpoint::~DistributedCheckpoint() = default;
@@ -395,12 +395,14 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
   //    checkpoint): agreed before any exchange sized by the headers.
   Status local = Status::Ok();
   if (options.device != "cpu") {
-    local = InvalidArgumentError("LoadDistributed loads into host memory only (device \"cpu\"), not \"" +
-                                 options.device + "\"");
+    local = InvalidArgumentError(
+        "LoadDistributed loads into host memory only (device \"cpu\"), not \"" + options.device +
+        "\"");
   } else if (options.dtype.has_value()) {
     local = InvalidArgumentError("LoadDistributed does not convert dtypes (LoadOptions::dtype)");
   } else if (options.on_tensor) {
-    local = InvalidArgumentError("LoadDistributed hands out no tensors while it loads (LoadOptions::on_tensor)");
+    local = InvalidArgumentError(
+        "LoadDistributed hands out no tensors while it loads (LoadOptions::on_tensor)");
   }
   const uint64_t mine[2] = {HeaderDigest(ckpt), tensors.size()};
   std::vector<uint64_t> all(2 * static_cast<size_t>(world));
@@ -440,8 +442,8 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
     needed[t] = any_rank(t, 0);
     if (!needed[t] || !any_rank(t, 1)) continue;
     const uint64_t bytes = ckpt.info(tensors[t]).nbytes();
-    per_rank[t] = mode == Dim0Mode::kRead ||
-                  (mode == Dim0Mode::kAuto && bytes > mode_and_threshold[1]);
+    per_rank[t] =
+        mode == Dim0Mode::kRead || (mode == Dim0Mode::kAuto && bytes > mode_and_threshold[1]);
   }
 
   // 3. The same assignment everywhere: tensors nobody needs weigh nothing

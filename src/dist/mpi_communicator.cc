@@ -101,8 +101,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   Status Scatter(const void* send, void* recv, uint64_t bytes, int root) override {
-    TL_RETURN_IF_ERROR(
-        CheckArgs("Scatter", rank_ == root ? send : recv, recv, bytes, root));
+    TL_RETURN_IF_ERROR(CheckArgs("Scatter", rank_ == root ? send : recv, recv, bytes, root));
     TL_RETURN_IF_ERROR(CheckTotal("Scatter", bytes));
     const auto* s = static_cast<const char*>(send);
     auto* r = static_cast<char*>(recv);
@@ -110,8 +109,8 @@ class MpiCommunicator final : public Communicator {
       const int n = static_cast<int>(std::min(chunk_, bytes - off));
       StridedBytes block;
       TL_RETURN_IF_ERROR(block.Init(n, bytes));
-      TL_MPI_RETURN_IF_ERROR(MPI_Scatter(rank_ == root ? s + off : nullptr, 1, block.get(),
-                                         r + off, n, MPI_BYTE, root, comm_));
+      TL_MPI_RETURN_IF_ERROR(MPI_Scatter(rank_ == root ? s + off : nullptr, 1, block.get(), r + off,
+                                         n, MPI_BYTE, root, comm_));
     }
     return Status::Ok();
   }

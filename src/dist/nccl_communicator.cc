@@ -32,7 +32,9 @@ struct NcclApi {
   decltype(&ncclGetVersion) get_version = nullptr;
 };
 
-Status Unavailable(std::string message) { return Status(StatusCode::kUnavailable, std::move(message)); }
+Status Unavailable(std::string message) {
+  return Status(StatusCode::kUnavailable, std::move(message));
+}
 
 // Loads the library once; a failure is tried again next time.
 Result<const NcclApi*> LoadNccl() {
@@ -41,9 +43,10 @@ Result<const NcclApi*> LoadNccl() {
   static bool loaded = false;
   std::lock_guard<std::mutex> lock(mu);
   if (loaded) return &api;
-  TL_ASSIGN_OR_RETURN(DynamicLibrary lib,
-                      DynamicLibrary::Open("TENSORLIFT_NCCL_LIB", "libnccl.so.2", "NCCL library",
-                                           " (install NCCL, or set TENSORLIFT_NCCL_LIB to libnccl.so.2's path)"));
+  TL_ASSIGN_OR_RETURN(
+      DynamicLibrary lib,
+      DynamicLibrary::Open("TENSORLIFT_NCCL_LIB", "libnccl.so.2", "NCCL library",
+                           " (install NCCL, or set TENSORLIFT_NCCL_LIB to libnccl.so.2's path)"));
   NcclApi a;
   Status st;
   auto sym = [&](auto& fn, const char* symbol) {
@@ -70,12 +73,14 @@ Result<const NcclApi*> LoadNccl() {
 
 Status CudaError(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
-  return Unavailable(std::string(what) + ": " + cudaGetErrorString(err) + " (" + cudaGetErrorName(err) + ")");
+  return Unavailable(std::string(what) + ": " + cudaGetErrorString(err) + " (" +
+                     cudaGetErrorName(err) + ")");
 }
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(const NcclApi* api, ncclComm_t comm, cudaStream_t stream, int device, int rank, int size)
+  NcclCommunicator(const NcclApi* api, ncclComm_t comm, cudaStream_t stream, int device, int rank,
+                   int size)
       : api_(api), comm_(comm), stream_(stream), device_(device), rank_(rank), size_(size) {}
   ~NcclCommunicator() override {
     cudaSetDevice(device_);
@@ -91,7 +96,8 @@ class NcclCommunicator final : public Communicator {
     TL_RETURN_IF_ERROR(CheckArgs("Broadcast", buf, buf, bytes, root));
     if (bytes == 0) return Status::Ok();
     TL_RETURN_IF_ERROR(Begin());
-    TL_RETURN_IF_ERROR(Nccl(api_->broadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast"));
+    TL_RETURN_IF_ERROR(
+        Nccl(api_->broadcast(buf, buf, bytes, ncclUint8, root, comm_, stream_), "ncclBroadcast"));
     return End("Broadcast");
   }
 
@@ -105,7 +111,8 @@ class NcclCommunicator final : public Communicator {
     if (rank_ == root) {
       const auto* s = static_cast<const char*>(send);
       for (int r = 0; r < size_ && st.ok(); ++r) {
-        if (r != root) st = Nccl(api_->send(s + r * bytes, bytes, ncclUint8, r, comm_, stream_), "ncclSend");
+        if (r != root)
+          st = Nccl(api_->send(s + r * bytes, bytes, ncclUint8, r, comm_, stream_), "ncclSend");
       }
     } else {
       st = Nccl(api_->recv(recv, bytes, ncclUint8, root, comm_, stream_), "ncclRecv");
@@ -114,9 +121,10 @@ class NcclCommunicator final : public Communicator {
     TL_RETURN_IF_ERROR(st);
     TL_RETURN_IF_ERROR(ended);
     if (rank_ == root) {
-      TL_RETURN_IF_ERROR(CudaError(cudaMemcpyAsync(recv, static_cast<const char*>(send) + root * bytes, bytes,
-                                                   cudaMemcpyDeviceToDevice, stream_),
-                                   "cudaMemcpyAsync"));
+      TL_RETURN_IF_ERROR(
+          CudaError(cudaMemcpyAsync(recv, static_cast<const char*>(send) + root * bytes, bytes,
+                                    cudaMemcpyDeviceToDevice, stream_),
+                    "cudaMemcpyAsync"));
     }
     return End("Scatter");
   }
@@ -125,7 +133,8 @@ class NcclCommunicator final : public Communicator {
     TL_RETURN_IF_ERROR(CheckArgs("AllGather", send, recv, bytes, 0));
     if (bytes == 0) return Status::Ok();
     TL_RETURN_IF_ERROR(Begin());
-    TL_RETURN_IF_ERROR(Nccl(api_->all_gather(send, recv, bytes, ncclUint8, comm_, stream_), "ncclAllGather"));
+    TL_RETURN_IF_ERROR(
+        Nccl(api_->all_gather(send, recv, bytes, ncclUint8, comm_, stream_), "ncclAllGather"));
     return End("AllGather");
   }
 
@@ -136,7 +145,8 @@ class NcclCommunicator final : public Communicator {
       TL_RETURN_IF_ERROR(CudaError(cudaMalloc(&scratch_, 1 + size_), "cudaMalloc"));
     }
     auto* s = static_cast<char*>(scratch_);
-    TL_RETURN_IF_ERROR(Nccl(api_->all_gather(s, s + 1, 1, ncclUint8, comm_, stream_), "ncclAllGather"));
+    TL_RETURN_IF_ERROR(
+        Nccl(api_->all_gather(s, s + 1, 1, ncclUint8, comm_, stream_), "ncclAllGather"));
     return End("Barrier");
   }
 
@@ -144,7 +154,8 @@ class NcclCommunicator final : public Communicator {
   Status Begin() { return CudaError(cudaSetDevice(device_), "cudaSetDevice"); }
   // Waits for the collective: the buffers are the caller's again.
   Status End(const char* what) {
-    return CudaError(cudaStreamSynchronize(stream_), (std::string(what) + ": cudaStreamSynchronize").c_str());
+    return CudaError(cudaStreamSynchronize(stream_),
+                     (std::string(what) + ": cudaStreamSynchronize").c_str());
   }
   Status Nccl(ncclResult_t r, const char* what) const {
     if (r == ncclSuccess) return Status::Ok();
@@ -174,19 +185,22 @@ Result<std::string> NcclLibraryVersion() {
          std::to_string(v % 100);
 }
 
-Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap, int cuda_device) {
+Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap,
+                                                           int cuda_device) {
   // Every rank takes part in the same bootstrap collectives whatever fails
   // locally, and calls ncclCommInitRank (itself a collective that waits for
   // every rank) only once all ranks are ready for it.
   Result<const NcclApi*> api = LoadNccl();
   Status st = api.ok() ? CudaError(cudaSetDevice(cuda_device), "cudaSetDevice") : api.status();
   cudaStream_t stream = nullptr;
-  if (st.ok()) st = CudaError(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  if (st.ok())
+    st = CudaError(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
   if (st.ok() && bootstrap.rank() == 0) {
     ncclResult_t r = (*api)->get_unique_id(&id);
-    if (r != ncclSuccess) st = Unavailable(std::string("ncclGetUniqueId: ") + (*api)->error_string(r));
+    if (r != ncclSuccess)
+      st = Unavailable(std::string("ncclGetUniqueId: ") + (*api)->error_string(r));
   }
   Status ready = bootstrap.Agree(st);
   if (ready.ok()) ready = bootstrap.Broadcast(&id, sizeof id, 0);
@@ -196,7 +210,8 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstr
   }
   ncclComm_t comm = nullptr;
   ncclResult_t r = (*api)->comm_init_rank(&comm, bootstrap.size(), id, bootstrap.rank());
-  st = r == ncclSuccess ? Status::Ok() : Unavailable(std::string("ncclCommInitRank: ") + (*api)->error_string(r));
+  st = r == ncclSuccess ? Status::Ok()
+                        : Unavailable(std::string("ncclCommInitRank: ") + (*api)->error_string(r));
   Status agreed = bootstrap.Agree(st);
   if (!agreed.ok()) {
     if (comm != nullptr) (*api)->comm_abort(comm);

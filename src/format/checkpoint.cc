@@ -73,14 +73,17 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
     std::error_code ec;
     for (const auto& entry : fs::directory_iterator(path, ec)) {
       std::string name = entry.path().filename().string();
-      if (name.ends_with(".safetensors.index.json")) indexes.push_back(name);
-      else if (name.ends_with(".safetensors") && !entry.is_directory()) files.push_back(name);
+      if (name.ends_with(".safetensors.index.json"))
+        indexes.push_back(name);
+      else if (name.ends_with(".safetensors") && !entry.is_directory())
+        files.push_back(name);
     }
     if (ec) return PosixError("cannot list the directory", ec.value()).WithContext(path);
     std::sort(indexes.begin(), indexes.end());
     std::sort(files.begin(), files.end());
     std::string index;
-    if (std::find(indexes.begin(), indexes.end(), "model.safetensors.index.json") != indexes.end()) {
+    if (std::find(indexes.begin(), indexes.end(), "model.safetensors.index.json") !=
+        indexes.end()) {
       index = "model.safetensors.index.json";
     } else if (indexes.size() == 1) {
       index = indexes[0];
@@ -95,7 +98,8 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
       TL_RETURN_IF_ERROR(ckpt.ReadIndex(Join(path, index)));
       return ckpt;
     }
-    if (files.empty()) return NotFoundError("no .safetensors files in the directory").WithContext(path);
+    if (files.empty())
+      return NotFoundError("no .safetensors files in the directory").WithContext(path);
     ckpt.kind_ = Kind::kDirectory;
     for (const auto& f : files) {
       std::string shard_path = Join(path, f);
@@ -137,7 +141,8 @@ Result<Checkpoint> Checkpoint::OpenFiles(const std::vector<std::string>& paths) 
     TL_ASSIGN_OR_RETURN(Header h, Header::ReadFile(path, &id));
     for (const auto& other : ckpt.shards_) {
       if (other.identity.device == id.device && other.identity.inode == id.inode) {
-        return InvalidArgumentError("the file is named twice (also as " + other.path + ")").WithContext(path);
+        return InvalidArgumentError("the file is named twice (also as " + other.path + ")")
+            .WithContext(path);
       }
     }
     ckpt.shards_.push_back({path, std::move(h), id});
@@ -151,9 +156,9 @@ Result<Checkpoint> Checkpoint::OpenFiles(const std::vector<std::string>& paths) 
   std::sort(names.begin(), names.end());
   for (size_t i = 1; i < names.size(); ++i) {
     if (names[i].first == names[i - 1].first) {
-      return InvalidArgumentError("tensor " + QuoteName(names[i].first) + " is in more than one of the files: " +
-                                  ckpt.shards_[names[i - 1].second].path + " and " +
-                                  ckpt.shards_[names[i].second].path);
+      return InvalidArgumentError(
+          "tensor " + QuoteName(names[i].first) + " is in more than one of the files: " +
+          ckpt.shards_[names[i - 1].second].path + " and " + ckpt.shards_[names[i].second].path);
     }
   }
   TL_RETURN_IF_ERROR(ckpt.IndexAllTensors());
@@ -197,9 +202,9 @@ Status Checkpoint::ReadIndex(const std::string& index_path) {
     if (meta.get_object().get(mobj)) return fail(CorruptionError("\"metadata\" must be an object"));
     for (auto field : mobj) {
       std::string_view s;
-      index_metadata_[std::string(field.key)] =
-          field.value.get_string().get(s) == simdjson::SUCCESS ? std::string(s)
-                                                               : simdjson::minify(field.value);
+      index_metadata_[std::string(field.key)] = field.value.get_string().get(s) == simdjson::SUCCESS
+                                                    ? std::string(s)
+                                                    : simdjson::minify(field.value);
     }
   }
   simdjson::dom::object weight_map;
@@ -249,7 +254,8 @@ Status Checkpoint::ReadIndex(const std::string& index_path) {
         auto [it, inserted] = seen.emplace(t.name, s);
         if (!inserted) {
           return fail(CorruptionError("tensor " + QuoteName(t.name) + " is in both " +
-                                      QuoteName(files[it->second]) + " and " + QuoteName(files[s])));
+                                      QuoteName(files[it->second]) + " and " +
+                                      QuoteName(files[s])));
         }
         if (named.find(t.name) == named.end()) {
           warnings_.push_back("tensor " + QuoteName(t.name) + " in " + QuoteName(files[s]) +

@@ -11,8 +11,8 @@
 #include "common/checked_math.h"
 #include "common/posix_file.h"
 #include "io/read_op.h"
-#include "tensorlift/text.h"
 #include "tensorlift/safetensors.h"
+#include "tensorlift/text.h"
 
 namespace tensorlift {
 namespace {
@@ -123,14 +123,21 @@ T As(simdjson::dom::element el) {
 std::string_view TypeName(simdjson::dom::element_type t) {
   using simdjson::dom::element_type;
   switch (t) {
-    case element_type::ARRAY: return "an array";
-    case element_type::OBJECT: return "an object";
+    case element_type::ARRAY:
+      return "an array";
+    case element_type::OBJECT:
+      return "an object";
     case element_type::INT64:
-    case element_type::UINT64: return "an integer";
-    case element_type::DOUBLE: return "a floating point number";
-    case element_type::STRING: return "a string";
-    case element_type::BOOL: return "a boolean";
-    case element_type::NULL_VALUE: return "null";
+    case element_type::UINT64:
+      return "an integer";
+    case element_type::DOUBLE:
+      return "a floating point number";
+    case element_type::STRING:
+      return "a string";
+    case element_type::BOOL:
+      return "a boolean";
+    case element_type::NULL_VALUE:
+      return "null";
   }
   return "a value";
 }
@@ -154,7 +161,8 @@ Status GetU64(simdjson::dom::element el, std::string_view name, const char* what
     }
     default:
       return JsonError("tensor " + QuoteName(name) + ": " + what +
-                       " must be a non-negative integer, found " + std::string(TypeName(el.type())));
+                       " must be a non-negative integer, found " +
+                       std::string(TypeName(el.type())));
   }
 }
 
@@ -257,8 +265,8 @@ Status HeaderParser::ParseTensor(std::string_view name, simdjson::dom::element v
 Result<Header> HeaderParser::ParseJson(char* json, uint64_t n, uint64_t file_size) {
   // Rule 4: UTF-8.
   if (!simdjson::validate_utf8(json, n)) {
-    return FormatError("InvalidHeader", "the header (" + std::to_string(n) +
-                                            " bytes) is not valid UTF-8");
+    return FormatError("InvalidHeader",
+                       "the header (" + std::to_string(n) + " bytes) is not valid UTF-8");
   }
   // Rule 5: JSON and schema.
   if (NormalizeNumbersAndMeasureDepth(json, n) > kMaxJsonDepth) {
@@ -277,7 +285,8 @@ Result<Header> HeaderParser::ParseJson(char* json, uint64_t n, uint64_t file_siz
     return JsonError(std::string("invalid JSON: ") + simdjson::error_message(err));
   }
   if (root.type() != simdjson::dom::element_type::OBJECT) {
-    return JsonError("the header must be a JSON object, found " + std::string(TypeName(root.type())));
+    return JsonError("the header must be a JSON object, found " +
+                     std::string(TypeName(root.type())));
   }
   Header h;
   h.header_size_ = n;
@@ -333,7 +342,8 @@ Status HeaderParser::Validate(Header& h, uint64_t file_size) {
     auto range = [&] {
       return "data_offsets [" + std::to_string(t.begin) + ", " + std::to_string(t.end) + "]";
     };
-    if (t.end < t.begin) return FormatError("InvalidOffset", who() + ": " + range() + " end before they begin");
+    if (t.end < t.begin)
+      return FormatError("InvalidOffset", who() + ": " + range() + " end before they begin");
     if (t.begin != start) {
       return FormatError("InvalidOffset",
                          who() + ": " + range() +
@@ -347,23 +357,22 @@ Status HeaderParser::Validate(Header& h, uint64_t file_size) {
     uint64_t nel = 1;
     for (uint64_t d : t.shape) {
       if (!CheckedMul(nel, d, &nel)) {
-        return FormatError("ValidationOverflow",
-                           who() + ": the element count of shape " + ShapeString(t.shape) +
-                               " overflows 64 bits");
+        return FormatError("ValidationOverflow", who() + ": the element count of shape " +
+                                                     ShapeString(t.shape) + " overflows 64 bits");
       }
     }
     uint64_t nbits;
     const int bits = DtypeBits(t.dtype);
     if (!CheckedMul(nel, static_cast<uint64_t>(bits), &nbits)) {
-      return FormatError("ValidationOverflow", who() + ": " + std::to_string(nel) + " elements of " +
-                                                   std::string(DtypeName(t.dtype)) +
-                                                   " overflow 64 bits");
+      return FormatError("ValidationOverflow",
+                         who() + ": " + std::to_string(nel) + " elements of " +
+                             std::string(DtypeName(t.dtype)) + " overflow 64 bits");
     }
     if (nbits % 8 != 0) {
-      return FormatError("MisalignedSlice",
-                         who() + ": " + std::to_string(nel) + " elements of " +
-                             std::string(DtypeName(t.dtype)) + " are " + std::to_string(nbits) +
-                             " bits, not a whole number of bytes");
+      return FormatError("MisalignedSlice", who() + ": " + std::to_string(nel) + " elements of " +
+                                                std::string(DtypeName(t.dtype)) + " are " +
+                                                std::to_string(nbits) +
+                                                " bits, not a whole number of bytes");
     }
     if (nbits / 8 != t.end - t.begin) {
       return FormatError("TensorInvalidInfo",
@@ -399,8 +408,8 @@ namespace {
 // Rules 1-3, from the first bytes and the file size. Returns N.
 Result<uint64_t> CheckLength(std::span<const std::byte> prefix, uint64_t file_size) {
   if (file_size < 8) {
-    return FormatError("HeaderTooSmall",
-                       "the file has " + std::to_string(file_size) + " bytes, fewer than the 8 of the header length");
+    return FormatError("HeaderTooSmall", "the file has " + std::to_string(file_size) +
+                                             " bytes, fewer than the 8 of the header length");
   }
   if (prefix.size() < 8) return InvalidArgumentError("fewer than 8 bytes given to parse");
   const uint64_t n = LoadLE64(prefix.data());
@@ -431,7 +440,8 @@ Result<Header> Header::ParsePrefix(std::span<const std::byte> prefix, uint64_t f
                                 std::to_string(prefix.size()) + " were given");
   }
   auto buf = PaddedBuffer(n);
-  if (!buf) return ResourceExhaustedError("cannot allocate " + std::to_string(n) + " bytes for the header");
+  if (!buf)
+    return ResourceExhaustedError("cannot allocate " + std::to_string(n) + " bytes for the header");
   std::memcpy(buf.get(), prefix.data() + 8, n);
   return HeaderParser::ParseJson(buf.get(), n, file_size);
 }
@@ -450,7 +460,9 @@ Result<Header> Header::ReadFile(const std::string& path, FileIdentity* identity)
     if (size >= 8) TL_RETURN_IF_ERROR(ReadExactlyAt(file.fd(), 0, len, 8));
     TL_ASSIGN_OR_RETURN(uint64_t n, CheckLength(std::span(len, size >= 8 ? 8 : 0), size));
     auto buf = PaddedBuffer(n);
-    if (!buf) return ResourceExhaustedError("cannot allocate " + std::to_string(n) + " bytes for the header");
+    if (!buf)
+      return ResourceExhaustedError("cannot allocate " + std::to_string(n) +
+                                    " bytes for the header");
     TL_RETURN_IF_ERROR(ReadExactlyAt(file.fd(), 8, buf.get(), n));
     return HeaderParser::ParseJson(buf.get(), n, size);
   }();

@@ -11,8 +11,8 @@
 
 #include "common/checked_math.h"
 #include "common/posix_file.h"
-#include "tensorlift/text.h"
 #include "tensorlift/safetensors.h"
+#include "tensorlift/text.h"
 
 namespace tensorlift {
 namespace {
@@ -130,7 +130,8 @@ Result<std::vector<std::byte>> Serialize(std::span<const TensorView> tensors,
   std::memcpy(out.data(), header.data(), header.size());
   size_t pos = header.size();
   for (size_t i : order) {
-    if (!tensors[i].data.empty()) std::memcpy(out.data() + pos, tensors[i].data.data(), tensors[i].data.size());
+    if (!tensors[i].data.empty())
+      std::memcpy(out.data() + pos, tensors[i].data.data(), tensors[i].data.size());
     pos += tensors[i].data.size();
   }
   return out;
@@ -165,7 +166,8 @@ Status WriteFile(const std::string& path, std::span<const TensorView> tensors,
   const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
   std::string tmp = (slash == std::string::npos ? std::string() : dir) + "." + base + ".tmp.XXXXXX";
   int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) return PosixError("cannot create a temporary file in " + dir, errno).WithContext(path);
+  if (fd < 0)
+    return PosixError("cannot create a temporary file in " + dir, errno).WithContext(path);
 
   Status st = [&]() -> Status {
     // Permissions as for an ordinary new file (mkstemp makes it 0600).

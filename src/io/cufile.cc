@@ -86,10 +86,11 @@ Result<const CuFileApi*> LoadApi() {
   std::lock_guard lock(mu);
   if (loaded != nullptr) return loaded;
 
-  TL_ASSIGN_OR_RETURN(DynamicLibrary lib,
-                      DynamicLibrary::Open("TENSORLIFT_CUFILE_LIB", kDefaultLibrary, "cuFile library",
-                                           " (install GPUDirect Storage, or set TENSORLIFT_CUFILE_LIB to "
-                                           "libcufile.so.0's path)"));
+  TL_ASSIGN_OR_RETURN(
+      DynamicLibrary lib,
+      DynamicLibrary::Open("TENSORLIFT_CUFILE_LIB", kDefaultLibrary, "cuFile library",
+                           " (install GPUDirect Storage, or set TENSORLIFT_CUFILE_LIB to "
+                           "libcufile.so.0's path)"));
   const std::string name = lib.name();
   auto api = std::unique_ptr<CuFileApi>(new (std::nothrow) CuFileApi);
   if (!api) return ResourceExhaustedError("out of memory");
@@ -104,7 +105,8 @@ Result<const CuFileApi*> LoadApi() {
   if (s.ok()) s = lib.Symbol("cuFileRead", &api->read);
   if (s.ok()) s = lib.Symbol("cuFileGetVersion", &api->get_version);
   if (s.ok()) s = CuFileStatus(api->get_version(&api->version), "cuFileGetVersion");
-  if (!s.ok()) return s.WithContext(name);  // Closed as lib goes: nothing of it has run but cuFileGetVersion.
+  if (!s.ok())
+    return s.WithContext(name);  // Closed as lib goes: nothing of it has run but cuFileGetVersion.
   lib.Keep();
   Dl_info info{};
   api->path =

@@ -28,8 +28,8 @@ struct ReadOp {
   // covering aligned span into a bounce buffer and copy the bytes out.
   bool bounce = false;
   const std::string* path = nullptr;  // For messages.
-  uint32_t tag = 0;                    // The caller's (e.g. its file); engines ignore it.
-  uint32_t id = 0;                     // The caller's too (e.g. which tensors it fills).
+  uint32_t tag = 0;                   // The caller's (e.g. its file); engines ignore it.
+  uint32_t id = 0;                    // The caller's too (e.g. which tensors it fills).
 };
 
 // Shared between the engine and whoever watches it.

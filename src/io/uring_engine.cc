@@ -25,7 +25,9 @@ class UringEngine final : public ReadEngine {
 
   Status Init() {
     int r = io_uring_queue_init(static_cast<unsigned>(depth_), &ring_, 0);
-    if (r < 0) return UnimplementedError("io_uring is not available here: " + PosixError("io_uring_setup", -r).message());
+    if (r < 0)
+      return UnimplementedError("io_uring is not available here: " +
+                                PosixError("io_uring_setup", -r).message());
     initialized_ = true;
     return Status::Ok();
   }
@@ -49,7 +51,8 @@ class UringEngine final : public ReadEngine {
       if (sqe == nullptr) return InternalError("io_uring submission queue full");
       const uint64_t left = op.length - slots[s].done;
       io_uring_prep_read(sqe, op.fd, op.dest + slots[s].done,
-                         static_cast<unsigned>(std::min(left, kMaxSqeRead)), op.offset + slots[s].done);
+                         static_cast<unsigned>(std::min(left, kMaxSqeRead)),
+                         op.offset + slots[s].done);
       io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(s));
       ++in_flight;
       return Status::Ok();
@@ -105,19 +108,23 @@ class UringEngine final : public ReadEngine {
             int sr = io_uring_submit(&ring_);
             if (sr < 0) st = PosixError("io_uring_submit", -sr);
           }
-          if (!st.ok()) error = st;
-          else continue;
+          if (!st.ok())
+            error = st;
+          else
+            continue;
         }
         free_slots.push_back(s);
         continue;
       }
       if (res < 0 || res == 0) {
         if (error.ok()) {
-          Status st = res < 0 ? PosixError("read at offset " + std::to_string(op.offset + slots[s].done), -res)
-                              : OutOfRangeError("unexpected end of file at offset " +
-                                                std::to_string(op.offset + slots[s].done) + " (wanted " +
-                                                std::to_string(op.length) + " bytes at offset " +
-                                                std::to_string(op.offset) + ")");
+          Status st =
+              res < 0
+                  ? PosixError("read at offset " + std::to_string(op.offset + slots[s].done), -res)
+                  : OutOfRangeError("unexpected end of file at offset " +
+                                    std::to_string(op.offset + slots[s].done) + " (wanted " +
+                                    std::to_string(op.length) + " bytes at offset " +
+                                    std::to_string(op.offset) + ")");
           error = op.path ? st.WithContext(*op.path) : st;
         }
         free_slots.push_back(s);

@@ -56,10 +56,23 @@ uint64_t CountBits(const uint8_t* m, uint64_t n) {
 
 bool IsZero(const std::byte* p, uint32_t w) {
   switch (w) {
-    case 1: return std::to_integer<uint8_t>(*p) == 0;
-    case 2: { uint16_t v; std::memcpy(&v, p, 2); return v == 0; }
-    case 4: { uint32_t v; std::memcpy(&v, p, 4); return v == 0; }
-    default: { uint64_t v; std::memcpy(&v, p, 8); return v == 0; }
+    case 1:
+      return std::to_integer<uint8_t>(*p) == 0;
+    case 2: {
+      uint16_t v;
+      std::memcpy(&v, p, 2);
+      return v == 0;
+    }
+    case 4: {
+      uint32_t v;
+      std::memcpy(&v, p, 4);
+      return v == 0;
+    }
+    default: {
+      uint64_t v;
+      std::memcpy(&v, p, 8);
+      return v == 0;
+    }
   }
 }
 
@@ -134,7 +147,6 @@ Status Validate(const uint8_t* bitmask, const int64_t* row_offsets, const Bitmas
   return Status::Ok();
 }
 
-
 namespace detail {
 
 uint64_t ValuesEnd(const uint8_t* bitmask, const int64_t* row_offsets, const BitmaskShape& s,
@@ -186,10 +198,18 @@ void ScalarRowsT(const std::byte* values, const uint8_t* bitmask, const int64_t*
 void DecodeRowsScalar(const std::byte* values, const uint8_t* bitmask, const int64_t* row_offsets,
                       const BitmaskShape& s, uint64_t r0, uint64_t r1, std::byte* dense) {
   switch (s.elem_bytes) {
-    case 1: ScalarRowsT<uint8_t>(values, bitmask, row_offsets, s, r0, r1, dense); break;
-    case 2: ScalarRowsT<uint16_t>(values, bitmask, row_offsets, s, r0, r1, dense); break;
-    case 4: ScalarRowsT<uint32_t>(values, bitmask, row_offsets, s, r0, r1, dense); break;
-    default: ScalarRowsT<uint64_t>(values, bitmask, row_offsets, s, r0, r1, dense); break;
+    case 1:
+      ScalarRowsT<uint8_t>(values, bitmask, row_offsets, s, r0, r1, dense);
+      break;
+    case 2:
+      ScalarRowsT<uint16_t>(values, bitmask, row_offsets, s, r0, r1, dense);
+      break;
+    case 4:
+      ScalarRowsT<uint32_t>(values, bitmask, row_offsets, s, r0, r1, dense);
+      break;
+    default:
+      ScalarRowsT<uint64_t>(values, bitmask, row_offsets, s, r0, r1, dense);
+      break;
   }
 }
 
@@ -232,9 +252,12 @@ bool Supported(DecodeIsa isa) { return Lower(isa) == isa; }
 
 const char* IsaName(DecodeIsa isa) {
   switch (isa) {
-    case DecodeIsa::kScalar: return "scalar";
-    case DecodeIsa::kAvx2: return "avx2";
-    case DecodeIsa::kAvx512: return "avx512";
+    case DecodeIsa::kScalar:
+      return "scalar";
+    case DecodeIsa::kAvx2:
+      return "avx2";
+    case DecodeIsa::kAvx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -271,8 +294,8 @@ void DecodeRows(DecodeIsa isa, const std::byte* values, const uint8_t* bitmask,
 }
 
 Status Decode(const std::byte* values, uint64_t nnz, const uint8_t* bitmask,
-              const int64_t* row_offsets, const BitmaskShape& shape, std::byte* dense,
-              int threads, DecodeIsa isa) {
+              const int64_t* row_offsets, const BitmaskShape& shape, std::byte* dense, int threads,
+              DecodeIsa isa) {
   TL_RETURN_IF_ERROR(CheckShape(shape));
   if (threads < 0) {
     return InvalidArgumentError("sparse bitmask: " + std::to_string(threads) + " threads");

@@ -176,7 +176,8 @@ TL_HD_INLINE uint32_t Fp8E5m2ToF32Bits(uint8_t v) {
   const uint32_t m = v & 0x3u;
   const uint32_t normal = ((e + 112u) << 23) | (m << 21);
   // A subnormal m * 2^-16: 1 -> 2^-16, 2 -> 2^-15, 3 -> 1.5 * 2^-15.
-  const uint32_t subnormal = m == 0 ? 0u : (m == 1 ? (111u << 23) : ((112u << 23) | ((m & 1u) << 22)));
+  const uint32_t subnormal =
+      m == 0 ? 0u : (m == 1 ? (111u << 23) : ((112u << 23) | ((m & 1u) << 22)));
   const uint32_t special = 0x7F800000u | (m << 21) | (m != 0 ? 0x400000u : 0u);
   const uint32_t r = e == 0x1Fu ? special : (e == 0 ? subnormal : normal);
   return sign | r;
@@ -185,7 +186,9 @@ TL_HD_INLINE uint32_t Fp8E5m2ToF32Bits(uint8_t v) {
 }  // namespace internal
 
 // float -> bfloat16 bits, as PyTorch's f32 -> bf16: NaN becomes 0xFFFF.
-TL_HD_INLINE uint16_t F32ToBf16(float f) { return internal::F32BitsToBf16(FloatToBits(f), 0xFFFFu); }
+TL_HD_INLINE uint16_t F32ToBf16(float f) {
+  return internal::F32BitsToBf16(FloatToBits(f), 0xFFFFu);
+}
 
 // bfloat16 bits -> float (exact).
 TL_HD_INLINE float Bf16ToF32(uint16_t h) { return BitsToFloat(static_cast<uint32_t>(h) << 16); }
@@ -197,7 +200,9 @@ TL_HD_INLINE uint16_t F32ToF16(float f) { return internal::F32BitsToF16(FloatToB
 TL_HD_INLINE float F16ToF32(uint16_t h) { return BitsToFloat(internal::F16ToF32Bits(h)); }
 
 // float8_e4m3fn bits -> float (exact).
-TL_HD_INLINE float Fp8E4m3fnToF32(uint8_t v) { return BitsToFloat(internal::Fp8E4m3fnToF32Bits(v)); }
+TL_HD_INLINE float Fp8E4m3fnToF32(uint8_t v) {
+  return BitsToFloat(internal::Fp8E4m3fnToF32Bits(v));
+}
 
 // float8_e5m2 bits -> float (exact; through f16, as PyTorch).
 TL_HD_INLINE float Fp8E5m2ToF32(uint8_t v) { return BitsToFloat(internal::Fp8E5m2ToF32Bits(v)); }
@@ -321,7 +326,8 @@ TL_HD_INLINE void StoreFromF32Bits(std::byte* dst, Dtype to, uint64_t i, uint32_
 // bytes unchanged (NaN payloads included); other pairs go through f32 with
 // one rounding. One element per call, for a GPU kernel's thread; host loops
 // use ConvertOnHost (tensorlift/convert.h), which gives the same bits faster.
-TL_HD_INLINE void ConvertElement(std::byte* dst, Dtype to, const std::byte* src, Dtype from, uint64_t i) {
+TL_HD_INLINE void ConvertElement(std::byte* dst, Dtype to, const std::byte* src, Dtype from,
+                                 uint64_t i) {
   if (from == to) {
     const uint32_t n = ElementBytes(from);
     if (n == 0) {

@@ -1,13 +1,12 @@
 // ConvertOnHost: one tight loop per (from, to) pair, each an instance of a
 // template over the element functions of convert.h, so that the compiler
 // sees a branch-free body it can vectorise and no loop dispatches per element.
-#include "tensorlift/convert.h"
-
 #include <cstring>
 #include <string>
 
 #include "common/checked_math.h"
 #include "kernels/convert.h"
+#include "tensorlift/convert.h"
 
 namespace tensorlift {
 namespace {
@@ -80,8 +79,8 @@ inline void ConvertOne(std::byte* __restrict dst, const std::byte* __restrict sr
 constexpr uint64_t kBlock = 64;
 
 template <Dtype From, Dtype To>
-[[gnu::always_inline]] inline void ConvertBlocks(std::byte* __restrict dst, const std::byte* __restrict src,
-                                                 uint64_t count) {
+[[gnu::always_inline]] inline void ConvertBlocks(std::byte* __restrict dst,
+                                                 const std::byte* __restrict src, uint64_t count) {
   using S = typename Elem<From>::T;
   using D = typename Elem<To>::T;
   uint64_t i = 0;
@@ -107,7 +106,8 @@ enum class Isa { kBaseline, kAvx2, kAvx512 };
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 template <Dtype From, Dtype To>
-[[gnu::target("avx2")]] void LoopAvx2(std::byte* __restrict dst, const std::byte* __restrict src, uint64_t count) {
+[[gnu::target("avx2")]] void LoopAvx2(std::byte* __restrict dst, const std::byte* __restrict src,
+                                      uint64_t count) {
   ConvertBlocks<From, To>(dst, src, count);
 }
 
@@ -194,14 +194,16 @@ Status ConvertOnHost(std::byte* dst, Dtype to, const std::byte* src, Dtype from,
   }
   if (count == 0) return Status::Ok();
   if (dst == nullptr || src == nullptr) {
-    return InvalidArgumentError("conversion from " + PairName(from, to) + " of " + std::to_string(count) +
-                                " elements: null " + (dst == nullptr ? "destination" : "source"));
+    return InvalidArgumentError("conversion from " + PairName(from, to) + " of " +
+                                std::to_string(count) + " elements: null " +
+                                (dst == nullptr ? "destination" : "source"));
   }
   if (from == to) {
     const int bits = DtypeBits(from);
     uint64_t total_bits = 0;
     if (!CheckedMul(count, static_cast<uint64_t>(bits), &total_bits) || total_bits % 8 != 0) {
-      return InvalidArgumentError("copy of " + std::to_string(count) + " " + std::string(DtypeName(from)) +
+      return InvalidArgumentError("copy of " + std::to_string(count) + " " +
+                                  std::string(DtypeName(from)) +
                                   " elements: not a whole number of bytes that fits in 64 bits");
     }
     std::memcpy(dst, src, total_bits / 8);
@@ -209,12 +211,13 @@ Status ConvertOnHost(std::byte* dst, Dtype to, const std::byte* src, Dtype from,
   }
   uint64_t unused = 0;
   if (!CheckedMul(count, sizeof(float), &unused)) {
-    return InvalidArgumentError("conversion from " + PairName(from, to) + " of " + std::to_string(count) +
-                                " elements: the size overflows 64 bits");
+    return InvalidArgumentError("conversion from " + PairName(from, to) + " of " +
+                                std::to_string(count) + " elements: the size overflows 64 bits");
   }
   LoopFn loop = FindLoop(from, to);
   if (loop == nullptr) {
-    return InternalError("conversion from " + PairName(from, to) + " is supported but has no host loop");
+    return InternalError("conversion from " + PairName(from, to) +
+                         " is supported but has no host loop");
   }
   loop(dst, src, count);
   return Status::Ok();

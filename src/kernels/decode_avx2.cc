@@ -158,7 +158,9 @@ TL_TARGET_AVX2 void Rows(const std::byte* values, const uint8_t* bitmask,
 void DecodeRowsAvx2(const std::byte* values, const uint8_t* bitmask, const int64_t* row_offsets,
                     const BitmaskShape& s, uint64_t r0, uint64_t r1, std::byte* dense) {
   if (r0 >= r1) return;
-  ByWidth(s.elem_bytes, [&](auto w) { Rows<decltype(w)::value>(values, bitmask, row_offsets, s, r0, r1, dense); });
+  ByWidth(s.elem_bytes, [&](auto w) {
+    Rows<decltype(w)::value>(values, bitmask, row_offsets, s, r0, r1, dense);
+  });
 }
 
 }  // namespace tensorlift::sparse::detail

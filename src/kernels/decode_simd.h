@@ -33,10 +33,18 @@ namespace tensorlift::sparse::detail {
 template <typename F>
 void ByWidth(uint32_t elem_bytes, F&& f) {
   switch (elem_bytes) {
-    case 1: f(std::integral_constant<uint32_t, 1>{}); return;
-    case 2: f(std::integral_constant<uint32_t, 2>{}); return;
-    case 4: f(std::integral_constant<uint32_t, 4>{}); return;
-    default: f(std::integral_constant<uint32_t, 8>{}); return;
+    case 1:
+      f(std::integral_constant<uint32_t, 1>{});
+      return;
+    case 2:
+      f(std::integral_constant<uint32_t, 2>{});
+      return;
+    case 4:
+      f(std::integral_constant<uint32_t, 4>{});
+      return;
+    default:
+      f(std::integral_constant<uint32_t, 8>{});
+      return;
   }
 }
 

@@ -1,9 +1,10 @@
 // ArenaPool (include/tensorlift/loader.h): host buffers kept between loads.
+#include "load/arena_pool.h"
+
 #include <algorithm>
 #include <mutex>
 
 #include "device/host_buffer.h"
-#include "load/arena_pool.h"
 #include "tensorlift/loader.h"
 
 namespace tensorlift {
@@ -20,12 +21,15 @@ struct ArenaPool::State {
   void Put(HostBuffer* raw) {
     std::unique_ptr<HostBuffer> b(raw);
     std::lock_guard<std::mutex> lock(mu);
-    if (closed || static_cast<int>(free.size()) >= max_free) return;  // b is freed after the unlock.
+    if (closed || static_cast<int>(free.size()) >= max_free)
+      return;  // b is freed after the unlock.
     free.push_back(std::move(b));
   }
 };
 
-ArenaPool::ArenaPool(int max_free) : state_(std::make_shared<State>()) { state_->max_free = std::max(0, max_free); }
+ArenaPool::ArenaPool(int max_free) : state_(std::make_shared<State>()) {
+  state_->max_free = std::max(0, max_free);
+}
 
 ArenaPool::~ArenaPool() {
   std::vector<std::unique_ptr<HostBuffer>> drop;
@@ -50,7 +54,8 @@ void ArenaPool::Trim() {
   drop.swap(state_->free);
 }
 
-Result<std::shared_ptr<HostBuffer>> TakeArena(const std::shared_ptr<ArenaPool>& pool, uint64_t bytes) {
+Result<std::shared_ptr<HostBuffer>> TakeArena(const std::shared_ptr<ArenaPool>& pool,
+                                              uint64_t bytes) {
   if (!pool) return HostBuffer::Allocate(bytes);
   const std::shared_ptr<ArenaPool::State>& st = pool->state();
   std::unique_ptr<HostBuffer> buf;
@@ -60,8 +65,8 @@ Result<std::shared_ptr<HostBuffer>> TakeArena(const std::shared_ptr<ArenaPool>& 
     // (does not fit, capacity), with the capacities of those that do not fit negated.
     auto rank = [&](const std::unique_ptr<HostBuffer>& b) {
       const bool fits = b->capacity() >= bytes;
-      return std::pair<bool, int64_t>(!fits, fits ? static_cast<int64_t>(b->capacity())
-                                                  : -static_cast<int64_t>(b->capacity()));
+      return std::pair<bool, int64_t>(
+          !fits, fits ? static_cast<int64_t>(b->capacity()) : -static_cast<int64_t>(b->capacity()));
     };
     auto best = std::min_element(st->free.begin(), st->free.end(),
                                  [&](const auto& a, const auto& b) { return rank(a) < rank(b); });

@@ -13,7 +13,8 @@ namespace tensorlift {
 // A buffer of `bytes` from `pool` (a fresh one without a pool). Its
 // touched() bytes are already faulted in. When its last owner drops it, it
 // goes back to the pool if the pool still exists and has room.
-Result<std::shared_ptr<HostBuffer>> TakeArena(const std::shared_ptr<ArenaPool>& pool, uint64_t bytes);
+Result<std::shared_ptr<HostBuffer>> TakeArena(const std::shared_ptr<ArenaPool>& pool,
+                                              uint64_t bytes);
 
 }  // namespace tensorlift
 

@@ -80,7 +80,8 @@ LoadedCheckpoint CheckpointBuilder::Finish(double seconds) && {
   return out;
 }
 
-const std::vector<std::shared_ptr<Buffer>>& CheckpointBuilder::Owners(const LoadedCheckpoint& loaded) {
+const std::vector<std::shared_ptr<Buffer>>& CheckpointBuilder::Owners(
+    const LoadedCheckpoint& loaded) {
   return loaded.owners_->buffers;
 }
 

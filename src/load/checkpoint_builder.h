@@ -33,7 +33,8 @@ class CheckpointBuilder {
   // `owner` keeps `tensor`'s bytes alive (tensors of one buffer share it).
   void Add(LoadedTensor tensor, std::shared_ptr<Buffer> owner);
   // Drops the tensors for which drop(tensor, owner) is true.
-  void RemoveIf(const std::function<bool(const LoadedTensor&, const std::shared_ptr<Buffer>&)>& drop);
+  void RemoveIf(
+      const std::function<bool(const LoadedTensor&, const std::shared_ptr<Buffer>&)>& drop);
   // The tensors so far, in the order added (LoadOptions::on_tensor hands them
   // out by index while the load runs), and their owners.
   const std::vector<LoadedTensor>& tensors() const { return tensors_; }

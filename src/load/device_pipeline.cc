@@ -458,13 +458,15 @@ Result<LoadedCheckpoint> DevicePipeline::BuildResult(Clock::time_point t0) {
 }
 
 Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,
-                                           const std::shared_ptr<Device>& device, PipelineTrace* trace) {
+                                           const std::shared_ptr<Device>& device,
+                                           PipelineTrace* trace) {
   const DeviceType type = device->kind();
   // GDS only for CUDA devices (or a test's reader), and only when asked.
   const bool allow_gds =
       options.gds && (device->kind() == DeviceType::kCuda || (trace && trace->open_direct_reader));
   std::string gds_failure;
-  auto got = DevicePipeline::Run(checkpoint, options, device, type, trace, allow_gds, "", &gds_failure);
+  auto got =
+      DevicePipeline::Run(checkpoint, options, device, type, trace, allow_gds, "", &gds_failure);
   if (got.ok() || gds_failure.empty()) return got;
   // A GDS read failed: everything of that attempt is freed; load again
   // through pinned staging at once, saying why.

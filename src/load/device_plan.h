@@ -33,10 +33,10 @@ namespace tensorlift {
 inline constexpr uint64_t kDeviceAlign = 256;
 
 struct DeviceTensorPlan {
-  uint32_t index = 0;         // Into header.tensors().
-  Dtype dtype = Dtype::kU8;   // On the device (converted or not).
-  uint64_t offset = 0;        // In the file's device buffer.
-  uint64_t bytes = 0;         // On the device.
+  uint32_t index = 0;        // Into header.tensors().
+  Dtype dtype = Dtype::kU8;  // On the device (converted or not).
+  uint64_t offset = 0;       // In the file's device buffer.
+  uint64_t bytes = 0;        // On the device.
   bool converted = false;
 };
 
@@ -67,7 +67,7 @@ struct DeviceFilePlan {
   uint64_t tensor_bytes = 0;  // In the file.
   uint32_t realigned = 0;
   uint32_t converted = 0;
-  uint64_t scratch_bytes = 0;  // Device slot bytes the largest converting block needs.
+  uint64_t scratch_bytes = 0;             // Device slot bytes the largest converting block needs.
   std::vector<DeviceTensorPlan> tensors;  // In file order.
   std::vector<DeviceBlock> blocks;        // In file order.
 };

@@ -17,20 +17,42 @@ namespace {
 DLDataType ToDLDataType(Dtype d) {
   const auto bits = static_cast<uint8_t>(DtypeBits(d));
   switch (d) {
-    case Dtype::kBool: return {kDLBool, 8, 1};
-    case Dtype::kF4: return {kDLFloat4_e2m1fn, 4, 1};
-    case Dtype::kF6_E2M3: return {kDLFloat6_e2m3fn, 6, 1};
-    case Dtype::kF6_E3M2: return {kDLFloat6_e3m2fn, 6, 1};
-    case Dtype::kU8: case Dtype::kU16: case Dtype::kU32: case Dtype::kU64: return {kDLUInt, bits, 1};
-    case Dtype::kI8: case Dtype::kI16: case Dtype::kI32: case Dtype::kI64: return {kDLInt, bits, 1};
-    case Dtype::kF8_E5M2: return {kDLFloat8_e5m2, 8, 1};
-    case Dtype::kF8_E4M3: return {kDLFloat8_e4m3fn, 8, 1};
-    case Dtype::kF8_E8M0: return {kDLFloat8_e8m0fnu, 8, 1};
-    case Dtype::kF8_E4M3FNUZ: return {kDLFloat8_e4m3fnuz, 8, 1};
-    case Dtype::kF8_E5M2FNUZ: return {kDLFloat8_e5m2fnuz, 8, 1};
-    case Dtype::kF16: case Dtype::kF32: case Dtype::kF64: return {kDLFloat, bits, 1};
-    case Dtype::kBF16: return {kDLBfloat, 16, 1};
-    case Dtype::kC64: return {kDLComplex, 64, 1};
+    case Dtype::kBool:
+      return {kDLBool, 8, 1};
+    case Dtype::kF4:
+      return {kDLFloat4_e2m1fn, 4, 1};
+    case Dtype::kF6_E2M3:
+      return {kDLFloat6_e2m3fn, 6, 1};
+    case Dtype::kF6_E3M2:
+      return {kDLFloat6_e3m2fn, 6, 1};
+    case Dtype::kU8:
+    case Dtype::kU16:
+    case Dtype::kU32:
+    case Dtype::kU64:
+      return {kDLUInt, bits, 1};
+    case Dtype::kI8:
+    case Dtype::kI16:
+    case Dtype::kI32:
+    case Dtype::kI64:
+      return {kDLInt, bits, 1};
+    case Dtype::kF8_E5M2:
+      return {kDLFloat8_e5m2, 8, 1};
+    case Dtype::kF8_E4M3:
+      return {kDLFloat8_e4m3fn, 8, 1};
+    case Dtype::kF8_E8M0:
+      return {kDLFloat8_e8m0fnu, 8, 1};
+    case Dtype::kF8_E4M3FNUZ:
+      return {kDLFloat8_e4m3fnuz, 8, 1};
+    case Dtype::kF8_E5M2FNUZ:
+      return {kDLFloat8_e5m2fnuz, 8, 1};
+    case Dtype::kF16:
+    case Dtype::kF32:
+    case Dtype::kF64:
+      return {kDLFloat, bits, 1};
+    case Dtype::kBF16:
+      return {kDLBfloat, 16, 1};
+    case Dtype::kC64:
+      return {kDLComplex, 64, 1};
   }
   return {kDLUInt, 8, 1};
 }
@@ -47,9 +69,15 @@ void FillTensor(Managed* m, ExportContext* ctx, const LoadedTensor& t, bool raw_
   DLTensor& dl = m->dl_tensor;
   dl.data = t.data;
   switch (t.device) {
-    case DeviceType::kCpu: dl.device = {kDLCPU, 0}; break;
-    case DeviceType::kCuda: dl.device = {kDLCUDA, t.device_index}; break;
-    case DeviceType::kEmulated: dl.device = {kDLExtDev, t.device_index}; break;
+    case DeviceType::kCpu:
+      dl.device = {kDLCPU, 0};
+      break;
+    case DeviceType::kCuda:
+      dl.device = {kDLCUDA, t.device_index};
+      break;
+    case DeviceType::kEmulated:
+      dl.device = {kDLExtDev, t.device_index};
+      break;
   }
   dl.ndim = static_cast<int32_t>(ctx->shape.size());
   dl.dtype = raw_bytes ? DLDataType{kDLUInt, 8, 1} : ToDLDataType(t.dtype);
@@ -60,12 +88,13 @@ void FillTensor(Managed* m, ExportContext* ctx, const LoadedTensor& t, bool raw_
 }
 
 ExportContext* NewContext(const LoadedTensor& t, std::shared_ptr<Buffer> owner, bool raw_bytes) {
-  return raw_bytes ? new (std::nothrow) ExportContext{std::move(owner), {static_cast<int64_t>(t.nbytes)}, {1}}
+  return raw_bytes ? new (std::nothrow)
+                         ExportContext{std::move(owner), {static_cast<int64_t>(t.nbytes)}, {1}}
                    : new (std::nothrow) ExportContext{std::move(owner), t.shape, t.strides};
 }
 
-Result<DLManagedTensorVersioned*> ExportVersioned(const LoadedTensor& t, std::shared_ptr<Buffer> owner,
-                                                  bool raw_bytes) {
+Result<DLManagedTensorVersioned*> ExportVersioned(const LoadedTensor& t,
+                                                  std::shared_ptr<Buffer> owner, bool raw_bytes) {
   ExportContext* ctx = NewContext(t, std::move(owner), raw_bytes);
   if (ctx == nullptr) return ResourceExhaustedError("out of memory");
   auto* m = new (std::nothrow) DLManagedTensorVersioned{};

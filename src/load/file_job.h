@@ -19,9 +19,9 @@ struct OpenedFile {
   const Checkpoint::Shard* shard = nullptr;
   std::vector<uint32_t> wanted;  // Indices into shard->header.tensors(), increasing.
   PosixFile buffered;
-  PosixFile direct;              // Open when report.mode is kDirect.
+  PosixFile direct;  // Open when report.mode is kDirect.
   FileIdentity identity;
-  FileReport report;             // path, mode (never kAuto) and reason filled in.
+  FileReport report;  // path, mode (never kAuto) and reason filled in.
 };
 
 // Opens the file for reading, checks it is the one whose header was read
@@ -60,7 +60,10 @@ LoadedTensor MakeTensor(const TensorInfo& info, Dtype dtype, void* data, uint64_
 class ProgressReporter {
  public:
   ProgressReporter(const ProgressCallback& callback, uint64_t total)
-      : callback_(callback), total_(total), start_(std::chrono::steady_clock::now()), last_(start_) {}
+      : callback_(callback),
+        total_(total),
+        start_(std::chrono::steady_clock::now()),
+        last_(start_) {}
   // `done` bytes so far; from one thread at a time.
   void Report(uint64_t done, bool final_call);
 

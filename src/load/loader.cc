@@ -37,19 +37,26 @@ namespace tensorlift {
 
 std::string_view IoModeName(IoMode mode) {
   switch (mode) {
-    case IoMode::kAuto: return "auto";
-    case IoMode::kBuffered: return "buffered";
-    case IoMode::kDirect: return "direct";
-    case IoMode::kMmap: return "mmap";
+    case IoMode::kAuto:
+      return "auto";
+    case IoMode::kBuffered:
+      return "buffered";
+    case IoMode::kDirect:
+      return "direct";
+    case IoMode::kMmap:
+      return "mmap";
   }
   return "?";
 }
 
 std::string_view IoEngineName(IoEngine engine) {
   switch (engine) {
-    case IoEngine::kAuto: return "auto";
-    case IoEngine::kThreads: return "threads";
-    case IoEngine::kUring: return "uring";
+    case IoEngine::kAuto:
+      return "auto";
+    case IoEngine::kThreads:
+      return "threads";
+    case IoEngine::kUring:
+      return "uring";
   }
   return "?";
 }
@@ -82,7 +89,8 @@ Result<TensorFilter> TensorFilter::Regex(const std::string& pattern) {
   try {  // std::regex reports a bad pattern only by throwing.
     re = std::make_shared<std::regex>(pattern, std::regex::ECMAScript | std::regex::optimize);
   } catch (const std::regex_error& e) {
-    return InvalidArgumentError("invalid regular expression " + QuoteName(pattern) + ": " + e.what());
+    return InvalidArgumentError("invalid regular expression " + QuoteName(pattern) + ": " +
+                                e.what());
   }
   TensorFilter f;
   f.pred_ = [re](std::string_view n) { return std::regex_search(n.begin(), n.end(), *re); };
@@ -116,7 +124,8 @@ Status LoadedCheckpoint::CopyToHost(std::string_view name, void* dst) const {
     return Status::Ok();
   }
   TL_ASSIGN_OR_RETURN(auto stream, owners_->device->CreateStream());
-  TL_RETURN_IF_ERROR(stream->CopyToHost(static_cast<std::byte*>(dst), static_cast<const std::byte*>(t->data), t->nbytes));
+  TL_RETURN_IF_ERROR(stream->CopyToHost(static_cast<std::byte*>(dst),
+                                        static_cast<const std::byte*>(t->data), t->nbytes));
   return stream->Synchronize();
 }
 
@@ -242,8 +251,11 @@ Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views) {
     std::snprintf(pct, sizeof pct, "%.0f%%", resident * 100);
     // Views only of (nearly) fully cached files: the rest of a view's bytes would
     // come in by page faults, a small read each.
-    mode = resident < 0.5 ? IoMode::kDirect : cached_views && resident >= 0.9 ? IoMode::kMmap : IoMode::kBuffered;
-    job.report.reason = std::string(pct) + " in page cache" + (mode == IoMode::kMmap ? ": views of it" : "");
+    mode = resident < 0.5                    ? IoMode::kDirect
+           : cached_views && resident >= 0.9 ? IoMode::kMmap
+                                             : IoMode::kBuffered;
+    job.report.reason =
+        std::string(pct) + " in page cache" + (mode == IoMode::kMmap ? ": views of it" : "");
   }
   if (mode == IoMode::kDirect) {
     int fd;
@@ -269,8 +281,9 @@ Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views) {
 Status CheckUnchanged(const OpenedFile& job) {
   TL_ASSIGN_OR_RETURN(FileIdentity now, job.buffered.Identity());
   if (now.size != job.identity.size || now.mtime_ns != job.identity.mtime_ns) {
-    return IOError("the file was modified during the load (size " + std::to_string(job.identity.size) +
-                   " -> " + std::to_string(now.size) + ", or its modification time changed)");
+    return IOError("the file was modified during the load (size " +
+                   std::to_string(job.identity.size) + " -> " + std::to_string(now.size) +
+                   ", or its modification time changed)");
   }
   struct stat st;
   if (::stat(job.shard->path.c_str(), &st) != 0) {
@@ -367,8 +380,9 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   auto address = [&](Checkpoint::Location loc) -> std::byte* {
     const FileJob& job = jobs[loc.shard];
     const PlannedTensor* pt = placed[loc.shard][loc.index];
-    return pt->in_arena ? job.arena->data() + pt->arena_offset
-                        : job.mapping->data() + job.shard->header.data_offset() + ckpt.info(loc).begin;
+    return pt->in_arena
+               ? job.arena->data() + pt->arena_offset
+               : job.mapping->data() + job.shard->header.data_offset() + ckpt.info(loc).begin;
   };
   if (hooks && hooks->placed) {
     for (auto loc : selected) hooks->placed(loc, address(loc));
@@ -396,9 +410,9 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     pending[s] = 0;
     if (job.wanted.empty()) continue;
     for (const PlannedRead& r : job.plan.reads) {
-      ops[r.direct].push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset, r.length,
-                               job.arena->data() + r.arena_offset, r.bounce, &job.shard->path,
-                               static_cast<uint32_t>(s), read_id++});
+      ops[r.direct].push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset,
+                               r.length, job.arena->data() + r.arena_offset, r.bounce,
+                               &job.shard->path, static_cast<uint32_t>(s), read_id++});
       read_bytes += r.length;
       ++pending[s];
     }
@@ -421,18 +435,22 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
       const PlannedTensor* pt = placed[selected[i].shard][selected[i].index];
       const uint64_t n = out.tensors()[i].nbytes;
       if (pt->in_arena && n > 0) {
-        spans[selected[i].shard].push_back({pt->arena_offset, pt->arena_offset + n, static_cast<uint32_t>(i)});
+        spans[selected[i].shard].push_back(
+            {pt->arena_offset, pt->arena_offset + n, static_cast<uint32_t>(i)});
       }
     }
     for (auto& sp : spans) {
-      std::sort(sp.begin(), sp.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+      std::sort(sp.begin(), sp.end(),
+                [](const Span& a, const Span& b) { return a.begin < b.begin; });
     }
     for (const auto& list : ops) {
       for (const ReadOp& op : list) {
         const auto& sp = spans[op.tag];
-        const uint64_t lo = static_cast<uint64_t>(op.dest - jobs[op.tag].arena->data()), hi = lo + op.length;
+        const uint64_t lo = static_cast<uint64_t>(op.dest - jobs[op.tag].arena->data()),
+                       hi = lo + op.length;
         // Tensors in an arena do not overlap: the first that ends after lo, then on.
-        auto it = std::partition_point(sp.begin(), sp.end(), [&](const Span& t) { return t.end <= lo; });
+        auto it =
+            std::partition_point(sp.begin(), sp.end(), [&](const Span& t) { return t.end <= lo; });
         for (; it != sp.end() && it->begin < hi; ++it) {
           read_tensors[op.id].push_back(it->tensor);
           ++waiting[it->tensor];
@@ -447,11 +465,14 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
 
   ReadProgress progress;
   ProgressReporter reporter(options.progress, read_bytes);
-  progress.tick = [&] { reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), false); };
+  progress.tick = [&] {
+    reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), false);
+  };
   const bool file_done = hooks && hooks->file_done;
   if (file_done || deliverer) {
     progress.op_done = [&](const ReadOp& op) {
-      if (file_done && pending[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1) hooks->file_done(op.tag);
+      if (file_done && pending[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1)
+        hooks->file_done(op.tag);
       if (deliverer) {
         for (uint32_t t : read_tensors[op.id]) {
           if (waiting[t].fetch_sub(1, std::memory_order_acq_rel) == 1) deliverer->Ready(t);
@@ -470,7 +491,8 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
   std::unique_ptr<ReadEngine> engines[2];
   for (int direct : {1, 0}) {
     if (ops[direct].empty()) continue;
-    TL_ASSIGN_OR_RETURN(engines[direct], MakeEngine(options, direct == 1, ops[direct], &engine_kind[direct]));
+    TL_ASSIGN_OR_RETURN(engines[direct],
+                        MakeEngine(options, direct == 1, ops[direct], &engine_kind[direct]));
     if (wrap) engines[direct] = wrap(std::move(engines[direct]));
   }
   {
@@ -495,9 +517,11 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     for (const auto& job : jobs) {
       if (job.wanted.empty() || !job.mapping || options.mode != IoMode::kAuto) continue;
       const Header& h = job.shard->header;
-      const uint64_t first = (h.data_offset() + h.tensors()[job.wanted.front()].begin) / kPageAlign * kPageAlign;
+      const uint64_t first =
+          (h.data_offset() + h.tensors()[job.wanted.front()].begin) / kPageAlign * kPageAlign;
       const uint64_t last = h.data_offset() + h.tensors()[job.wanted.back()].end;
-      regions.push_back({job.mapping->data() + first, (last - first + kPageAlign - 1) / kPageAlign * kPageAlign,
+      regions.push_back({job.mapping->data() + first,
+                         (last - first + kPageAlign - 1) / kPageAlign * kPageAlign,
                          /*read=*/true});
     }
     PopulateAhead populate(regions, FaultThreads(options));
@@ -526,13 +550,15 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
 
 Result<std::pair<DeviceType, int>> ParseDevice(std::string_view name) {
   auto bad = [&] {
-    return InvalidArgumentError("unknown device " + QuoteName(name) + " (expected cpu, cuda or cuda:N)");
+    return InvalidArgumentError("unknown device " + QuoteName(name) +
+                                " (expected cpu, cuda or cuda:N)");
   };
   std::string_view kind = name, index;
   if (auto colon = name.find(':'); colon != std::string_view::npos) {
     kind = name.substr(0, colon);
     index = name.substr(colon + 1);
-    if (index.empty() || index.size() > 4 || index.find_first_not_of("0123456789") != std::string_view::npos) {
+    if (index.empty() || index.size() > 4 ||
+        index.find_first_not_of("0123456789") != std::string_view::npos) {
       return bad();
     }
   }
@@ -580,10 +606,11 @@ Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& o
   // These loads hand their tensors to on_tensor once they are complete.
   LoadOptions inner = options;
   inner.on_tensor = nullptr;
-  Result<LoadedCheckpoint> r = !device ? LoaderImpl::RunSparse(checkpoint, inner, nullptr)
+  Result<LoadedCheckpoint> r = !device  ? LoaderImpl::RunSparse(checkpoint, inner, nullptr)
                                : sparse ? LoadSparseThroughDevice(checkpoint, inner, device)
                                         : LoadThroughDevice(checkpoint, inner, device, nullptr);
-  if (r.ok() && options.on_tensor) TL_RETURN_IF_ERROR(LoaderImpl::HandOutAll(*r, options.on_tensor));
+  if (r.ok() && options.on_tensor)
+    TL_RETURN_IF_ERROR(LoaderImpl::HandOutAll(*r, options.on_tensor));
   return r;
 }
 
@@ -592,13 +619,15 @@ Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& option
   return Load(ckpt, options);
 }
 
-Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint, const LoadOptions& options,
+Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint,
+                                               const LoadOptions& options,
                                                const EngineWrapper& wrap) {
   if (options.decode_sparse && MayBeSparse(checkpoint)) {
     LoadOptions inner = options;
     inner.on_tensor = nullptr;
     Result<LoadedCheckpoint> r = LoaderImpl::RunSparse(checkpoint, inner, wrap);
-    if (r.ok() && options.on_tensor) TL_RETURN_IF_ERROR(LoaderImpl::HandOutAll(*r, options.on_tensor));
+    if (r.ok() && options.on_tensor)
+      TL_RETURN_IF_ERROR(LoaderImpl::HandOutAll(*r, options.on_tensor));
     return r;
   }
   return LoaderImpl::Run(checkpoint, options, wrap);

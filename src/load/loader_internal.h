@@ -4,7 +4,6 @@
 
 #include <functional>
 #include <memory>
-
 #include <vector>
 
 #include "device/populate.h"
@@ -47,7 +46,8 @@ struct HostLoadHooks {
 class LoaderImpl {
  public:
   static Result<LoadedCheckpoint> Run(const Checkpoint& ckpt, const LoadOptions& options,
-                                      const EngineWrapper& wrap, const HostLoadHooks* hooks = nullptr);
+                                      const EngineWrapper& wrap,
+                                      const HostLoadHooks* hooks = nullptr);
   // on_tensor for every tensor of a complete load, in name order.
   static Status HandOutAll(const LoadedCheckpoint& loaded, const TensorCallback& on_tensor);
   // A host load of a checkpoint with sparse-bitmask groups: the stored parts
@@ -68,20 +68,23 @@ class LoaderImpl {
   // The loaded plain tensors of `in` with the decoded groups (owned by
   // `owner`); the parts' host arenas are given back.
   static CheckpointBuilder Assemble(const Checkpoint& ckpt, CheckpointBuilder in,
-                                   const std::vector<const sparse::SparseTensor*>& groups,
-                                   const std::vector<DecodedTensor>& decoded,
-                                   const std::shared_ptr<Buffer>& owner);
+                                    const std::vector<const sparse::SparseTensor*>& groups,
+                                    const std::vector<DecodedTensor>& decoded,
+                                    const std::shared_ptr<Buffer>& owner);
 
  private:
-  static Result<CheckpointBuilder> RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
-                                                  const EngineWrapper& wrap, const Selection& sel,
-                                                  const std::shared_ptr<HostBuffer>& dense);
-  static Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
-                                                  const EngineWrapper& wrap, const Selection& sel,
-                                                  const std::shared_ptr<HostBuffer>& dense);
+  static Result<CheckpointBuilder> RunSparseMapped(const Checkpoint& ckpt,
+                                                   const LoadOptions& options,
+                                                   const EngineWrapper& wrap, const Selection& sel,
+                                                   const std::shared_ptr<HostBuffer>& dense);
+  static Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt,
+                                                   const LoadOptions& options,
+                                                   const EngineWrapper& wrap, const Selection& sel,
+                                                   const std::shared_ptr<HostBuffer>& dense);
 };
 
-Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint, const LoadOptions& options,
+Result<LoadedCheckpoint> LoadWithEngineWrapper(const Checkpoint& checkpoint,
+                                               const LoadOptions& options,
                                                const EngineWrapper& wrap);
 
 class Device;
@@ -108,12 +111,14 @@ bool MayBeSparse(const Checkpoint& ckpt);
 
 // A sparse checkpoint onto `device`: the parts through the staged pipeline,
 // validated on the host, decoded on the device (sparse_load.cc).
-Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,
+Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& checkpoint,
+                                                 const LoadOptions& options,
                                                  const std::shared_ptr<Device>& device);
 
 // The staged pipeline (device_pipeline.cc) onto `device`, with a trace.
 Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,
-                                           const std::shared_ptr<Device>& device, PipelineTrace* trace);
+                                           const std::shared_ptr<Device>& device,
+                                           PipelineTrace* trace);
 
 }  // namespace tensorlift
 

@@ -119,8 +119,9 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode
   }
   close_run();
   plan.arena_bytes = AlignUp(cur, kSlotAlign);
-  std::stable_sort(plan.reads.begin(), plan.reads.end(),
-                   [](const PlannedRead& a, const PlannedRead& b) { return a.file_offset < b.file_offset; });
+  std::stable_sort(
+      plan.reads.begin(), plan.reads.end(),
+      [](const PlannedRead& a, const PlannedRead& b) { return a.file_offset < b.file_offset; });
   return plan;
 }
 

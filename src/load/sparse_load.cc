@@ -8,10 +8,10 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <functional>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -105,7 +105,7 @@ struct LoaderImpl::Selection {
   std::vector<const sparse::SparseTensor*> groups;  // Dense names passing the filter.
   std::vector<uint64_t> dense_offset;               // Of each group in the dense buffer.
   uint64_t dense_total = 0;
-  std::vector<std::string> plain;                   // Plain tensors passing the filter.
+  std::vector<std::string> plain;  // Plain tensors passing the filter.
 };
 
 namespace {
@@ -140,8 +140,8 @@ Status DecodeGroup(const Checkpoint& ckpt, const sparse::SparseTensor& g, const 
     std::memcpy(aligned.data(), offsets_bytes, g.shape.rows * sizeof(int64_t));
     offsets = aligned.data();
   }
-  Status st = sparse::Decode(values, g.nnz, reinterpret_cast<const uint8_t*>(bitmask), offsets, g.shape,
-                             dense, /*threads=*/1);
+  Status st = sparse::Decode(values, g.nnz, reinterpret_cast<const uint8_t*>(bitmask), offsets,
+                             g.shape, dense, /*threads=*/1);
   if (st.ok()) return st;
   return st.WithContext("sparse tensor '" + g.name + "' (group '" + g.prefix + "')")
       .WithContext(ckpt.shards()[g.values.shard].path);
@@ -152,8 +152,8 @@ std::vector<LoaderImpl::DecodedTensor> HostDecoded(const LoaderImpl::Selection& 
                                                    const std::shared_ptr<HostBuffer>& dense) {
   std::vector<LoaderImpl::DecodedTensor> out;
   for (size_t i = 0; i < sel.groups.size(); ++i) {
-    out.push_back({dense->data() + sel.dense_offset[i], sel.groups[i]->dtype, sel.groups[i]->dense_bytes(),
-                   DeviceType::kCpu, 0});
+    out.push_back({dense->data() + sel.dense_offset[i], sel.groups[i]->dtype,
+                   sel.groups[i]->dense_bytes(), DeviceType::kCpu, 0});
   }
   return out;
 }
@@ -180,17 +180,21 @@ Result<LoadedCheckpoint> LoaderImpl::RunSparse(const Checkpoint& ckpt, const Loa
   if (sel.dense_total > 0) {
     TL_ASSIGN_OR_RETURN(dense, HostBuffer::Allocate(sel.dense_total));
   }
-  TL_ASSIGN_OR_RETURN(CheckpointBuilder loaded, options.mode == IoMode::kMmap
-                                                    ? RunSparseMapped(ckpt, options, wrap, sel, dense)
-                                                    : RunSparseStaged(ckpt, options, wrap, sel, dense));
-  return std::move(loaded).Finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  TL_ASSIGN_OR_RETURN(CheckpointBuilder loaded,
+                      options.mode == IoMode::kMmap
+                          ? RunSparseMapped(ckpt, options, wrap, sel, dense)
+                          : RunSparseStaged(ckpt, options, wrap, sel, dense));
+  return std::move(loaded).Finish(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 // mmap: the parts are read through the files' mappings (the page cache); each
 // group is decoded from there once its files are mapped.
-Result<CheckpointBuilder> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
-                                                     const EngineWrapper& wrap, const Selection& sel,
-                                                     const std::shared_ptr<HostBuffer>& dense) {
+Result<CheckpointBuilder> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt,
+                                                      const LoadOptions& options,
+                                                      const EngineWrapper& wrap,
+                                                      const Selection& sel,
+                                                      const std::shared_ptr<HostBuffer>& dense) {
   const auto& groups = sel.groups;
   std::vector<std::string> stored = sel.plain;
   // Per stored part (by shard and index): its group and which part it is.
@@ -225,7 +229,8 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt, co
   HostLoadHooks hooks;
   if (dense) hooks.populate.push_back(dense);
   hooks.placed = [&](Checkpoint::Location loc, const std::byte* data) {
-    if (auto it = part_of.find(key(loc)); it != part_of.end()) where[it->second.group][it->second.part] = data;
+    if (auto it = part_of.find(key(loc)); it != part_of.end())
+      where[it->second.group][it->second.part] = data;
   };
   hooks.file_done = [&](uint32_t shard) {
     for (size_t i : groups_of_shard[shard]) {
@@ -238,22 +243,26 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt, co
   Status decoded = queue.Finish(/*abort=*/!raw.ok());
   if (!raw.ok()) return raw.status();
   TL_RETURN_IF_ERROR(decoded);
-  return Assemble(ckpt, CheckpointBuilder(std::move(raw).value()), sel.groups, HostDecoded(sel, dense), dense);
+  return Assemble(ckpt, CheckpointBuilder(std::move(raw).value()), sel.groups,
+                  HostDecoded(sel, dense), dense);
 }
 
 // Buffered and direct: the parts of one group at a time are read into one of
 // a few reused staging slots (so the only fresh memory is the dense tensors',
 // as in a dense load), and decoded from there by other threads while the next
 // group is read.
-Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
-                                                     const EngineWrapper& wrap, const Selection& sel,
-                                                     const std::shared_ptr<HostBuffer>& dense) {
+Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt,
+                                                      const LoadOptions& options,
+                                                      const EngineWrapper& wrap,
+                                                      const Selection& sel,
+                                                      const std::shared_ptr<HostBuffer>& dense) {
   const auto& groups = sel.groups;
   // The plain tensors first, as a dense load of them (its progress counts
   // toward the whole).
   uint64_t sparse_total = 0;
   for (const auto* g : groups) {
-    for (auto loc : {g->values, g->bitmask, g->row_offsets}) sparse_total += ckpt.info(loc).nbytes();
+    for (auto loc : {g->values, g->bitmask, g->row_offsets})
+      sparse_total += ckpt.info(loc).nbytes();
   }
   LoadOptions plain_options = options;
   plain_options.filter = TensorFilter::Names(sel.plain);
@@ -272,7 +281,8 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, co
   // The files holding parts, opened once (the mode per file, as for any load).
   std::vector<OpenedFile> files(ckpt.shards().size());
   for (const auto* g : groups) {
-    for (auto loc : {g->values, g->bitmask, g->row_offsets}) files[loc.shard].wanted.push_back(loc.index);
+    for (auto loc : {g->values, g->bitmask, g->row_offsets})
+      files[loc.shard].wanted.push_back(loc.index);
   }
   for (size_t s = 0; s < files.size(); ++s) {
     auto& f = files[s];
@@ -322,7 +332,8 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, co
       const uint64_t file_size = ckpt.shards()[p.shard].identity.size;
       const uint64_t lo = p.begin / kPageAlign * kPageAlign;
       const uint64_t hi = std::min(file_size, (p.end + kPageAlign - 1) / kPageAlign * kPageAlign);
-      if (!plan.spans.empty() && plan.spans.back().shard == p.shard && lo <= plan.spans.back().end + kMergeGap) {
+      if (!plan.spans.empty() && plan.spans.back().shard == p.shard &&
+          lo <= plan.spans.back().end + kMergeGap) {
         Span& last = plan.spans.back();
         plan.bytes += std::max(hi, last.end) - last.end;
         last.end = std::max(hi, last.end);
@@ -360,7 +371,8 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, co
   ProgressReporter reporter(options.progress, plain_total + sparse_total);
   uint64_t done = plain_total;
   IoEngine engine_kind[2] = {IoEngine::kThreads, IoEngine::kThreads};
-  const uint64_t op_bytes = std::max<uint64_t>(kPageAlign, options.block_size / 4 / kPageAlign * kPageAlign);
+  const uint64_t op_bytes =
+      std::max<uint64_t>(kPageAlign, options.block_size / 4 / kPageAlign * kPageAlign);
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
   auto work = [&](std::byte* slot) {
@@ -378,8 +390,8 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, co
           // Only a file's last page can be partial: that op bounces.
           const bool bounce = direct && len % kPageAlign != 0;
           ops[direct].push_back({direct ? f.direct.fd() : f.buffered.fd(), off, len,
-                                 slot + span.slot_offset + (off - span.begin), bounce, &f.shard->path,
-                                 span.shard});
+                                 slot + span.slot_offset + (off - span.begin), bounce,
+                                 &f.shard->path, span.shard});
           bytes += len;
         }
       }
@@ -400,8 +412,9 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, co
         engine_kind[direct] = kind;
       }
       if (local.ok()) {
-        local = DecodeGroup(ckpt, *groups[i], slot + plans[i].part_offset[0], slot + plans[i].part_offset[1],
-                            slot + plans[i].part_offset[2], dense->data() + sel.dense_offset[i]);
+        local = DecodeGroup(ckpt, *groups[i], slot + plans[i].part_offset[0],
+                            slot + plans[i].part_offset[1], slot + plans[i].part_offset[2],
+                            dense->data() + sel.dense_offset[i]);
       }
       std::lock_guard<std::mutex> lock(mu);
       if (!local.ok()) {
@@ -455,16 +468,18 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt, co
 // The loaded plain tensors with the decoded ones, in name order; the parts'
 // memory, where it is a host arena of the load, goes back to the system.
 CheckpointBuilder LoaderImpl::Assemble(const Checkpoint& ckpt, CheckpointBuilder in,
-                                      const std::vector<const sparse::SparseTensor*>& groups,
-                                      const std::vector<DecodedTensor>& decoded,
-                                      const std::shared_ptr<Buffer>& owner) {
+                                       const std::vector<const sparse::SparseTensor*>& groups,
+                                       const std::vector<DecodedTensor>& decoded,
+                                       const std::shared_ptr<Buffer>& owner) {
   std::unordered_map<std::string_view, bool> part;
   for (const auto* g : groups) {
-    for (auto loc : {g->values, g->bitmask, g->row_offsets, g->shape_tensor}) part[ckpt.info(loc).name] = true;
+    for (auto loc : {g->values, g->bitmask, g->row_offsets, g->shape_tensor})
+      part[ckpt.info(loc).name] = true;
   }
   in.RemoveIf([&](const LoadedTensor& lt, const std::shared_ptr<Buffer>& held) {
     if (!part.count(lt.name)) return false;
-    if (dynamic_cast<HostBuffer*>(held.get()) != nullptr) Release(static_cast<const std::byte*>(lt.data), lt.nbytes);
+    if (dynamic_cast<HostBuffer*>(held.get()) != nullptr)
+      Release(static_cast<const std::byte*>(lt.data), lt.nbytes);
     return true;
   });
   std::vector<uint32_t> decoded_in_file(ckpt.shards().size(), 0);
@@ -516,7 +531,8 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
   // commutes with expanding them), then each group is decoded on the device.
   LoadOptions stored_options = options;
   stored_options.filter = TensorFilter::Names(std::move(stored));
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint in, LoadThroughDevice(ckpt, stored_options, device, nullptr));
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint in,
+                      LoadThroughDevice(ckpt, stored_options, device, nullptr));
 
   std::vector<uint64_t> offset(groups.size());
   std::vector<Dtype> dtype(groups.size());
@@ -524,7 +540,8 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
   uint64_t total = 0;
   for (size_t i = 0; i < groups.size(); ++i) {
     const LoadedTensor* values = in.Find(ckpt.info(groups[i]->values).name);
-    if (values == nullptr) return InternalError("sparse: the values of '" + groups[i]->name + "' were not loaded");
+    if (values == nullptr)
+      return InternalError("sparse: the values of '" + groups[i]->name + "' were not loaded");
     dtype[i] = values->dtype;
     shape[i] = groups[i]->shape;
     shape[i].elem_bytes = static_cast<uint32_t>(DtypeBits(values->dtype) / 8);
@@ -549,10 +566,10 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
     if (st.ok()) st = in.CopyToHost(offsets->name, rows.data());
     if (st.ok()) st = sparse::Validate(mask.data(), rows.data(), shape[i], g.nnz);
     if (st.ok() && shape[i].dense_bytes() > 0) {
-      st = stream->DecodeBitmask(dense->data() + offset[i], static_cast<const std::byte*>(values->data),
-                                 g.nnz, static_cast<const uint8_t*>(bitmask->data),
-                                 static_cast<const int64_t*>(offsets->data), g.shape.rows, g.shape.cols,
-                                 shape[i].elem_bytes);
+      st = stream->DecodeBitmask(
+          dense->data() + offset[i], static_cast<const std::byte*>(values->data), g.nnz,
+          static_cast<const uint8_t*>(bitmask->data), static_cast<const int64_t*>(offsets->data),
+          g.shape.rows, g.shape.cols, shape[i].elem_bytes);
     }
     if (!st.ok()) {
       st = st.WithContext("sparse tensor '" + g.name + "' (group '" + g.prefix + "')")
@@ -566,12 +583,14 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
   std::vector<LoaderImpl::DecodedTensor> decoded;
   for (size_t i = 0; i < groups.size(); ++i) {
     const LoadedTensor* values = in.Find(ckpt.info(groups[i]->values).name);
-    decoded.push_back({dense ? dense->data() + offset[i] : nullptr, dtype[i], shape[i].dense_bytes(),
-                       values->device, values->device_index});
+    decoded.push_back({dense ? dense->data() + offset[i] : nullptr, dtype[i],
+                       shape[i].dense_bytes(), values->device, values->device_index});
   }
-  CheckpointBuilder out = LoaderImpl::Assemble(ckpt, CheckpointBuilder(std::move(in)), groups, decoded, dense);
+  CheckpointBuilder out =
+      LoaderImpl::Assemble(ckpt, CheckpointBuilder(std::move(in)), groups, decoded, dense);
   out.device_plan().device_bytes += total;
-  return std::move(out).Finish(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return std::move(out).Finish(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 }  // namespace tensorlift

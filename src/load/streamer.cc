@@ -104,7 +104,9 @@ struct LayerStreamer::Impl {
   int LiveStreamed() const {
     int n = 0;
     for (const Layer& l : layers) {
-      if (!l.resident && (l.state == State::kLoading || l.state == State::kReady || l.state == State::kInUse)) ++n;
+      if (!l.resident &&
+          (l.state == State::kLoading || l.state == State::kReady || l.state == State::kInUse))
+        ++n;
     }
     return n;
   }
@@ -143,7 +145,8 @@ Result<LayerStreamer> LayerStreamer::Open(const Checkpoint& checkpoint,
                                           uint64_t budget_bytes, LoadOptions options) {
   if (layers.empty()) return InvalidArgumentError("layer streamer: no layers");
   if (options.on_tensor) {
-    return InvalidArgumentError("layer streamer: LoadOptions::on_tensor is not taken (Acquire hands out the layers)");
+    return InvalidArgumentError(
+        "layer streamer: LoadOptions::on_tensor is not taken (Acquire hands out the layers)");
   }
   // Sizes from the headers: a sparse group's dense bytes and its four parts'
   // (which are also held while it decodes); a plain tensor's bytes, read in
@@ -155,7 +158,8 @@ Result<LayerStreamer> LayerStreamer::Open(const Checkpoint& checkpoint,
   std::unordered_map<std::string, Size> sizes;
   if (options.decode_sparse) {
     TL_ASSIGN_OR_RETURN(sparse::SparseCatalog catalog, sparse::FindSparse(checkpoint));
-    for (const auto& g : catalog.sparse) sizes[g.name] = {g.dense_bytes(), g.stored_bytes, g.stored_bytes};
+    for (const auto& g : catalog.sparse)
+      sizes[g.name] = {g.dense_bytes(), g.stored_bytes, g.stored_bytes};
     for (auto loc : catalog.dense) {
       const TensorInfo& t = checkpoint.info(loc);
       sizes[t.name] = {t.nbytes(), t.nbytes(), 0};
@@ -180,8 +184,8 @@ Result<LayerStreamer> LayerStreamer::Open(const Checkpoint& checkpoint,
                              "' is not in the checkpoint");
       }
       if (!seen.insert(name).second) {
-        return InvalidArgumentError("layer streamer: layer " + std::to_string(i) + ": tensor '" + name +
-                                    "' is named twice");
+        return InvalidArgumentError("layer streamer: layer " + std::to_string(i) + ": tensor '" +
+                                    name + "' is named twice");
       }
       l.dense_bytes += it->second.dense;
       l.stored_bytes += it->second.stored;
@@ -213,11 +217,12 @@ Result<LayerStreamer> LayerStreamer::Open(const Checkpoint& checkpoint,
   while (first_streamed < n && impl->layers[first_streamed].resident) ++first_streamed;
   const uint64_t reserve = reserve_from(first_streamed);
   if (resident_bytes + reserve > budget_bytes) {
-    return InvalidArgumentError("layer streamer: a budget of " + Bytes(budget_bytes) +
-                                " is below two of the largest streamed layer (" + std::to_string(kStreamSlots) +
-                                " x " + Bytes(reserve / kStreamSlots) +
-                                ": its dense bytes plus its sparse groups' stored parts, held while it "
-                                "loads)");
+    return InvalidArgumentError(
+        "layer streamer: a budget of " + Bytes(budget_bytes) +
+        " is below two of the largest streamed layer (" + std::to_string(kStreamSlots) + " x " +
+        Bytes(reserve / kStreamSlots) +
+        ": its dense bytes plus its sparse groups' stored parts, held while it "
+        "loads)");
   }
   return LayerStreamer(std::move(impl));
 }
@@ -258,7 +263,8 @@ Result<std::shared_ptr<const LoadedCheckpoint>> LayerStreamer::Acquire(size_t la
     s.Finish(layer, std::move(r));
   }
   s.cv.wait(lock, [&] { return l.state != Impl::State::kLoading; });
-  s.stats.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.stats.wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (l.state == Impl::State::kFailed) {
     l.state = Impl::State::kEmpty;
     Status error = std::move(l.error);
@@ -285,9 +291,15 @@ void LayerStreamer::Release(size_t layer) {
 
 size_t LayerStreamer::num_layers() const { return impl_->layers.size(); }
 bool LayerStreamer::resident(size_t layer) const { return impl_->layers.at(layer).resident; }
-uint64_t LayerStreamer::dense_bytes(size_t layer) const { return impl_->layers.at(layer).dense_bytes; }
-uint64_t LayerStreamer::stored_bytes(size_t layer) const { return impl_->layers.at(layer).stored_bytes; }
-uint64_t LayerStreamer::peak_bytes(size_t layer) const { return impl_->layers.at(layer).peak_bytes; }
+uint64_t LayerStreamer::dense_bytes(size_t layer) const {
+  return impl_->layers.at(layer).dense_bytes;
+}
+uint64_t LayerStreamer::stored_bytes(size_t layer) const {
+  return impl_->layers.at(layer).stored_bytes;
+}
+uint64_t LayerStreamer::peak_bytes(size_t layer) const {
+  return impl_->layers.at(layer).peak_bytes;
+}
 
 LayerStreamer::Stats LayerStreamer::stats() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -71,7 +71,8 @@ bool IsSpace(char c) {
 }  // namespace
 
 int64_t UnixSeconds() {
-  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
@@ -185,7 +186,6 @@ Status RequestVerifier::Verify(std::string_view header, std::string_view method,
   }
   return Status::Ok();
 }
-
 
 }  // namespace tensorlift::remote
 

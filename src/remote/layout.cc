@@ -77,7 +77,8 @@ int Layout::DimFor(std::string_view name) const {
 }
 
 Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shape,
-                                           uint32_t elem_bits, int dim, IndexRange src, IndexRange dst) {
+                                           uint32_t elem_bits, int dim, IndexRange src,
+                                           IndexRange dst) {
   const int ndims = static_cast<int>(full_shape.size());
   if (dim < 0 || dim >= ndims) {
     return InvalidArgumentError("slice: dim " + std::to_string(dim) + " is out of range for " +

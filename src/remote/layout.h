@@ -54,8 +54,9 @@ struct CopyPiece {
 // to each shard's first byte; adjacent pieces merged (one piece for dim 0).
 // Empty when they do not overlap. InvalidArgument for a dim out of range, a
 // sub-byte inner row, or sizes that overflow.
-Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shape, uint32_t elem_bits, int dim,
-                                           IndexRange src, IndexRange dst);
+Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shape,
+                                           uint32_t elem_bits, int dim, IndexRange src,
+                                           IndexRange dst);
 
 }  // namespace tensorlift::remote
 

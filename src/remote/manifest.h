@@ -24,7 +24,7 @@ namespace tensorlift::remote {
 struct Region {
   uint64_t address = 0;  // The source's virtual address (for the remote key).
   uint64_t bytes = 0;
-  std::string rkey;      // Packed UCX remote key (raw bytes); empty when withheld.
+  std::string rkey;  // Packed UCX remote key (raw bytes); empty when withheld.
 };
 
 struct ManifestTensor {
@@ -47,7 +47,7 @@ struct ManifestTensor {
 
 struct Manifest {
   PeerKey key;
-  TensorParallel parallel;     // The source's size and rank.
+  TensorParallel parallel;  // The source's size and rank.
   uint64_t chunk_bytes = 4ull << 20;
   std::string worker_address;  // UCX worker address (raw bytes).
   uint64_t rate_limit = 0;     // Bytes/s granted to this client (0: unlimited).

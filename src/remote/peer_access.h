@@ -18,20 +18,21 @@ namespace remote {
 
 // Where a tensor of a rank sits in its full tensor.
 struct ShardOf {
-  int dim = -1;                  // -1: whole.
+  int dim = -1;  // -1: whole.
   int64_t start = 0;
   std::vector<int64_t> full_shape;
 };
 // The shard of a tensor named `name` with `full_shape` for `parallel`
 // under `layout` (dim -1 when the layout does not split it, or when
 // parallel.size == 1).
-Result<ShardOf> ShardFor(const Layout& layout, std::string_view name, const std::vector<int64_t>& full_shape,
-                         const TensorParallel& parallel);
+Result<ShardOf> ShardFor(const Layout& layout, std::string_view name,
+                         const std::vector<int64_t>& full_shape, const TensorParallel& parallel);
 
 // A host checkpoint of `parallel`'s slices of `whole` (copied into one new
 // buffer); `whole` itself when parallel.size == 1 or the layout is empty.
 // `shards` (optional) gets each result tensor's ShardOf, in result order.
-Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layout, const TensorParallel& parallel,
+Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layout,
+                                      const TensorParallel& parallel,
                                       std::vector<ShardOf>* shards = nullptr);
 
 }  // namespace remote

@@ -44,8 +44,9 @@ class Control {
 
   // The response body (at most max_body bytes); `header` (when non-null) gets
   // X-Tensorlift-Session.
-  Result<std::string> Send(const std::string& method, const std::string& path, const std::string& body,
-                           uint64_t max_body, std::string* session = nullptr) const {
+  Result<std::string> Send(const std::string& method, const std::string& path,
+                           const std::string& body, uint64_t max_body,
+                           std::string* session = nullptr) const {
     httplib::Client cli(host_, port_);
     const time_t s = timeout_ms_ / 1000;
     const time_t us = (timeout_ms_ % 1000) * 1000;
@@ -57,7 +58,8 @@ class Control {
     req.path = path;
     req.body = body;
     if (!body.empty()) req.set_header("Content-Type", "text/plain");
-    if (!token_.empty()) req.set_header(kAuthHeader, SignRequest(token_, method, path, UnixSeconds(), RandomNonce()));
+    if (!token_.empty())
+      req.set_header(kAuthHeader, SignRequest(token_, method, path, UnixSeconds(), RandomNonce()));
     std::string received;
     bool too_big = false;
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
@@ -80,15 +82,16 @@ class Control {
     }
     if (res.status != 200) {
       std::string what = received.substr(0, 300);
-      const std::string m = url_ + ": " + method + " " + path + ": HTTP " + std::to_string(res.status) +
-                            (what.empty() ? "" : " (" + what + ")");
+      const std::string m = url_ + ": " + method + " " + path + ": HTTP " +
+                            std::to_string(res.status) + (what.empty() ? "" : " (" + what + ")");
       if (res.status == 401 || res.status == 403) return PermissionDeniedError(m);
       return UnavailableError(m);
     }
     if (session) {
       *session = res.get_header_value("X-Tensorlift-Session");
       if (session->empty() || session->size() > 64 ||
-          !std::all_of(session->begin(), session->end(), [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); })) {
+          !std::all_of(session->begin(), session->end(),
+                       [](char c) { return std::isxdigit(static_cast<unsigned char>(c)); })) {
         return CorruptionError(url_ + ": bad or missing session id");
       }
     }
@@ -114,7 +117,9 @@ Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json) {
   simdjson::padded_string padded(json);
   PeerInfo info;
   info.url = url;
-  auto bad = [&](const std::string& what) { return CorruptionError(url + ": GET /v1/key: " + what); };
+  auto bad = [&](const std::string& what) {
+    return CorruptionError(url + ": GET /v1/key: " + what);
+  };
   simdjson::ondemand::document doc;
   if (parser.iterate(padded).get(doc)) return bad("not JSON");
   simdjson::ondemand::object root;
@@ -123,7 +128,8 @@ Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json) {
   if (root["key"].get_object().get(key)) return bad("no \"key\" object");
   auto str = [&](simdjson::ondemand::object& o, const char* field, std::string* out) -> Status {
     std::string_view v;
-    if (o[field].get_string().get(v)) return bad(std::string("key.") + field + " missing or not a string");
+    if (o[field].get_string().get(v))
+      return bad(std::string("key.") + field + " missing or not a string");
     *out = std::string(v);
     return Status::Ok();
   };
@@ -142,13 +148,14 @@ Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json) {
   simdjson::ondemand::object par;
   if (root["parallel"].get_object().get(par)) return bad("no \"parallel\" object");
   int64_t size = 0, rank = 0;
-  if (par["size"].get_int64().get(size) || par["rank"].get_int64().get(rank) || size < 1 || size > (1 << 16) ||
-      rank < 0 || rank >= size) {
+  if (par["size"].get_int64().get(size) || par["rank"].get_int64().get(rank) || size < 1 ||
+      size > (1 << 16) || rank < 0 || rank >= size) {
     return bad("parallel size/rank missing or out of range");
   }
   info.parallel = {static_cast<int>(size), static_cast<int>(rank)};
   int64_t sessions = 0;
-  if (!root["sessions"].get_int64().get(sessions) && sessions >= 0) info.load = static_cast<double>(sessions);
+  if (!root["sessions"].get_int64().get(sessions) && sessions >= 0)
+    info.load = static_cast<double>(sessions);
   return info;
 }
 
@@ -382,16 +389,16 @@ class Puller {
       *failed_url = group[r]->url();
       Source& src = (*sources)[r];
       src.control = group[r];
-      TL_ASSIGN_OR_RETURN(std::string json,
-                          group[r]->Send("POST", "/v1/session", "",
-                                         ManifestLimits().max_json_bytes, &src.session));
+      TL_ASSIGN_OR_RETURN(
+          std::string json,
+          group[r]->Send("POST", "/v1/session", "", ManifestLimits().max_json_bytes, &src.session));
       auto m = ParseManifest(json);
       if (!m.ok()) return m.status().WithContext(group[r]->url() + ": manifest");
       src.manifest = std::move(m).value();
       const Manifest& mf = src.manifest;
       if (!mf.key.Mismatch(key_).empty()) {
-        return InvalidArgumentError(group[r]->url() + ": manifest key differs: " +
-                                    key_.Mismatch(mf.key));
+        return InvalidArgumentError(group[r]->url() +
+                                    ": manifest key differs: " + key_.Mismatch(mf.key));
       }
       if (mf.parallel.size != n || mf.parallel.rank != r) {
         return CorruptionError(group[r]->url() + ": manifest says rank " +
@@ -444,8 +451,8 @@ class Puller {
     TL_RETURN_IF_ERROR(CheckRanksAgree(t, group, sources, failed_url));
     w.shape = w.full_shape;
     if (w.dim >= 0) {
-      TL_ASSIGN_OR_RETURN(w.range, ShardRange(w.full_shape[w.dim], options_.parallel.rank,
-                                              options_.parallel.size));
+      TL_ASSIGN_OR_RETURN(
+          w.range, ShardRange(w.full_shape[w.dim], options_.parallel.rank, options_.parallel.size));
       w.shape[w.dim] = w.range.length;
     }
     // The full tensor's bytes were bounded by the manifest's checks on
@@ -472,13 +479,11 @@ class Puller {
         TL_ASSIGN_OR_RETURN(IndexRange expect, ShardRange(t.full_shape[dim], r, n));
         if (o->shard_start != expect.start || o->shape[dim] != expect.length) {
           *failed_url = group[r]->url();
-          return CorruptionError(group[r]->url() + ": tensor '" + t.name + "': rank " +
-                                 std::to_string(r) + " holds [" +
-                                 std::to_string(o->shard_start) + ", +" +
-                                 std::to_string(o->shape[dim]) + ") of dim " +
-                                 std::to_string(dim) + ", expected [" +
-                                 std::to_string(expect.start) + ", +" +
-                                 std::to_string(expect.length) + ")");
+          return CorruptionError(
+              group[r]->url() + ": tensor '" + t.name + "': rank " + std::to_string(r) +
+              " holds [" + std::to_string(o->shard_start) + ", +" + std::to_string(o->shape[dim]) +
+              ") of dim " + std::to_string(dim) + ", expected [" + std::to_string(expect.start) +
+              ", +" + std::to_string(expect.length) + ")");
         }
       }
     }
@@ -538,12 +543,11 @@ class Puller {
       const uint64_t sum = Xxh3_64(c.dst, gets[i].bytes);
       src->pulled += gets[i].bytes;
       if (sum != c.t->chunk_xxh3[c.index] && bad.ok()) {
-        bad = CorruptionError(url + ": tensor '" + c.t->name + "' chunk " +
-                              std::to_string(c.index) + " (bytes " +
-                              std::to_string(c.index * mf.chunk_bytes) + ".." +
-                              std::to_string(c.index * mf.chunk_bytes + gets[i].bytes) +
-                              "): XXH3 " + HexU64(sum) + ", the manifest says " +
-                              HexU64(c.t->chunk_xxh3[c.index]));
+        bad = CorruptionError(
+            url + ": tensor '" + c.t->name + "' chunk " + std::to_string(c.index) + " (bytes " +
+            std::to_string(c.index * mf.chunk_bytes) + ".." +
+            std::to_string(c.index * mf.chunk_bytes + gets[i].bytes) + "): XXH3 " + HexU64(sum) +
+            ", the manifest says " + HexU64(c.t->chunk_xxh3[c.index]));
       }
     };
     TL_RETURN_IF_ERROR(src->ucx->GetAll(gets, go).WithContext(url));
@@ -592,28 +596,33 @@ class Puller {
 
 // The load, and each tensor's shard (for become-a-seed).
 Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLoadOptions& options,
-                                                PeerLoadReport* report, std::vector<ShardOf>* shards) {
+                                                PeerLoadReport* report,
+                                                std::vector<ShardOf>* shards) {
   const auto t0 = Clock::now();
   PeerLoadReport local;
   if (!report) report = &local;
   *report = PeerLoadReport();
   TL_RETURN_IF_ERROR(key.Validate());
   TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key.layout));
-  if (options.parallel.size < 1 || options.parallel.rank < 0 || options.parallel.rank >= options.parallel.size) {
-    return InvalidArgumentError("peer load: tensor parallel rank " + std::to_string(options.parallel.rank) +
-                                " of size " + std::to_string(options.parallel.size) + " is out of range");
+  if (options.parallel.size < 1 || options.parallel.rank < 0 ||
+      options.parallel.rank >= options.parallel.size) {
+    return InvalidArgumentError("peer load: tensor parallel rank " +
+                                std::to_string(options.parallel.rank) + " of size " +
+                                std::to_string(options.parallel.size) + " is out of range");
   }
   const std::string& token = options.token;
 
   // The endpoints: the given ones, then the registry's live seeds.
   std::vector<std::string> urls = options.peers;
   if (!options.registry.empty()) {
-    auto reg = Registry::Connect(options.registry, std::chrono::milliseconds(options.request_timeout_ms));
+    auto reg =
+        Registry::Connect(options.registry, std::chrono::milliseconds(options.request_timeout_ms));
     Result<std::vector<SeedInfo>> seeds = reg.ok() ? (*reg)->List(key.Digest()) : reg.status();
     if (!seeds.ok()) {
       report->failures.push_back("registry " + options.registry + ": " + seeds.status().message());
     } else if (seeds->empty()) {
-      report->failures.push_back("registry " + options.registry + ": no live seed for key " + key.Digest());
+      report->failures.push_back("registry " + options.registry + ": no live seed for key " +
+                                 key.Digest());
     } else {
       for (const SeedInfo& s : *seeds) {
         if (std::find(urls.begin(), urls.end(), s.url) == urls.end()) urls.push_back(s.url);
@@ -670,7 +679,8 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
       std::vector<const Control*> pick;
       std::string missing;
       for (int r = 0; r < size; ++r) {
-        auto it = std::find_if(g[r].begin(), g[r].end(), [&](size_t i) { return !failed.count(i); });
+        auto it =
+            std::find_if(g[r].begin(), g[r].end(), [&](size_t i) { return !failed.count(i); });
         if (it == g[r].end()) {
           missing = "rank " + std::to_string(r);
           break;
@@ -678,7 +688,8 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
         pick.push_back(&controls[*it]);
       }
       if (!missing.empty()) {
-        report->failures.push_back("sources of size " + std::to_string(size) + ": no live endpoint for " + missing);
+        report->failures.push_back("sources of size " + std::to_string(size) +
+                                   ": no live endpoint for " + missing);
         break;
       }
       std::string failed_url;
@@ -708,7 +719,8 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
   }
   LoadOptions disk = options.fallback_load;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(options.fallback_path, disk));
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine, SliceForRank(std::move(whole), layout, options.parallel, shards));
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine,
+                      SliceForRank(std::move(whole), layout, options.parallel, shards));
   report->source = "disk:" + options.fallback_path;
   report->bytes = mine.total_bytes();
   report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -718,9 +730,11 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
 
 }  // namespace remote
 
-Result<LoadedCheckpoint> LoadFromPeer(const PeerKey& key, const PeerLoadOptions& options, PeerLoadReport* report) {
+Result<LoadedCheckpoint> LoadFromPeer(const PeerKey& key, const PeerLoadOptions& options,
+                                      PeerLoadReport* report) {
   if (options.fallback_load.on_tensor) {
-    return InvalidArgumentError("peer loading: LoadOptions::on_tensor applies to Load, not to peer loads");
+    return InvalidArgumentError(
+        "peer loading: LoadOptions::on_tensor applies to Load, not to peer loads");
   }
   std::vector<remote::ShardOf> shards;
   return remote::LoadFromPeerWithShards(key, options, report, &shards);
@@ -728,11 +742,13 @@ Result<LoadedCheckpoint> LoadFromPeer(const PeerKey& key, const PeerLoadOptions&
 
 Result<PeerLoad> LoadFromPeerAndSeed(const PeerKey& key, const PeerLoadOptions& options) {
   if (options.fallback_load.on_tensor) {
-    return InvalidArgumentError("peer loading: LoadOptions::on_tensor applies to Load, not to peer loads");
+    return InvalidArgumentError(
+        "peer loading: LoadOptions::on_tensor applies to Load, not to peer loads");
   }
   PeerLoad out;
   std::vector<remote::ShardOf> shards;
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, remote::LoadFromPeerWithShards(key, options, &out.report, &shards));
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
+                      remote::LoadFromPeerWithShards(key, options, &out.report, &shards));
   out.loaded = std::make_shared<const LoadedCheckpoint>(std::move(loaded));
   if (options.become_seed) {
     ServeOptions seed = options.seed;
@@ -771,7 +787,8 @@ Result<PeerKey> PeerKeyForCheckpoint(const std::string& path) {
     }
   }
   if (name == "model" || name.empty()) {  // model.safetensors: the directory's name says more.
-    std::string dir = path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
+    std::string dir =
+        path.substr(0, path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/'));
     const size_t slash = dir.find_last_of('/');
     if (!dir.empty()) name = dir.substr(slash == std::string::npos ? 0 : slash + 1);
   }

@@ -24,8 +24,8 @@ struct SeedInfo {
   std::string url;         // The seed's control endpoint, "http://host:port".
   int rank = 0;
   int world = 1;
-  double load = 0;         // Active sessions (lower is better).
-  std::string id;          // Unique per registration (random hex).
+  double load = 0;  // Active sessions (lower is better).
+  std::string id;   // Unique per registration (random hex).
 };
 
 class Registration {
@@ -41,7 +41,8 @@ class Registry {
  public:
   // `url`: "http://host:port" of an etcd member. Nothing is sent yet.
   // kInvalidArgument for a malformed URL.
-  static Result<std::unique_ptr<Registry>> Connect(const std::string& url, std::chrono::milliseconds timeout);
+  static Result<std::unique_ptr<Registry>> Connect(const std::string& url,
+                                                   std::chrono::milliseconds timeout);
   virtual ~Registry() = default;
   // kUnavailable when etcd cannot be reached or answers with an error.
   virtual Result<std::unique_ptr<Registration>> Register(const SeedInfo& seed, int ttl_s) = 0;

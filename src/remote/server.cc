@@ -46,13 +46,16 @@ Status ParseHttpUrl(const std::string& url, std::string* host, int* port) {
     return InvalidArgumentError("peer URL '" + url + "' is not http://HOST:PORT");
   }
   const std::string p = rest.substr(colon + 1);
-  if (p.empty() || p.size() > 5 || !std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+  if (p.empty() || p.size() > 5 ||
+      !std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return InvalidArgumentError("peer URL '" + url + "': bad port '" + p + "'");
   }
   const int n = std::stoi(p);
-  if (n < 1 || n > 65535) return InvalidArgumentError("peer URL '" + url + "': port " + p + " out of range");
+  if (n < 1 || n > 65535)
+    return InvalidArgumentError("peer URL '" + url + "': port " + p + " out of range");
   *host = rest.substr(0, colon);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') *host = host->substr(1, host->size() - 2);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']')
+    *host = host->substr(1, host->size() - 2);
   *port = n;
   return Status::Ok();
 }
@@ -70,7 +73,8 @@ struct Served {
 
 class PeerServerImpl final : public PeerServer {
  public:
-  PeerServerImpl(PeerKey key, ServeOptions options) : key_(std::move(key)), options_(std::move(options)) {}
+  PeerServerImpl(PeerKey key, ServeOptions options)
+      : key_(std::move(key)), options_(std::move(options)) {}
 
   ~PeerServerImpl() override {
     registration_.reset();
@@ -85,15 +89,18 @@ class PeerServerImpl final : public PeerServer {
     TL_RETURN_IF_ERROR(key_.Validate());
     if (options_.parallel.size < 1 || options_.parallel.rank < 0 ||
         options_.parallel.rank >= options_.parallel.size) {
-      return InvalidArgumentError("serve: tensor parallel rank " + std::to_string(options_.parallel.rank) +
-                                  " of size " + std::to_string(options_.parallel.size) + " is out of range");
+      return InvalidArgumentError("serve: tensor parallel rank " +
+                                  std::to_string(options_.parallel.rank) + " of size " +
+                                  std::to_string(options_.parallel.size) + " is out of range");
     }
     if (options_.chunk_bytes < 4096 || options_.chunk_bytes > (1ull << 30)) {
       return InvalidArgumentError("serve: chunk_bytes " + std::to_string(options_.chunk_bytes) +
                                   " is outside [4096, 1 GiB]");
     }
-    if (options_.max_sessions < 1) return InvalidArgumentError("serve: max_sessions must be at least 1");
-    std::sort(tensors.begin(), tensors.end(), [](const Served& a, const Served& b) { return a.name < b.name; });
+    if (options_.max_sessions < 1)
+      return InvalidArgumentError("serve: max_sessions must be at least 1");
+    std::sort(tensors.begin(), tensors.end(),
+              [](const Served& a, const Served& b) { return a.name < b.name; });
     for (size_t i = 1; i < tensors.size(); ++i) {
       if (tensors[i].name == tensors[i - 1].name) {
         return InvalidArgumentError("serve: tensor '" + tensors[i].name + "' is given twice");
@@ -113,7 +120,8 @@ class PeerServerImpl final : public PeerServer {
     for (const auto& r : regions) {
       if (!merged.empty() && r.first <= merged.back().first + merged.back().second) {
         auto& m = merged.back();
-        m.second = std::max<uint64_t>(m.second, static_cast<uint64_t>(r.first - m.first) + r.second);
+        m.second =
+            std::max<uint64_t>(m.second, static_cast<uint64_t>(r.first - m.first) + r.second);
       } else {
         merged.push_back(r);
       }
@@ -150,10 +158,12 @@ class PeerServerImpl final : public PeerServer {
       m.full_shape = t.shard.full_shape.empty() ? t.shape : t.shard.full_shape;
       if (t.nbytes == 0) continue;
       size_t r = 0;
-      while (r < merged.size() && !(t.data >= merged[r].first && t.data + t.nbytes <= merged[r].first + merged[r].second)) {
+      while (r < merged.size() && !(t.data >= merged[r].first &&
+                                    t.data + t.nbytes <= merged[r].first + merged[r].second)) {
         ++r;
       }
-      if (r == merged.size()) return InternalError("serve: tensor '" + t.name + "' is in no registered region");
+      if (r == merged.size())
+        return InternalError("serve: tensor '" + t.name + "' is in no registered region");
       m.region = static_cast<uint32_t>(r);
       m.offset = static_cast<uint64_t>(t.data - merged[r].first);
       manifest_.total_bytes += t.nbytes;
@@ -163,7 +173,8 @@ class PeerServerImpl final : public PeerServer {
       std::atomic<size_t> next{0};
       auto work = [&] {
         for (size_t i; (i = next.fetch_add(1)) < tensors_.size();) {
-          manifest_.tensors[i].chunk_xxh3 = ChunkChecksums(tensors_[i].data, tensors_[i].nbytes, options_.chunk_bytes);
+          manifest_.tensors[i].chunk_xxh3 =
+              ChunkChecksums(tensors_[i].data, tensors_[i].nbytes, options_.chunk_bytes);
         }
       };
       std::vector<std::thread> pool;
@@ -177,7 +188,8 @@ class PeerServerImpl final : public PeerServer {
 
     TL_RETURN_IF_ERROR(StartHttp());
     if (!options_.registry.empty()) {
-      TL_ASSIGN_OR_RETURN(registry_, Registry::Connect(options_.registry, std::chrono::milliseconds(5000)));
+      TL_ASSIGN_OR_RETURN(registry_,
+                          Registry::Connect(options_.registry, std::chrono::milliseconds(5000)));
       SeedInfo seed;
       seed.key_digest = key_.Digest();
       seed.url = url();
@@ -189,7 +201,9 @@ class PeerServerImpl final : public PeerServer {
     return Status::Ok();
   }
 
-  std::string url() const override { return "http://" + options_.host + ":" + std::to_string(port_); }
+  std::string url() const override {
+    return "http://" + options_.host + ":" + std::to_string(port_);
+  }
   int port() const override { return port_; }
   const PeerKey& key() const override { return key_; }
   uint64_t served_bytes() const override { return served_bytes_.load(); }
@@ -201,7 +215,8 @@ class PeerServerImpl final : public PeerServer {
   Status CorruptForTesting(const std::string& tensor, uint64_t offset) override {
     for (Served& t : tensors_) {
       if (t.name != tensor) continue;
-      if (offset >= t.nbytes) return OutOfRangeError("tensor '" + tensor + "': offset past its bytes");
+      if (offset >= t.nbytes)
+        return OutOfRangeError("tensor '" + tensor + "': offset past its bytes");
       t.data[offset] ^= std::byte{1};
       return Status::Ok();
     }
@@ -215,30 +230,38 @@ class PeerServerImpl final : public PeerServer {
     http_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (!verifier_) return httplib::Server::HandlerResponse::Unhandled;
       auto it = req.headers.find(kAuthHeader);
-      Status st = verifier_->Verify(it == req.headers.end() ? std::string_view() : std::string_view(it->second),
-                                    req.method, req.path, UnixSeconds());
+      Status st = verifier_->Verify(
+          it == req.headers.end() ? std::string_view() : std::string_view(it->second), req.method,
+          req.path, UnixSeconds());
       if (st.ok()) return httplib::Server::HandlerResponse::Unhandled;
       res.status = 401;
       res.set_content(st.message(), "text/plain");
       return httplib::Server::HandlerResponse::Handled;
     });
-    http_->Get("/v1/health", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok", "text/plain"); });
+    http_->Get("/v1/health", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content("ok", "text/plain");
+    });
     http_->Get("/v1/key", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(KeyJson(), "application/json");
     });
-    http_->Post("/v1/session", [this](const httplib::Request&, httplib::Response& res) { OpenSession(res); });
-    http_->Delete(R"(/v1/session/([0-9a-f]{1,64}))", [this](const httplib::Request& req, httplib::Response& res) {
-      CloseSession(req.matches[1], req.body, res);
-    });
-    port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host)
-                               : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
+    http_->Post("/v1/session",
+                [this](const httplib::Request&, httplib::Response& res) { OpenSession(res); });
+    http_->Delete(R"(/v1/session/([0-9a-f]{1,64}))",
+                  [this](const httplib::Request& req, httplib::Response& res) {
+                    CloseSession(req.matches[1], req.body, res);
+                  });
+    port_ = options_.port == 0
+                ? http_->bind_to_any_port(options_.host)
+                : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
     if (port_ <= 0) {
-      return IOError("serve: cannot listen on " + options_.host + ":" + std::to_string(options_.port));
+      return IOError("serve: cannot listen on " + options_.host + ":" +
+                     std::to_string(options_.port));
     }
     http_thread_ = std::thread([this] { http_->listen_after_bind(); });
     // Until the loop runs, stop() would be lost (and the destructor's join
     // would wait forever).
-    for (int i = 0; i < 5000 && !http_->is_running(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int i = 0; i < 5000 && !http_->is_running(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     if (!http_->is_running()) return InternalError("serve: the control endpoint did not start");
     return Status::Ok();
   }
@@ -246,9 +269,12 @@ class PeerServerImpl final : public PeerServer {
   std::string KeyJson() const {
     std::string j = "{\"protocol\":" + std::to_string(kPeerProtocolVersion) + ",\"key\":{";
     j += "\"model\":" + JsonString(key_.model) + ",\"revision\":" + JsonString(key_.revision) +
-         ",\"dtype\":" + JsonString(key_.dtype) + ",\"quantization\":" + JsonString(key_.quantization) +
-         ",\"layout\":" + JsonString(key_.layout) + ",\"protocol\":" + std::to_string(key_.protocol) + "}";
-    j += ",\"digest\":\"" + key_.Digest() + "\",\"parallel\":{\"size\":" + std::to_string(options_.parallel.size) +
+         ",\"dtype\":" + JsonString(key_.dtype) +
+         ",\"quantization\":" + JsonString(key_.quantization) +
+         ",\"layout\":" + JsonString(key_.layout) +
+         ",\"protocol\":" + std::to_string(key_.protocol) + "}";
+    j += ",\"digest\":\"" + key_.Digest() +
+         "\",\"parallel\":{\"size\":" + std::to_string(options_.parallel.size) +
          ",\"rank\":" + std::to_string(options_.parallel.rank) + "}";
     j += ",\"tensors\":" + std::to_string(manifest_.tensors.size()) +
          ",\"total_bytes\":" + std::to_string(manifest_.total_bytes) +
@@ -264,14 +290,16 @@ class PeerServerImpl final : public PeerServer {
       ExpireSessionsLocked();
       if (static_cast<int>(sessions_.size()) >= options_.max_sessions) {
         res.status = 503;
-        res.set_content("serve: " + std::to_string(sessions_.size()) + " sessions open (max_sessions " +
+        res.set_content("serve: " + std::to_string(sessions_.size()) +
+                            " sessions open (max_sessions " +
                             std::to_string(options_.max_sessions) + ")",
                         "text/plain");
         return;
       }
       id = RandomNonce().substr(0, 16);
       sessions_[id] = std::chrono::steady_clock::now();
-      if (options_.rate_limit) share = std::max<uint64_t>(1, options_.rate_limit / sessions_.size());
+      if (options_.rate_limit)
+        share = std::max<uint64_t>(1, options_.rate_limit / sessions_.size());
     }
     UpdateLoad();
     Manifest m = manifest_;  // Copy: the rate share differs per session.
@@ -334,15 +362,18 @@ Result<std::unique_ptr<PeerServer>> ServeShards(std::shared_ptr<const LoadedChec
                                                 const ServeOptions& options) {
   if (!loaded) return InvalidArgumentError("serve: no checkpoint");
   const auto& tensors = loaded->tensors();
-  if (shards.size() != tensors.size()) return InternalError("serve: shards do not match the tensors");
+  if (shards.size() != tensors.size())
+    return InternalError("serve: shards do not match the tensors");
   std::vector<Served> served;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const LoadedTensor& t = tensors[i];
     if (t.device != DeviceType::kCpu) {
-      return UnimplementedError("serve: tensor '" + t.name + "' is not in host memory (GPU memory over UCX is not "
+      return UnimplementedError("serve: tensor '" + t.name +
+                                "' is not in host memory (GPU memory over UCX is not "
                                 "served yet: load with device='cpu')");
     }
-    served.push_back({t.name, t.dtype, t.shape, static_cast<std::byte*>(t.data), t.nbytes, shards[i]});
+    served.push_back(
+        {t.name, t.dtype, t.shape, static_cast<std::byte*>(t.data), t.nbytes, shards[i]});
   }
   std::vector<std::pair<std::byte*, uint64_t>> regions;
   std::vector<const Buffer*> seen;
@@ -358,26 +389,32 @@ Result<std::unique_ptr<PeerServer>> ServeShards(std::shared_ptr<const LoadedChec
 
 }  // namespace remote
 
-Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::string& path, const PeerKey& key,
-                                                                const ServeOptions& options, const LoadOptions& load) {
+Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::string& path,
+                                                                const PeerKey& key,
+                                                                const ServeOptions& options,
+                                                                const LoadOptions& load) {
   TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
-  if (load.device != "cpu") return UnimplementedError("serve: only host memory is served (device 'cpu')");
-  if (load.on_tensor) return InvalidArgumentError("serve: LoadOptions::on_tensor applies to Load, not to serving");
+  if (load.device != "cpu")
+    return UnimplementedError("serve: only host memory is served (device 'cpu')");
+  if (load.on_tensor)
+    return InvalidArgumentError("serve: LoadOptions::on_tensor applies to Load, not to serving");
   // A seed serves for as long as it runs: memory of its own, never views of the page
   // cache, which a later truncation of the file would turn into SIGBUS mid-transfer.
   LoadOptions owned = load;
   owned.copy = true;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(path, owned));
   std::vector<remote::ShardOf> shards;
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine, remote::SliceForRank(std::move(whole), layout, options.parallel, &shards));
-  auto server = remote::ServeShards(std::make_shared<const LoadedCheckpoint>(std::move(mine)), std::move(shards),
-                                    key, options);
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine,
+                      remote::SliceForRank(std::move(whole), layout, options.parallel, &shards));
+  auto server = remote::ServeShards(std::make_shared<const LoadedCheckpoint>(std::move(mine)),
+                                    std::move(shards), key, options);
   if (!server.ok()) return server.status().WithContext(path);
   return server;
 }
 
-Result<std::unique_ptr<PeerServer>> PeerServer::Serve(std::shared_ptr<const LoadedCheckpoint> loaded,
-                                                      const PeerKey& key, const ServeOptions& options) {
+Result<std::unique_ptr<PeerServer>> PeerServer::Serve(
+    std::shared_ptr<const LoadedCheckpoint> loaded, const PeerKey& key,
+    const ServeOptions& options) {
   if (!loaded) return InvalidArgumentError("serve: no checkpoint");
   TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
   std::vector<remote::ShardOf> shards;
@@ -388,17 +425,19 @@ Result<std::unique_ptr<PeerServer>> PeerServer::Serve(std::shared_ptr<const Load
     s.dim = layout.DimFor(t.name);
     if (s.dim >= static_cast<int>(t.shape.size())) s.dim = -1;
     if (s.dim >= 0 && options.parallel.size > 1) {
-      return InvalidArgumentError("serve: tensor '" + t.name + "' is split by the layout, and Serve(loaded) takes "
-                                  "whole tensors; with parallel.size > 1 use ServeCheckpoint or ServeBuffers");
+      return InvalidArgumentError(
+          "serve: tensor '" + t.name +
+          "' is split by the layout, and Serve(loaded) takes "
+          "whole tensors; with parallel.size > 1 use ServeCheckpoint or ServeBuffers");
     }
     shards.push_back(std::move(s));
   }
   return remote::ServeShards(std::move(loaded), std::move(shards), key, options);
 }
 
-Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(std::vector<Tensor> tensors, const PeerKey& key,
-                                                             const ServeOptions& options,
-                                                             std::shared_ptr<const void> keep_alive) {
+Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(
+    std::vector<Tensor> tensors, const PeerKey& key, const ServeOptions& options,
+    std::shared_ptr<const void> keep_alive) {
   std::vector<remote::Served> list;
   for (Tensor& t : tensors) {
     uint64_t elements = 1;
@@ -416,7 +455,8 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(std::vector<Tensor>
     s.dim = t.shard_dim;
     s.start = t.shard_start;
     s.full_shape = t.full_shape.empty() ? t.shape : t.full_shape;
-    list.push_back({t.name, t.dtype, t.shape, static_cast<std::byte*>(const_cast<void*>(t.data)), bits / 8, s});
+    list.push_back({t.name, t.dtype, t.shape, static_cast<std::byte*>(const_cast<void*>(t.data)),
+                    bits / 8, s});
   }
   auto server = std::make_unique<remote::PeerServerImpl>(key, options);
   TL_RETURN_IF_ERROR(server->Start(std::move(list), {}, std::move(keep_alive)));

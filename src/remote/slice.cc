@@ -11,15 +11,16 @@ namespace tensorlift {
 
 namespace remote {
 
-Result<ShardOf> ShardFor(const Layout& layout, std::string_view name, const std::vector<int64_t>& full_shape,
-                         const TensorParallel& parallel) {
+Result<ShardOf> ShardFor(const Layout& layout, std::string_view name,
+                         const std::vector<int64_t>& full_shape, const TensorParallel& parallel) {
   ShardOf s;
   s.full_shape = full_shape;
   const int dim = layout.DimFor(name);
   if (dim < 0) return s;
   if (dim >= static_cast<int>(full_shape.size())) {
-    return InvalidArgumentError("tensor '" + std::string(name) + "': the layout splits dim " + std::to_string(dim) +
-                                " but it has " + std::to_string(full_shape.size()) + " dims");
+    return InvalidArgumentError("tensor '" + std::string(name) + "': the layout splits dim " +
+                                std::to_string(dim) + " but it has " +
+                                std::to_string(full_shape.size()) + " dims");
   }
   TL_ASSIGN_OR_RETURN(IndexRange r, ShardRange(full_shape[dim], parallel.rank, parallel.size));
   s.dim = dim;
@@ -37,11 +38,12 @@ std::vector<int64_t> ShardShape(const ShardOf& s, int64_t length) {
 
 }  // namespace
 
-Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layout, const TensorParallel& parallel,
+Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layout,
+                                      const TensorParallel& parallel,
                                       std::vector<ShardOf>* shards) {
   if (parallel.size < 1 || parallel.rank < 0 || parallel.rank >= parallel.size) {
-    return InvalidArgumentError("tensor parallel rank " + std::to_string(parallel.rank) + " of size " +
-                                std::to_string(parallel.size) + " is out of range");
+    return InvalidArgumentError("tensor parallel rank " + std::to_string(parallel.rank) +
+                                " of size " + std::to_string(parallel.size) + " is out of range");
   }
   for (const LoadedTensor& t : whole.tensors()) {
     if (t.device != DeviceType::kCpu) {
@@ -66,7 +68,8 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
     offsets[i] = total;
     uint64_t bytes = t.nbytes;
     if (of[i].dim >= 0 && t.shape[of[i].dim] > 0) {
-      bytes = t.nbytes / static_cast<uint64_t>(t.shape[of[i].dim]) * static_cast<uint64_t>(ranges[i].length);
+      bytes = t.nbytes / static_cast<uint64_t>(t.shape[of[i].dim]) *
+              static_cast<uint64_t>(ranges[i].length);
     }
     total += bytes;
   }
@@ -85,11 +88,13 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
     } else {
       const IndexRange full{0, t.shape[of[i].dim]};
       TL_ASSIGN_OR_RETURN(auto pieces,
-                          SlicePieces(t.shape, static_cast<uint32_t>(DtypeBits(t.dtype)), of[i].dim, full, ranges[i]));
+                          SlicePieces(t.shape, static_cast<uint32_t>(DtypeBits(t.dtype)), of[i].dim,
+                                      full, ranges[i]));
       s.shape = ShardShape(of[i], ranges[i].length);
       s.nbytes = 0;
       for (const CopyPiece& p : pieces) {
-        std::memcpy(dst + p.dst_offset, static_cast<const std::byte*>(t.data) + p.src_offset, p.bytes);
+        std::memcpy(dst + p.dst_offset, static_cast<const std::byte*>(t.data) + p.src_offset,
+                    p.bytes);
         s.nbytes += p.bytes;
       }
       SetRowMajorStrides(&s);

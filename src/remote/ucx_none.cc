@@ -11,7 +11,9 @@
 namespace tensorlift::remote {
 namespace {
 
-Status NotBuilt() { return UnimplementedError(std::string("built without UCX: ") + TENSORLIFT_NO_UCX_REASON); }
+Status NotBuilt() {
+  return UnimplementedError(std::string("built without UCX: ") + TENSORLIFT_NO_UCX_REASON);
+}
 
 }  // namespace
 
@@ -19,7 +21,9 @@ bool UcxBuilt() { return false; }
 
 std::string UcxVersion() { return TENSORLIFT_NO_UCX_REASON; }
 
-Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& /*options*/) { return NotBuilt(); }
+Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& /*options*/) {
+  return NotBuilt();
+}
 
 Result<std::unique_ptr<UcxClient>> UcxClient::Connect(std::string_view /*worker_address*/,
                                                       const UcxOptions& /*options*/,

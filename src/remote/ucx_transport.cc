@@ -56,7 +56,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-Status UnavailableError(std::string message) { return Status(StatusCode::kUnavailable, std::move(message)); }
+Status UnavailableError(std::string message) {
+  return Status(StatusCode::kUnavailable, std::move(message));
+}
 
 std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
 
@@ -72,7 +74,8 @@ void PutU64(char* p, uint64_t v) {
 
 uint64_t GetU64(const char* p) {
   uint64_t v = 0;
-  for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < 8; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
@@ -91,24 +94,27 @@ std::string Frame(char kind, const void* payload, size_t size) {
 Result<std::string> Unframe(std::string_view blob, char kind, std::string_view what) {
   if (blob.size() < kFrameHeader) {
     return InvalidArgumentError(std::string(what) + ": " + std::to_string(blob.size()) +
-                                " bytes is shorter than the " + std::to_string(kFrameHeader) + "-byte frame header");
+                                " bytes is shorter than the " + std::to_string(kFrameHeader) +
+                                "-byte frame header");
   }
-  if (std::memcmp(blob.data(), kFrameMagic, 4) != 0 || blob[4] != kind || blob[5] != 0 || blob[6] != 0 ||
-      blob[7] != 0) {
+  if (std::memcmp(blob.data(), kFrameMagic, 4) != 0 || blob[4] != kind || blob[5] != 0 ||
+      blob[6] != 0 || blob[7] != 0) {
     return InvalidArgumentError(std::string(what) + ": not a tensorlift UCX " +
-                                (kind == 'A' ? "worker address" : "remote key") + " (bad magic or kind)");
+                                (kind == 'A' ? "worker address" : "remote key") +
+                                " (bad magic or kind)");
   }
   const uint64_t size = GetU64(blob.data() + 8);
   if (size == 0 || size > kMaxFramePayload || size != blob.size() - kFrameHeader) {
-    return InvalidArgumentError(std::string(what) + ": payload length " + std::to_string(size) + " does not match the " +
-                                std::to_string(blob.size() - kFrameHeader) + " bytes after the header");
+    return InvalidArgumentError(
+        std::string(what) + ": payload length " + std::to_string(size) + " does not match the " +
+        std::to_string(blob.size() - kFrameHeader) + " bytes after the header");
   }
   std::string payload(blob.substr(kFrameHeader));
   const uint64_t want = GetU64(blob.data() + 16);
   const uint64_t got = Xxh3_64(payload.data(), payload.size());
   if (want != got) {
-    return InvalidArgumentError(std::string(what) + ": checksum " + HexU64(got) + " does not match the frame's " +
-                                HexU64(want));
+    return InvalidArgumentError(std::string(what) + ": checksum " + HexU64(got) +
+                                " does not match the frame's " + HexU64(want));
   }
   return payload;
 }
@@ -121,7 +127,8 @@ class UcxCore {
   UcxCore() = default;
   ~UcxCore() { Reset(); }
   UcxCore(UcxCore&& other) noexcept
-      : context_(std::exchange(other.context_, nullptr)), worker_(std::exchange(other.worker_, nullptr)) {}
+      : context_(std::exchange(other.context_, nullptr)),
+        worker_(std::exchange(other.worker_, nullptr)) {}
   UcxCore& operator=(UcxCore&& other) noexcept {
     if (this != &other) {
       Reset();
@@ -133,8 +140,8 @@ class UcxCore {
   UcxCore(const UcxCore&) = delete;
   UcxCore& operator=(const UcxCore&) = delete;
 
-  static Result<UcxCore> Create(const UcxOptions& options, ucs_thread_mode_t thread_mode, bool shared_context,
-                                const char* name) {
+  static Result<UcxCore> Create(const UcxOptions& options, ucs_thread_mode_t thread_mode,
+                                bool shared_context, const char* name) {
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) return InternalError("ucp_config_read: " + UcsText(st));
@@ -142,7 +149,8 @@ class UcxCore {
       st = ucp_config_modify(config, "TLS", options.transports.c_str());
       if (st != UCS_OK) {
         ucp_config_release(config);
-        return InvalidArgumentError("UCX rejected transports '" + options.transports + "': " + UcsText(st));
+        return InvalidArgumentError("UCX rejected transports '" + options.transports +
+                                    "': " + UcsText(st));
       }
     }
     ucp_params_t params{};
@@ -158,9 +166,10 @@ class UcxCore {
     ucp_config_release(config);
     if (st != UCS_OK) {
       core.context_ = nullptr;
-      return UnimplementedError("ucp_init with transports '" +
-                                (options.transports.empty() ? std::string("default") : options.transports) +
-                                "': " + UcsText(st));
+      return UnimplementedError(
+          "ucp_init with transports '" +
+          (options.transports.empty() ? std::string("default") : options.transports) +
+          "': " + UcsText(st));
     }
     ucp_worker_params_t wparams{};
     wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -168,12 +177,14 @@ class UcxCore {
     st = ucp_worker_create(core.context_, &wparams, &core.worker_);
     if (st != UCS_OK) {
       core.worker_ = nullptr;
-      return UnimplementedError("ucp_worker_create with transports '" + options.transports + "': " + UcsText(st));
+      return UnimplementedError("ucp_worker_create with transports '" + options.transports +
+                                "': " + UcsText(st));
     }
     if (thread_mode == UCS_THREAD_MODE_MULTI) {
       ucp_worker_attr_t attr{};
       attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
-      if (ucp_worker_query(core.worker_, &attr) == UCS_OK && attr.thread_mode != UCS_THREAD_MODE_MULTI) {
+      if (ucp_worker_query(core.worker_, &attr) == UCS_OK &&
+          attr.thread_mode != UCS_THREAD_MODE_MULTI) {
         return UnimplementedError("this UCX was built without multi-thread support (--enable-mt)");
       }
     }
@@ -266,7 +277,8 @@ void WaitForWorker(ucp_worker_h worker, int efd, Clock::time_point deadline) {
 
 class UcxServerImpl final : public UcxServer {
  public:
-  UcxServerImpl(UcxCore core, PosixFile stop_fd, int worker_efd, std::string address, std::string transports)
+  UcxServerImpl(UcxCore core, PosixFile stop_fd, int worker_efd, std::string address,
+                std::string transports)
       : core_(std::move(core)),
         stop_fd_(std::move(stop_fd)),
         worker_efd_(worker_efd),
@@ -291,19 +303,22 @@ class UcxServerImpl final : public UcxServer {
 
   Result<uint32_t> Register(const void* data, uint64_t bytes) override {
     if (data == nullptr || bytes == 0) {
-      return InvalidArgumentError("UCX Register: empty region (data " + std::string(data ? "set" : "null") +
-                                  ", " + std::to_string(bytes) + " bytes)");
+      return InvalidArgumentError("UCX Register: empty region (data " +
+                                  std::string(data ? "set" : "null") + ", " +
+                                  std::to_string(bytes) + " bytes)");
     }
     uint64_t end;
     if (!CheckedAdd(reinterpret_cast<uint64_t>(data), bytes, &end)) {
-      return InvalidArgumentError("UCX Register: region of " + std::to_string(bytes) + " bytes wraps the address space");
+      return InvalidArgumentError("UCX Register: region of " + std::to_string(bytes) +
+                                  " bytes wraps the address space");
     }
     ucp_mem_map_params_t params{};
     params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     params.address = const_cast<void*>(data);
     params.length = bytes;
     std::lock_guard<std::mutex> lock(mu_);
-    if (regions_.size() >= UINT32_MAX) return ResourceExhaustedError("UCX Register: too many regions");
+    if (regions_.size() >= UINT32_MAX)
+      return ResourceExhaustedError("UCX Register: too many regions");
     ucp_mem_h memh = nullptr;
     const ucs_status_t st = ucp_mem_map(core_.context(), &params, &memh);
     if (st != UCS_OK) {
@@ -378,7 +393,7 @@ class UcxServerImpl final : public UcxServer {
   UcxCore core_;
   PosixFile stop_fd_;
   int worker_efd_;
-  const std::string address_;     // Framed.
+  const std::string address_;  // Framed.
   const std::string transports_;
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
@@ -407,7 +422,8 @@ class UcxClientImpl final : public UcxClient {
   }
 
   // `address` is the unframed UCX worker address.
-  Status Connect(const std::string& address, const std::string& /*transports_name*/, std::chrono::milliseconds timeout) {
+  Status Connect(const std::string& address, const std::string& /*transports_name*/,
+                 std::chrono::milliseconds timeout) {
     ucp_ep_params_t params{};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                         UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -453,7 +469,8 @@ class UcxClientImpl final : public UcxClient {
         result = ucp_request_check_status(req);
         if (result != UCS_INPROGRESS) break;
         if (Clock::now() >= deadline) break;
-        WaitForWorker(core_.worker(), efd_, std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+        WaitForWorker(core_.worker(), efd_,
+                      std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
       }
       if (result == UCS_INPROGRESS) {
         if (!detects_failures_) {
@@ -464,8 +481,8 @@ class UcxClientImpl final : public UcxClient {
         // Timed out: the forced close completes the flush with an error.
         CloseEndpoint(/*force=*/true, std::chrono::seconds(30));
         ucp_request_free(req);  // Released now or when UCX completes it.
-        return UnavailableError("UCX connect: the peer did not answer within " + std::to_string(timeout.count()) +
-                                " ms");
+        return UnavailableError("UCX connect: the peer did not answer within " +
+                                std::to_string(timeout.count()) + " ms");
       }
       ucp_request_free(req);
     }
@@ -479,7 +496,8 @@ class UcxClientImpl final : public UcxClient {
     return Status::Ok();
   }
 
-  Result<uint32_t> AddRegion(std::string_view packed_rkey, uint64_t remote_address, uint64_t bytes) override {
+  Result<uint32_t> AddRegion(std::string_view packed_rkey, uint64_t remote_address,
+                             uint64_t bytes) override {
     TL_RETURN_IF_ERROR(CheckConnected());
     TL_ASSIGN_OR_RETURN(std::string rkey_bytes, Unframe(packed_rkey, 'K', "UCX remote key"));
     uint64_t end;
@@ -487,18 +505,22 @@ class UcxClientImpl final : public UcxClient {
       return InvalidArgumentError("UCX remote region [" + std::to_string(remote_address) + ", +" +
                                   std::to_string(bytes) + ") is empty or wraps the address space");
     }
-    if (regions_.size() >= UINT32_MAX) return ResourceExhaustedError("UCX AddRegion: too many regions");
+    if (regions_.size() >= UINT32_MAX)
+      return ResourceExhaustedError("UCX AddRegion: too many regions");
     ucp_rkey_h rkey = nullptr;
     const ucs_status_t st = ucp_ep_rkey_unpack(ep_, rkey_bytes.data(), &rkey);
-    if (st != UCS_OK) return InvalidArgumentError("UCX remote key: ucp_ep_rkey_unpack: " + UcsText(st));
+    if (st != UCS_OK)
+      return InvalidArgumentError("UCX remote key: ucp_ep_rkey_unpack: " + UcsText(st));
     regions_.push_back(RemoteRegion{rkey, remote_address, bytes});
     return static_cast<uint32_t>(regions_.size() - 1);
   }
 
   Status MapLocal(void* data, uint64_t bytes) override {
     uint64_t end;
-    if (data == nullptr || bytes == 0 || !CheckedAdd(reinterpret_cast<uint64_t>(data), bytes, &end)) {
-      return InvalidArgumentError("UCX MapLocal: empty or wrapping range of " + std::to_string(bytes) + " bytes");
+    if (data == nullptr || bytes == 0 ||
+        !CheckedAdd(reinterpret_cast<uint64_t>(data), bytes, &end)) {
+      return InvalidArgumentError("UCX MapLocal: empty or wrapping range of " +
+                                  std::to_string(bytes) + " bytes");
     }
     ucp_mem_map_params_t params{};
     params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
@@ -507,7 +529,8 @@ class UcxClientImpl final : public UcxClient {
     ucp_mem_h memh = nullptr;
     const ucs_status_t st = ucp_mem_map(core_.context(), &params, &memh);
     if (st != UCS_OK) {
-      return ResourceExhaustedError("UCX MapLocal: ucp_mem_map of " + std::to_string(bytes) + " bytes: " + UcsText(st));
+      return ResourceExhaustedError("UCX MapLocal: ucp_mem_map of " + std::to_string(bytes) +
+                                    " bytes: " + UcsText(st));
     }
     local_.push_back(LocalMap{reinterpret_cast<uint64_t>(data), end, memh});
     return Status::Ok();
@@ -613,8 +636,8 @@ class UcxClientImpl final : public UcxClient {
                                std::to_string(regions_[g.region].bytes) + " bytes)");
       }
       uint64_t dst_end;
-      if (g.bytes > 0 && (g.dst == nullptr ||
-                          !CheckedAdd(reinterpret_cast<uint64_t>(g.dst), g.bytes, &dst_end))) {
+      if (g.bytes > 0 &&
+          (g.dst == nullptr || !CheckedAdd(reinterpret_cast<uint64_t>(g.dst), g.bytes, &dst_end))) {
         return InvalidArgumentError("UCX get " + std::to_string(i) +
                                     ": null or wrapping destination");
       }
@@ -760,8 +783,7 @@ class UcxClientImpl final : public UcxClient {
     const std::string cancelled =
         " (" + std::to_string(outstanding) + " outstanding gets cancelled)";
     if (stalled) {
-      return UnavailableError("UCX GetAll: no get finished within " + stall_ms + " ms" +
-                              cancelled);
+      return UnavailableError("UCX GetAll: no get finished within " + stall_ms + " ms" + cancelled);
     }
     const ucs_status_t shown = ep_status != UCS_OK ? ep_status : failure;
     return UnavailableError("UCX GetAll: get failed: " + UcsText(shown) + cancelled);
@@ -811,13 +833,15 @@ class UcxClientImpl final : public UcxClient {
 
   static void OnEndpointError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) {
     auto* self = static_cast<UcxClientImpl*>(arg);
-    if (self->ep_status_ == UCS_OK) self->ep_status_ = status == UCS_OK ? UCS_ERR_CONNECTION_RESET : status;
+    if (self->ep_status_ == UCS_OK)
+      self->ep_status_ = status == UCS_OK ? UCS_ERR_CONNECTION_RESET : status;
   }
 
   Status CheckConnected() const {
     if (ep_ == nullptr) {
-      return UnavailableError("UCX: the connection to the peer was closed after an earlier error (" +
-                              UcsText(ep_status_ != UCS_OK ? ep_status_ : UCS_ERR_NOT_CONNECTED) + ")");
+      return UnavailableError(
+          "UCX: the connection to the peer was closed after an earlier error (" +
+          UcsText(ep_status_ != UCS_OK ? ep_status_ : UCS_ERR_NOT_CONNECTED) + ")");
     }
     return Status::Ok();
   }
@@ -843,7 +867,8 @@ class UcxClientImpl final : public UcxClient {
     const auto deadline = Clock::now() + limit;
     while (ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < deadline) {
       if (ucp_worker_progress(core_.worker()) == 0) {
-        WaitForWorker(core_.worker(), efd_, std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
+        WaitForWorker(core_.worker(), efd_,
+                      std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
       }
     }
     if (ucp_request_check_status(req) != UCS_INPROGRESS) ucp_request_free(req);
@@ -875,8 +900,8 @@ bool UcxBuilt() { return true; }
 std::string UcxVersion() { return TENSORLIFT_UCX_VERSION; }
 
 Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& options) {
-  TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_MULTI, /*shared_context=*/true,
-                                                    "tensorlift-server"));
+  TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_MULTI,
+                                                    /*shared_context=*/true, "tensorlift-server"));
   TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core.worker()));
   const int stop = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop < 0) return PosixError("eventfd", errno);
@@ -887,22 +912,25 @@ Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& options) 
   if (st != UCS_OK) return InternalError("ucp_worker_get_address: " + UcsText(st));
   std::string address = Frame('A', addr, addr_len);
   ucp_worker_release_address(core.worker(), addr);
-  std::string transports = ParseTransports(
-      CaptureUcxPrint([&](FILE* f) { ucp_context_print_info(core.context(), f); }), /*lanes=*/false);
+  std::string transports =
+      ParseTransports(CaptureUcxPrint([&](FILE* f) { ucp_context_print_info(core.context(), f); }),
+                      /*lanes=*/false);
   if (transports.empty()) transports = options.transports.empty() ? "default" : options.transports;
-  return std::unique_ptr<UcxServer>(
-      new UcxServerImpl(std::move(core), std::move(stop_fd), efd, std::move(address), std::move(transports)));
+  return std::unique_ptr<UcxServer>(new UcxServerImpl(std::move(core), std::move(stop_fd), efd,
+                                                      std::move(address), std::move(transports)));
 }
 
-Result<std::unique_ptr<UcxClient>> UcxClient::Connect(std::string_view worker_address, const UcxOptions& options,
+Result<std::unique_ptr<UcxClient>> UcxClient::Connect(std::string_view worker_address,
+                                                      const UcxOptions& options,
                                                       std::chrono::milliseconds timeout) {
   // Checked before UCX is started: garbage costs nothing.
   TL_ASSIGN_OR_RETURN(std::string address, Unframe(worker_address, 'A', "UCX worker address"));
-  TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_SERIALIZED, /*shared_context=*/false,
-                                                    "tensorlift-client"));
+  TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_SERIALIZED,
+                                                    /*shared_context=*/false, "tensorlift-client"));
   TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core.worker()));
   auto client = std::make_unique<UcxClientImpl>(std::move(core), efd);
-  TL_RETURN_IF_ERROR(client->Connect(address, options.transports.empty() ? "default" : options.transports, timeout));
+  TL_RETURN_IF_ERROR(client->Connect(
+      address, options.transports.empty() ? "default" : options.transports, timeout));
   return std::unique_ptr<UcxClient>(std::move(client));
 }
 

@@ -42,7 +42,7 @@ class UcxServer {
   // Maps [data, data + bytes) for remote reads (ucp_mem_map); the memory must
   // stay valid until the server is destroyed. Returns the region's index.
   virtual Result<uint32_t> Register(const void* data, uint64_t bytes) = 0;
-  virtual std::string WorkerAddress() const = 0;           // Raw bytes.
+  virtual std::string WorkerAddress() const = 0;                      // Raw bytes.
   virtual Result<std::string> PackedRkey(uint32_t region) const = 0;  // Raw bytes.
   virtual uint64_t RegionAddress(uint32_t region) const = 0;
   virtual uint64_t RegionBytes(uint32_t region) const = 0;
@@ -53,11 +53,13 @@ class UcxServer {
 class UcxClient {
  public:
   // Connects to a server's worker; kUnavailable after `timeout`.
-  static Result<std::unique_ptr<UcxClient>> Connect(std::string_view worker_address, const UcxOptions& options,
+  static Result<std::unique_ptr<UcxClient>> Connect(std::string_view worker_address,
+                                                    const UcxOptions& options,
                                                     std::chrono::milliseconds timeout);
   virtual ~UcxClient() = default;
   // Unpacks a region's remote key; returns its index for Get::region.
-  virtual Result<uint32_t> AddRegion(std::string_view packed_rkey, uint64_t remote_address, uint64_t bytes) = 0;
+  virtual Result<uint32_t> AddRegion(std::string_view packed_rkey, uint64_t remote_address,
+                                     uint64_t bytes) = 0;
   // Maps local memory that gets land in (optional; faster zero-copy gets).
   virtual Status MapLocal(void* data, uint64_t bytes) = 0;
 

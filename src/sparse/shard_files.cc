@@ -1,8 +1,8 @@
 #include "sparse/shard_files.h"
 
-#include "io/read_op.h"
-
 #include <string>
+
+#include "io/read_op.h"
 
 namespace tensorlift::sparse {
 

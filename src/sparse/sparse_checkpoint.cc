@@ -1,7 +1,3 @@
-#include "tensorlift/sparse.h"
-
-#include <functional>
-
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -10,6 +6,7 @@
 #include <map>
 
 #include "sparse/shard_files.h"
+#include "tensorlift/sparse.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::sparse {
@@ -220,10 +217,12 @@ Result<SparseCatalog> FindSparse(const Checkpoint& ckpt,
   for (auto loc : ckpt.tensors()) {
     if (grouped[loc.shard][loc.index]) continue;
     const std::string& name = ckpt.info(loc).name;
-    auto it = std::lower_bound(names.begin(), names.end(), std::pair<std::string, std::string>(name, ""));
+    auto it =
+        std::lower_bound(names.begin(), names.end(), std::pair<std::string, std::string>(name, ""));
     if (it != names.end() && it->first == name) {
       return CorruptionError(ckpt.shards()[loc.shard].path + ": tensor " + QuoteName(name) +
-                             " is stored both dense and as the sparse group " + QuoteName(it->second));
+                             " is stored both dense and as the sparse group " +
+                             QuoteName(it->second));
     }
     if (!wanted || wanted(name)) catalog.dense.push_back(loc);
   }

@@ -20,11 +20,11 @@
 #include "common/posix_file.h"
 #include "io/read_op.h"
 #include "kernels/convert.h"
-#include "tensorlift/bitmask.h"
 #include "sparse/shard_files.h"
-#include "tensorlift/sparse.h"
+#include "tensorlift/bitmask.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/safetensors.h"
+#include "tensorlift/sparse.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::sparse {

@@ -20,8 +20,8 @@ template <typename T>
 ::testing::AssertionResult IsOk(const char* text, const T& value) {
   const Status& s = StatusOf(value);
   if (s.ok()) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << text << " is not OK: " << StatusCodeName(s.code())
-                                       << ": " << s.ToString();
+  return ::testing::AssertionFailure()
+         << text << " is not OK: " << StatusCodeName(s.code()) << ": " << s.ToString();
 }
 
 }  // namespace tensorlift::test

@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
 #include "common/checked_math.h"
 #include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "gtest/gtest-spi.h"
-#include "../common/assert_ok.h"
+#include "gtest/gtest.h"
 
 namespace tensorlift {
 namespace {

@@ -11,19 +11,18 @@
 #include <string>
 #include <vector>
 
-#include "tensorlift/convert.h"
+#include "../common/assert_ok.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tensorlift/convert.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/status.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
 
-using convert::BitsToFloat;
 using convert::Bf16ToF32;
+using convert::BitsToFloat;
 using convert::ConversionSupported;
 using convert::ConvertElement;
 using convert::F16ToF32;
@@ -84,15 +83,15 @@ TEST(ConvertTest, F16KnownValues) {
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -14)), 0x0400);  // Min normal.
   EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -24)), 0x0001);  // Min subnormal.
   EXPECT_EQ(F32ToF16(std::ldexp(1023.0f, -24)), 0x03FF);
-  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);                    // Tie to even (0).
-  EXPECT_EQ(F32ToF16(F(0x33000001)), 0x0001);                            // Just above the tie.
-  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);                    // Tie to even (2).
-  EXPECT_EQ(F32ToF16(std::ldexp(5.0f, -25)), 0x0002);                    // Tie to even (2).
-  EXPECT_EQ(F32ToF16(std::ldexp(2047.0f, -25)), 0x0400);                 // Rounds up into the normals.
-  EXPECT_EQ(F32ToF16(std::numeric_limits<float>::min()), 0x0000);        // f32 min normal underflows.
+  EXPECT_EQ(F32ToF16(std::ldexp(1.0f, -25)), 0x0000);              // Tie to even (0).
+  EXPECT_EQ(F32ToF16(F(0x33000001)), 0x0001);                      // Just above the tie.
+  EXPECT_EQ(F32ToF16(std::ldexp(3.0f, -25)), 0x0002);              // Tie to even (2).
+  EXPECT_EQ(F32ToF16(std::ldexp(5.0f, -25)), 0x0002);              // Tie to even (2).
+  EXPECT_EQ(F32ToF16(std::ldexp(2047.0f, -25)), 0x0400);           // Rounds up into the normals.
+  EXPECT_EQ(F32ToF16(std::numeric_limits<float>::min()), 0x0000);  // f32 min normal underflows.
   EXPECT_EQ(F32ToF16(-std::numeric_limits<float>::denorm_min()), 0x8000);
-  EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);             // Tie to even (down).
-  EXPECT_EQ(F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);         // Tie to even (up).
+  EXPECT_EQ(F32ToF16(1.0f + std::ldexp(1.0f, -11)), 0x3C00);      // Tie to even (down).
+  EXPECT_EQ(F32ToF16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3C02);  // Tie to even (up).
   EXPECT_EQ(F32ToF16(F(0x3F801001)), 0x3C01);
   EXPECT_EQ(F32ToF16(std::numeric_limits<float>::infinity()), 0x7C00);
   EXPECT_EQ(F32ToF16(-std::numeric_limits<float>::infinity()), 0xFC00);
@@ -123,8 +122,9 @@ float Fp8Reference(uint8_t v, int exponent_bits, int bias) {
   const int mantissa_bits = 7 - exponent_bits;
   const int e = (v & 0x7F) >> mantissa_bits;
   const int m = v & ((1 << mantissa_bits) - 1);
-  const float magnitude = e == 0 ? std::ldexp(static_cast<float>(m), 1 - bias - mantissa_bits)
-                                 : std::ldexp(static_cast<float>(m + (1 << mantissa_bits)), e - bias - mantissa_bits);
+  const float magnitude =
+      e == 0 ? std::ldexp(static_cast<float>(m), 1 - bias - mantissa_bits)
+             : std::ldexp(static_cast<float>(m + (1 << mantissa_bits)), e - bias - mantissa_bits);
   return (v & 0x80) ? -magnitude : magnitude;
 }
 
@@ -195,7 +195,8 @@ TEST(ConvertTest, EveryF16PatternRoundTrips) {
 TEST(ConvertTest, F32ToF16MatchesNearestEven) {
   // All 63,488 finite f16 values, sorted by value for the non-negative ones.
   std::vector<double> values;
-  for (uint32_t h = 0; h < 0x7C00; ++h) values.push_back(static_cast<double>(F16ToF32(static_cast<uint16_t>(h))));
+  for (uint32_t h = 0; h < 0x7C00; ++h)
+    values.push_back(static_cast<double>(F16ToF32(static_cast<uint16_t>(h))));
   for (uint32_t hi = 0; hi < 0x8000; ++hi) {
     for (uint32_t lo : {0u, 1u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) {
       const uint32_t bits = hi << 16 | lo;
@@ -214,7 +215,9 @@ TEST(ConvertTest, F32ToF16MatchesNearestEven) {
           const uint32_t below = above - 1;
           const double d_below = x - values[below];
           const double d_above = (above < values.size() ? values[above] : 65536.0) - x;
-          want = d_below < d_above ? below : d_above < d_below ? above : (below % 2 == 0 ? below : above);
+          want = d_below < d_above   ? below
+                 : d_above < d_below ? above
+                                     : (below % 2 == 0 ? below : above);
         }
       }
       ASSERT_EQ(got, want) << std::hex << bits;
@@ -243,7 +246,8 @@ TEST(ConvertTest, ConversionSupported) {
   EXPECT_FALSE(ConversionSupported(Dtype::kF32, Dtype::kI8));
   int supported = 0;
   for (int i = 0; i < kNumDtypes; ++i) {
-    for (int j = 0; j < kNumDtypes; ++j) supported += ConversionSupported(static_cast<Dtype>(i), static_cast<Dtype>(j));
+    for (int j = 0; j < kNumDtypes; ++j)
+      supported += ConversionSupported(static_cast<Dtype>(i), static_cast<Dtype>(j));
   }
   EXPECT_EQ(supported, kNumDtypes + 6 + 6);
 }
@@ -296,10 +300,10 @@ TEST(ConvertTest, ConvertElementValues) {
   uint16_t bf16[3] = {};
   uint16_t f16[3] = {};
   for (uint64_t i = 0; i < 3; ++i) {
-    ConvertElement(reinterpret_cast<std::byte*>(bf16), Dtype::kBF16, reinterpret_cast<const std::byte*>(in),
-                   Dtype::kF32, i);
-    ConvertElement(reinterpret_cast<std::byte*>(f16), Dtype::kF16, reinterpret_cast<const std::byte*>(bf16),
-                   Dtype::kBF16, i);
+    ConvertElement(reinterpret_cast<std::byte*>(bf16), Dtype::kBF16,
+                   reinterpret_cast<const std::byte*>(in), Dtype::kF32, i);
+    ConvertElement(reinterpret_cast<std::byte*>(f16), Dtype::kF16,
+                   reinterpret_cast<const std::byte*>(bf16), Dtype::kBF16, i);
   }
   EXPECT_THAT(bf16, ::testing::ElementsAre(0x3F80, 0xC020, 0x4780));
   // bf16 65536 (rounded from 65504) overflows f16.
@@ -307,16 +311,16 @@ TEST(ConvertTest, ConvertElementValues) {
 
   // Unsupported pair: nothing written.
   uint8_t out[4] = {0xAA, 0xAA, 0xAA, 0xAA};
-  ConvertElement(reinterpret_cast<std::byte*>(out), Dtype::kF8_E4M3, reinterpret_cast<const std::byte*>(in),
-                 Dtype::kF32, 0);
+  ConvertElement(reinterpret_cast<std::byte*>(out), Dtype::kF8_E4M3,
+                 reinterpret_cast<const std::byte*>(in), Dtype::kF32, 0);
   EXPECT_THAT(out, ::testing::ElementsAre(0xAA, 0xAA, 0xAA, 0xAA));
 
   // Identity of a wide type copies its bytes, NaN payload included.
   const uint64_t c64[2] = {0x7FF0000000000001ull, 0x0123456789ABCDEFull};
   uint64_t c64_out[2] = {};
   for (uint64_t i = 0; i < 2; ++i) {
-    ConvertElement(reinterpret_cast<std::byte*>(c64_out), Dtype::kF64, reinterpret_cast<const std::byte*>(c64),
-                   Dtype::kF64, i);
+    ConvertElement(reinterpret_cast<std::byte*>(c64_out), Dtype::kF64,
+                   reinterpret_cast<const std::byte*>(c64), Dtype::kF64, i);
   }
   EXPECT_THAT(c64_out, ::testing::ElementsAre(c64[0], c64[1]));
 
@@ -329,8 +333,8 @@ TEST(ConvertTest, ConvertElementValues) {
   const uint8_t f4[3] = {0x12, 0x34, 0x56};
   uint8_t f4_out[3] = {};
   for (uint64_t i = 0; i < convert::ConvertUnits(Dtype::kF4, Dtype::kF4, 6); ++i) {
-    ConvertElement(reinterpret_cast<std::byte*>(f4_out), Dtype::kF4, reinterpret_cast<const std::byte*>(f4),
-                   Dtype::kF4, i);
+    ConvertElement(reinterpret_cast<std::byte*>(f4_out), Dtype::kF4,
+                   reinterpret_cast<const std::byte*>(f4), Dtype::kF4, i);
   }
   EXPECT_THAT(f4_out, ::testing::ElementsAre(0x12, 0x34, 0x56));
 }
@@ -344,7 +348,8 @@ TEST(ConvertOnHostTest, UnsupportedPairIsInvalidArgument) {
   EXPECT_THAT(st.message(), ::testing::HasSubstr("F32 to F8_E4M3"));
   EXPECT_THAT(out, ::testing::Each(0));
   // Unsupported even when there is nothing to convert.
-  EXPECT_EQ(ConvertOnHost(nullptr, Dtype::kI32, nullptr, Dtype::kF32, 0).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConvertOnHost(nullptr, Dtype::kI32, nullptr, Dtype::kF32, 0).code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST(ConvertOnHostTest, CountZeroIsOk) {
@@ -352,8 +357,8 @@ TEST(ConvertOnHostTest, CountZeroIsOk) {
   EXPECT_OK(ConvertOnHost(nullptr, Dtype::kF32, nullptr, Dtype::kF32, 0));
   uint16_t out = 0xBEEF;
   const float in = 1.0f;
-  EXPECT_TRUE(ConvertOnHost(reinterpret_cast<std::byte*>(&out), Dtype::kBF16, reinterpret_cast<const std::byte*>(&in),
-                            Dtype::kF32, 0)
+  EXPECT_TRUE(ConvertOnHost(reinterpret_cast<std::byte*>(&out), Dtype::kBF16,
+                            reinterpret_cast<const std::byte*>(&in), Dtype::kF32, 0)
                   .ok());
   EXPECT_EQ(out, 0xBEEF);
 }
@@ -361,18 +366,22 @@ TEST(ConvertOnHostTest, CountZeroIsOk) {
 TEST(ConvertOnHostTest, BadArguments) {
   float in = 1.0f;
   uint16_t out = 0;
-  EXPECT_EQ(ConvertOnHost(nullptr, Dtype::kBF16, reinterpret_cast<const std::byte*>(&in), Dtype::kF32, 1).code(),
-            StatusCode::kInvalidArgument);
-  EXPECT_EQ(ConvertOnHost(reinterpret_cast<std::byte*>(&out), Dtype::kBF16, nullptr, Dtype::kF32, 1).code(),
+  EXPECT_EQ(
+      ConvertOnHost(nullptr, Dtype::kBF16, reinterpret_cast<const std::byte*>(&in), Dtype::kF32, 1)
+          .code(),
+      StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConvertOnHost(reinterpret_cast<std::byte*>(&out), Dtype::kBF16, nullptr, Dtype::kF32, 1)
+                .code(),
             StatusCode::kInvalidArgument);
   // An identity copy of F4 must fill whole bytes; a huge count overflows.
   uint8_t b[2] = {};
-  EXPECT_EQ(ConvertOnHost(reinterpret_cast<std::byte*>(b), Dtype::kF4, reinterpret_cast<const std::byte*>(b + 1),
-                          Dtype::kF4, 3)
+  EXPECT_EQ(ConvertOnHost(reinterpret_cast<std::byte*>(b), Dtype::kF4,
+                          reinterpret_cast<const std::byte*>(b + 1), Dtype::kF4, 3)
                 .code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(ConvertOnHost(reinterpret_cast<std::byte*>(&out), Dtype::kF32, reinterpret_cast<const std::byte*>(&in),
-                          Dtype::kF32, std::numeric_limits<uint64_t>::max() / 2)
+  EXPECT_EQ(ConvertOnHost(reinterpret_cast<std::byte*>(&out), Dtype::kF32,
+                          reinterpret_cast<const std::byte*>(&in), Dtype::kF32,
+                          std::numeric_limits<uint64_t>::max() / 2)
                 .code(),
             StatusCode::kInvalidArgument);
 }
@@ -380,8 +389,8 @@ TEST(ConvertOnHostTest, BadArguments) {
 TEST(ConvertOnHostTest, IdentityCopiesBytes) {
   const uint8_t f4[3] = {0x12, 0x34, 0x56};
   uint8_t f4_out[3] = {};
-  ASSERT_TRUE(ConvertOnHost(reinterpret_cast<std::byte*>(f4_out), Dtype::kF4, reinterpret_cast<const std::byte*>(f4),
-                            Dtype::kF4, 6)
+  ASSERT_TRUE(ConvertOnHost(reinterpret_cast<std::byte*>(f4_out), Dtype::kF4,
+                            reinterpret_cast<const std::byte*>(f4), Dtype::kF4, 6)
                   .ok());
   EXPECT_THAT(f4_out, ::testing::ElementsAre(0x12, 0x34, 0x56));
   const uint32_t nan[2] = {0x7F800001u, 0xFFFFFFFFu};
@@ -396,8 +405,8 @@ TEST(ConvertOnHostTest, ThroughF32WithOneRounding) {
   // bf16 -> f16 rounds once: bf16 0x3F81 = 1.0078125 is exact in f16.
   const uint16_t bf16[3] = {0x3F81, 0x0001, 0x477F};
   uint16_t f16[3] = {};
-  ASSERT_TRUE(ConvertOnHost(reinterpret_cast<std::byte*>(f16), Dtype::kF16, reinterpret_cast<const std::byte*>(bf16),
-                            Dtype::kBF16, 3)
+  ASSERT_TRUE(ConvertOnHost(reinterpret_cast<std::byte*>(f16), Dtype::kF16,
+                            reinterpret_cast<const std::byte*>(bf16), Dtype::kBF16, 3)
                   .ok());
   // bf16 0x0001 (about 9.2e-41) underflows to 0; 0x477F = 65280 is exact.
   EXPECT_THAT(f16, ::testing::ElementsAre(0x3C08, 0x0000, 0x7BF8));
@@ -430,8 +439,8 @@ TEST(ConvertOnHostTest, Bf16NanDependsOnTheSource) {
                     .ok());
     EXPECT_THAT(out, ::testing::ElementsAre(c.nan, c.nan));
     for (uint64_t i = 0; i < 2; ++i) {
-      ConvertElement(reinterpret_cast<std::byte*>(out), Dtype::kBF16, static_cast<const std::byte*>(c.src), c.from,
-                     i);
+      ConvertElement(reinterpret_cast<std::byte*>(out), Dtype::kBF16,
+                     static_cast<const std::byte*>(c.src), c.from, i);
     }
     EXPECT_THAT(out, ::testing::ElementsAre(c.nan, c.nan));
   }

@@ -17,17 +17,16 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 #include "../sparse/bitmask_test_util.h"
-#include "kernels/convert.h"
-#include "tensorlift/convert.h"
 #include "device/device.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
+#include "kernels/convert.h"
 #include "tensorlift/bitmask.h"
 #include "tensorlift/capabilities.h"
-#include "../common/assert_ok.h"
-#include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
+#include "tensorlift/convert.h"
 
 // Set by tests/CMakeLists.txt: whether the build found nvcc, and the path of
 // a libcufile.so.0 found next to cufile.h at build time ("" if none).
@@ -258,12 +257,13 @@ void ExpectDecodeSameAsCpu(Device& device, DeviceStream& stream, const sparse::t
                                 d_offsets->size())
                   .ok());
   ASSERT_TRUE(stream
-                  .CopyToDevice(d_mask->data(), reinterpret_cast<const std::byte*>(e.bitmask.data()),
+                  .CopyToDevice(d_mask->data(),
+                                reinterpret_cast<const std::byte*>(e.bitmask.data()),
                                 e.bitmask.size())
                   .ok());
   if (!e.values.empty()) {
-    ASSERT_TRUE(stream.CopyToDevice(d_values->data() + values_at, e.values.data(), e.values.size())
-                    .ok());
+    ASSERT_TRUE(
+        stream.CopyToDevice(d_values->data() + values_at, e.values.data(), e.values.size()).ok());
   }
   ASSERT_TRUE(stream
                   .DecodeBitmask(d_out->data() + out_at, d_values->data() + values_at, e.nnz(),
@@ -312,8 +312,9 @@ TEST_F(CudaDeviceTest, DecodeBitmaskArgumentsAreCheckedAtOnce) {
             StatusCode::kInvalidArgument);
   EXPECT_EQ(stream_->DecodeBitmask(out, out + 2, 4, mask, offsets, 8, 16, 2).code(),
             StatusCode::kInvalidArgument);
-  EXPECT_EQ(stream_->DecodeBitmask(out, values, 4, mask,
-                                   reinterpret_cast<const int64_t*>(a->data() + 4100), 8, 16, 2)
+  EXPECT_EQ(stream_
+                ->DecodeBitmask(out, values, 4, mask,
+                                reinterpret_cast<const int64_t*>(a->data() + 4100), 8, 16, 2)
                 .code(),
             StatusCode::kInvalidArgument);
   EXPECT_OK(stream_->Synchronize());

@@ -2,10 +2,11 @@
 // into cuda_device_test only with the CUDA backend (it needs the runtime's
 // types); runs without a GPU.
 #include "device/cuda/cuda_status.h"
-#include "../common/assert_ok.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {

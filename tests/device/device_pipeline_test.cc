@@ -3,34 +3,33 @@
 // misaligned and zero-size tensors, filters, shards, tiny and large staging
 // buffers); conversions give convert.h's bits; reads overlap copies; the
 // device-memory plan is computed first and respected; errors free everything.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstring>
 #include <map>
 
+#include "../common/assert_ok.h"
 #include "../load/test_files.h"
-#include "tensorlift/convert.h"
 #include "device/device.h"
 #include "io/direct_reader.h"
 #include "load/device_plan.h"
 #include "load/loader_internal.h"
 #include "load/planner.h"
 #include "tensorlift/checkpoint.h"
+#include "tensorlift/convert.h"
 #include "tensorlift/loader.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
 
+using test::ScratchDir;
 using ::testing::HasSubstr;
 using testing::Random;
 using testing::RawTensor;
-using test::ScratchDir;
 using testing::WriteRaw;
 
 // The loader tests' mix, plus what conversions need: fp8 and a larger f32.
@@ -47,7 +46,8 @@ std::vector<uint8_t> ToHost(Device& device, const LoadedTensor& t) {
   if (t.nbytes == 0) return out;
   auto stream = device.CreateStream();
   EXPECT_OK(stream);
-  EXPECT_OK((*stream)->CopyToHost(reinterpret_cast<std::byte*>(out.data()), static_cast<std::byte*>(t.data), t.nbytes));
+  EXPECT_OK((*stream)->CopyToHost(reinterpret_cast<std::byte*>(out.data()),
+                                  static_cast<std::byte*>(t.data), t.nbytes));
   EXPECT_OK((*stream)->Synchronize());
   return out;
 }
@@ -64,8 +64,8 @@ std::vector<uint8_t> Converted(const RawTensor& t, Dtype to) {
   return out;
 }
 
-void ExpectLoaded(Device& device, const std::map<std::string, RawTensor>& want, const LoadedCheckpoint& got,
-                  std::optional<Dtype> dtype, const std::string& ctx) {
+void ExpectLoaded(Device& device, const std::map<std::string, RawTensor>& want,
+                  const LoadedCheckpoint& got, std::optional<Dtype> dtype, const std::string& ctx) {
   ASSERT_EQ(got.tensors().size(), want.size()) << ctx;
   for (const LoadedTensor& t : got.tensors()) {
     auto it = want.find(t.name);
@@ -73,7 +73,8 @@ void ExpectLoaded(Device& device, const std::map<std::string, RawTensor>& want, 
     const RawTensor& w = it->second;
     const Dtype target = TargetDtype(w.dtype, dtype);
     EXPECT_EQ(t.dtype, target) << ctx << " " << t.name;
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % ElementAlignment(t.dtype), 0u) << ctx << " " << t.name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % ElementAlignment(t.dtype), 0u)
+        << ctx << " " << t.name;
     const std::vector<uint8_t> expect = target == w.dtype ? w.bytes : Converted(w, target);
     ASSERT_EQ(t.nbytes, expect.size()) << ctx << " " << t.name;
     if (device.kind() == DeviceType::kCpu) {
@@ -130,7 +131,8 @@ TEST(DevicePlanTest, CoversEveryByteOnceAndKeepsAlignment) {
         }
         for (uint32_t i : all) {
           const TensorInfo& t = h.tensors()[i];
-          for (uint64_t b = t.begin; b < t.end; ++b) ASSERT_EQ(covered[b], 1) << t.name << " byte " << b;
+          for (uint64_t b = t.begin; b < t.end; ++b)
+            ASSERT_EQ(covered[b], 1) << t.name << " byte " << b;
         }
         for (const DeviceTensorPlan& t : p.tensors) {
           EXPECT_EQ(t.offset % ElementAlignment(t.dtype), 0u);
@@ -177,16 +179,17 @@ TEST_P(DevicePipelineTest, EveryModeGivesTheFileBytesOnTheDevice) {
   for (IoMode m : {IoMode::kAuto, IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap}) {
     for (PipelineCase c : {PipelineCase{m, 64 << 10, 1}, PipelineCase{m, 64 << 10, 3},
                            PipelineCase{m, 16 << 20, 4}}) {
-      for (std::optional<Dtype> dt :
-           {std::optional<Dtype>(), std::optional<Dtype>(Dtype::kF32), std::optional<Dtype>(Dtype::kBF16)}) {
+      for (std::optional<Dtype> dt : {std::optional<Dtype>(), std::optional<Dtype>(Dtype::kF32),
+                                      std::optional<Dtype>(Dtype::kBF16)}) {
         LoadOptions opts;
         opts.mode = c.mode;
         opts.staging_bytes = c.staging;
         opts.staging_buffers = c.slots;
         opts.dtype = dt;
-        const std::string ctx = std::string(IoModeName(m)) + " staging=" + std::to_string(c.staging) + "x" +
-                                std::to_string(c.slots) + " dtype=" + (dt ? std::string(DtypeName(*dt)) : "-") +
-                                " lead=" + std::to_string(GetParam());
+        const std::string ctx =
+            std::string(IoModeName(m)) + " staging=" + std::to_string(c.staging) + "x" +
+            std::to_string(c.slots) + " dtype=" + (dt ? std::string(DtypeName(*dt)) : "-") +
+            " lead=" + std::to_string(GetParam());
         auto got = LoadThroughDevice(*ckpt, opts, device, nullptr);
         ASSERT_OK(got) << ctx;
         ExpectLoaded(*device, want, *got, dt, ctx);
@@ -208,8 +211,9 @@ TEST(DevicePipelineTest, ShardsAndFilters) {
   std::map<std::string, RawTensor> want;
   std::string index = "{\"weight_map\":{";
   for (int s = 0; s < 3; ++s) {
-    std::vector<RawTensor> ts = {Random("s" + std::to_string(s) + ".x", Dtype::kBF16, {64, 65}, 10 + s),
-                                 Random("s" + std::to_string(s) + ".y", Dtype::kF32, {7}, 20 + s)};
+    std::vector<RawTensor> ts = {
+        Random("s" + std::to_string(s) + ".x", Dtype::kBF16, {64, 65}, 10 + s),
+        Random("s" + std::to_string(s) + ".y", Dtype::kF32, {7}, 20 + s)};
     const std::string name = "s-" + std::to_string(s) + ".safetensors";
     WriteRaw(dir.File(name), ts, s);
     for (auto& t : ts) {
@@ -257,8 +261,10 @@ TEST(DevicePipelineTest, ReadsOverlapCopies) {
   int overlapped = 0;
   for (size_t k = 0; k + 1 < trace.blocks.size(); ++k) {
     EXPECT_GT(trace.blocks[k].copied_us, 0) << k;
-    EXPECT_LE(trace.blocks[k].read_end_us, trace.blocks[k].copied_us) << "copied before it was read: " << k;
-    EXPECT_LE(trace.blocks[k].copied_us, trace.blocks[k + 1].copied_us) << "copies complete in order";
+    EXPECT_LE(trace.blocks[k].read_end_us, trace.blocks[k].copied_us)
+        << "copied before it was read: " << k;
+    EXPECT_LE(trace.blocks[k].copied_us, trace.blocks[k + 1].copied_us)
+        << "copies complete in order";
     if (trace.blocks[k + 1].read_end_us < trace.blocks[k].copied_us) ++overlapped;
   }
   EXPECT_GT(overlapped, 16) << "the next block's read should finish while this block copies";
@@ -314,7 +320,8 @@ TEST(DevicePipelineTest, DeviceMemoryPlanIsComputedFirstAndRespected) {
 TEST(DevicePipelineTest, FaultsFreeEverything) {
   ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
-  WriteRaw(path, {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)}, 1);
+  WriteRaw(path, {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)},
+           1);
   auto ckpt = Checkpoint::Open(path);
   ASSERT_OK(ckpt);
   for (IoMode mode : {IoMode::kBuffered, IoMode::kDirect}) {
@@ -340,7 +347,9 @@ TEST(DevicePipelineTest, FaultsFreeEverything) {
         EXPECT_THAT(got.status().message(), HasSubstr("Input/output error"));
       } else {
         EXPECT_EQ(got.status().code(), StatusCode::kIOError) << got.status().ToString();
-        WriteRaw(path, {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)}, 1);
+        WriteRaw(path,
+                 {Random("w", Dtype::kBF16, {512, 1024}, 3), Random("v", Dtype::kF32, {1000}, 4)},
+                 1);
         auto again = Checkpoint::Open(path);
         ASSERT_OK(again);
         ckpt = std::move(again);
@@ -378,7 +387,8 @@ class FakeDirectReader final : public DirectReader {
     buffers_.emplace_back(base, bytes);
     return Status::Ok();
   }
-  Status Read(uint32_t file, std::byte* base, uint64_t offset, uint64_t bytes, uint64_t file_offset) override {
+  Status Read(uint32_t file, std::byte* base, uint64_t offset, uint64_t bytes,
+              uint64_t file_offset) override {
     const int n = ++*reads_;
     if (fail_at_ > 0 && n >= fail_at_) return IOError("cuFileRead: Input/output error (injected)");
     std::vector<std::byte> host(bytes);
@@ -420,7 +430,8 @@ TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
       int stale = 0;
       PipelineTrace trace;
       trace.open_direct_reader = [&]() -> Result<std::unique_ptr<DirectReader>> {
-        return std::unique_ptr<DirectReader>(std::make_unique<FakeDirectReader>(device, fail_at, &reads, &stale));
+        return std::unique_ptr<DirectReader>(
+            std::make_unique<FakeDirectReader>(device, fail_at, &reads, &stale));
       };
       LoadOptions opts;
       opts.dtype = dt;
@@ -456,7 +467,8 @@ TEST(DevicePipelineTest, DirectToDeviceReadsAndFallsBackAtOnce) {
   auto got = LoadThroughDevice(*ckpt, LoadOptions{}, device, &trace);
   ASSERT_OK(got);
   EXPECT_FALSE(got->files()[0].gds);
-  EXPECT_THAT(got->files()[0].reason, HasSubstr("GDS unavailable: built without GPUDirect Storage (test)"));
+  EXPECT_THAT(got->files()[0].reason,
+              HasSubstr("GDS unavailable: built without GPUDirect Storage (test)"));
   LoadOptions off;
   off.gds = false;
   got = LoadThroughDevice(*ckpt, off, device, &trace);
@@ -505,7 +517,8 @@ TEST(DevicePipelineTest, CudaWithoutAGpuIsAClearError) {
   opts.device = "cuda:0";
   auto got = Load(path, opts);
   ASSERT_FALSE(got.ok());
-  EXPECT_TRUE(got.status().code() == StatusCode::kUnavailable || got.status().code() == StatusCode::kUnimplemented)
+  EXPECT_TRUE(got.status().code() == StatusCode::kUnavailable ||
+              got.status().code() == StatusCode::kUnimplemented)
       << got.status().ToString();
   EXPECT_FALSE(got.status().message().empty());
 }

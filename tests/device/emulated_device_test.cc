@@ -17,9 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include "../common/assert_ok.h"
 #include "device/device.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {

@@ -79,11 +79,15 @@ int main(int argc, char** argv) {
   int reps = 9;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--device" && i + 1 < argc) device_name = argv[++i];
-    else if (a == "--mib" && i + 1 < argc) mib = std::strtoull(argv[++i], nullptr, 10);
-    else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
+    if (a == "--device" && i + 1 < argc)
+      device_name = argv[++i];
+    else if (a == "--mib" && i + 1 < argc)
+      mib = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--reps" && i + 1 < argc)
+      reps = std::max(1, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: tl_gpu_kernels_bench [--device cuda:0|emulated] [--mib N] [--reps R]\n");
+      std::fprintf(stderr,
+                   "usage: tl_gpu_kernels_bench [--device cuda:0|emulated] [--mib N] [--reps R]\n");
       return 2;
     }
   }
@@ -125,8 +129,10 @@ int main(int argc, char** argv) {
   std::bernoulli_distribution keep(0.5);
   auto* d16 = reinterpret_cast<uint16_t*>(dense.data());
   for (uint64_t i = 0; i < shape.rows * shape.cols; ++i) {
-    if (!keep(rng) || d16[i] == 0) d16[i] = 0;
-    else if (d16[i] == 0x8000) d16[i] = 0x3f80;  // -0.0 counts as non-zero; keep it simple
+    if (!keep(rng) || d16[i] == 0)
+      d16[i] = 0;
+    else if (d16[i] == 0x8000)
+      d16[i] = 0x3f80;  // -0.0 counts as non-zero; keep it simple
   }
   const uint64_t nnz = sparse::CountNonZero(dense.data(), shape);
   std::vector<std::byte> values(nnz * 2 + 8);
@@ -153,8 +159,9 @@ int main(int argc, char** argv) {
 
   // Correctness of the decode on this device, once: decoded bytes == dense.
   {
-    Check(stream->DecodeBitmask(dst->data(), sp_vals->data(), nnz, reinterpret_cast<const uint8_t*>(sp_mask->data()),
-                                reinterpret_cast<const int64_t*>(sp_offs->data()), shape.rows, shape.cols, 2),
+    Check(stream->DecodeBitmask(
+              dst->data(), sp_vals->data(), nnz, reinterpret_cast<const uint8_t*>(sp_mask->data()),
+              reinterpret_cast<const int64_t*>(sp_offs->data()), shape.rows, shape.cols, 2),
           "decode");
     std::vector<std::byte> back(shape.dense_bytes());
     for (uint64_t done = 0; done < back.size();) {
@@ -171,22 +178,29 @@ int main(int argc, char** argv) {
   }
 
   std::vector<Op> ops;
-  ops.push_back({"h2d_pinned", 2 * bytes, bytes, [&] { return stream->CopyToDevice(dst->data(), pinned->data(), bytes); }});
-  ops.push_back({"d2d", 2 * bytes, bytes, [&] { return stream->CopyOnDevice(dst->data(), src->data(), bytes); }});
+  ops.push_back({"h2d_pinned", 2 * bytes, bytes,
+                 [&] { return stream->CopyToDevice(dst->data(), pinned->data(), bytes); }});
+  ops.push_back({"d2d", 2 * bytes, bytes,
+                 [&] { return stream->CopyOnDevice(dst->data(), src->data(), bytes); }});
   ops.push_back({"realign", 2 * (bytes - 256), bytes - 256,
                  [&] { return stream->CopyOnDevice(dst->data(), src->data() + 2, bytes - 256); }});
-  ops.push_back({"convert_bf16_f16", 2 * bytes, bytes,
-                 [&] { return stream->Convert(dst->data(), Dtype::kF16, src->data(), Dtype::kBF16, bytes / 2); }});
-  ops.push_back({"convert_bf16_f32", 3 * bytes, 2 * bytes,
-                 [&] { return stream->Convert(dst->data(), Dtype::kF32, src->data(), Dtype::kBF16, bytes / 2); }});
+  ops.push_back({"convert_bf16_f16", 2 * bytes, bytes, [&] {
+                   return stream->Convert(dst->data(), Dtype::kF16, src->data(), Dtype::kBF16,
+                                          bytes / 2);
+                 }});
+  ops.push_back({"convert_bf16_f32", 3 * bytes, 2 * bytes, [&] {
+                   return stream->Convert(dst->data(), Dtype::kF32, src->data(), Dtype::kBF16,
+                                          bytes / 2);
+                 }});
   ops.push_back({"sparse_decode_50", enc_bytes + shape.dense_bytes(), shape.dense_bytes(), [&] {
                    return stream->DecodeBitmask(dst->data(), sp_vals->data(), nnz,
                                                 reinterpret_cast<const uint8_t*>(sp_mask->data()),
-                                                reinterpret_cast<const int64_t*>(sp_offs->data()), shape.rows,
-                                                shape.cols, 2);
+                                                reinterpret_cast<const int64_t*>(sp_offs->data()),
+                                                shape.rows, shape.cols, 2);
                  }});
-  ops.push_back({"d2d_dense_of_sparse", 2 * shape.dense_bytes(), shape.dense_bytes(),
-                 [&] { return stream->CopyOnDevice(dst->data(), src->data(), shape.dense_bytes()); }});
+  ops.push_back({"d2d_dense_of_sparse", 2 * shape.dense_bytes(), shape.dense_bytes(), [&] {
+                   return stream->CopyOnDevice(dst->data(), src->data(), shape.dense_bytes());
+                 }});
 
   auto sample = [&](Op& op) {
     const auto t0 = Clock::now();
@@ -209,29 +223,35 @@ int main(int argc, char** argv) {
       if (op.name == name) return op;
     return ops.front();
   };
-  std::printf("{\"device\": \"%s\", \"mib\": %llu, \"reps\": %d, \"sparse_density\": %.4f, \"ops\": {",
-              dev->name().c_str(), static_cast<unsigned long long>(mib), reps,
-              static_cast<double>(nnz) / static_cast<double>(shape.rows * shape.cols));
+  std::printf(
+      "{\"device\": \"%s\", \"mib\": %llu, \"reps\": %d, \"sparse_density\": %.4f, \"ops\": {",
+      dev->name().c_str(), static_cast<unsigned long long>(mib), reps,
+      static_cast<double>(nnz) / static_cast<double>(shape.rows * shape.cols));
   std::fprintf(stderr, "%-22s %12s %12s %10s\n", "op", "GB/s moved", "GB/s out", "vs d2d");
   for (size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
     const double moved = Median(op.gbps);
-    const double out = moved * static_cast<double>(op.out_bytes) / static_cast<double>(op.moved_bytes);
+    const double out =
+        moved * static_cast<double>(op.out_bytes) / static_cast<double>(op.moved_bytes);
     // The decode against a copy of its dense bytes (time against time); the
     // others against d2d in bytes moved.
     double ratio;
     if (op.name == "sparse_decode_50") {
       const Op& ref = find("d2d_dense_of_sparse");
-      const double ref_out = Median(ref.gbps) * static_cast<double>(ref.out_bytes) / static_cast<double>(ref.moved_bytes);
+      const double ref_out = Median(ref.gbps) * static_cast<double>(ref.out_bytes) /
+                             static_cast<double>(ref.moved_bytes);
       ratio = ref_out > 0 ? out / ref_out : 0.0;
     } else {
       const double ref = Median(find("d2d").gbps);
       ratio = ref > 0 ? moved / ref : 0.0;
     }
-    std::printf("%s\"%s\": {\"gbps_moved\": %.3f, \"gbps_out\": %.3f, \"vs_d2d\": %.3f, \"moved_bytes\": %llu, "
-                "\"out_bytes\": %llu}",
-                i ? ", " : "", op.name.c_str(), moved, out, ratio, static_cast<unsigned long long>(op.moved_bytes),
-                static_cast<unsigned long long>(op.out_bytes));
+    std::printf(
+        "%s\"%s\": {\"gbps_moved\": %.3f, \"gbps_out\": %.3f, \"vs_d2d\": %.3f, \"moved_bytes\": "
+        "%llu, "
+        "\"out_bytes\": %llu}",
+        i ? ", " : "", op.name.c_str(), moved, out, ratio,
+        static_cast<unsigned long long>(op.moved_bytes),
+        static_cast<unsigned long long>(op.out_bytes));
     std::fprintf(stderr, "%-22s %12.2f %12.2f %9.2fx\n", op.name.c_str(), moved, out, ratio);
   }
   std::printf("}}\n");

@@ -4,16 +4,16 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <limits>
 #include <cstdint>
 #include <filesystem>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/safetensors.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -63,8 +63,7 @@ void CheckAssignment(const Files& files, int world, const Assignment& a) {
   EXPECT_EQ(a.max_tensor_bytes, max_tensor);
   const uint64_t ideal = (total + world - 1) / world;
   EXPECT_EQ(a.ideal_bytes, ideal);
-  EXPECT_LE(a.max_rank_bytes(), ideal + max_tensor)
-      << "world " << world << " split " << a.split;
+  EXPECT_LE(a.max_rank_bytes(), ideal + max_tensor) << "world " << world << " split " << a.split;
   for (size_t f = 0; f < files.size(); ++f) {
     for (size_t i = 0; i < files[f].size(); ++i) {
       EXPECT_EQ(seen[f][i], 1) << "file " << f << " tensor " << i;
@@ -231,12 +230,14 @@ TEST(AssignTest, FromCheckpoint) {
     std::vector<uint64_t> sizes;
     for (int t = 0; t < 4 + f; ++t) {
       const uint64_t n = 64 * (t + 1) * (f + 1);
-      views.push_back({"f" + std::to_string(f) + ".t" + std::to_string(t), Dtype::kU8, {n},
+      views.push_back({"f" + std::to_string(f) + ".t" + std::to_string(t),
+                       Dtype::kU8,
+                       {n},
                        std::span<const std::byte>(data.data(), n)});
     }
-    ASSERT_TRUE(WriteFile((dir / ("s" + std::to_string(f) + ".safetensors")).string(), views,
-                          std::nullopt)
-                    .ok());
+    ASSERT_TRUE(
+        WriteFile((dir / ("s" + std::to_string(f) + ".safetensors")).string(), views, std::nullopt)
+            .ok());
   }
   auto ckpt = Checkpoint::Open(dir.string());
   ASSERT_OK(ckpt);

@@ -10,10 +10,6 @@
 
 #include <gtest/gtest.h>
 
-#include "rank_failure_printer.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +17,9 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "../common/assert_ok.h"
+#include "rank_failure_printer.h"
 
 namespace tensorlift {
 namespace {
@@ -51,8 +50,8 @@ class CommunicatorTest : public ::testing::TestWithParam<int> {
   Communicator& comm() { return *g_comms[GetParam()]; }
   void TearDown() override {
     // A failure on any rank fails the test on every rank.
-    const Status agreed = comm().Agree(
-        HasFailure() ? InternalError("a check failed on this rank") : Status::Ok());
+    const Status agreed =
+        comm().Agree(HasFailure() ? InternalError("a check failed on this rank") : Status::Ok());
     EXPECT_OK(agreed);
   }
 };
@@ -122,9 +121,7 @@ TEST_P(CommunicatorTest, AllGather) {
   }
 }
 
-TEST_P(CommunicatorTest, AgreeAllOk) {
-  EXPECT_OK(comm().Agree(Status::Ok()));
-}
+TEST_P(CommunicatorTest, AgreeAllOk) { EXPECT_OK(comm().Agree(Status::Ok())); }
 
 TEST_P(CommunicatorTest, AgreeOneRankFails) {
   Communicator& c = comm();
@@ -135,8 +132,8 @@ TEST_P(CommunicatorTest, AgreeOneRankFails) {
                            : Status::Ok();
   const Status agreed = c.Agree(local);
   EXPECT_EQ(agreed.code(), StatusCode::kNotFound);
-  EXPECT_EQ(agreed.message(), "rank " + std::to_string(failing) +
-                                  ": /ckpt/model-00002.safetensors: no such file");
+  EXPECT_EQ(agreed.message(),
+            "rank " + std::to_string(failing) + ": /ckpt/model-00002.safetensors: no such file");
   // The ranks go on working together afterwards.
   EXPECT_OK(c.Barrier());
 }

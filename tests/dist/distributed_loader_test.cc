@@ -7,11 +7,7 @@
 // its own results against a plain Load of the whole checkpoint, sliced
 // locally. Tests use EXPECT (not ASSERT) around collectives so that all ranks
 // make the same calls, and each ends with an Agree on its result.
-#include "tensorlift/distributed.h"
-
 #include <gtest/gtest.h>
-
-#include "rank_failure_printer.h"
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -25,12 +21,13 @@
 #include <string>
 #include <vector>
 
-#include "tensorlift/checkpoint.h"
-#include "tensorlift/loader.h"
-#include "tensorlift/safetensors.h"
 #include "../common/assert_ok.h"
 #include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
+#include "rank_failure_printer.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/distributed.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/safetensors.h"
 
 namespace tensorlift {
 namespace {
@@ -49,16 +46,11 @@ struct Spec {
 // Shapes not divisible by 4 (nor by 2, mostly), a zero-size tensor, a scalar.
 const std::vector<Spec>& Specs() {
   static const std::vector<Spec> specs = {
-      {"a", "a.bf16", Dtype::kBF16, {5, 7}},
-      {"a", "a.f32", Dtype::kF32, {6, 3, 5}},
-      {"a", "a.u8", Dtype::kU8, {9}},
-      {"b", "b.i64", Dtype::kI64, {7, 3}},
-      {"b", "b.empty", Dtype::kF32, {0, 4}},
-      {"b", "b.u8", Dtype::kU8, {3, 5, 2}},
-      {"c", "c.f32", Dtype::kF32, {301, 67}},
-      {"c", "c.bf16", Dtype::kBF16, {3, 9, 2}},
-      {"c", "c.scalar", Dtype::kF32, {}},
-      {"c", "c.i64", Dtype::kI64, {1, 5}},
+      {"a", "a.bf16", Dtype::kBF16, {5, 7}},  {"a", "a.f32", Dtype::kF32, {6, 3, 5}},
+      {"a", "a.u8", Dtype::kU8, {9}},         {"b", "b.i64", Dtype::kI64, {7, 3}},
+      {"b", "b.empty", Dtype::kF32, {0, 4}},  {"b", "b.u8", Dtype::kU8, {3, 5, 2}},
+      {"c", "c.f32", Dtype::kF32, {301, 67}}, {"c", "c.bf16", Dtype::kBF16, {3, 9, 2}},
+      {"c", "c.scalar", Dtype::kF32, {}},     {"c", "c.i64", Dtype::kI64, {1, 5}},
   };
   return specs;
 }
@@ -75,7 +67,8 @@ Status WriteCheckpoint(const std::string& dir) {
       for (uint64_t d : s.shape) n *= d;
       std::vector<std::byte> bytes(n);
       const uint64_t seed = std::hash<std::string>()(s.name);
-      for (uint64_t i = 0; i < n; ++i) bytes[i] = static_cast<std::byte>((i * 131 + seed + (i >> 8)) & 0xff);
+      for (uint64_t i = 0; i < n; ++i)
+        bytes[i] = static_cast<std::byte>((i * 131 + seed + (i >> 8)) & 0xff);
       data.push_back(std::move(bytes));
       views.push_back({s.name, s.dtype, s.shape, {}});
     }
@@ -93,7 +86,8 @@ std::vector<std::byte> ReferenceSlice(const LoadedTensor& t, int dim, int r, int
   const uint64_t eb = ElementBytes(t.dtype);
   const uint64_t size = t.shape[dim];
   const uint64_t block = (size + world - 1) / world;
-  const uint64_t lo = std::min<uint64_t>(r * block, size), hi = std::min<uint64_t>((r + 1) * block, size);
+  const uint64_t lo = std::min<uint64_t>(r * block, size),
+                 hi = std::min<uint64_t>((r + 1) * block, size);
   uint64_t inner = 1;
   for (size_t d = dim + 1; d < t.shape.size(); ++d) inner *= t.shape[d];
   std::vector<std::byte> out;
@@ -258,14 +252,15 @@ TEST_F(DistributedLoaderTest, DeclaredDim0TensorsAreReadPerRank) {
     DistributedOptions dopts;
     dopts.keep_buffers = true;
     dopts.dim0 = mode;
-    dopts.dim0_read_threshold = 100;  // kAuto: per-rank reads over 100 bytes.
+    dopts.dim0_read_threshold = 100;      // kAuto: per-rank reads over 100 bytes.
     dopts.dim0_sharded = TensorFilter();  // All of them.
     auto d = LoadDistributed(*ckpt_, {}, *g_comm, dopts);
     ASSERT_OK(d);
     std::vector<std::string> expect_per_rank;
     uint64_t loaded_total = 0;
     for (const LoadedTensor& ref : full_.tensors()) {
-      const bool per_rank = mode == Dim0Mode::kRead || (mode == Dim0Mode::kAuto && ref.nbytes > 100);
+      const bool per_rank =
+          mode == Dim0Mode::kRead || (mode == Dim0Mode::kAuto && ref.nbytes > 100);
       if (per_rank) {
         expect_per_rank.push_back(ref.name);
       } else {
@@ -286,9 +281,10 @@ TEST_F(DistributedLoaderTest, DeclaredDim0TensorsAreReadPerRank) {
         EXPECT_OK(t) << ref.name << " dim " << dim;
         if (!t.ok()) continue;
         EXPECT_EQ(t->shape, ExpectedShape(ref, dim, rank(), world())) << ref.name << " dim " << dim;
-        EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, dim, rank(), world())) << ref.name << " dim " << dim;
-        const bool per_rank =
-            std::find(expect_per_rank.begin(), expect_per_rank.end(), ref.name) != expect_per_rank.end();
+        EXPECT_EQ(Bytes(*t), ReferenceSlice(ref, dim, rank(), world()))
+            << ref.name << " dim " << dim;
+        const bool per_rank = std::find(expect_per_rank.begin(), expect_per_rank.end(), ref.name) !=
+                              expect_per_rank.end();
         // dim 0 reads this rank's rows; a (non-empty) strided slice reads the
         // whole tensor (a leading dim of 1 makes dim 1 contiguous).
         const bool strided = dim == 1 && ref.shape[0] > 1 && t->nbytes > 0;

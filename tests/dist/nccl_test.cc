@@ -7,10 +7,9 @@
 #include <numeric>
 #include <vector>
 
+#include "../common/assert_ok.h"
 #include "device/device.h"
 #include "tensorlift/communicator.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -30,7 +29,8 @@ TEST(NcclTest, OneRankOnAGpuOrAClearReason) {
     if (device.ok()) {
       GTEST_SKIP() << "a GPU is here but NCCL is not usable: " << comm.status().ToString();
     }
-    GTEST_SKIP() << "no GPU here (" << device.status().ToString() << "); NCCL said: " << comm.status().ToString();
+    GTEST_SKIP() << "no GPU here (" << device.status().ToString()
+                 << "); NCCL said: " << comm.status().ToString();
   }
   ASSERT_OK(device);
   EXPECT_EQ((*comm)->size(), 1);
@@ -43,7 +43,8 @@ TEST(NcclTest, OneRankOnAGpuOrAClearReason) {
   ASSERT_OK(b);
   auto stream = (*device)->CreateStream();
   ASSERT_OK(stream);
-  ASSERT_OK((*stream)->CopyToDevice((*a)->data(), reinterpret_cast<std::byte*>(host.data()), kBytes));
+  ASSERT_OK(
+      (*stream)->CopyToDevice((*a)->data(), reinterpret_cast<std::byte*>(host.data()), kBytes));
   ASSERT_OK((*stream)->Synchronize());
   ASSERT_OK((*comm)->Broadcast((*a)->data(), kBytes, 0));
   ASSERT_OK((*comm)->AllGather((*a)->data(), (*b)->data(), kBytes));

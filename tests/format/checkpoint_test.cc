@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensorlift/safetensors.h"
-#include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -210,8 +210,8 @@ TEST(CheckpointFilesTest, ErrorsNameTheFiles) {
   auto dup = Checkpoint::OpenFiles({dir / "a.safetensors", dir / "b.safetensors"});
   ASSERT_FALSE(dup.ok());
   EXPECT_EQ(dup.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(dup.status().message(),
-              AllOf(HasSubstr("'w'"), HasSubstr(dir / "a.safetensors"), HasSubstr(dir / "b.safetensors")));
+  EXPECT_THAT(dup.status().message(), AllOf(HasSubstr("'w'"), HasSubstr(dir / "a.safetensors"),
+                                            HasSubstr(dir / "b.safetensors")));
   auto twice = Checkpoint::OpenFiles({dir / "a.safetensors", dir.path() + "/./a.safetensors"});
   ASSERT_FALSE(twice.ok());
   EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument);

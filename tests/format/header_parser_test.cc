@@ -14,14 +14,13 @@
 #include <string_view>
 #include <vector>
 
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 #include "corrupt/corpus.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/safetensors.h"
-#include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace testing {

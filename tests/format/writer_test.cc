@@ -15,14 +15,13 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/safetensors.h"
 #include "tensorlift/text.h"
-#include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {

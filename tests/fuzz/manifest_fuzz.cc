@@ -43,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (i > 0 && !(m->tensors[i - 1].name < t.name)) Fail("order", t.name);
     if (t.nbytes > 0) {
       if (t.region >= m->regions.size()) Fail("region", t.name);
-      if (t.offset > m->regions[t.region].bytes || t.nbytes > m->regions[t.region].bytes - t.offset) {
+      if (t.offset > m->regions[t.region].bytes ||
+          t.nbytes > m->regions[t.region].bytes - t.offset) {
         Fail("bounds", t.name);
       }
     }

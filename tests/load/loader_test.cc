@@ -1,6 +1,8 @@
 // Every mode and engine gives the bytes of a plain read, aligned, on odd
 // header sizes, misaligned tensors, zero-size tensors, filters and shards;
 // faults give clear errors and leak nothing (this suite also runs under ASan).
+#include "tensorlift/loader.h"
+
 #include <dlpack/dlpack.h>
 #include <fcntl.h>
 #include <gmock/gmock.h>
@@ -16,26 +18,25 @@
 #include <mutex>
 #include <thread>
 
+#include "../common/assert_ok.h"
+#include "io/page_cache.h"
 #include "load/arena_pool.h"
 #include "load/checkpoint_builder.h"
 #include "load/loader_internal.h"
-#include "io/page_cache.h"
 #include "load/planner.h"
 #include "tensorlift/checkpoint.h"
-#include "tensorlift/loader.h"
 #include "tensorlift/streamer.h"
 #include "test_files.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
 
+using test::ScratchDir;
 using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::MixedTensors;
+using ::testing::Not;
 using testing::Random;
 using testing::RawTensor;
-using test::ScratchDir;
 using testing::WriteRaw;
 
 struct Combo {
@@ -70,7 +71,8 @@ void ExpectSameAsFile(const std::map<std::string, RawTensor>& want, const Loaded
     EXPECT_EQ(t.dtype, w.dtype) << ctx << " " << t.name;
     ASSERT_EQ(t.nbytes, w.bytes.size()) << ctx << " " << t.name;
     ASSERT_NE(t.data, nullptr);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % ElementAlignment(t.dtype), 0u) << ctx << " " << t.name;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % ElementAlignment(t.dtype), 0u)
+        << ctx << " " << t.name;
     if (!w.bytes.empty()) {
       EXPECT_EQ(std::memcmp(t.data, w.bytes.data(), w.bytes.size()), 0) << ctx << " " << t.name;
     }
@@ -149,8 +151,10 @@ TEST(LoaderTest, FiltersLoadOnlyWhatMatches) {
 
 TEST(LoaderTest, ShardsThroughAnIndex) {
   ScratchDir dir;
-  auto s1 = std::vector<RawTensor>{Random("x.a", Dtype::kF32, {100}, 1), Random("x.b", Dtype::kU8, {5}, 2)};
-  auto s2 = std::vector<RawTensor>{Random("y.a", Dtype::kBF16, {64, 3}, 3), Random("y.z", Dtype::kI64, {2}, 4)};
+  auto s1 = std::vector<RawTensor>{Random("x.a", Dtype::kF32, {100}, 1),
+                                   Random("x.b", Dtype::kU8, {5}, 2)};
+  auto s2 = std::vector<RawTensor>{Random("y.a", Dtype::kBF16, {64, 3}, 3),
+                                   Random("y.z", Dtype::kI64, {2}, 4)};
   WriteRaw(dir.File("s-1.safetensors"), s1, 1);
   WriteRaw(dir.File("s-2.safetensors"), s2, 6);
   std::ofstream(dir.File("model.safetensors.index.json"))
@@ -238,7 +242,8 @@ TEST(LoaderTest, DLPackExportsOutliveTheCheckpoint) {
   EXPECT_EQ(v->dl_tensor.strides[0], 1024);
   EXPECT_EQ(std::memcmp(v->dl_tensor.data, tensors[6].bytes.data(), tensors[6].bytes.size()), 0);
   EXPECT_EQ(legacy->dl_tensor.dtype.code, kDLBfloat);
-  EXPECT_EQ(std::memcmp(legacy->dl_tensor.data, tensors[2].bytes.data(), tensors[2].bytes.size()), 0);
+  EXPECT_EQ(std::memcmp(legacy->dl_tensor.data, tensors[2].bytes.data(), tensors[2].bytes.size()),
+            0);
   v->deleter(v);
   legacy->deleter(legacy);
 }
@@ -329,8 +334,8 @@ TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
   for (uint64_t off = 0; off < kSize / 2; off += kMiB) {  // the first half into the page cache
     ASSERT_EQ(::pread(fd, buf.data(), kMiB, static_cast<off_t>(off)), static_cast<ssize_t>(kMiB));
   }
-  auto all = ResidentFraction(fd, 0, kSize);           // 96 MiB: sampled
-  auto first = ResidentFraction(fd, 0, kSize / 2);     // 48 MiB: exact
+  auto all = ResidentFraction(fd, 0, kSize);        // 96 MiB: sampled
+  auto first = ResidentFraction(fd, 0, kSize / 2);  // 48 MiB: exact
   auto second = ResidentFraction(fd, kSize / 2, kSize / 2);
   auto edge = ResidentFraction(fd, kSize / 2 - 4096, 8192);  // one cached page, one not
   ::close(fd);
@@ -415,7 +420,8 @@ class LoaderFaultTest : public ::testing::TestWithParam<IoMode> {
 };
 
 TEST_P(LoaderFaultTest, ReadErrorFailsTheLoad) {
-  auto got = LoadWithFault([](size_t i) { return i == 0 ? IOError("read: Input/output error") : Status::Ok(); });
+  auto got = LoadWithFault(
+      [](size_t i) { return i == 0 ? IOError("read: Input/output error") : Status::Ok(); });
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), StatusCode::kIOError);
   EXPECT_THAT(got.status().message(), HasSubstr(path_));
@@ -482,7 +488,8 @@ TEST(LoaderTest, FaultThreadsNeverChangeTheBytes) {
   const std::string path = dir.File("big.safetensors");
   std::vector<RawTensor> tensors;
   for (uint32_t i = 0; i < 3; ++i) {
-    tensors.push_back(Random("t" + std::to_string(i), Dtype::kBF16, {5, 1u << 22}, 40 + i));  // 40 MiB.
+    tensors.push_back(
+        Random("t" + std::to_string(i), Dtype::kBF16, {5, 1u << 22}, 40 + i));  // 40 MiB.
   }
   tensors.push_back(Random("odd", Dtype::kU8, {4097}, 7));
   WriteRaw(path, tensors, 3);
@@ -540,7 +547,8 @@ TEST(CheckpointBuilderTest, FinishSortsByNameAndKeepsOwnersReportsAndTotals) {
   report.path = "f";
   builder.files().push_back(report);
   builder.device_plan().device_bytes = 7;
-  builder.RemoveIf([](const LoadedTensor& t, const std::shared_ptr<Buffer>&) { return t.name == "m"; });
+  builder.RemoveIf(
+      [](const LoadedTensor& t, const std::shared_ptr<Buffer>&) { return t.name == "m"; });
   LoadedCheckpoint out = std::move(builder).Finish(1.5);
   ASSERT_EQ(out.tensors().size(), 2u);
   EXPECT_EQ(out.tensors()[0].name, "a");
@@ -582,7 +590,8 @@ size_t PresentPages(const std::byte* p, size_t n) {
   const ssize_t got = ::pread(fd, entries.data(), entries.size() * sizeof(uint64_t), at);
   ::close(fd);
   size_t present = 0;
-  for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uint64_t)); ++i) present += entries[i] >> 63;
+  for (ssize_t i = 0; i < got / static_cast<ssize_t>(sizeof(uint64_t)); ++i)
+    present += entries[i] >> 63;
   return present;
 }
 
@@ -717,7 +726,7 @@ TEST(ArenaPoolTest, ExportsOutliveThePoolAndAFullPoolFreesTheRest) {
     one = InternalError("dropped");
     two = InternalError("dropped");
     EXPECT_EQ(pool->stats().free, 1u);  // One kept (max_free), the other freed.
-  }  // The pool is gone; the export still holds its buffer.
+  }                                     // The pool is gone; the export still holds its buffer.
   EXPECT_EQ(std::memcmp(v->dl_tensor.data, ta[6].bytes.data(), ta[6].bytes.size()), 0);
   v->deleter(v);  // Freed to the system (ASan checks).
 }
@@ -803,7 +812,9 @@ TEST(OnTensorTest, EveryModeAndEngineHandsOutEveryTensorOnceWithItsBytes) {
     }  // The exports outlive the LoadedCheckpoint.
     ASSERT_EQ(h.bytes.size(), want.size());
     for (const auto& [name, t] : want) {
-      EXPECT_EQ(h.bytes[name], std::string(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size())) << name;
+      EXPECT_EQ(h.bytes[name],
+                std::string(reinterpret_cast<const char*>(t.bytes.data()), t.bytes.size()))
+          << name;
     }
     ASSERT_EQ(h.exports.size(), want.size());
     for (const auto& [name, e] : h.exports) {
@@ -819,7 +830,8 @@ TEST(OnTensorTest, TensorsComeOutWhileLaterReadsAreStillToCome) {
   ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   std::vector<RawTensor> tensors;
-  for (uint32_t i = 0; i < 6; ++i) tensors.push_back(Random("t" + std::to_string(i), Dtype::kF32, {1u << 18}, 50 + i));
+  for (uint32_t i = 0; i < 6; ++i)
+    tensors.push_back(Random("t" + std::to_string(i), Dtype::kF32, {1u << 18}, 50 + i));
   WriteRaw(path, tensors);
   auto ckpt = Checkpoint::Open(path);
   ASSERT_OK(ckpt);

@@ -5,9 +5,9 @@
 #include <cstring>
 #include <numeric>
 
+#include "../common/assert_ok.h"
 #include "io/read_op.h"
 #include "tensorlift/safetensors.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -21,9 +21,9 @@ Header MakeHeader(const std::vector<std::pair<Dtype, uint64_t>>& specs, size_t l
   for (size_t i = 0; i < specs.size(); ++i) {
     const auto [d, bytes] = specs[i];
     const uint64_t elems = bytes * 8 / DtypeBits(d);
-    json += (i ? ",\"t" : "\"t") + std::to_string(i) + "\":{\"dtype\":\"" + std::string(DtypeName(d)) +
-            "\",\"shape\":[" + std::to_string(elems) + "],\"data_offsets\":[" + std::to_string(off) + "," +
-            std::to_string(off + bytes) + "]}";
+    json += (i ? ",\"t" : "\"t") + std::to_string(i) + "\":{\"dtype\":\"" +
+            std::string(DtypeName(d)) + "\",\"shape\":[" + std::to_string(elems) +
+            "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + bytes) + "]}";
     off += bytes;
   }
   json += "}";
@@ -116,7 +116,8 @@ TEST(PlannerTest, DirectSplitsHeadMiddleTail) {
 }
 
 TEST(PlannerTest, FilteredTensorsLeaveGapsOut) {
-  Header h = MakeHeader({{Dtype::kF32, 1 << 20}, {Dtype::kF32, 8 << 20}, {Dtype::kF32, 1 << 20}}, 0);
+  Header h =
+      MakeHeader({{Dtype::kF32, 1 << 20}, {Dtype::kF32, 8 << 20}, {Dtype::kF32, 1 << 20}}, 0);
   FilePlan p = PlanFile(h, std::vector<uint32_t>{0, 2}, IoMode::kBuffered, 1 << 20);
   CheckCoverage(h, p);
   EXPECT_EQ(p.tensor_bytes, 2u << 20);

@@ -10,15 +10,14 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 #include "load/loader_internal.h"
 #include "tensorlift/bitmask.h"
-#include "tensorlift/sparsify.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
-#include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
+#include "tensorlift/sparsify.h"
 
 namespace tensorlift {
 namespace {
@@ -64,7 +63,8 @@ Parts Encode(const Dense& d) {
   p.values.resize(p.nnz * s.elem_bytes);
   p.mask.resize(s.mask_bytes());
   p.offsets.resize(s.rows);
-  EXPECT_EQ(sparse::Encode(d.bytes.data(), s, p.values.data(), p.mask.data(), p.offsets.data()), p.nnz);
+  EXPECT_EQ(sparse::Encode(d.bytes.data(), s, p.values.data(), p.mask.data(), p.offsets.data()),
+            p.nnz);
   const int64_t dims[2] = {static_cast<int64_t>(d.shape[0]), static_cast<int64_t>(d.shape[1])};
   p.shape.resize(16);
   std::memcpy(p.shape.data(), dims, 16);
@@ -107,13 +107,17 @@ class SparseLoadTest : public ::testing::Test {
       std::string prefix = old ? d.name : d.name.substr(0, d.name.size() - 7);
       auto& views = old ? b : a;
       views.push_back({prefix + ".shape", Dtype::kI64, {2}, parts[i].shape});
-      views.push_back({prefix + ".bitmask", Dtype::kU8, {d.shape[0], (d.shape[1] + 7) / 8},
+      views.push_back({prefix + ".bitmask",
+                       Dtype::kU8,
+                       {d.shape[0], (d.shape[1] + 7) / 8},
                        AsBytes(parts[i].mask)});
-      views.push_back({prefix + ".row_offsets", Dtype::kI64, {d.shape[0]}, AsBytes(parts[i].offsets)});
+      views.push_back(
+          {prefix + ".row_offsets", Dtype::kI64, {d.shape[0]}, AsBytes(parts[i].offsets)});
       auto& values_views = split_group && i == 0 ? b : views;
       values_views.push_back({prefix + ".compressed", d.dtype, {parts[i].nnz}, parts[i].values});
     }
-    a.push_back({dense_.back().name, dense_.back().dtype, dense_.back().shape, dense_.back().bytes});
+    a.push_back(
+        {dense_.back().name, dense_.back().dtype, dense_.back().shape, dense_.back().bytes});
     ASSERT_OK(WriteFile(dir_ + "/a.safetensors", a, std::nullopt));
     ASSERT_OK(WriteFile(dir_ + "/b.safetensors", b, std::nullopt));
   }

@@ -14,13 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 #include "tensorlift/bitmask.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
-#include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
@@ -61,15 +60,20 @@ Parts Encode(const std::vector<std::byte>& dense) {
   p.values.resize(p.nnz * 2);
   p.mask.resize(s.mask_bytes());
   p.offsets.resize(kRows);
-  EXPECT_EQ(sparse::Encode(dense.data(), s, p.values.data(), p.mask.data(), p.offsets.data()), p.nnz);
+  EXPECT_EQ(sparse::Encode(dense.data(), s, p.values.data(), p.mask.data(), p.offsets.data()),
+            p.nnz);
   const int64_t dims[2] = {static_cast<int64_t>(kRows), static_cast<int64_t>(kCols)};
   p.shape.resize(16);
   std::memcpy(p.shape.data(), dims, 16);
   return p;
 }
 
-std::string WeightName(size_t i) { return "model.layers." + std::to_string(i) + ".mlp.down_proj.weight"; }
-std::string NormName(size_t i) { return "model.layers." + std::to_string(i) + ".input_layernorm.weight"; }
+std::string WeightName(size_t i) {
+  return "model.layers." + std::to_string(i) + ".mlp.down_proj.weight";
+}
+std::string NormName(size_t i) {
+  return "model.layers." + std::to_string(i) + ".input_layernorm.weight";
+}
 
 // Four layers of a weight (a sparse group, or plain) and a plain norm; layers
 // 0-1 in a.safetensors, 2 and layer 3's weight in b.safetensors, layer 3's
@@ -98,7 +102,8 @@ class StreamerTest : public ::testing::TestWithParam<bool> {
       }
       const std::string prefix = "model.layers." + std::to_string(i) + ".mlp.down_proj";
       views.push_back({prefix + ".shape", Dtype::kI64, {2}, parts[i].shape});
-      views.push_back({prefix + ".bitmask", Dtype::kU8, {kRows, (kCols + 7) / 8}, AsBytes(parts[i].mask)});
+      views.push_back(
+          {prefix + ".bitmask", Dtype::kU8, {kRows, (kCols + 7) / 8}, AsBytes(parts[i].mask)});
       views.push_back({prefix + ".row_offsets", Dtype::kI64, {kRows}, AsBytes(parts[i].offsets)});
       views.push_back({prefix + ".compressed", Dtype::kBF16, {parts[i].nnz}, parts[i].values});
     }
@@ -112,7 +117,9 @@ class StreamerTest : public ::testing::TestWithParam<bool> {
     options_.mode = IoMode::kDirect;  // As streaming uses it; falls back where refused.
   }
 
-  Result<LayerStreamer> Open(uint64_t budget) { return LayerStreamer::Open(ckpt_, layers_, budget, options_); }
+  Result<LayerStreamer> Open(uint64_t budget) {
+    return LayerStreamer::Open(ckpt_, layers_, budget, options_);
+  }
 
   // A budget that makes layer 0 resident and streams the others.
   uint64_t OneResidentBudget() {
@@ -233,8 +240,9 @@ TEST_P(StreamerTest, BudgetBelowTwoStreamedLayersIsAnError) {
   auto small = Open(2 * largest - 1);
   ASSERT_FALSE(small.ok());
   EXPECT_EQ(small.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(small.status().message().find("a budget of " + std::to_string(2 * largest - 1) + " bytes"),
-            std::string::npos)
+  EXPECT_NE(
+      small.status().message().find("a budget of " + std::to_string(2 * largest - 1) + " bytes"),
+      std::string::npos)
       << small.status().message();
   EXPECT_NE(small.status().message().find(std::to_string(largest) + " bytes"), std::string::npos)
       << small.status().message();
@@ -259,8 +267,10 @@ TEST_P(StreamerTest, AMissingFileFailsThatAcquireOnly) {
   for (int attempt = 0; attempt < 2; ++attempt) {  // Reported again, not cached as success.
     auto failed = s->Acquire(3);
     ASSERT_FALSE(failed.ok());
-    EXPECT_NE(failed.status().message().find("layer 3"), std::string::npos) << failed.status().message();
-    EXPECT_NE(failed.status().message().find("c.safetensors"), std::string::npos) << failed.status().message();
+    EXPECT_NE(failed.status().message().find("layer 3"), std::string::npos)
+        << failed.status().message();
+    EXPECT_NE(failed.status().message().find("c.safetensors"), std::string::npos)
+        << failed.status().message();
   }
   // The layers whose file is still there keep working.
   auto again = s->Acquire(1);

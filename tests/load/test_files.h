@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "tensorlift/dtype.h"
 #include "../common/scratch_dir.h"
+#include "tensorlift/dtype.h"
 
 namespace tensorlift::testing {
 
@@ -41,7 +41,8 @@ inline RawTensor Random(std::string name, Dtype d, std::vector<uint64_t> shape, 
 // Writes the tensors in the given order, contiguous, with `lead_spaces` of
 // JSON whitespace before the header object (to make any header size) and no
 // padding: the data section starts at 8 + N for whatever N results.
-inline void WriteRaw(const std::string& path, const std::vector<RawTensor>& tensors, size_t lead_spaces = 0) {
+inline void WriteRaw(const std::string& path, const std::vector<RawTensor>& tensors,
+                     size_t lead_spaces = 0) {
   std::string json(lead_spaces, ' ');
   json += "{";
   uint64_t off = 0;
@@ -50,7 +51,8 @@ inline void WriteRaw(const std::string& path, const std::vector<RawTensor>& tens
     if (i) json += ",";
     json += "\"" + t.name + "\":{\"dtype\":\"" + std::string(DtypeName(t.dtype)) + "\",\"shape\":[";
     for (size_t d = 0; d < t.shape.size(); ++d) json += (d ? "," : "") + std::to_string(t.shape[d]);
-    json += "],\"data_offsets\":[" + std::to_string(off) + "," + std::to_string(off + t.bytes.size()) + "]}";
+    json += "],\"data_offsets\":[" + std::to_string(off) + "," +
+            std::to_string(off + t.bytes.size()) + "]}";
     off += t.bytes.size();
   }
   json += "}";
@@ -70,7 +72,7 @@ inline void WriteRaw(const std::string& path, const std::vector<RawTensor>& tens
 inline std::vector<RawTensor> MixedTensors(uint32_t seed) {
   return {
       Random("a.f32", Dtype::kF32, {33, 17}, seed + 1),
-      Random("b.u8_odd", Dtype::kU8, {3}, seed + 2),         // Leaves the next one misaligned.
+      Random("b.u8_odd", Dtype::kU8, {3}, seed + 2),  // Leaves the next one misaligned.
       Random("c.bf16", Dtype::kBF16, {5, 7}, seed + 3),
       Random("d.empty", Dtype::kF64, {0, 4}, seed + 4),
       Random("e.f64", Dtype::kF64, {9}, seed + 5),

@@ -2,11 +2,6 @@
 // and token files.
 #include "remote/auth.h"
 
-#include "tensorlift/remote.h"
-#include "../common/assert_ok.h"
-#include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
-
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -16,6 +11,10 @@
 #include <cstdlib>
 #include <set>
 #include <string>
+
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
+#include "tensorlift/remote.h"
 
 namespace tensorlift::remote {
 namespace {
@@ -155,9 +154,7 @@ TEST(VerifyTest, RejectsMalformed) {
 
 class TokenFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = scratch_.path();
-  }
+  void SetUp() override { dir_ = scratch_.path(); }
   std::string Write(const std::string& name, const std::string& content, mode_t mode) {
     const std::string path = dir_ + "/" + name;
     int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);

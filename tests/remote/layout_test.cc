@@ -1,7 +1,6 @@
 // Layouts: rule parsing, the split of a dim, and slice pieces checked
 // against a brute-force copy of every element.
 #include "remote/layout.h"
-#include "../common/assert_ok.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,6 +8,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "../common/assert_ok.h"
 
 namespace tensorlift::remote {
 namespace {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "tensorlift/checksum.h"
 #include "../common/assert_ok.h"
+#include "tensorlift/checksum.h"
 
 namespace tensorlift::remote {
 namespace {

@@ -11,22 +11,21 @@
 #include <cstring>
 #include <thread>
 
+#include "../common/assert_ok.h"
 #include "../load/test_files.h"
 #include "remote/layout.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/remote.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {
 
-using ::testing::HasSubstr;
+using tensorlift::test::ScratchDir;
 using tensorlift::testing::Random;
 using tensorlift::testing::RawTensor;
-using tensorlift::test::ScratchDir;
 using tensorlift::testing::WriteRaw;
+using ::testing::HasSubstr;
 
 constexpr const char* kLayout = "w0=0;w1=1;w3=2";
 
@@ -107,7 +106,8 @@ class PeerTest : public ::testing::Test {
       const auto want = Expected(t, size, rank);
       ASSERT_EQ(g->nbytes, want.size()) << t.name << " rank " << rank << " of " << size;
       if (!want.empty()) {
-        EXPECT_EQ(std::memcmp(g->data, want.data(), want.size()), 0) << t.name << " rank " << rank << " of " << size;
+        EXPECT_EQ(std::memcmp(g->data, want.data(), want.size()), 0)
+            << t.name << " rank " << rank << " of " << size;
       }
     }
   }
@@ -139,7 +139,8 @@ TEST_F(PeerTest, PullsWhatADiskLoadGives) {
     EXPECT_EQ(Xxh3_64(g->data, g->nbytes), Xxh3_64(d.data, d.nbytes)) << d.name;
   }
   // The session was closed and its bytes counted.
-  for (int i = 0; i < 100 && server->active_sessions() != 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  for (int i = 0; i < 100 && server->active_sessions() != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(server->active_sessions(), 0);
   EXPECT_EQ(server->served_bytes(), got->total_bytes());
 }
@@ -225,12 +226,17 @@ TEST_F(PeerTest, MalformedManifestIsRejectedLikeAFileHeader) {
       R"({"protocol":1,"key":{"model":"test-model","revision":"r1","dtype":"as-stored","quantization":"none",)"
       R"("layout":"w0=0;w1=1;w3=2","protocol":1},"digest":"0","parallel":{"size":1,"rank":0},"tensors":1,)"
       R"("total_bytes":8,"sessions":0})";
-  fake.Get("/v1/key", [&](const httplib::Request&, httplib::Response& res) { res.set_content(key_json, "application/json"); });
+  fake.Get("/v1/key", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_content(key_json, "application/json");
+  });
   fake.Post("/v1/session", [](const httplib::Request&, httplib::Response& res) {
     res.set_header("X-Tensorlift-Session", "ab");
-    res.set_content(R"({"protocol":1,"tensors":[{"name":"w0","nbytes":18446744073709551615}]})", "application/json");
+    res.set_content(R"({"protocol":1,"tensors":[{"name":"w0","nbytes":18446744073709551615}]})",
+                    "application/json");
   });
-  fake.Delete(R"(/v1/session/(\w+))", [](const httplib::Request&, httplib::Response& res) { res.set_content("ok", "text/plain"); });
+  fake.Delete(R"(/v1/session/(\w+))", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content("ok", "text/plain");
+  });
   const int port = fake.bind_to_any_port("127.0.0.1");
   std::thread t([&] { fake.listen_after_bind(); });
   auto opts = Pull({"http://127.0.0.1:" + std::to_string(port)});
@@ -277,8 +283,8 @@ TEST_F(PeerTest, TranslatesBetweenTensorParallelSizes) {
     }
     for (int dst_size : {1, 2, 4}) {
       for (int rank = 0; rank < dst_size; ++rank) {
-        SCOPED_TRACE("source TP " + std::to_string(src_size) + ", destination rank " + std::to_string(rank) + " of " +
-                     std::to_string(dst_size));
+        SCOPED_TRACE("source TP " + std::to_string(src_size) + ", destination rank " +
+                     std::to_string(rank) + " of " + std::to_string(dst_size));
         PeerLoadReport report;
         auto got = LoadFromPeer(key_, Pull(urls, dst_size, rank), &report);
         ASSERT_OK(got);
@@ -328,7 +334,8 @@ TEST_F(PeerTest, MaxSessionsRefusesExtraClients) {
   auto server = Start(o);
   ASSERT_NE(server, nullptr);
   std::thread first([&] { (void)LoadFromPeer(key_, Pull({server->url()})); });
-  for (int i = 0; i < 200 && server->active_sessions() == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int i = 0; i < 200 && server->active_sessions() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   PeerLoadReport report;
   auto second = LoadFromPeer(key_, Pull({server->url()}), &report);
   first.join();

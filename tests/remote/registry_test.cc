@@ -1,8 +1,6 @@
 // Registry against a real etcd (started per test on free ports in a temporary
 // directory; the tests skip when no etcd binary is installed).
 #include "remote/registry.h"
-#include "../common/assert_ok.h"
-#include "../common/scratch_dir.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -20,6 +18,9 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 
 namespace tensorlift::remote {
 namespace {

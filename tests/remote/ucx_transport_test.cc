@@ -3,8 +3,6 @@
 // Parameterized over TCP (over loopback) and shared memory ("sm"); a
 // transport UCX cannot start here makes its tests skip, with the reason.
 #include "remote/ucx_transport.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -20,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
+
 namespace tensorlift::remote {
 namespace {
 
@@ -27,7 +27,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kRegionBytes = (64ull << 20) + 4099;  // 64 MiB and an odd tail.
 
-uint8_t Pattern(uint64_t i) { return static_cast<uint8_t>((i * 0x9E3779B97F4A7C15ull) >> 56) ^ static_cast<uint8_t>(i); }
+uint8_t Pattern(uint64_t i) {
+  return static_cast<uint8_t>((i * 0x9E3779B97F4A7C15ull) >> 56) ^ static_cast<uint8_t>(i);
+}
 
 // --- Pipe helpers (both processes) -------------------------------------------
 
@@ -52,7 +54,8 @@ bool WriteBlob(int fd, const std::string& s) {
 bool ReadAll(int fd, void* data, size_t n, Clock::time_point deadline) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) return false;
     pollfd pfd{fd, POLLIN, 0};
     const int pr = ::poll(&pfd, 1, static_cast<int>(left));
@@ -95,8 +98,9 @@ bool ReadBlob(int fd, std::string* s, Clock::time_point deadline) {
   if (!rkey.ok()) fail(rkey.status());
   const uint64_t addr = (*server)->RegionAddress(*region);
   const uint64_t bytes = (*server)->RegionBytes(*region);
-  if (!WriteBlob(info_fd, "ok") || !WriteBlob(info_fd, (*server)->WorkerAddress()) || !WriteBlob(info_fd, *rkey) ||
-      !WriteAll(info_fd, &addr, sizeof(addr)) || !WriteAll(info_fd, &bytes, sizeof(bytes)) ||
+  if (!WriteBlob(info_fd, "ok") || !WriteBlob(info_fd, (*server)->WorkerAddress()) ||
+      !WriteBlob(info_fd, *rkey) || !WriteAll(info_fd, &addr, sizeof(addr)) ||
+      !WriteAll(info_fd, &bytes, sizeof(bytes)) ||
       !WriteBlob(info_fd, (*server)->TransportsInUse())) {
     ::_exit(3);
   }
@@ -176,8 +180,10 @@ class Child {
       // Give it a while to exit cleanly, then kill it.
       for (int i = 0; i < 500 && pid_ > 0; ++i) {
         int st;
-        if (::waitpid(pid_, &st, WNOHANG) == pid_) pid_ = -1;
-        else ::usleep(10000);
+        if (::waitpid(pid_, &st, WNOHANG) == pid_)
+          pid_ = -1;
+        else
+          ::usleep(10000);
       }
       Kill();
     }
@@ -235,7 +241,8 @@ class UcxTransportTest : public ::testing::TestWithParam<std::string> {
 
 // Gets of odd sizes that tile [0, total).
 std::vector<UcxClient::Get> TileGets(uint32_t region, uint64_t total, uint8_t* dst) {
-  static constexpr uint64_t kSizes[] = {1, 7, 4093, 65537, 1000003, 3u << 20, 333333, 12345678, 17, 262144 + 1};
+  static constexpr uint64_t kSizes[] = {1,        7,      4093,     65537, 1000003,
+                                        3u << 20, 333333, 12345678, 17,    262144 + 1};
   std::vector<UcxClient::Get> gets;
   uint64_t offset = 0;
   for (size_t i = 0; offset < total; ++i) {
@@ -270,17 +277,19 @@ TEST_P(UcxTransportTest, ReadsWholeRegionInManyGets) {
   ASSERT_OK(st);
   for (size_t i = 0; i < done.size(); ++i) ASSERT_EQ(done[i], 1) << "get " << i;
   for (uint64_t i = 0; i < kRegionBytes; ++i) {
-    if (dst[i] != Pattern(i)) FAIL() << "byte " << i << " is " << int(dst[i]) << ", want " << int(Pattern(i));
+    if (dst[i] != Pattern(i))
+      FAIL() << "byte " << i << " is " << int(dst[i]) << ", want " << int(Pattern(i));
   }
-  std::printf("[ %s ] %zu gets, %.1f MiB in %.3f s (%.0f MiB/s); client lanes: %s; server: %s\n", GetParam().c_str(),
-              gets.size(), kRegionBytes / 1048576.0, secs, kRegionBytes / 1048576.0 / secs,
-              client->TransportsInUse().c_str(), child.server_transports.c_str());
+  std::printf("[ %s ] %zu gets, %.1f MiB in %.3f s (%.0f MiB/s); client lanes: %s; server: %s\n",
+              GetParam().c_str(), gets.size(), kRegionBytes / 1048576.0, secs,
+              kRegionBytes / 1048576.0 / secs, client->TransportsInUse().c_str(),
+              child.server_transports.c_str());
 
   // A second GetAll on the same connection: unsplit gets, many in flight.
   std::vector<uint8_t> again(kRegionBytes, 0);
-  std::vector<UcxClient::Get> big = {{region, 0, kRegionBytes / 2, again.data()},
-                                     {region, kRegionBytes / 2, kRegionBytes - kRegionBytes / 2,
-                                      again.data() + kRegionBytes / 2}};
+  std::vector<UcxClient::Get> big = {
+      {region, 0, kRegionBytes / 2, again.data()},
+      {region, kRegionBytes / 2, kRegionBytes - kRegionBytes / 2, again.data() + kRegionBytes / 2}};
   UcxClient::GetOptions fast;
   fast.max_get_bytes = 64ull << 20;
   ASSERT_OK(client->GetAll(big, fast));
@@ -299,7 +308,8 @@ TEST_P(UcxTransportTest, OutOfRangeGetIsRejectedBeforeAnythingIsIssued) {
   UcxClient::GetOptions options;
   options.on_done = [&](size_t) { ++done; };
   // The first get is fine; the second runs one byte past the end.
-  std::vector<UcxClient::Get> gets = {{region, 0, 4096, dst.data()}, {region, kRegionBytes - 100, 101, dst.data() + 4096}};
+  std::vector<UcxClient::Get> gets = {{region, 0, 4096, dst.data()},
+                                      {region, kRegionBytes - 100, 101, dst.data() + 4096}};
   Status st = client->GetAll(gets, options);
   EXPECT_EQ(st.code(), StatusCode::kOutOfRange) << st.ToString();
   // Offset + bytes overflowing 64 bits, and a region that does not exist.
@@ -327,7 +337,8 @@ TEST_P(UcxTransportTest, PeerKilledMidTransferIsUnavailableNotAHang) {
   std::vector<uint8_t> dst(kRegionBytes, 0);
   std::vector<UcxClient::Get> gets;
   for (uint64_t off = 0; off < kRegionBytes; off += 1 << 20) {
-    gets.push_back({region, off, std::min<uint64_t>(1 << 20, kRegionBytes - off), dst.data() + off});
+    gets.push_back(
+        {region, off, std::min<uint64_t>(1 << 20, kRegionBytes - off), dst.data() + off});
   }
   UcxClient::GetOptions options;
   options.max_in_flight = 4;
@@ -344,8 +355,8 @@ TEST_P(UcxTransportTest, PeerKilledMidTransferIsUnavailableNotAHang) {
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_GE(done, 3u);
   EXPECT_LT(done, gets.size());
-  std::printf("[ %s ] peer killed after %zu gets: %s after %.2f s\n", GetParam().c_str(), done, st.ToString().c_str(),
-              secs);
+  std::printf("[ %s ] peer killed after %zu gets: %s after %.2f s\n", GetParam().c_str(), done,
+              st.ToString().c_str(), secs);
   // The client is disconnected now, and says so.
   EXPECT_EQ(client->GetAll(gets, options).code(), StatusCode::kUnavailable);
   client.reset();  // Destroying a client whose peer died must not hang.
@@ -372,12 +383,14 @@ TEST_P(UcxTransportTest, FrozenPeerStallsIntoUnavailable) {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_GE(secs, 0.9);
-  std::printf("[ %s ] frozen peer: %s after %.2f s\n", GetParam().c_str(), st.ToString().c_str(), secs);
+  std::printf("[ %s ] frozen peer: %s after %.2f s\n", GetParam().c_str(), st.ToString().c_str(),
+              secs);
   // Thaw it: any late answer must not land in dst (the requests are gone).
   std::vector<uint8_t> snapshot = dst;
   ::kill(child.pid(), SIGCONT);
   ::usleep(300000);
-  EXPECT_EQ(std::memcmp(snapshot.data(), dst.data(), dst.size()), 0) << "a cancelled get wrote after GetAll returned";
+  EXPECT_EQ(std::memcmp(snapshot.data(), dst.data(), dst.size()), 0)
+      << "a cancelled get wrote after GetAll returned";
   EXPECT_EQ(client->GetAll(gets, options).code(), StatusCode::kUnavailable);
 }
 
@@ -385,14 +398,17 @@ TEST_P(UcxTransportTest, ConnectToGarbageOrDeadPeerFailsCleanly) {
   if (!UcxBuilt()) GTEST_SKIP();
   const UcxOptions options{GetParam()};
   // Not an address at all.
-  auto r = UcxClient::Connect("definitely not a UCX worker address", options, std::chrono::seconds(2));
+  auto r =
+      UcxClient::Connect("definitely not a UCX worker address", options, std::chrono::seconds(2));
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
-  EXPECT_EQ(UcxClient::Connect("", options, std::chrono::seconds(2)).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(UcxClient::Connect("", options, std::chrono::seconds(2)).status().code(),
+            StatusCode::kInvalidArgument);
 
   Child child;
   if (!child.Start(GetParam())) {
-    if (child.error_code == StatusCode::kUnimplemented) GTEST_SKIP() << "UCX transport unavailable: " << child.error;
+    if (child.error_code == StatusCode::kUnimplemented)
+      GTEST_SKIP() << "UCX transport unavailable: " << child.error;
     FAIL() << child.error;
   }
   // A real address with one byte flipped in the middle, and one cut short.
@@ -400,7 +416,8 @@ TEST_P(UcxTransportTest, ConnectToGarbageOrDeadPeerFailsCleanly) {
   flipped[flipped.size() / 2] ^= 0x5a;
   r = UcxClient::Connect(flipped, options, std::chrono::seconds(2));
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
-  r = UcxClient::Connect(child.address.substr(0, child.address.size() - 1), options, std::chrono::seconds(2));
+  r = UcxClient::Connect(child.address.substr(0, child.address.size() - 1), options,
+                         std::chrono::seconds(2));
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
   // A garbage remote key on a good connection.
   auto good = UcxClient::Connect(child.address, options, std::chrono::seconds(10));
@@ -420,8 +437,8 @@ TEST_P(UcxTransportTest, ConnectToGarbageOrDeadPeerFailsCleanly) {
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
-  std::printf("[ %s ] connect to a dead peer: %s after %.2f s\n", GetParam().c_str(), r.status().ToString().c_str(),
-              secs);
+  std::printf("[ %s ] connect to a dead peer: %s after %.2f s\n", GetParam().c_str(),
+              r.status().ToString().c_str(), secs);
 }
 
 TEST_P(UcxTransportTest, RateLimitIsRespected) {
@@ -449,7 +466,8 @@ TEST_P(UcxTransportTest, RateLimitIsRespected) {
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
-                           for (char& c : name) if (c == ',') c = '_';
+                           for (char& c : name)
+                             if (c == ',') c = '_';
                            return name;
                          });
 
@@ -458,7 +476,8 @@ TEST(UcxTransport, VersionAndUnknownTransport) {
   EXPECT_FALSE(UcxVersion().empty());
   auto server = UcxServer::Create(UcxOptions{"no_such_transport"});
   ASSERT_FALSE(server.ok());
-  EXPECT_NE(server.status().ToString().find("no_such_transport"), std::string::npos) << server.status().ToString();
+  EXPECT_NE(server.status().ToString().find("no_such_transport"), std::string::npos)
+      << server.status().ToString();
 }
 
 TEST(UcxTransport, ServerRejectsEmptyRegionAndUnknownIndex) {

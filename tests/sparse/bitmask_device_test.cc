@@ -12,12 +12,11 @@
 #include <random>
 #include <vector>
 
+#include "../common/assert_ok.h"
 #include "bitmask_test_util.h"
 #include "device/device.h"
 #include "device/emulated_device.h"
 #include "tensorlift/bitmask.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift {
 namespace {

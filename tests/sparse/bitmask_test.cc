@@ -17,9 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
 #include "bitmask_test_util.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift::sparse {
 namespace {

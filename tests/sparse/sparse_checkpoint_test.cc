@@ -1,15 +1,14 @@
 // FindSparse: both naming generations, groups across shards, and one case
 // per way an untrusted group can be wrong.
-#include "tensorlift/sparse.h"
-
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "sparse_files.h"
-#include "../common/assert_ok.h"
+#include "tensorlift/sparse.h"
 
 namespace tensorlift::sparse {
 namespace {

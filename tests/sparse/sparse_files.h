@@ -18,12 +18,12 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
 #include "gtest/gtest.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
-#include "../common/scratch_dir.h"
-#include "../common/assert_ok.h"
 
 namespace tensorlift::sparse_testing {
 
@@ -150,7 +150,7 @@ inline std::vector<std::byte> ReferenceDecode(const std::byte* values, const uin
 // Every tensor of a checkpoint, by name, as bytes: sparse groups as their
 // stored parts, or, with `decode_sparse`, as the loader decodes them.
 inline std::map<std::string, std::vector<std::byte>> LoadAll(const std::string& path,
-                                                              bool decode_sparse = false) {
+                                                             bool decode_sparse = false) {
   std::map<std::string, std::vector<std::byte>> out;
   LoadOptions opts;
   opts.decode_sparse = decode_sparse;

@@ -14,14 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "../common/assert_ok.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tensorlift/bitmask.h"
-#include "tensorlift/sparse.h"
 #include "sparse_files.h"
+#include "tensorlift/bitmask.h"
 #include "tensorlift/checkpoint.h"
-#include "../common/assert_ok.h"
-#include "../common/assert_ok.h"
+#include "tensorlift/sparse.h"
 
 namespace tensorlift::sparse {
 namespace {
@@ -66,9 +65,9 @@ std::map<std::string, std::vector<std::byte>> DecodeAll(const std::string& path)
     Status v = Validate(reinterpret_cast<const uint8_t*>(mask.data()),
                         reinterpret_cast<const int64_t*>(offsets.data()), st.shape, st.nnz);
     EXPECT_OK(v) << st.name;
-    out[st.name] = sparse_testing::ReferenceDecode(values.data(),
-                                                   reinterpret_cast<const uint8_t*>(mask.data()),
-                                                   st.shape.rows, st.shape.cols, st.shape.elem_bytes);
+    out[st.name] = sparse_testing::ReferenceDecode(
+        values.data(), reinterpret_cast<const uint8_t*>(mask.data()), st.shape.rows, st.shape.cols,
+        st.shape.elem_bytes);
   }
   return out;
 }

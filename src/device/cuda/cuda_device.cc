@@ -20,12 +20,12 @@
 #include <utility>
 
 #include "common/checked_math.h"
-#include "kernels/convert.h"
 #include "device/cuda/cuda_status.h"
 #include "device/cuda/kernels.h"
 #include "device/cuda_info.h"
 #include "device/device.h"
 #include "device/stream_checks.h"
+#include "kernels/convert.h"
 
 namespace tensorlift {
 

@@ -2,9 +2,9 @@
 // ConvertElement, the same code ConvertOnHost runs, so a GPU gives the same
 // bits as the CPU. The sparse-bitmask decode runs kernels/bitmask_kernel.h,
 // whose element code the host emulation (and its tests) run too.
-#include "kernels/convert.h"
 #include "device/cuda/kernels.h"
 #include "kernels/bitmask_kernel.h"
+#include "kernels/convert.h"
 
 namespace tensorlift::cuda {
 namespace {
@@ -107,11 +107,16 @@ cudaError_t LaunchDecodeBitmask(void* dst, const void* values, const uint8_t* bi
                                 uint32_t elem_bytes, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
   switch (elem_bytes) {
-    case 1: return LaunchDecode<1>(dst, values, bitmask, row_offsets, rows, cols, stream);
-    case 2: return LaunchDecode<2>(dst, values, bitmask, row_offsets, rows, cols, stream);
-    case 4: return LaunchDecode<4>(dst, values, bitmask, row_offsets, rows, cols, stream);
-    case 8: return LaunchDecode<8>(dst, values, bitmask, row_offsets, rows, cols, stream);
-    default: return cudaErrorInvalidValue;
+    case 1:
+      return LaunchDecode<1>(dst, values, bitmask, row_offsets, rows, cols, stream);
+    case 2:
+      return LaunchDecode<2>(dst, values, bitmask, row_offsets, rows, cols, stream);
+    case 4:
+      return LaunchDecode<4>(dst, values, bitmask, row_offsets, rows, cols, stream);
+    case 8:
+      return LaunchDecode<8>(dst, values, bitmask, row_offsets, rows, cols, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 
