@@ -7,7 +7,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 apt_pkgs=(cmake make g++ pkg-config libsimdjson-dev libcli11-dev libxxhash-dev
-          liburing-dev libgtest-dev libgmock-dev libbenchmark-dev clang
+          liburing-dev libgtest-dev libgmock-dev libbenchmark-dev clang clang-format
           libclang-rt-14-dev python3 python3-venv libopenmpi-dev openmpi-bin
           libucx-dev ucx-utils libcpp-httplib-dev libssl-dev etcd-server etcd-client
           iproute2)

@@ -7,8 +7,9 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-echo "== source rules (docs/architecture.md: who may include what)"
+echo "== source rules (docs/architecture.md: who may include what) and formatting (.clang-format)"
 python3 scripts/check_includes.py
+git ls-files -z -- '*.h' '*.cc' '*.cu' '*.cuh' '*.cpp' | xargs -0 clang-format --dry-run --Werror
 
 echo "== build"
 bash scripts/build.sh build
