@@ -55,9 +55,12 @@ def corpus():
 
 
 def pytest_generate_tests(metafunc):
-    # A test taking `case` runs once per corpus case, named after it; one
-    # taking `valid_case` once per case that both readers accept.
-    if "case" in metafunc.fixturenames:
+    # A test taking `case` runs once per corpus case, named after it (unless it
+    # parametrizes `case` itself); one taking `valid_case` once per case that
+    # both readers accept.
+    own = {name.strip() for m in metafunc.definition.iter_markers("parametrize")
+           for name in (m.args[0].split(",") if isinstance(m.args[0], str) else m.args[0])}
+    if "case" in metafunc.fixturenames and "case" not in own:
         _, cases = corpus()
         metafunc.parametrize("case", cases, ids=[c.name for c in cases])
     if "valid_case" in metafunc.fixturenames:
