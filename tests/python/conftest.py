@@ -82,3 +82,20 @@ def rewrite():
 @pytest.fixture(scope="session")
 def corpus_cases():
     return corpus()[1]
+
+
+def save_sharded(directory, shards):
+    """Writes `shards` (a list of {name: torch tensor}) into `directory` as
+    model-0000k-of-0000n.safetensors files with a model.safetensors.index.json, as
+    transformers' save_pretrained shards a checkpoint; returns the directory."""
+    import json
+    from safetensors.torch import save_file
+    directory = pathlib.Path(directory)
+    weight_map = {}
+    for k, tensors in enumerate(shards):
+        name = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(tensors, str(directory / name))
+        weight_map.update({n: name for n in tensors})
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return directory

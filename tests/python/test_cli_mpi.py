@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 import torch
-from safetensors.torch import save_file
+
+from conftest import save_sharded
 
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
 
@@ -34,17 +35,10 @@ def mpirun(cli, n, *args):
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     """Three shards of uneven size, with an index."""
-    d = tmp_path_factory.mktemp("mpi_model")
-    weight_map = {}
     g = torch.Generator().manual_seed(7)
-    for i in range(3):
-        tensors = {f"layers.{i}.w{j}": torch.randn(50 + 41 * i, 32 + j, generator=g).to(torch.bfloat16)
-                   for j in range(4)}
-        name = f"model-{i + 1:05d}-of-00003.safetensors"
-        save_file(tensors, str(d / name))
-        weight_map.update({k: name for k in tensors})
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return d
+    return save_sharded(tmp_path_factory.mktemp("mpi_model"), [
+        {f"layers.{i}.w{j}": torch.randn(50 + 41 * i, 32 + j, generator=g).to(torch.bfloat16) for j in range(4)}
+        for i in range(3)])
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

@@ -1,9 +1,10 @@
 """tensorlift.stream: every tensor, the reference's bytes, in file order, piece by piece."""
-import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from conftest import save_sharded
 
 import tensorlift
 import tensorlift._core as core
@@ -12,15 +13,12 @@ import tensorlift._core as core
 @pytest.fixture
 def model_dir(tmp_path):
     g = torch.Generator().manual_seed(3)
-    weight_map = {}
+    shards = []
     for k in range(3):
-        name = f"model-0000{k + 1}-of-00003.safetensors"
         tensors = {f"layers.{k}.w{i}": torch.randn(64, 32, generator=g).to(torch.bfloat16) for i in range(4)}
         tensors[f"layers.{k}.ids"] = torch.arange(10 * k, 10 * k + 10)
-        save_file(tensors, str(tmp_path / name))
-        weight_map.update({n: name for n in tensors})
-    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return tmp_path
+        shards.append(tensors)
+    return save_sharded(tmp_path, shards)
 
 
 def reference(model_dir):
