@@ -62,8 +62,8 @@ class CuFileDriver {
     friend class CuFileDriver;
     Handle(const CuFileApi* api, void* handle) : api_(api), handle_(handle) {}
     void Reset();
-    const CuFileApi* api_ = nullptr;
-    void* handle_ = nullptr;  // CUfileHandle_t.
+    [[maybe_unused]] const CuFileApi* api_ = nullptr;  // Unused without cuFile.
+    void* handle_ = nullptr;                           // CUfileHandle_t.
   };
 
   // Loads the library (LoadCuFileLibrary) and opens the driver. Unavailable
@@ -101,7 +101,7 @@ class CuFileDriver {
 
  private:
   explicit CuFileDriver(const CuFileApi* api) : api_(api) {}
-  const CuFileApi* api_;
+  [[maybe_unused]] const CuFileApi* api_;  // Unused without cuFile (cufile_none.cc).
   std::mutex mu_;
   std::vector<void*> registered_;  // Buffers registered and not yet deregistered.
 };
