@@ -19,10 +19,12 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/assert_ok.h"
 #include "../common/scratch_dir.h"
+#include "dist/in_process_communicator.h"
 #include "rank_failure_printer.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/distributed.h"
@@ -423,6 +425,52 @@ TEST_F(DistributedLoaderTest, DeviceAndDtypeAreRejectedOnEveryRank) {
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << d.status().ToString();
 }
 
+// Ranks as threads of this process (in-process communicators): the whole
+// multi-rank path at 2, 3 and 4 ranks in any build (the MPI runs above are not
+// made under the sanitizers), against reference slicing. Runs in the
+// single-process mode only (under mpiexec every rank would repeat it).
+TEST_F(DistributedLoaderTest, RanksAsThreadsEqualReferenceSlicing) {
+  if (world() > 1) GTEST_SKIP() << "runs in the single-process mode";
+  for (int threads : {2, 3, 4}) {
+    auto comms = MakeInProcessCommunicators(threads);
+    ASSERT_OK(comms);
+    std::vector<std::string> failures(threads);
+    std::vector<uint64_t> read(threads);
+    auto rank_body = [&](int r) {
+      Communicator& c = *(*comms)[r];
+      DistributedOptions dopts;
+      dopts.keep_buffers = true;
+      auto d = LoadDistributed(*ckpt_, {}, c, dopts);
+      if (!d.ok()) {
+        failures[r] = d.status().ToString();
+        return;
+      }
+      read[r] = d->bytes_read();
+      for (int dim : {-1, 0, 1}) {
+        for (const LoadedTensor& ref : full_.tensors()) {
+          if (dim >= static_cast<int>(ref.shape.size())) continue;
+          auto t = d->GetSharded(ref.name, dim);
+          const std::string what = ref.name + " dim " + std::to_string(dim);
+          if (!t.ok()) {
+            failures[r] += what + ": " + t.status().ToString() + "\n";
+          } else if (t->shape != ExpectedShape(ref, dim, r, threads) ||
+                     Bytes(*t) != ReferenceSlice(ref, dim, r, threads)) {
+            failures[r] += what + ": wrong slice\n";
+          }
+        }
+      }
+    };
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < threads; ++r) ranks.emplace_back(rank_body, r);
+    for (auto& t : ranks) t.join();
+    uint64_t sum = 0;
+    for (int r = 0; r < threads; ++r) {
+      EXPECT_EQ(failures[r], "") << threads << " ranks, rank " << r;
+      sum += read[r];
+    }
+    EXPECT_EQ(sum, ckpt_->total_bytes()) << threads << " ranks read the checkpoint once";
+  }
+}
 }  // namespace
 }  // namespace tensorlift
 
