@@ -10,12 +10,16 @@
 
 #include "common/checked_math.h"
 #include "common/posix_file.h"
+#include "format/json.h"
 #include "io/read_op.h"
 #include "tensorlift/safetensors.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift {
 namespace {
+
+using json::As;
+using json::TypeName;
 
 // serde_json's recursion limit lets 127 nested arrays/objects through
 // (measured against the reference package). We measure depth ourselves;
@@ -109,37 +113,6 @@ size_t NormalizeNumbersAndMeasureDepth(char* p, size_t n) {
     }
   }
   return max_depth;
-}
-
-// Typed views of an element whose type the caller has checked. (Binding the
-// result of value_unsafe() on a temporary simdjson_result would dangle.)
-template <typename T>
-T As(simdjson::dom::element el) {
-  T out{};
-  [[maybe_unused]] auto err = el.get(out);
-  return out;
-}
-
-std::string_view TypeName(simdjson::dom::element_type t) {
-  using simdjson::dom::element_type;
-  switch (t) {
-    case element_type::ARRAY:
-      return "an array";
-    case element_type::OBJECT:
-      return "an object";
-    case element_type::INT64:
-    case element_type::UINT64:
-      return "an integer";
-    case element_type::DOUBLE:
-      return "a floating point number";
-    case element_type::STRING:
-      return "a string";
-    case element_type::BOOL:
-      return "a boolean";
-    case element_type::NULL_VALUE:
-      return "null";
-  }
-  return "a value";
 }
 
 // Reads a JSON integer in [0, 2^64). `name` (the tensor) and `what` (the

@@ -30,11 +30,15 @@
 #include <utility>
 
 #include "common/checked_math.h"
+#include "format/json.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::remote {
 namespace {
+
+using json::As;
+using json::TypeName;
 
 using simdjson::dom::element;
 using simdjson::dom::element_type;
@@ -44,35 +48,6 @@ using simdjson::dom::element_type;
 constexpr size_t kMaxJsonDepth = 8;
 constexpr uint64_t kMinChunkBytes = 4096;
 constexpr uint64_t kMaxChunkBytes = 1ull << 30;
-
-// Typed views of an element whose type the caller has checked.
-template <typename T>
-T As(element el) {
-  T out{};
-  [[maybe_unused]] auto err = el.get(out);
-  return out;
-}
-
-std::string_view TypeName(element_type t) {
-  switch (t) {
-    case element_type::ARRAY:
-      return "an array";
-    case element_type::OBJECT:
-      return "an object";
-    case element_type::INT64:
-    case element_type::UINT64:
-      return "an integer";
-    case element_type::DOUBLE:
-      return "a floating point number";
-    case element_type::STRING:
-      return "a string";
-    case element_type::BOOL:
-      return "a boolean";
-    case element_type::NULL_VALUE:
-      return "null";
-  }
-  return "a value";
-}
 
 // Names the object a message is about; the text is built only on failure.
 struct Where {
