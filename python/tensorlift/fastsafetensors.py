@@ -195,6 +195,20 @@ def assign_files(files: Sequence[Union[str, os.PathLike]], world_size: int,
     return {r: [ordered[f] for f in files] for r, files in enumerate(ranks)}
 
 
+def _holders(t) -> Tuple[int, int]:
+    """(Python references, C++ references) to tensor t.
+
+    Both must be back where they were before a collective. The C++ count
+    alone is not enough: a worker thread that drops the second-to-last C++
+    reference then releases the tensor's Python object, which takes the GIL.
+    Between the two, the C++ count is already back while the Python count is
+    not; returning there let the main thread run on into interpreter shutdown
+    with the worker still waiting for the GIL (issue 22).
+    """
+    import sys
+    return sys.getrefcount(t), t._use_count()
+
+
 class _Comm:
     """The collectives of a torch.distributed group of several ranks, on byte (uint8) tensors.
 
@@ -203,8 +217,9 @@ class _Comm:
 
     No work is left in flight: on the CPU (gloo), every collective returns
     only once the backend's worker thread has let go of the tensors it was
-    given. gloo's worker keeps a finished collective, and with it references
-    to its tensors, a moment after wait() returns; dropping a tensor that has
+    given, Python objects included (_holders). gloo's worker keeps a
+    finished collective, and with it references to its tensors, a moment
+    after wait() returns; dropping a tensor that has
     a Python object takes the GIL, and a worker that tries that after the
     interpreter began to shut down is cancelled mid-destructor, which aborts
     the process ("terminate called without an active exception"). Objects
@@ -228,14 +243,14 @@ class _Comm:
 
     def _run(self, what: str, collective: Callable[[], Any], tensors: Sequence[Any]) -> None:
         """Runs one blocking collective over `tensors`; returns once the backend holds none of them."""
-        base = [t._use_count() for t in tensors]
+        base = [_holders(t) for t in tensors]
         collective()
         if self.device.type != "cpu":
             return  # nccl: tensors are stream-ordered; the watchdog's release is not waited for here
         import time
         deadline = time.monotonic() + self.RELEASE_TIMEOUT_S
         pause = 0.0
-        while any(t._use_count() > b for t, b in zip(tensors, base)):
+        while [_holders(t) for t in tensors] != base:  # measured exactly as base was
             if time.monotonic() > deadline:
                 self._stuck.extend(tensors)
                 raise DistributedLoadError(
