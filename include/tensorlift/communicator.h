@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "tensorlift/loader.h"  // DeviceType
 #include "tensorlift/status.h"
 
 namespace tensorlift {
@@ -35,6 +36,9 @@ class Communicator {
   virtual int rank() const = 0;
   // The number of ranks, >= 1.
   virtual int size() const = 0;
+  // Where the buffers of Broadcast, Scatter and AllGather live: host memory
+  // (MPI, a single process), GPU memory (NCCL), or the emulated device's.
+  virtual DeviceType memory() const { return DeviceType::kCpu; }
 
   // Copies `bytes` bytes of root's `buf` into every other rank's `buf`.
   virtual Status Broadcast(void* buf, uint64_t bytes, int root) = 0;

@@ -130,6 +130,13 @@ struct EmulatedDeviceOptions {
 };
 std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options = {});
 
+// The device a load names (LoadOptions::device, parsed by ParseDevice):
+// the host device for kCpu, the CUDA device `index`, or THE emulated device
+// (one per process, created at the first call, with the default options), so
+// that a load onto "emulated:0" and a communicator built for it share one
+// device memory. NotFound for an emulated index other than 0.
+Result<std::shared_ptr<Device>> OpenDevice(DeviceType type, int index);
+
 }  // namespace tensorlift
 
 #endif  // TENSORLIFT_DEVICE_DEVICE_H_

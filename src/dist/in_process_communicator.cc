@@ -57,6 +57,7 @@ class InProcessCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return group_->world(); }
+  DeviceType memory() const override { return device_->kind(); }
 
   Status Broadcast(void* buf, uint64_t bytes, int root) override {
     return Collective("Broadcast", buf, buf, bytes, root, [&](Post& me) -> Status {

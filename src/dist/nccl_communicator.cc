@@ -91,6 +91,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  DeviceType memory() const override { return DeviceType::kCuda; }
 
   Status Broadcast(void* buf, uint64_t bytes, int root) override {
     TL_RETURN_IF_ERROR(CheckArgs("Broadcast", buf, buf, bytes, root));

@@ -579,12 +579,8 @@ Result<std::shared_ptr<Device>> DeviceFor(const LoadOptions& options) {
       if (!options.dtype) return std::shared_ptr<Device>();
       return MakeHostDevice();
     case DeviceType::kCuda:
-      return OpenCudaDevice(dev.second);
-    case DeviceType::kEmulated: {
-      if (dev.second != 0) return NotFoundError("there is only one emulated device, emulated:0");
-      static std::shared_ptr<Device> emulated = MakeEmulatedDevice();
-      return emulated;
-    }
+    case DeviceType::kEmulated:
+      return OpenDevice(dev.first, dev.second);
   }
   return std::shared_ptr<Device>();
 }
