@@ -27,7 +27,12 @@
 // file has been handed out (GetTensor, GetSharded or GetShardedByRead, counted
 // once per tensor), unless DistributedOptions::keep_buffers; Release() drops
 // all. Asking again for a tensor whose buffer was dropped is an
-// InvalidArgument error on every rank. Returned HostTensors own their bytes.
+// InvalidArgument error on every rank. Returned HostTensors own their bytes;
+// returned DeviceTensors share theirs (DeviceTensor::owner).
+//
+// Devices: with LoadOptions::device "cuda:N" each rank loads its share into
+// its GPU and DistributedOptions::device_comm (NCCL) moves the tensors; the
+// GetDevice* forms return them in device memory. See DistributedOptions.
 //
 // Thread safety: a DistributedCheckpoint is used by one thread at a time (it
 // drives its communicator).
@@ -60,6 +65,29 @@ struct HostTensor {
   uint64_t nbytes = 0;
 
   std::span<const std::byte> bytes() const { return {data.get(), static_cast<size_t>(nbytes)}; }
+};
+
+class Device;
+
+// A tensor in the memory of the device a distributed load went to
+// (LoadOptions::device): a device address, never to be dereferenced by host
+// code. `owner` keeps the bytes alive; copies of a DeviceTensor share them.
+struct DeviceTensor {
+  std::string name;
+  Dtype dtype = Dtype::kU8;
+  std::vector<uint64_t> shape;
+  void* data = nullptr;  // nbytes bytes of device memory; null when nbytes == 0.
+  uint64_t nbytes = 0;
+  DeviceType device = DeviceType::kCuda;
+  int device_index = 0;
+  std::shared_ptr<Buffer> owner;
+  std::shared_ptr<Device> on;  // The device that holds them (opaque here).
+
+  // A copy of the bytes in host memory (waits for the copy).
+  Result<HostTensor> ToHost() const;
+  // A DLPack tensor over the bytes (no copy) that keeps them alive on its own
+  // (the caller calls its deleter); raw_bytes: the 1-D uint8 array of them.
+  Result<DLManagedTensorVersioned*> ToDLPackVersioned(bool raw_bytes = false) const;
 };
 
 // How GetSharded(name, 0) moves the rows of a tensor declared in
@@ -96,6 +124,13 @@ struct DistributedOptions {
   // again). Default: drop a file's buffer once its tensors were handed out.
   bool keep_buffers = false;
   AssignOptions assign;
+  // Loads onto a device (LoadOptions::device "cuda:N", or "emulated:0" in
+  // tests): the communicator that moves tensors between the ranks' device
+  // buffers (NCCL; an in-process one over the same device), with the ranks
+  // of LoadDistributed's `comm` in the same order. `comm` still carries the
+  // small host-memory exchanges (headers, needs, Agree). Not owned; must
+  // outlive the result. Must be null for host loads.
+  Communicator* device_comm = nullptr;
 };
 
 class DistributedCheckpoint {
@@ -132,6 +167,17 @@ class DistributedCheckpoint {
   // is an error. Counts as handing the tensor out (see Memory above).
   Result<HostTensor> GetShardedByRead(std::string_view name);
 
+  // Loads onto a device: GetTensor, GetSharded and GetShardedByRead with
+  // the result in this rank's device memory (the reader's bytes are copied on
+  // the device and moved with DistributedOptions::device_comm; per-rank reads
+  // are read into host memory and copied up). The host forms above refuse a
+  // device load and these a host load (InvalidArgument, on every rank).
+  Result<DeviceTensor> GetDeviceTensor(std::string_view name);
+  Result<DeviceTensor> GetDeviceSharded(std::string_view name, int dim);
+  Result<DeviceTensor> GetDeviceShardedByRead(std::string_view name);
+  // Where the tensors go: kCpu for a host load.
+  DeviceType device() const;
+
   // Drops every buffer; later Get* calls of loaded tensors fail. Local.
   void Release();
 
@@ -159,8 +205,10 @@ class DistributedCheckpoint {
   std::unique_ptr<State> state_;
 };
 
-// Loads `ckpt` across the ranks of `comm` (host memory only: options.device
-// must be "cpu" and options.dtype unset). Every rank opens the same checkpoint
+// Loads `ckpt` across the ranks of `comm`, into host memory, or into each
+// rank's device memory when options.device names one (then
+// dopts.device_comm moves the tensors; see DistributedOptions).
+// options.dtype must be unset. Every rank opens the same checkpoint
 // (the ranks check that their headers agree), exchanges which tensors it
 // needs, computes the same AssignByBytes over the needed ones, and loads only
 // its pieces with `options`. The checkpoint must outlive the result.

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
+#include "device/device.h"
 #include "io/read_op.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/distributed.h"
@@ -49,6 +50,54 @@ uint64_t HeaderDigest(const Checkpoint& ckpt) {
 
 std::string Quoted(std::string_view name) { return "tensor '" + std::string(name) + "'"; }
 
+const char* MemoryName(DeviceType type) {
+  switch (type) {
+    case DeviceType::kCpu:
+      return "host memory";
+    case DeviceType::kCuda:
+      return "CUDA device memory";
+    case DeviceType::kEmulated:
+      return "emulated device memory";
+  }
+  return "unknown memory";
+}
+
+// The device of a load onto one (null for a host load), and the checks of
+// the communicator that will move its tensors. Local.
+Status OpenDeviceFor(const LoadOptions& options, const Communicator& comm,
+                     const Communicator* device_comm, std::shared_ptr<Device>& device) {
+  TL_ASSIGN_OR_RETURN(const auto dev, ParseDevice(options.device));
+  if (dev.first == DeviceType::kCpu) {
+    if (device_comm != nullptr) {
+      return InvalidArgumentError(
+          "DistributedOptions::device_comm is for loads onto a device; this load is into host "
+          "memory (device \"cpu\"), whose tensors move with the communicator passed to "
+          "LoadDistributed");
+    }
+    return Status::Ok();
+  }
+  const std::string where = "a load onto \"" + options.device + "\"";
+  if (device_comm == nullptr) {
+    return InvalidArgumentError(where +
+                                " needs DistributedOptions::device_comm, a communicator over that "
+                                "device's memory (NCCL for CUDA)");
+  }
+  if (device_comm->memory() != dev.first) {
+    return InvalidArgumentError(where + ": DistributedOptions::device_comm moves " +
+                                MemoryName(device_comm->memory()) + ", not " +
+                                MemoryName(dev.first));
+  }
+  if (device_comm->size() != comm.size() || device_comm->rank() != comm.rank()) {
+    return InvalidArgumentError(where + ": DistributedOptions::device_comm is rank " +
+                                std::to_string(device_comm->rank()) + " of " +
+                                std::to_string(device_comm->size()) + ", the communicator rank " +
+                                std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
+                                " (they must list the same ranks in the same order)");
+  }
+  TL_ASSIGN_OR_RETURN(device, OpenDevice(dev.first, dev.second));
+  return Status::Ok();
+}
+
 }  // namespace
 
 struct DistributedCheckpoint::State {
@@ -59,8 +108,18 @@ struct DistributedCheckpoint::State {
     uint32_t remaining = 0;  // Needed tensors not yet handed out.
     bool dropped = false;
   };
+  // One Get*'s result: in host memory (t.data) for a host load, in the
+  // load's device memory (on_device) for a device load.
+  struct Placed {
+    HostTensor t;  // name, dtype, shape, nbytes; and the bytes of a host load.
+    std::shared_ptr<Buffer> on_device;
+    std::byte* data() const { return on_device ? on_device->data() : t.data.get(); }
+  };
   const Checkpoint* ckpt = nullptr;
-  Communicator* comm = nullptr;
+  Communicator* comm = nullptr;          // Host memory: headers, needs, Agree.
+  Communicator* data_comm = nullptr;     // Tensors: comm, or DistributedOptions::device_comm.
+  std::shared_ptr<Device> device;        // Null for a host load.
+  std::unique_ptr<DeviceStream> stream;  // Copies within `device`, created when first needed.
   DistributedOptions dopts;
   Assignment assignment;
   // Per tensor (index into ckpt->tensors()): the group that read it,
@@ -92,6 +151,23 @@ struct DistributedCheckpoint::State {
   // This rank's slice of tensor t along dim (-1: all of it), read from its
   // file by this rank alone (no collective).
   Result<HostTensor> ReadSlice(uint32_t t, int dim);
+  // ReadSlice, copied up to the device for a device load.
+  Result<Placed> ReadPlaced(uint32_t t, int dim);
+
+  // GetTensor, GetSharded and GetShardedByRead, wherever the load went.
+  Result<Placed> Whole(std::string_view name);
+  Result<Placed> Sharded(std::string_view name, int dim);
+  Result<Placed> ByRead(std::string_view name);
+
+  // `bytes` bytes for p in host or device memory (local; ResourceExhausted).
+  Status AllocateFor(Placed& p, uint64_t bytes, std::string_view what);
+  // Copies within the load's memory (device copies are complete at Flush()).
+  Status CopyWithin(std::byte* dst, const std::byte* src, uint64_t bytes);
+  Status Stream();
+  Status Flush();
+  // InvalidArgument unless the load went to a device (on_device) or not.
+  Status Require(bool on_device, const char* what) const;
+  DeviceTensor OnDevice(Placed&& p) const;
 
   Status CheckBuffer(uint32_t t) const {
     const Group& g = GroupOf(t);
@@ -245,109 +321,238 @@ void DistributedCheckpoint::Release() {
   for (auto& l : state_->loaded) l = LoadedCheckpoint();
 }
 
-Result<HostTensor> DistributedCheckpoint::GetTensor(std::string_view name) {
-  State& s = *state_;
-  TL_ASSIGN_OR_RETURN(const uint32_t t, s.Lookup(name));
-  if (s.PerRankRead(t)) {
-    Result<HostTensor> r = s.ReadSlice(t, -1);
-    TL_RETURN_IF_ERROR(s.comm->Agree(r.status()));
+Result<DistributedCheckpoint::State::Placed> DistributedCheckpoint::State::Whole(
+    std::string_view name) {
+  TL_ASSIGN_OR_RETURN(const uint32_t t, Lookup(name));
+  if (PerRankRead(t)) {
+    Result<Placed> r = ReadPlaced(t, -1);
+    TL_RETURN_IF_ERROR(comm->Agree(r.status()));
     return r;
   }
-  TL_RETURN_IF_ERROR(s.CheckBuffer(t));
-  const TensorInfo& info = s.Info(t);
-  const int reader = s.GroupOf(t).reader;
-  HostTensor out = Describe(info, -1, 0);
-  out.nbytes = info.nbytes();
-  Status local = Status::Ok();
-  auto buf = Allocate(out.nbytes, Quoted(name));
-  if (buf.ok()) {
-    out.data = std::move(buf).value();
-    if (s.comm->rank() == reader && out.nbytes > 0) {
-      const std::byte* src = s.Source(t);
-      if (src == nullptr) {
-        local = InternalError(Quoted(name) + " is missing from its reader's buffer");
-      } else {
-        std::memcpy(out.data.get(), src, out.nbytes);
-      }
-    }
-  } else {
-    local = buf.status();
+  TL_RETURN_IF_ERROR(CheckBuffer(t));
+  const TensorInfo& info = Info(t);
+  const int reader = GroupOf(t).reader;
+  Placed out;
+  out.t = Describe(info, -1, 0);
+  Status local = AllocateFor(out, info.nbytes(), Quoted(name));
+  if (local.ok() && comm->rank() == reader && out.t.nbytes > 0) {
+    const std::byte* src = Source(t);
+    local = src == nullptr ? InternalError(Quoted(name) + " is missing from its reader's buffer")
+                           : CopyWithin(out.data(), src, out.t.nbytes);
+    if (local.ok()) local = Flush();
   }
   // Allocation is local: agree before moving data, so no rank is left waiting.
-  TL_RETURN_IF_ERROR(s.comm->Agree(local));
-  TL_RETURN_IF_ERROR(s.comm->Broadcast(out.data.get(), out.nbytes, reader));
-  s.HandOut(t);
+  TL_RETURN_IF_ERROR(comm->Agree(local));
+  TL_RETURN_IF_ERROR(data_comm->Broadcast(out.data(), out.t.nbytes, reader));
+  HandOut(t);
   return out;
 }
 
-Result<HostTensor> DistributedCheckpoint::GetSharded(std::string_view name, int dim) {
-  if (dim == -1) return GetTensor(name);
-  State& s = *state_;
-  TL_ASSIGN_OR_RETURN(const uint32_t t, s.Lookup(name));
-  const TensorInfo& info = s.Info(t);
-  const int world = s.comm->size();
-  const int me = s.comm->rank();
+Result<DistributedCheckpoint::State::Placed> DistributedCheckpoint::State::Sharded(
+    std::string_view name, int dim) {
+  if (dim == -1) return Whole(name);
+  TL_ASSIGN_OR_RETURN(const uint32_t t, Lookup(name));
+  const TensorInfo& info = Info(t);
+  const int world = comm->size();
+  const int me = comm->rank();
   TL_ASSIGN_OR_RETURN(const SliceGeometry g, Geometry(info, dim, world));
-  if (s.PerRankRead(t)) {
-    Result<HostTensor> r = s.ReadSlice(t, dim);
-    TL_RETURN_IF_ERROR(s.comm->Agree(r.status()));
+  if (PerRankRead(t)) {
+    Result<Placed> r = ReadPlaced(t, dim);
+    TL_RETURN_IF_ERROR(comm->Agree(r.status()));
     return r;
   }
-  TL_RETURN_IF_ERROR(s.CheckBuffer(t));
-  const int reader = s.GroupOf(t).reader;
+  TL_RETURN_IF_ERROR(CheckBuffer(t));
+  const int reader = GroupOf(t).reader;
   const uint64_t block_bytes = g.outer * g.rows.block * g.unit;
   const uint64_t lo = g.rows.Lo(me), hi = g.rows.Hi(me);
-  HostTensor out = Describe(info, dim, hi - lo);
-  out.nbytes = g.outer * (hi - lo) * g.unit;
-
-  Status local = Status::Ok();
-  auto recv = Allocate(block_bytes, Quoted(name) + "'s slice");
-  if (recv.ok()) {
-    out.data = std::move(recv).value();
-  } else {
-    local = recv.status();
-  }
+  Placed out;
+  out.t = Describe(info, dim, hi - lo);
+  // Every rank receives a whole (padded) block; the tensor is its first bytes.
+  Status local = AllocateFor(out, block_bytes, Quoted(name) + "'s slice");
+  out.t.nbytes = g.outer * (hi - lo) * g.unit;
   // The reader's send buffer: world padded blocks, or the tensor itself when
   // its rows split evenly along dim 0.
-  std::unique_ptr<std::byte[]> packed;
+  Placed packed;
   const std::byte* send = nullptr;
   if (me == reader && local.ok() && block_bytes > 0) {
-    const std::byte* src = s.Source(t);
+    const std::byte* src = Source(t);
     if (src == nullptr) {
       local = InternalError(Quoted(name) + " is missing from its reader's buffer");
     } else if (g.outer == 1 && g.rows.block * world == g.rows.size) {
       send = src;
     } else {
-      auto p = Allocate(block_bytes * world, Quoted(name) + "'s packed slices");
-      if (p.ok()) {
-        packed = std::move(p).value();
-        for (int r = 0; r < world; ++r) {
-          const uint64_t rlo = g.rows.Lo(r), len = (g.rows.Hi(r) - rlo) * g.unit;
-          std::byte* dst = packed.get() + r * block_bytes;
-          for (uint64_t o = 0; o < g.outer && len > 0; ++o) {
-            std::memcpy(dst + o * len, src + (o * g.rows.size + rlo) * g.unit, len);
-          }
+      local = AllocateFor(packed, block_bytes * world, Quoted(name) + "'s packed slices");
+      for (int r = 0; r < world && local.ok(); ++r) {
+        const uint64_t rlo = g.rows.Lo(r), len = (g.rows.Hi(r) - rlo) * g.unit;
+        std::byte* dst = packed.data() + r * block_bytes;
+        for (uint64_t o = 0; o < g.outer && len > 0 && local.ok(); ++o) {
+          local = CopyWithin(dst + o * len, src + (o * g.rows.size + rlo) * g.unit, len);
         }
-        send = packed.get();
-      } else {
-        local = p.status();
       }
+      if (local.ok()) local = Flush();
+      send = packed.data();
     }
   }
-  TL_RETURN_IF_ERROR(s.comm->Agree(local));
-  TL_RETURN_IF_ERROR(s.comm->Scatter(send, out.data.get(), block_bytes, reader));
-  packed.reset();
-  s.HandOut(t);
+  TL_RETURN_IF_ERROR(comm->Agree(local));
+  TL_RETURN_IF_ERROR(data_comm->Scatter(send, out.data(), block_bytes, reader));
+  HandOut(t);
   return out;
 }
 
+Result<DistributedCheckpoint::State::Placed> DistributedCheckpoint::State::ReadPlaced(uint32_t t,
+                                                                                      int dim) {
+  Placed out;
+  TL_ASSIGN_OR_RETURN(out.t, ReadSlice(t, dim));
+  if (!device || out.t.nbytes == 0) return out;
+  // A device load: up from the host copy.
+  TL_ASSIGN_OR_RETURN(out.on_device, device->Allocate(out.t.nbytes));
+  TL_RETURN_IF_ERROR(Stream());
+  TL_RETURN_IF_ERROR(stream->CopyToDevice(out.on_device->data(), out.t.data.get(), out.t.nbytes));
+  TL_RETURN_IF_ERROR(Flush());
+  out.t.data.reset();
+  return out;
+}
+
+Status DistributedCheckpoint::State::AllocateFor(Placed& p, uint64_t bytes, std::string_view what) {
+  p.t.nbytes = bytes;
+  if (bytes == 0) return Status::Ok();
+  if (!device) {
+    TL_ASSIGN_OR_RETURN(p.t.data, Allocate(bytes, what));
+    return Status::Ok();
+  }
+  Result<std::shared_ptr<Buffer>> b = device->Allocate(bytes);
+  if (!b.ok()) return b.status().WithContext(std::string(what) + " on " + device->name());
+  p.on_device = std::move(b).value();
+  return Status::Ok();
+}
+
+Status DistributedCheckpoint::State::Stream() {
+  if (!stream) {
+    TL_ASSIGN_OR_RETURN(stream, device->CreateStream());
+  }
+  return Status::Ok();
+}
+
+Status DistributedCheckpoint::State::CopyWithin(std::byte* dst, const std::byte* src,
+                                                uint64_t bytes) {
+  if (bytes == 0) return Status::Ok();
+  if (!device) {
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  TL_RETURN_IF_ERROR(Stream());
+  return stream->CopyOnDevice(dst, src, bytes);
+}
+
+Status DistributedCheckpoint::State::Flush() {
+  return stream ? stream->Synchronize() : Status::Ok();
+}
+
+Status DistributedCheckpoint::State::Require(bool on_device, const char* what) const {
+  if (on_device == (device != nullptr)) return Status::Ok();
+  if (on_device) {
+    return InvalidArgumentError(std::string(what) +
+                                ": this checkpoint was loaded into host memory; use the host form "
+                                "(GetTensor, GetSharded, GetShardedByRead)");
+  }
+  return InvalidArgumentError(std::string(what) + ": this checkpoint was loaded onto " +
+                              device->name() +
+                              "; use GetDeviceTensor, GetDeviceSharded or GetDeviceShardedByRead");
+}
+
+DeviceTensor DistributedCheckpoint::State::OnDevice(Placed&& p) const {
+  DeviceTensor d;
+  d.name = std::move(p.t.name);
+  d.dtype = p.t.dtype;
+  d.shape = std::move(p.t.shape);
+  d.nbytes = p.t.nbytes;
+  d.data = d.nbytes > 0 ? p.on_device->data() : nullptr;
+  d.owner = std::move(p.on_device);
+  d.device = device->kind();
+  d.device_index = device->ordinal();
+  d.on = device;
+  return d;
+}
+
+Result<HostTensor> DeviceTensor::ToHost() const {
+  HostTensor out;
+  out.name = name;
+  out.dtype = dtype;
+  out.shape = shape;
+  out.nbytes = nbytes;
+  if (nbytes == 0) return out;
+  if (!on || data == nullptr) return InvalidArgumentError(Quoted(name) + ": no device bytes");
+  TL_ASSIGN_OR_RETURN(out.data, Allocate(nbytes, Quoted(name) + "'s host copy"));
+  TL_ASSIGN_OR_RETURN(auto stream, on->CreateStream());
+  TL_RETURN_IF_ERROR(
+      stream->CopyToHost(out.data.get(), static_cast<const std::byte*>(data), nbytes));
+  TL_RETURN_IF_ERROR(stream->Synchronize());
+  return out;
+}
+
+Result<HostTensor> DistributedCheckpoint::GetTensor(std::string_view name) {
+  TL_RETURN_IF_ERROR(state_->Require(false, "GetTensor"));
+  TL_ASSIGN_OR_RETURN(State::Placed p, state_->Whole(name));
+  return std::move(p.t);
+}
+
+Result<HostTensor> DistributedCheckpoint::GetSharded(std::string_view name, int dim) {
+  TL_RETURN_IF_ERROR(state_->Require(false, "GetSharded"));
+  TL_ASSIGN_OR_RETURN(State::Placed p, state_->Sharded(name, dim));
+  return std::move(p.t);
+}
+
 Result<HostTensor> DistributedCheckpoint::GetShardedByRead(std::string_view name) {
-  State& s = *state_;
-  TL_ASSIGN_OR_RETURN(const uint32_t t, s.Lookup(name));
+  TL_RETURN_IF_ERROR(state_->Require(false, "GetShardedByRead"));
+  TL_ASSIGN_OR_RETURN(State::Placed p, state_->ByRead(name));
+  return std::move(p.t);
+}
+
+Result<DeviceTensor> DistributedCheckpoint::GetDeviceTensor(std::string_view name) {
+  TL_RETURN_IF_ERROR(state_->Require(true, "GetDeviceTensor"));
+  TL_ASSIGN_OR_RETURN(State::Placed p, state_->Whole(name));
+  return state_->OnDevice(std::move(p));
+}
+
+Result<DeviceTensor> DistributedCheckpoint::GetDeviceSharded(std::string_view name, int dim) {
+  TL_RETURN_IF_ERROR(state_->Require(true, "GetDeviceSharded"));
+  TL_ASSIGN_OR_RETURN(State::Placed p, state_->Sharded(name, dim));
+  return state_->OnDevice(std::move(p));
+}
+
+Result<DeviceTensor> DistributedCheckpoint::GetDeviceShardedByRead(std::string_view name) {
+  TL_RETURN_IF_ERROR(state_->Require(true, "GetDeviceShardedByRead"));
+  TL_ASSIGN_OR_RETURN(State::Placed p, state_->ByRead(name));
+  return state_->OnDevice(std::move(p));
+}
+
+Result<DLManagedTensorVersioned*> DeviceTensor::ToDLPackVersioned(bool raw_bytes) const {
+  LoadedTensor t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape.assign(shape.begin(), shape.end());
+  t.strides.assign(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) {
+    t.strides[d - 1] = t.strides[d] * static_cast<int64_t>(shape[d]);
+  }
+  t.data = data;
+  t.nbytes = nbytes;
+  t.device = device;
+  t.device_index = device_index;
+  return StreamedTensor(t, owner).ToDLPackVersioned(raw_bytes);
+}
+
+DeviceType DistributedCheckpoint::device() const {
+  return state_->device ? state_->device->kind() : DeviceType::kCpu;
+}
+
+Result<DistributedCheckpoint::State::Placed> DistributedCheckpoint::State::ByRead(
+    std::string_view name) {
+  TL_ASSIGN_OR_RETURN(const uint32_t t, Lookup(name));
   // Every rank counts the hand-out, whatever its read does, so that the
   // ranks' bookkeeping stays the same.
-  s.HandOut(t);
-  return s.ReadSlice(t, 0);
+  HandOut(t);
+  return ReadPlaced(t, 0);
 }
 
 Result<HostTensor> DistributedCheckpoint::State::ReadSlice(uint32_t t, int dim) {
@@ -393,14 +598,11 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
 
   // 1. Options (local) and headers (the ranks must have opened the same
   //    checkpoint): agreed before any exchange sized by the headers.
-  Status local = Status::Ok();
-  if (options.device != "cpu") {
-    local = InvalidArgumentError(
-        "LoadDistributed loads into host memory only (device \"cpu\"), not \"" + options.device +
-        "\"");
-  } else if (options.dtype.has_value()) {
+  std::shared_ptr<Device> device;
+  Status local = OpenDeviceFor(options, comm, dopts.device_comm, device);
+  if (local.ok() && options.dtype.has_value()) {
     local = InvalidArgumentError("LoadDistributed does not convert dtypes (LoadOptions::dtype)");
-  } else if (options.on_tensor) {
+  } else if (local.ok() && options.on_tensor) {
     local = InvalidArgumentError(
         "LoadDistributed hands out no tensors while it loads (LoadOptions::on_tensor)");
   }
@@ -451,6 +653,8 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
   auto state = std::make_unique<DistributedCheckpoint::State>();
   state->ckpt = &ckpt;
   state->comm = &comm;
+  state->data_comm = device ? dopts.device_comm : &comm;
+  state->device = std::move(device);
   state->dopts = dopts;
   const auto& shards = ckpt.shards();
   state->position.resize(shards.size());

@@ -7,6 +7,7 @@
 // its own results against a plain Load of the whole checkpoint, sliced
 // locally. Tests use EXPECT (not ASSERT) around collectives so that all ranks
 // make the same calls, and each ends with an Agree on its result.
+#include <dlpack/dlpack.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 
 #include "../common/assert_ok.h"
 #include "../common/scratch_dir.h"
+#include "device/device.h"
 #include "dist/in_process_communicator.h"
 #include "rank_failure_printer.h"
 #include "tensorlift/checkpoint.h"
@@ -418,7 +420,7 @@ TEST_F(DistributedLoaderTest, DifferentCheckpointsOnRanksFail) {
   EXPECT_NE(d.status().message().find("differ"), std::string::npos) << d.status().ToString();
 }
 
-TEST_F(DistributedLoaderTest, DeviceAndDtypeAreRejectedOnEveryRank) {
+TEST_F(DistributedLoaderTest, DtypeIsRejectedOnEveryRank) {
   LoadOptions options;
   if (rank() == world() - 1) options.dtype = Dtype::kF16;  // One rank only.
   auto d = LoadDistributed(*ckpt_, options, *g_comm);
@@ -471,6 +473,141 @@ TEST_F(DistributedLoaderTest, RanksAsThreadsEqualReferenceSlicing) {
     EXPECT_EQ(sum, ckpt_->total_bytes()) << threads << " ranks read the checkpoint once";
   }
 }
+
+// A device tensor's bytes, copied down to the host.
+std::vector<std::byte> ToHost(Device& dev, const DeviceTensor& t) {
+  std::vector<std::byte> out(t.nbytes);
+  if (t.nbytes == 0) return out;
+  auto stream = dev.CreateStream();
+  EXPECT_OK(stream);
+  if (!stream.ok()) return {};
+  EXPECT_OK((*stream)->CopyToHost(out.data(), static_cast<const std::byte*>(t.data), t.nbytes));
+  EXPECT_OK((*stream)->Synchronize());
+  return out;
+}
+
+// Loads onto a device (issue 19): ranks as threads, each loading its share
+// into the emulated device's memory, the tensors moved between device buffers
+// by in-process communicators over that device, the small exchanges by host
+// ones. Scattered and per-rank-read tensors, against reference slicing; every
+// device buffer is freed once the results and the checkpoint are gone.
+TEST_F(DistributedLoaderTest, DeviceLoadsEqualReferenceSlicingOnTheEmulatedDevice) {
+  if (world() > 1) GTEST_SKIP() << "runs in the single-process mode";
+  auto dev = OpenDevice(DeviceType::kEmulated, 0);
+  ASSERT_OK(dev);
+  auto free_before = (*dev)->FreeMemory();
+  ASSERT_OK(free_before);
+  for (int threads : {1, 2, 3}) {
+    for (Dim0Mode mode : {Dim0Mode::kScatter, Dim0Mode::kRead}) {
+      auto host = MakeInProcessCommunicators(threads);
+      auto on_device = MakeInProcessCommunicators(threads, *dev);
+      ASSERT_OK(host);
+      ASSERT_OK(on_device);
+      std::vector<std::string> failures(threads);
+      auto rank_body = [&](int r) {
+        LoadOptions options;
+        options.device = "emulated:0";
+        DistributedOptions dopts;
+        dopts.keep_buffers = true;
+        dopts.device_comm = (*on_device)[r].get();
+        dopts.dim0_sharded = TensorFilter::Names({"a.bf16", "c.f32", "b.i64"});
+        dopts.dim0 = mode;
+        auto d = LoadDistributed(*ckpt_, options, *(*host)[r], dopts);
+        if (!d.ok()) {
+          failures[r] = d.status().ToString();
+          return;
+        }
+        if (d->device() != DeviceType::kEmulated) failures[r] += "device() is not kEmulated\n";
+        if (auto h = d->GetTensor("a.u8"); h.status().code() != StatusCode::kInvalidArgument) {
+          failures[r] += "GetTensor on a device load: " + h.status().ToString() + "\n";
+        }
+        for (int dim : {-1, 0, 1}) {
+          for (const LoadedTensor& ref : full_.tensors()) {
+            if (dim >= static_cast<int>(ref.shape.size())) continue;
+            auto t = d->GetDeviceSharded(ref.name, dim);
+            const std::string what = ref.name + " dim " + std::to_string(dim);
+            if (!t.ok()) {
+              failures[r] += what + ": " + t.status().ToString() + "\n";
+            } else if (t->device != DeviceType::kEmulated ||
+                       t->shape != ExpectedShape(ref, dim, r, threads) ||
+                       ToHost(**dev, *t) != ReferenceSlice(ref, dim, r, threads)) {
+              failures[r] += what + ": wrong slice\n";
+            }
+          }
+        }
+        for (const std::string name : {"c.f32", "a.f32"}) {  // Own rows, read by this rank.
+          const LoadedTensor* ref = full_.Find(name);
+          auto t = d->GetDeviceShardedByRead(name);
+          if (!t.ok() || ToHost(**dev, *t) != ReferenceSlice(*ref, 0, r, threads)) {
+            failures[r] += name + " by read: " + t.status().ToString() + "\n";
+          }
+        }
+        // A DLPack export keeps the device bytes alive on its own.
+        auto t = d->GetDeviceSharded("c.f32", 1);
+        if (!t.ok()) return;
+        auto m = t->ToDLPackVersioned();
+        if (!m.ok()) {
+          failures[r] += "ToDLPackVersioned: " + m.status().ToString() + "\n";
+          return;
+        }
+        const DLTensor& dl = (*m)->dl_tensor;
+        if (dl.data != t->data || dl.ndim != 2 || dl.shape[0] != 301 ||
+            static_cast<uint64_t>(dl.shape[1]) != t->shape[1] ||
+            dl.device.device_type != (*dev)->dlpack_device_type()) {
+          failures[r] += "ToDLPackVersioned: wrong DLTensor\n";
+        }
+        const std::vector<std::byte> want = ToHost(**dev, *t);
+        auto host_copy = t->ToHost();  // The public way down.
+        if (!host_copy.ok() || Bytes(*host_copy) != want || host_copy->shape != t->shape) {
+          failures[r] += "DeviceTensor::ToHost: " + host_copy.status().ToString() + "\n";
+        }
+        *t = DeviceTensor();
+        DeviceTensor view;  // The export's bytes, seen through a plain struct.
+        view.data = dl.data;
+        view.nbytes = want.size();
+        if (ToHost(**dev, view) != want) failures[r] += "the export's bytes did not survive\n";
+        (*m)->deleter(*m);
+      };
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < threads; ++r) ranks.emplace_back(rank_body, r);
+      for (auto& t : ranks) t.join();
+      for (int r = 0; r < threads; ++r) {
+        EXPECT_EQ(failures[r], "")
+            << threads << " ranks, rank " << r << ", mode " << static_cast<int>(mode);
+      }
+    }
+  }
+  auto free_after = (*dev)->FreeMemory();
+  ASSERT_OK(free_after);
+  EXPECT_EQ(*free_after, *free_before) << "device memory left allocated";
+}
+
+TEST_F(DistributedLoaderTest, DeviceLoadsCheckTheirCommunicators) {
+  if (world() > 1) GTEST_SKIP() << "runs in the single-process mode";
+  auto dev = OpenDevice(DeviceType::kEmulated, 0);
+  ASSERT_OK(dev);
+  auto on_device = MakeInProcessCommunicators(1, *dev);
+  ASSERT_OK(on_device);
+  auto host = MakeSingleProcessCommunicator();
+  auto other_host = MakeSingleProcessCommunicator();
+  LoadOptions options;
+  options.device = "emulated:0";
+  auto expect_refused = [](const Result<DistributedCheckpoint>& d, const std::string& words) {
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << d.status().ToString();
+    EXPECT_NE(d.status().message().find(words), std::string::npos) << d.status().ToString();
+  };
+  expect_refused(LoadDistributed(*ckpt_, options, *host), "needs DistributedOptions::device_comm");
+  DistributedOptions dopts;
+  dopts.device_comm = other_host.get();
+  expect_refused(LoadDistributed(*ckpt_, options, *host, dopts), "moves host memory");
+  dopts.device_comm = (*on_device)[0].get();
+  expect_refused(LoadDistributed(*ckpt_, {}, *host, dopts), "for loads onto a device");
+  auto d = LoadDistributed(*ckpt_, {}, *host);
+  ASSERT_OK(d);
+  EXPECT_EQ(d->device(), DeviceType::kCpu);
+  EXPECT_EQ(d->GetDeviceTensor("a.u8").status().code(), StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace tensorlift
 
