@@ -3,10 +3,13 @@
 // include/tensorlift/distributed.h); rank 0 gathers and prints what each rank
 // read. With --checksum every tensor is broadcast from the rank that read it
 // and rank 0 prints the same name<TAB>xxh3-64 lines as a single-process load,
-// so the two can be compared.
+// so the two can be compared. With --device cuda each rank loads its share
+// into its own GPU and the tensors move over NCCL.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,10 +45,36 @@ Result<std::vector<RankReport>> Gather(Communicator& comm, const RankReport& min
 
 }  // namespace
 
-int RunLoadMpi(const LoadArgs& args, const LoadOptions& opts) {
-  if (args.device != "cpu" || opts.dtype) {
+// This rank's GPU for --device cuda: the launcher's local rank (Open MPI,
+// MPICH, Slurm), else the MPI rank.
+int LocalRank(const Communicator& comm) {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
+  }
+  return comm.rank();
+}
+
+// The ranks' NCCL communicator for a load onto GPUs (null for host loads),
+// and the device each rank loads onto in opts->device. A collective.
+Result<std::unique_ptr<Communicator>> DeviceComm(Communicator& c, LoadOptions* opts) {
+  TL_ASSIGN_OR_RETURN(const auto dev, ParseDevice(opts->device));
+  if (dev.first == DeviceType::kCpu) return std::unique_ptr<Communicator>();
+  // "cuda" is each rank's own GPU; "cuda:N" is GPU N on every rank (one rank per machine).
+  const int gpu = opts->device == "cuda" ? LocalRank(c) : dev.second;
+  opts->device = "cuda:" + std::to_string(gpu);
+  return MakeNcclCommunicator(c, gpu);
+}
+
+int RunLoadMpi(const LoadArgs& args, const LoadOptions& options) {
+  LoadOptions opts = options;
+  if (opts.dtype) {
+    std::fprintf(stderr, "--mpi does not convert dtypes: --dtype is not supported with it\n");
+    return kExitUsage;
+  }
+  if (args.device.rfind("emulated", 0) == 0) {
     std::fprintf(stderr,
-                 "--mpi loads into host memory: --device and --dtype are not supported with it\n");
+                 "--mpi: the emulated device lives inside one process and MPI ranks are "
+                 "processes; use --device cpu or cuda\n");
     return kExitUsage;
   }
   auto comm = MakeMpiCommunicator();
@@ -57,9 +86,14 @@ int RunLoadMpi(const LoadArgs& args, const LoadOptions& opts) {
   // Each rank opens the checkpoint; the ranks agree before the collective load.
   auto ckpt = Checkpoint::Open(args.path);
   if (Status agreed = c.Agree(ckpt.status()); !agreed.ok()) return Fail(c, agreed);
+  auto device_comm = DeviceComm(c, &opts);  // Agreed by MakeNcclCommunicator.
+  if (!device_comm.ok())
+    return Fail(c, device_comm.status().WithContext("--device " + args.device));
+  DistributedOptions dopts;
+  dopts.device_comm = device_comm->get();
 
   const auto start = std::chrono::steady_clock::now();
-  auto dist = LoadDistributed(*ckpt, opts, c);
+  auto dist = LoadDistributed(*ckpt, opts, c, dopts);
   const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
   if (!dist.ok()) return Fail(c, dist.status());
 
@@ -89,7 +123,13 @@ int RunLoadMpi(const LoadArgs& args, const LoadOptions& opts) {
   }
   if (args.checksum) {
     for (const std::string& name : names) {  // Name order, the same on every rank.
-      auto t = dist->GetTensor(name);
+      Result<HostTensor> t = InvalidArgumentError("");
+      if (dopts.device_comm == nullptr) {
+        t = dist->GetTensor(name);
+      } else {
+        auto d = dist->GetDeviceTensor(name);
+        t = d.ok() ? d->ToHost() : Result<HostTensor>(d.status());
+      }
       if (!t.ok()) return Fail(c, t.status());
       if (c.rank() == 0) {
         std::printf("%s\t%s\n", name.c_str(), HexU64(Xxh3_64(t->data.get(), t->nbytes)).c_str());

@@ -71,7 +71,8 @@ int main(int argc, char** argv) {
   load->add_flag("!--no-gds", load_args.gds, "GPU loads: never use GPUDirect Storage");
   load->add_flag("--mpi", load_args.mpi,
                  "Run as one rank of an MPI job (mpirun -n N tensorlift load --mpi ...): each rank "
-                 "reads its balanced share once; rank 0 reports every rank (host memory only)");
+                 "reads its balanced share once; rank 0 reports every rank (host memory, or with "
+                 "--device cuda each rank's own GPU, the tensors moved over NCCL)");
 
   SparsifyArgs sparsify_args;
   auto* sparsify = app.add_subcommand(

@@ -69,9 +69,25 @@ def test_filter_and_errors_are_the_same_on_every_rank(cli, sharded, tmp_path):
     assert "rank 0:" in missing.stderr
 
 
-def test_device_and_dtype_are_refused(cli, sharded):
-    for extra in (["--device", "cuda"], ["--dtype", "f16"]):
+def test_emulated_device_and_dtype_are_refused(cli, sharded):
+    for extra, words in ((["--device", "emulated"], "emulated device lives inside one process"),
+                         (["--dtype", "f16"], "--dtype is not supported")):
         r = subprocess.run([str(cli), "load", str(sharded), "--mpi", *extra], capture_output=True, text=True,
                            timeout=60, env=ENV)
-        assert r.returncode == 2
-        assert "host memory" in r.stderr
+        assert r.returncode == 2, r.stderr
+        assert words in r.stderr
+
+
+def test_device_cuda_moves_tensors_over_nccl_or_every_rank_says_why_not(cli, sharded):
+    # Each rank loads its share into its own GPU and the tensors move over NCCL.
+    # With two GPUs and NCCL the checksums are a single-process load's; without
+    # (here: no GPU), every rank fails with the same error, printed once.
+    one = subprocess.run([str(cli), "load", str(sharded), "--checksum"], capture_output=True, text=True,
+                         timeout=120, check=True)
+    many = mpirun(cli, 2, sharded, "--device", "cuda", "--checksum")
+    if many.returncode == 0:
+        assert many.stdout == one.stdout
+    else:
+        said = [line for line in many.stderr.splitlines() if line.startswith("--device cuda: ")]
+        assert len(said) == 1, many.stderr
+        assert "rank " in said[0]
