@@ -170,6 +170,13 @@ load_env() {
     lib=$("$py" -c 'import glob, os, nvidia.cufile as m; p = list(m.__path__)[0]; print((glob.glob(os.path.join(p, "lib", "libcufile.so*")) or [""])[0])' 2>/dev/null || true)
     [ -n "$lib" ] && export TENSORLIFT_CUFILE_LIB=$lib
   fi
+  # NCCL likewise, from PyPI's nvidia-nccl (CUDA torch's): the NCCL tests and
+  # the one-rank device load over NCCL run with it.
+  if [ "$mode" = gpu ] && [ -z "${TENSORLIFT_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then
+    local nccl
+    nccl=$("$py" -c 'import glob, os, nvidia.nccl as m; p = list(m.__path__)[0]; print((glob.glob(os.path.join(p, "lib", "libnccl.so.2")) or [""])[0])' 2>/dev/null || true)
+    [ -n "$nccl" ] && export TENSORLIFT_NCCL_LIB=$nccl
+  fi
 }
 
 # Counts from a ctest or pytest log into $out/tests.json entries.

@@ -582,6 +582,37 @@ TEST_F(DistributedLoaderTest, DeviceLoadsEqualReferenceSlicingOnTheEmulatedDevic
   EXPECT_EQ(*free_after, *free_before) << "device memory left allocated";
 }
 
+// One rank onto GPU 0 over a one-rank NCCL communicator: the device path with
+// cudaMalloc'd buffers and NCCL's broadcast and scatter (make gpu-check runs
+// it; without a GPU or NCCL it skips with the reason). Two GPUs run the
+// CLI's --mpi --device cuda (tests/python/test_cli_mpi.py).
+TEST_F(DistributedLoaderTest, OneRankOntoAGpuOverNcclOrAClearReason) {
+  if (world() > 1) GTEST_SKIP() << "runs in the single-process mode";
+  auto single = MakeSingleProcessCommunicator();
+  auto nccl = MakeNcclCommunicator(*single, 0);
+  if (!nccl.ok()) GTEST_SKIP() << nccl.status().ToString();
+  LoadOptions options;
+  options.device = "cuda:0";
+  DistributedOptions dopts;
+  dopts.device_comm = nccl->get();
+  dopts.keep_buffers = true;
+  dopts.dim0_sharded = TensorFilter::Names({"c.f32"});
+  auto d = LoadDistributed(*ckpt_, options, *single, dopts);
+  ASSERT_OK(d);
+  EXPECT_EQ(d->device(), DeviceType::kCuda);
+  for (int dim : {-1, 0, 1}) {
+    for (const LoadedTensor& ref : full_.tensors()) {
+      if (dim >= static_cast<int>(ref.shape.size())) continue;
+      auto t = d->GetDeviceSharded(ref.name, dim);
+      ASSERT_OK(t);
+      EXPECT_EQ(t->device, DeviceType::kCuda);
+      auto host = t->ToHost();
+      ASSERT_OK(host);
+      EXPECT_EQ(Bytes(*host), ReferenceSlice(ref, dim, 0, 1)) << ref.name << " dim " << dim;
+    }
+  }
+}
+
 TEST_F(DistributedLoaderTest, DeviceLoadsCheckTheirCommunicators) {
   if (world() > 1) GTEST_SKIP() << "runs in the single-process mode";
   auto dev = OpenDevice(DeviceType::kEmulated, 0);
