@@ -162,6 +162,15 @@ struct PeerLoadOptions {
   // Where to load from when no peer works ("" = fail instead).
   std::string fallback_path;
   LoadOptions fallback_load;  // For the disk fallback (filter and dtype are ignored on peers).
+  // Where the tensors go, from a peer or from disk: "cpu", "cuda:N" (or
+  // "emulated:0" in tests). Pulls land in host memory, are checked there,
+  // and are then copied to the device in one allocation (the host copy is
+  // freed): UCX's CUDA transports, which would pull into GPU memory directly,
+  // are not used yet. The disk fallback loads straight onto the device when
+  // nothing is sliced for a tensor-parallel rank. fallback_load.device must
+  // be "cpu" or the same device. A seed (become_seed) serves host memory
+  // only, so it needs "cpu".
+  std::string device = "cpu";
   // Time-outs: each control request, connecting the data plane, and the
   // longest a pull may go without finishing a get.
   int request_timeout_ms = 5000;

@@ -688,8 +688,11 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
                          const std::string& registry, const std::string& token, int tp_size,
                          int tp_rank, const std::string& fallback, const std::string& mode,
                          int timeout_ms, const std::string& transports, bool become_seed,
-                         const std::string& seed_host, uint64_t batch_bytes, int max_in_flight) {
+                         const std::string& seed_host, uint64_t batch_bytes, int max_in_flight,
+                         const std::string& device) {
+  Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
   PeerLoadOptions o;
+  o.device = device;
   o.peers = peers;
   o.registry = registry;
   o.token = token;
@@ -731,9 +734,9 @@ void BindPeerLoading(nb::module_& m) {
         nb::arg("fallback") = "", nb::arg("mode") = "auto", nb::arg("timeout_ms") = 10000,
         nb::arg("transports") = "", nb::arg("become_seed") = false,
         nb::arg("seed_host") = "127.0.0.1", nb::arg("batch_bytes") = uint64_t{8} << 20,
-        nb::arg("max_in_flight") = 16,
-        "Pulls from the first working peer (then the registry's seeds, then disk): "
-        "(Loaded, report, seed or None).");
+        nb::arg("max_in_flight") = 16, nb::arg("device") = "cpu",
+        "Pulls from the first working peer (then the registry's seeds, then disk) onto "
+        "`device`: (Loaded, report, seed or None).");
 }
 
 void BindFormat(nb::module_& m) {

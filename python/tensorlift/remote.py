@@ -177,7 +177,8 @@ class Peer:
                  revision: Optional[str] = None, dtype: str = "as-stored", quantization: str = "none",
                  layout: str = "", registry: Optional[str] = None, fallback: Union[None, str, os.PathLike] = None,
                  token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0,
-                 timeout: float = 10.0, transports: Optional[str] = None, mode: str = "auto"):
+                 timeout: float = 10.0, transports: Optional[str] = None, mode: str = "auto",
+                 device: str = "cpu"):
         self.urls = [urls] if isinstance(urls, str) else list(urls or [])
         self.fallback = os.fspath(fallback) if fallback is not None else ""
         self.key = _key(model, revision, dtype, quantization, layout, self.fallback or None)
@@ -187,6 +188,9 @@ class Peer:
         self.timeout_ms = int(timeout * 1000)
         self.transports = transports or ""
         self.mode = mode
+        # Where the tensors go ("cpu", "cuda:N"): pulls are checked in host memory, then copied to the
+        # device (docs/remote.md, "Devices"); a seed serves host memory only.
+        self.device = str(device)
 
     def pull(self, become_seed: bool = False, seed_host: str = "127.0.0.1"):
         """(Loaded, report, seed Server or None)."""
@@ -194,7 +198,7 @@ class Peer:
         loaded, report, seed = _tl.load_from_peer(
             self.key, peers=self.urls, registry=self.registry, token=self.token, tp_size=self.tp_size,
             tp_rank=self.tp_rank, fallback=self.fallback, mode=self.mode, timeout_ms=self.timeout_ms,
-            transports=self.transports, become_seed=become_seed, seed_host=seed_host)
+            transports=self.transports, become_seed=become_seed, seed_host=seed_host, device=self.device)
         _last_report = report
         return loaded, report, (Server(seed) if seed is not None else None)
 
@@ -229,15 +233,17 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
                    layout: str = "", registry: Optional[str] = None, fallback: Union[None, str, os.PathLike] = None,
                    token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1,
                    tp_rank: int = 0, timeout: float = 10.0, transports: Optional[str] = None,
-                   framework: str = "pt", become_seed: bool = False, seed_host: str = "127.0.0.1"):
+                   framework: str = "pt", become_seed: bool = False, seed_host: str = "127.0.0.1",
+                   device: str = "cpu"):
     """Pulls this rank's tensors from a peer; returns name -> tensor.
 
     With become_seed, returns (tensors, Server): the process serves what it got.
+    device ("cpu", "cuda:N"): where the tensors go (torch tensors on that GPU with framework "pt").
     last_report() says which source was used and why the others failed.
     """
     peer = Peer(urls, model=model, revision=revision, dtype=dtype, quantization=quantization, layout=layout,
                 registry=registry, fallback=fallback, token=token, token_file=token_file, tp_size=tp_size,
-                tp_rank=tp_rank, timeout=timeout, transports=transports)
+                tp_rank=tp_rank, timeout=timeout, transports=transports, device=device)
     loaded, _, seed = peer.pull(become_seed=become_seed, seed_host=seed_host)
     out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
     if not become_seed:

@@ -12,7 +12,9 @@
 #include <set>
 
 #include "common/checked_math.h"
+#include "device/device.h"
 #include "device/populate.h"
+#include "load/upload.h"
 #include "remote/auth.h"
 #include "remote/layout.h"
 #include "remote/manifest.h"
@@ -594,6 +596,24 @@ class Puller {
 
 }  // namespace
 
+// The device of PeerLoadOptions::device, or null for host memory.
+Result<std::shared_ptr<Device>> DestinationDevice(const PeerLoadOptions& options) {
+  TL_ASSIGN_OR_RETURN(const auto dev, ParseDevice(options.device));
+  const std::string& fallback = options.fallback_load.device;
+  if (fallback != "cpu" && fallback != options.device) {
+    return InvalidArgumentError("peer load: fallback_load.device \"" + fallback +
+                                "\" differs from PeerLoadOptions::device \"" + options.device +
+                                "\" (set PeerLoadOptions::device: it applies to peers and disk)");
+  }
+  if (dev.first == DeviceType::kCpu) return std::shared_ptr<Device>();
+  if (options.become_seed) {
+    return InvalidArgumentError(
+        "peer load: become_seed serves host memory only (GPU memory would need UCX's CUDA "
+        "transports, not used yet); load with device \"cpu\" to seed");
+  }
+  return OpenDevice(dev.first, dev.second);
+}
+
 // The load, and each tensor's shard (for become-a-seed).
 Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLoadOptions& options,
                                                 PeerLoadReport* report,
@@ -611,6 +631,15 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
                                 std::to_string(options.parallel.size) + " is out of range");
   }
   const std::string& token = options.token;
+  TL_ASSIGN_OR_RETURN(const std::shared_ptr<Device> device, DestinationDevice(options));
+  // Pulls and slices land in host memory; a device destination gets a copy.
+  auto place = [&](Result<LoadedCheckpoint> r) -> Result<LoadedCheckpoint> {
+    if (!r.ok() || !device || r->tensors().empty() ||
+        r->tensors().front().device != DeviceType::kCpu) {
+      return r;
+    }
+    return UploadToDevice(std::move(r).value(), device);
+  };
 
   // The endpoints: the given ones, then the registry's live seeds.
   std::vector<std::string> urls = options.peers;
@@ -693,7 +722,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
         break;
       }
       std::string failed_url;
-      auto loaded = puller.Pull(pick, shards, report, &failed_url);
+      auto loaded = place(puller.Pull(pick, shards, report, &failed_url));
       if (loaded.ok()) {
         std::string used;
         for (const Control* c : pick) used += (used.empty() ? "" : ",") + c->url();
@@ -718,9 +747,12 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
     return UnavailableError("peer load: no peer worked and there is no fallback path:" + why);
   }
   LoadOptions disk = options.fallback_load;
+  // Nothing sliced: straight onto the device. Else slices are cut on the host.
+  const bool whole_tensors = options.parallel.size == 1 || layout.empty();
+  disk.device = whole_tensors ? options.device : "cpu";
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(options.fallback_path, disk));
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine,
-                      SliceForRank(std::move(whole), layout, options.parallel, shards));
+                      place(SliceForRank(std::move(whole), layout, options.parallel, shards)));
   report->source = "disk:" + options.fallback_path;
   report->bytes = mine.total_bytes();
   report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();

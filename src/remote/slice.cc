@@ -45,11 +45,6 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
     return InvalidArgumentError("tensor parallel rank " + std::to_string(parallel.rank) +
                                 " of size " + std::to_string(parallel.size) + " is out of range");
   }
-  for (const LoadedTensor& t : whole.tensors()) {
-    if (t.device != DeviceType::kCpu) {
-      return UnimplementedError("tensor '" + t.name + "': slicing for a rank needs host tensors");
-    }
-  }
   std::vector<ShardOf> of(whole.tensors().size());
   std::vector<IndexRange> ranges(of.size());
   std::vector<uint64_t> offsets(of.size());
@@ -74,7 +69,12 @@ Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layo
     total += bytes;
   }
   if (shards) *shards = of;
-  if (!any_split) return whole;
+  if (!any_split) return whole;  // Wherever it is: nothing to cut.
+  for (const LoadedTensor& t : whole.tensors()) {
+    if (t.device != DeviceType::kCpu) {
+      return UnimplementedError("tensor '" + t.name + "': slicing for a rank needs host tensors");
+    }
+  }
 
   TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> buffer, HostBuffer::Allocate(total));
   CheckpointBuilder out;

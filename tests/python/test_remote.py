@@ -55,6 +55,19 @@ def test_serve_and_pull(ckpt):
         assert sorted(part) == ["a", "b"] and isinstance(part["a"], np.ndarray)
 
 
+def test_pull_onto_a_device(ckpt):
+    # The emulated device (no framework can touch it): the pulled tensors are there;
+    # tests/remote/peer_test.cc compares their bytes.
+    with remote.serve(ckpt, **KEY) as server:
+        loaded, report, seed = remote.Peer(server.url, **KEY, device="emulated:0").pull()
+        assert report["source"] == server.url and seed is None
+        assert loaded.names() and all(loaded.device(n) == (12, 0) for n in loaded.names())
+        with pytest.raises(ValueError, match="become_seed serves host memory only"):
+            remote.Peer(server.url, **KEY, device="emulated:0").pull(become_seed=True)
+        with pytest.raises(ValueError, match="device"):
+            remote.load_from_peer(server.url, **KEY, device="tpu:0")
+
+
 def test_default_key_and_fallback(ckpt):
     with remote.serve(ckpt) as server:
         assert server.key["model"] == "m" and server.key["revision"].startswith("h:")

@@ -302,6 +302,59 @@ TEST_F(PeerTest, TranslatesBetweenTensorParallelSizes) {
   }
 }
 
+// PeerLoadOptions::device: pulled (and disk-loaded) tensors end up in the
+// device's memory, byte for byte what a host pull gives, sliced or whole.
+TEST_F(PeerTest, PullsOntoADevice) {
+  auto server = Start(Serve());
+  ASSERT_NE(server, nullptr);
+  for (int size : {1, 2}) {
+    for (bool from_disk : {false, true}) {
+      SCOPED_TRACE(std::string(from_disk ? "disk" : "peer") + ", rank 1 of " +
+                   std::to_string(size));
+      const int rank = size - 1;
+      auto opts =
+          Pull(from_disk ? std::vector<std::string>{} : std::vector{server->url()}, size, rank);
+      opts.fallback_path = path_;
+      opts.device = "emulated:0";
+      PeerLoadReport report;
+      auto got = LoadFromPeer(key_, opts, &report);
+      ASSERT_OK(got);
+      EXPECT_EQ(report.source, from_disk ? "disk:" + path_ : server->url());
+      ASSERT_EQ(got->tensors().size(), tensors_.size());
+      for (const RawTensor& t : tensors_) {
+        const LoadedTensor* g = got->Find(t.name);
+        ASSERT_NE(g, nullptr) << t.name;
+        EXPECT_EQ(g->device, DeviceType::kEmulated) << t.name;
+        const auto want = Expected(t, size, rank);
+        ASSERT_EQ(g->nbytes, want.size()) << t.name;
+        std::vector<uint8_t> host(want.size());
+        ASSERT_OK(got->CopyToHost(t.name, host.data()));
+        EXPECT_EQ(host, want) << t.name;
+      }
+    }
+  }
+}
+
+TEST_F(PeerTest, DeviceDestinationsSayWhatTheyCannotDo) {
+  auto opts = Pull({});
+  opts.fallback_path = path_;
+  opts.device = "emulated:0";
+  opts.fallback_load.device = "cpu";
+  opts.become_seed = true;
+  auto seeded = LoadFromPeerAndSeed(key_, opts);
+  EXPECT_EQ(seeded.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(seeded.status().message(), HasSubstr("become_seed serves host memory only"));
+  opts.become_seed = false;
+  opts.fallback_load.device = "emulated:0";
+  EXPECT_OK(LoadFromPeer(key_, opts).status());  // The same device twice is fine.
+  opts.device = "cpu";
+  auto conflicting = LoadFromPeer(key_, opts);
+  EXPECT_EQ(conflicting.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(conflicting.status().message(), HasSubstr("differs from PeerLoadOptions::device"));
+  opts.device = "tpu:0";
+  EXPECT_EQ(LoadFromPeer(key_, opts).status().code(), StatusCode::kInvalidArgument);
+}
+
 TEST_F(PeerTest, IncompleteSourceGroupFallsBack) {
   auto rank0 = Start(Serve(2, 0));  // Rank 1 of 2 is missing.
   ASSERT_NE(rank0, nullptr);
