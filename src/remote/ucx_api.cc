@@ -1,0 +1,122 @@
+#include "remote/ucx_api.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string_view>
+#include <utility>
+
+#include "common/dynamic_library.h"
+
+namespace tensorlift::remote {
+namespace {
+
+constexpr const char* kDefaultLib = "libucp.so.0";
+
+// The libraries beside a libucp.so.0 that it needs, in dependency order
+// (libucs_signal is optional: older builds lack it). Loading them by full
+// path first, as PyPI's libucx/load.py does, binds libucp to these files and
+// not to whatever libucs.so.0 the loader's search path would find.
+constexpr const char* kSiblings[] = {"libucm.so.0", "libucs.so.0", "libucs_signal.so.0",
+                                     "libuct.so.0"};
+
+Status OpenSiblings(const std::string& libucp) {
+  const size_t slash = libucp.rfind('/');
+  if (slash == std::string::npos) return Status::Ok();  // A bare name: the loader's search.
+  const std::string dir = libucp.substr(0, slash + 1);
+  for (const char* name : kSiblings) {
+    const std::string path = dir + name;
+    if (::access(path.c_str(), F_OK) != 0) {
+      if (std::string_view(name) == "libucs_signal.so.0") continue;
+      return UnavailableError(std::string("UCX library ") + path + " not found beside " + libucp +
+                              " (" + kUcxLibEnv + " must name a libucp.so.0 in a complete UCX " +
+                              "lib/ directory)");
+    }
+    TL_ASSIGN_OR_RETURN(DynamicLibrary lib,
+                        DynamicLibrary::Open(nullptr, path, "UCX library " + path, ""));
+    lib.Keep();
+  }
+  return Status::Ok();
+}
+
+template <typename F>
+Status Resolve(const DynamicLibrary& lib, const char* symbol, F* out) {
+  return lib.Symbol(symbol, out);
+}
+
+Result<UcxApi> Load() {
+  const char* env = std::getenv(kUcxLibEnv);
+  const bool named = env != nullptr && env[0] != '\0';
+  const std::string path = named ? env : kDefaultLib;
+  if (named) TL_RETURN_IF_ERROR(OpenSiblings(path));
+  TL_ASSIGN_OR_RETURN(
+      DynamicLibrary lib,
+      DynamicLibrary::Open(kUcxLibEnv, kDefaultLib, "UCX (" + path + ")",
+                           " (install Debian's libucx0, or set TENSORLIFT_UCX_LIB to the path of "
+                           "another UCX build's libucp.so.0)"));
+  UcxApi api{};
+  // dlsym on libucp's handle also searches its dependencies (libucs, ...).
+#define TL_UCX_SYMBOL(field, symbol) TL_RETURN_IF_ERROR(Resolve(lib, #symbol, &api.field))
+  TL_UCX_SYMBOL(init_version, ucp_init_version);
+  TL_UCX_SYMBOL(get_version, ucp_get_version);
+  TL_UCX_SYMBOL(cleanup, ucp_cleanup);
+  TL_UCX_SYMBOL(config_read, ucp_config_read);
+  TL_UCX_SYMBOL(config_modify, ucp_config_modify);
+  TL_UCX_SYMBOL(config_release, ucp_config_release);
+  TL_UCX_SYMBOL(context_print_info, ucp_context_print_info);
+  TL_UCX_SYMBOL(worker_create, ucp_worker_create);
+  TL_UCX_SYMBOL(worker_destroy, ucp_worker_destroy);
+  TL_UCX_SYMBOL(worker_query, ucp_worker_query);
+  TL_UCX_SYMBOL(worker_progress, ucp_worker_progress);
+  TL_UCX_SYMBOL(worker_arm, ucp_worker_arm);
+  TL_UCX_SYMBOL(worker_signal, ucp_worker_signal);
+  TL_UCX_SYMBOL(worker_get_efd, ucp_worker_get_efd);
+  TL_UCX_SYMBOL(worker_get_address, ucp_worker_get_address);
+  TL_UCX_SYMBOL(worker_release_address, ucp_worker_release_address);
+  TL_UCX_SYMBOL(ep_create, ucp_ep_create);
+  TL_UCX_SYMBOL(ep_close_nbx, ucp_ep_close_nbx);
+  TL_UCX_SYMBOL(ep_flush_nbx, ucp_ep_flush_nbx);
+  TL_UCX_SYMBOL(ep_print_info, ucp_ep_print_info);
+  TL_UCX_SYMBOL(ep_rkey_unpack, ucp_ep_rkey_unpack);
+  TL_UCX_SYMBOL(rkey_destroy, ucp_rkey_destroy);
+  TL_UCX_SYMBOL(rkey_pack, ucp_rkey_pack);
+  TL_UCX_SYMBOL(rkey_buffer_release, ucp_rkey_buffer_release);
+  TL_UCX_SYMBOL(mem_map, ucp_mem_map);
+  TL_UCX_SYMBOL(mem_unmap, ucp_mem_unmap);
+  TL_UCX_SYMBOL(get_nbx, ucp_get_nbx);
+  TL_UCX_SYMBOL(request_check_status, ucp_request_check_status);
+  TL_UCX_SYMBOL(request_free, ucp_request_free);
+  TL_UCX_SYMBOL(status_string, ucs_status_string);
+  TL_UCX_SYMBOL(global_opts_get_value, ucs_global_opts_get_value);
+  TL_UCX_SYMBOL(global_opts_set_value, ucs_global_opts_set_value);
+#undef TL_UCX_SYMBOL
+  unsigned major = 0, minor = 0, release = 0;
+  api.get_version(&major, &minor, &release);
+  api.path = path;
+  api.version = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+  // The structs and flags come from the headers tensorlift was built with;
+  // an older library may not know all of them.
+  if (major != UCP_API_MAJOR || minor < UCP_API_MINOR) {
+    return UnavailableError("UCX " + api.version + " (" + path +
+                            ") is not compatible with the UCX headers tensorlift was built with (" +
+                            std::to_string(UCP_API_MAJOR) + "." + std::to_string(UCP_API_MINOR) +
+                            "): it needs " + std::to_string(UCP_API_MAJOR) +
+                            ".x, x >= " + std::to_string(UCP_API_MINOR));
+  }
+  lib.Keep();
+  return api;
+}
+
+}  // namespace
+
+Result<const UcxApi*> LoadUcx() {
+  static std::mutex mu;
+  static const Result<UcxApi>* loaded = nullptr;  // Never freed: UCX stays loaded.
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded == nullptr) loaded = new Result<UcxApi>(Load());
+  if (!loaded->ok()) return loaded->status();
+  return &**loaded;
+}
+
+}  // namespace tensorlift::remote
