@@ -9,6 +9,7 @@
 #   peer_load.cc     LoadFromPeer: key check, manifest, pulls, checksums, fallback
 #   ucx_transport.cc the UCX data plane (TENSORLIFT_WITH_UCX = AUTO | ON | OFF),
 #                    else ucx_none.cc says "built without UCX" at run time.
+#   ucx_api.cc       UCX's functions, loaded at run time (dlopen; UCX is not linked).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 # Debian's cpp-httplib is a compiled library whose build macros (OpenSSL, zlib,
 # brotli support) change its classes' layout: take them from pkg-config with
@@ -34,9 +35,13 @@ endif()
 set(TENSORLIFT_HAVE_UCX ${TENSORLIFT_HAVE_UCX} PARENT_SCOPE)
 tl_backend_sources(UCX tl_remote remote/ucx_transport.cc remote/ucx_none.cc TENSORLIFT_NO_UCX_REASON)
 if(TENSORLIFT_HAVE_UCX)
-  target_link_libraries(tl_remote PRIVATE PkgConfig::UCX)
-  set_source_files_properties(remote/ucx_transport.cc PROPERTIES
-    COMPILE_DEFINITIONS "TENSORLIFT_UCX_VERSION=\"${UCX_VERSION}\"")
+  # UCX's headers only: the library is loaded at run time (ucx_api.cc), one
+  # build per process, Debian's libucp.so.0 or $TENSORLIFT_UCX_LIB, so that a
+  # CUDA build of UCX can replace it (docs/remote.md, "Devices").
+  target_sources(tl_remote PRIVATE remote/ucx_api.cc)
+  target_include_directories(tl_remote PRIVATE ${UCX_INCLUDE_DIRS})
+  target_compile_options(tl_remote PRIVATE ${UCX_CFLAGS_OTHER})
+  target_link_libraries(tl_remote PRIVATE ${CMAKE_DL_LIBS})
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)

@@ -28,8 +28,6 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <time.h>
-#include <ucp/api/ucp.h>
-#include <ucs/config/global_opts.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,11 +43,8 @@
 
 #include "common/checked_math.h"
 #include "common/posix_file.h"
+#include "remote/ucx_api.h"
 #include "tensorlift/checksum.h"
-
-#ifndef TENSORLIFT_UCX_VERSION
-#error "TENSORLIFT_UCX_VERSION must be defined by the build"
-#endif
 
 namespace tensorlift::remote {
 namespace {
@@ -60,7 +55,7 @@ Status UnavailableError(std::string message) {
   return Status(StatusCode::kUnavailable, std::move(message));
 }
 
-std::string UcsText(ucs_status_t status) { return ucs_status_string(status); }
+std::string UcsText(const UcxApi* api, ucs_status_t status) { return api->status_string(status); }
 
 // --- Frames -----------------------------------------------------------------
 
@@ -127,11 +122,13 @@ class UcxCore {
   UcxCore() = default;
   ~UcxCore() { Reset(); }
   UcxCore(UcxCore&& other) noexcept
-      : context_(std::exchange(other.context_, nullptr)),
+      : api_(other.api_),
+        context_(std::exchange(other.context_, nullptr)),
         worker_(std::exchange(other.worker_, nullptr)) {}
   UcxCore& operator=(UcxCore&& other) noexcept {
     if (this != &other) {
       Reset();
+      api_ = other.api_;
       context_ = std::exchange(other.context_, nullptr);
       worker_ = std::exchange(other.worker_, nullptr);
     }
@@ -142,15 +139,16 @@ class UcxCore {
 
   static Result<UcxCore> Create(const UcxOptions& options, ucs_thread_mode_t thread_mode,
                                 bool shared_context, const char* name) {
+    TL_ASSIGN_OR_RETURN(const UcxApi* api, LoadUcx());
     ucp_config_t* config = nullptr;
-    ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
-    if (st != UCS_OK) return InternalError("ucp_config_read: " + UcsText(st));
+    ucs_status_t st = api->config_read(nullptr, nullptr, &config);
+    if (st != UCS_OK) return InternalError("ucp_config_read: " + UcsText(api, st));
     if (!options.transports.empty()) {
-      st = ucp_config_modify(config, "TLS", options.transports.c_str());
+      st = api->config_modify(config, "TLS", options.transports.c_str());
       if (st != UCS_OK) {
-        ucp_config_release(config);
+        api->config_release(config);
         return InvalidArgumentError("UCX rejected transports '" + options.transports +
-                                    "': " + UcsText(st));
+                                    "': " + UcsText(api, st));
       }
     }
     ucp_params_t params{};
@@ -162,28 +160,29 @@ class UcxCore {
       params.mt_workers_shared = 1;
     }
     UcxCore core;
-    st = ucp_init(&params, config, &core.context_);
-    ucp_config_release(config);
+    core.api_ = api;
+    st = api->Init(&params, config, &core.context_);
+    api->config_release(config);
     if (st != UCS_OK) {
       core.context_ = nullptr;
       return UnimplementedError(
           "ucp_init with transports '" +
           (options.transports.empty() ? std::string("default") : options.transports) +
-          "': " + UcsText(st));
+          "': " + UcsText(api, st));
     }
     ucp_worker_params_t wparams{};
     wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wparams.thread_mode = thread_mode;
-    st = ucp_worker_create(core.context_, &wparams, &core.worker_);
+    st = api->worker_create(core.context_, &wparams, &core.worker_);
     if (st != UCS_OK) {
       core.worker_ = nullptr;
       return UnimplementedError("ucp_worker_create with transports '" + options.transports +
-                                "': " + UcsText(st));
+                                "': " + UcsText(api, st));
     }
     if (thread_mode == UCS_THREAD_MODE_MULTI) {
       ucp_worker_attr_t attr{};
       attr.field_mask = UCP_WORKER_ATTR_FIELD_THREAD_MODE;
-      if (ucp_worker_query(core.worker_, &attr) == UCS_OK &&
+      if (api->worker_query(core.worker_, &attr) == UCS_OK &&
           attr.thread_mode != UCS_THREAD_MODE_MULTI) {
         return UnimplementedError("this UCX was built without multi-thread support (--enable-mt)");
       }
@@ -191,17 +190,20 @@ class UcxCore {
     return core;
   }
 
+  // The UCX functions; set whenever a context is.
+  const UcxApi* api() const { return api_; }
   ucp_context_h context() const { return context_; }
   ucp_worker_h worker() const { return worker_; }
 
  private:
   void Reset() {
-    if (worker_ != nullptr) ucp_worker_destroy(worker_);
-    if (context_ != nullptr) ucp_cleanup(context_);
+    if (worker_ != nullptr) api_->worker_destroy(worker_);
+    if (context_ != nullptr) api_->cleanup(context_);
     worker_ = nullptr;
     context_ = nullptr;
   }
 
+  const UcxApi* api_ = nullptr;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
 };
@@ -261,8 +263,8 @@ std::string ParseTransports(const std::string& text, bool lanes) {
 
 // Waits until the worker has an event or `deadline` passes; returns at once
 // when events are pending (the caller progresses and comes back).
-void WaitForWorker(ucp_worker_h worker, int efd, Clock::time_point deadline) {
-  if (ucp_worker_arm(worker) != UCS_OK) return;  // Busy: events are pending.
+void WaitForWorker(const UcxApi* api, ucp_worker_h worker, int efd, Clock::time_point deadline) {
+  if (api->worker_arm(worker) != UCS_OK) return;  // Busy: events are pending.
   const auto now = Clock::now();
   if (deadline <= now) return;
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline - now).count();
@@ -279,7 +281,8 @@ class UcxServerImpl final : public UcxServer {
  public:
   UcxServerImpl(UcxCore core, PosixFile stop_fd, int worker_efd, std::string address,
                 std::string transports)
-      : core_(std::move(core)),
+      : api_(core.api()),
+        core_(std::move(core)),
         stop_fd_(std::move(stop_fd)),
         worker_efd_(worker_efd),
         address_(std::move(address)),
@@ -294,9 +297,9 @@ class UcxServerImpl final : public UcxServer {
     do {
       n = ::write(stop_fd_.fd(), &one, sizeof(one));
     } while (n < 0 && errno == EINTR);
-    (void)ucp_worker_signal(core_.worker());
+    (void)api_->worker_signal(core_.worker());
     thread_.join();
-    for (Region& r : regions_) ucp_mem_unmap(core_.context(), r.memh);
+    for (Region& r : regions_) api_->mem_unmap(core_.context(), r.memh);
     regions_.clear();
     // core_ destroys the worker, then the context.
   }
@@ -320,20 +323,20 @@ class UcxServerImpl final : public UcxServer {
     if (regions_.size() >= UINT32_MAX)
       return ResourceExhaustedError("UCX Register: too many regions");
     ucp_mem_h memh = nullptr;
-    const ucs_status_t st = ucp_mem_map(core_.context(), &params, &memh);
+    const ucs_status_t st = api_->mem_map(core_.context(), &params, &memh);
     if (st != UCS_OK) {
       return ResourceExhaustedError("UCX Register: ucp_mem_map of " + std::to_string(bytes) +
-                                    " bytes: " + UcsText(st));
+                                    " bytes: " + UcsText(api_, st));
     }
     void* rkey_buf = nullptr;
     size_t rkey_size = 0;
-    const ucs_status_t pst = ucp_rkey_pack(core_.context(), memh, &rkey_buf, &rkey_size);
+    const ucs_status_t pst = api_->rkey_pack(core_.context(), memh, &rkey_buf, &rkey_size);
     if (pst != UCS_OK) {
-      ucp_mem_unmap(core_.context(), memh);
-      return InternalError("UCX Register: ucp_rkey_pack: " + UcsText(pst));
+      api_->mem_unmap(core_.context(), memh);
+      return InternalError("UCX Register: ucp_rkey_pack: " + UcsText(api_, pst));
     }
     std::string rkey = Frame('K', rkey_buf, rkey_size);
-    ucp_rkey_buffer_release(rkey_buf);
+    api_->rkey_buffer_release(rkey_buf);
     regions_.push_back(Region{reinterpret_cast<uint64_t>(data), bytes, memh, std::move(rkey)});
     return static_cast<uint32_t>(regions_.size() - 1);
   }
@@ -374,9 +377,9 @@ class UcxServerImpl final : public UcxServer {
   void ProgressLoop() {
     const ucp_worker_h worker = core_.worker();
     while (!stop_.load(std::memory_order_acquire)) {
-      while (ucp_worker_progress(worker) != 0) {
+      while (api_->worker_progress(worker) != 0) {
       }
-      const ucs_status_t st = ucp_worker_arm(worker);
+      const ucs_status_t st = api_->worker_arm(worker);
       if (st == UCS_ERR_BUSY) continue;
       pollfd fds[2] = {{worker_efd_, POLLIN, 0}, {stop_fd_.fd(), POLLIN, 0}};
       // If the worker cannot be armed, poll it every millisecond instead.
@@ -390,6 +393,7 @@ class UcxServerImpl final : public UcxServer {
     }
   }
 
+  const UcxApi* const api_;
   UcxCore core_;
   PosixFile stop_fd_;
   int worker_efd_;
@@ -405,11 +409,12 @@ class UcxServerImpl final : public UcxServer {
 
 class UcxClientImpl final : public UcxClient {
  public:
-  explicit UcxClientImpl(UcxCore core, int efd) : core_(std::move(core)), efd_(efd) {}
+  explicit UcxClientImpl(UcxCore core, int efd)
+      : api_(core.api()), core_(std::move(core)), efd_(efd) {}
 
   ~UcxClientImpl() override {
     if (abandoned_) return;  // Everything went with the abandoned worker.
-    for (RemoteRegion& r : regions_) ucp_rkey_destroy(r.rkey);
+    for (RemoteRegion& r : regions_) api_->rkey_destroy(r.rkey);
     regions_.clear();
     if (ep_ != nullptr) {
       // A graceful close when the peer is healthy (it then drops its side
@@ -417,7 +422,7 @@ class UcxClientImpl final : public UcxClient {
       // destruction below releases anything left.
       CloseEndpoint(/*force=*/ep_status_ != UCS_OK, std::chrono::seconds(2));
     }
-    for (LocalMap& m : local_) ucp_mem_unmap(core_.context(), m.memh);
+    for (LocalMap& m : local_) api_->mem_unmap(core_.context(), m.memh);
     local_.clear();
   }
 
@@ -436,10 +441,10 @@ class UcxClientImpl final : public UcxClient {
       // UCX logs the shared-memory transports' refusal (below) as an error,
       // on stdout; it is expected here, so quiet for this one call.
       char level[64] = "";
-      const bool saved = ucs_global_opts_get_value("LOG_LEVEL", level, sizeof level) == UCS_OK;
-      if (saved) (void)ucs_global_opts_set_value("LOG_LEVEL", "fatal");
-      st = ucp_ep_create(core_.worker(), &params, &ep_);
-      if (saved) (void)ucs_global_opts_set_value("LOG_LEVEL", level);
+      const bool saved = api_->global_opts_get_value("LOG_LEVEL", level, sizeof level) == UCS_OK;
+      if (saved) (void)api_->global_opts_set_value("LOG_LEVEL", "fatal");
+      st = api_->ep_create(core_.worker(), &params, &ep_);
+      if (saved) (void)api_->global_opts_set_value("LOG_LEVEL", level);
     }
     if (st == UCS_ERR_UNREACHABLE) {
       // Shared memory (see the top of this file): no peer-failure detection;
@@ -447,29 +452,29 @@ class UcxClientImpl final : public UcxClient {
       ep_ = nullptr;
       params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
       params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-      st = ucp_ep_create(core_.worker(), &params, &ep_);
+      st = api_->ep_create(core_.worker(), &params, &ep_);
       if (st == UCS_OK) detects_failures_ = false;
     }
     if (st != UCS_OK) {
       ep_ = nullptr;
-      return UnavailableError("UCX connect: ucp_ep_create: " + UcsText(st));
+      return UnavailableError("UCX connect: ucp_ep_create: " + UcsText(api_, st));
     }
     // Creating an endpoint does not contact the peer; a flush waits for the
     // wireup to finish, so it fails or times out when the peer is not there.
     ucp_request_param_t fparam{};
-    void* req = ucp_ep_flush_nbx(ep_, &fparam);
+    void* req = api_->ep_flush_nbx(ep_, &fparam);
     ucs_status_t result = UCS_OK;
     const auto deadline = Clock::now() + timeout;
     if (UCS_PTR_IS_ERR(req)) {
       result = UCS_PTR_STATUS(req);
     } else if (req != nullptr) {
       for (;;) {
-        while (ucp_worker_progress(core_.worker()) != 0) {
+        while (api_->worker_progress(core_.worker()) != 0) {
         }
-        result = ucp_request_check_status(req);
+        result = api_->request_check_status(req);
         if (result != UCS_INPROGRESS) break;
         if (Clock::now() >= deadline) break;
-        WaitForWorker(core_.worker(), efd_,
+        WaitForWorker(api_, core_.worker(), efd_,
                       std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
       }
       if (result == UCS_INPROGRESS) {
@@ -480,18 +485,18 @@ class UcxClientImpl final : public UcxClient {
         }
         // Timed out: the forced close completes the flush with an error.
         CloseEndpoint(/*force=*/true, std::chrono::seconds(30));
-        ucp_request_free(req);  // Released now or when UCX completes it.
+        api_->request_free(req);  // Released now or when UCX completes it.
         return UnavailableError("UCX connect: the peer did not answer within " +
                                 std::to_string(timeout.count()) + " ms");
       }
-      ucp_request_free(req);
+      api_->request_free(req);
     }
     if (result == UCS_OK && ep_status_ != UCS_OK) result = ep_status_;
     if (result != UCS_OK) {
       CloseEndpoint(/*force=*/true, std::chrono::seconds(30));
-      return UnavailableError("UCX connect: " + UcsText(result));
+      return UnavailableError("UCX connect: " + UcsText(api_, result));
     }
-    transports_ = ParseTransports(CaptureUcxPrint([this](FILE* f) { ucp_ep_print_info(ep_, f); }),
+    transports_ = ParseTransports(CaptureUcxPrint([this](FILE* f) { api_->ep_print_info(ep_, f); }),
                                   /*lanes=*/true);
     return Status::Ok();
   }
@@ -508,9 +513,9 @@ class UcxClientImpl final : public UcxClient {
     if (regions_.size() >= UINT32_MAX)
       return ResourceExhaustedError("UCX AddRegion: too many regions");
     ucp_rkey_h rkey = nullptr;
-    const ucs_status_t st = ucp_ep_rkey_unpack(ep_, rkey_bytes.data(), &rkey);
+    const ucs_status_t st = api_->ep_rkey_unpack(ep_, rkey_bytes.data(), &rkey);
     if (st != UCS_OK)
-      return InvalidArgumentError("UCX remote key: ucp_ep_rkey_unpack: " + UcsText(st));
+      return InvalidArgumentError("UCX remote key: ucp_ep_rkey_unpack: " + UcsText(api_, st));
     regions_.push_back(RemoteRegion{rkey, remote_address, bytes});
     return static_cast<uint32_t>(regions_.size() - 1);
   }
@@ -527,10 +532,10 @@ class UcxClientImpl final : public UcxClient {
     params.address = data;
     params.length = bytes;
     ucp_mem_h memh = nullptr;
-    const ucs_status_t st = ucp_mem_map(core_.context(), &params, &memh);
+    const ucs_status_t st = api_->mem_map(core_.context(), &params, &memh);
     if (st != UCS_OK) {
       return ResourceExhaustedError("UCX MapLocal: ucp_mem_map of " + std::to_string(bytes) +
-                                    " bytes: " + UcsText(st));
+                                    " bytes: " + UcsText(api_, st));
     }
     local_.push_back(LocalMap{reinterpret_cast<uint64_t>(data), end, memh});
     return Status::Ok();
@@ -695,7 +700,7 @@ class UcxClientImpl final : public UcxClient {
       param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
       param.memh = memh;
     }
-    return ucp_get_nbx(ep_, dst, bytes, r.address + g.offset + offset, r.rkey, &param);
+    return api_->get_nbx(ep_, dst, bytes, r.address + g.offset + offset, r.rkey, &param);
   }
 
   // Progresses the worker and takes in the completed requests; when nothing
@@ -704,7 +709,7 @@ class UcxClientImpl final : public UcxClient {
   bool ProgressGets(GetRun* run, Clock::time_point rate_wait) {
     unsigned progressed = 0;
     for (int i = 0; i < 64; ++i) {
-      const unsigned n = ucp_worker_progress(core_.worker());
+      const unsigned n = api_->worker_progress(core_.worker());
       progressed += n;
       if (n == 0) break;
     }
@@ -728,22 +733,22 @@ class UcxClientImpl final : public UcxClient {
     auto deadline = now + std::chrono::milliseconds(50);
     if (!run->in_flight.empty()) deadline = std::min(deadline, run->last_event + stall_timeout);
     if (rate_wait != Clock::time_point::max()) deadline = std::min(deadline, rate_wait);
-    WaitForWorker(core_.worker(), efd_, deadline);
+    WaitForWorker(api_, core_.worker(), efd_, deadline);
     return true;
   }
 
   // Releases the requests that have finished, counting the pieces that landed
   // and keeping the first error in run->failure; true when any piece landed.
-  static bool ReapCompleted(GetRun* run) {
+  bool ReapCompleted(GetRun* run) const {
     std::vector<InFlight>& in_flight = run->in_flight;
     bool completed = false;
     for (size_t i = 0; i < in_flight.size();) {
-      const ucs_status_t st = ucp_request_check_status(in_flight[i].request);
+      const ucs_status_t st = api_->request_check_status(in_flight[i].request);
       if (st == UCS_INPROGRESS) {
         ++i;
         continue;
       }
-      ucp_request_free(in_flight[i].request);
+      api_->request_free(in_flight[i].request);
       const InFlight done = in_flight[i];
       in_flight[i] = in_flight.back();
       in_flight.pop_back();
@@ -769,7 +774,7 @@ class UcxClientImpl final : public UcxClient {
       Abandon();  // Never progressed again: its gets cannot land.
       return UnavailableError("UCX GetAll: " +
                               std::string(stalled ? "no get finished within " + stall_ms + " ms"
-                                                  : "get failed: " + UcsText(failure)) +
+                                                  : "get failed: " + UcsText(api_, failure)) +
                               " (" + std::to_string(outstanding) +
                               " outstanding gets abandoned with the connection: shared memory "
                               "has no peer-failure detection)");
@@ -786,7 +791,7 @@ class UcxClientImpl final : public UcxClient {
       return UnavailableError("UCX GetAll: no get finished within " + stall_ms + " ms" + cancelled);
     }
     const ucs_status_t shown = ep_status != UCS_OK ? ep_status : failure;
-    return UnavailableError("UCX GetAll: get failed: " + UcsText(shown) + cancelled);
+    return UnavailableError("UCX GetAll: get failed: " + UcsText(api_, shown) + cancelled);
   }
 
   // Progresses the worker until every request of `in_flight` (on a closed
@@ -794,13 +799,13 @@ class UcxClientImpl final : public UcxClient {
   // `deadline`.
   bool ReleaseAfterClose(std::vector<InFlight>* in_flight, Clock::time_point deadline) {
     while (!in_flight->empty()) {
-      ucp_worker_progress(core_.worker());
+      api_->worker_progress(core_.worker());
       for (size_t i = 0; i < in_flight->size();) {
-        if (ucp_request_check_status((*in_flight)[i].request) == UCS_INPROGRESS) {
+        if (api_->request_check_status((*in_flight)[i].request) == UCS_INPROGRESS) {
           ++i;
           continue;
         }
-        ucp_request_free((*in_flight)[i].request);
+        api_->request_free((*in_flight)[i].request);
         (*in_flight)[i] = in_flight->back();
         in_flight->pop_back();
       }
@@ -818,13 +823,13 @@ class UcxClientImpl final : public UcxClient {
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
       param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-      void* req = ucp_ep_close_nbx(ep_, &param);
+      void* req = api_->ep_close_nbx(ep_, &param);
       (void)req;  // Released with the worker.
       ep_ = nullptr;
     }
-    for (RemoteRegion& r : regions_) ucp_rkey_destroy(r.rkey);
+    for (RemoteRegion& r : regions_) api_->rkey_destroy(r.rkey);
     regions_.clear();
-    for (LocalMap& m : local_) ucp_mem_unmap(core_.context(), m.memh);
+    for (LocalMap& m : local_) api_->mem_unmap(core_.context(), m.memh);
     local_.clear();
     core_ = UcxCore();  // ucp_worker_destroy, ucp_cleanup.
     abandoned_ = true;
@@ -841,7 +846,7 @@ class UcxClientImpl final : public UcxClient {
     if (ep_ == nullptr) {
       return UnavailableError(
           "UCX: the connection to the peer was closed after an earlier error (" +
-          UcsText(ep_status_ != UCS_OK ? ep_status_ : UCS_ERR_NOT_CONNECTED) + ")");
+          UcsText(api_, ep_status_ != UCS_OK ? ep_status_ : UCS_ERR_NOT_CONNECTED) + ")");
     }
     return Status::Ok();
   }
@@ -860,21 +865,22 @@ class UcxClientImpl final : public UcxClient {
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    void* req = ucp_ep_close_nbx(ep_, &param);
+    void* req = api_->ep_close_nbx(ep_, &param);
     ep_ = nullptr;
     if (ep_status_ == UCS_OK) ep_status_ = UCS_ERR_NOT_CONNECTED;
     if (req == nullptr || UCS_PTR_IS_ERR(req)) return;
     const auto deadline = Clock::now() + limit;
-    while (ucp_request_check_status(req) == UCS_INPROGRESS && Clock::now() < deadline) {
-      if (ucp_worker_progress(core_.worker()) == 0) {
-        WaitForWorker(core_.worker(), efd_,
+    while (api_->request_check_status(req) == UCS_INPROGRESS && Clock::now() < deadline) {
+      if (api_->worker_progress(core_.worker()) == 0) {
+        WaitForWorker(api_, core_.worker(), efd_,
                       std::min(deadline, Clock::now() + std::chrono::milliseconds(10)));
       }
     }
-    if (ucp_request_check_status(req) != UCS_INPROGRESS) ucp_request_free(req);
+    if (api_->request_check_status(req) != UCS_INPROGRESS) api_->request_free(req);
     // Else the worker's destruction releases it.
   }
 
+  const UcxApi* const api_;  // Outlives core_: UCX stays loaded.
   UcxCore core_;
   int efd_;
   bool detects_failures_ = true;  // False over shared memory (see the top).
@@ -886,10 +892,11 @@ class UcxClientImpl final : public UcxClient {
   std::string transports_;
 };
 
-Result<int> WorkerEventFd(ucp_worker_h worker) {
+Result<int> WorkerEventFd(const UcxCore& core) {
   int efd = -1;
-  const ucs_status_t st = ucp_worker_get_efd(worker, &efd);
-  if (st != UCS_OK) return UnimplementedError("UCX worker has no event fd: " + UcsText(st));
+  const ucs_status_t st = core.api()->worker_get_efd(core.worker(), &efd);
+  if (st != UCS_OK)
+    return UnimplementedError("UCX worker has no event fd: " + UcsText(core.api(), st));
   return efd;
 }
 
@@ -897,23 +904,28 @@ Result<int> WorkerEventFd(ucp_worker_h worker) {
 
 bool UcxBuilt() { return true; }
 
-std::string UcxVersion() { return TENSORLIFT_UCX_VERSION; }
+std::string UcxVersion() {
+  Result<const UcxApi*> api = LoadUcx();
+  if (!api.ok()) return "not loadable: " + std::string(api.status().message());
+  return (*api)->version + " (" + (*api)->path + ")";
+}
 
 Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& options) {
   TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_MULTI,
                                                     /*shared_context=*/true, "tensorlift-server"));
-  TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core.worker()));
+  TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core));
   const int stop = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (stop < 0) return PosixError("eventfd", errno);
   PosixFile stop_fd = PosixFile::Adopt(stop);
   ucp_address_t* addr = nullptr;
   size_t addr_len = 0;
-  const ucs_status_t st = ucp_worker_get_address(core.worker(), &addr, &addr_len);
-  if (st != UCS_OK) return InternalError("ucp_worker_get_address: " + UcsText(st));
+  const UcxApi* api = core.api();
+  const ucs_status_t st = api->worker_get_address(core.worker(), &addr, &addr_len);
+  if (st != UCS_OK) return InternalError("ucp_worker_get_address: " + UcsText(api, st));
   std::string address = Frame('A', addr, addr_len);
-  ucp_worker_release_address(core.worker(), addr);
+  api->worker_release_address(core.worker(), addr);
   std::string transports =
-      ParseTransports(CaptureUcxPrint([&](FILE* f) { ucp_context_print_info(core.context(), f); }),
+      ParseTransports(CaptureUcxPrint([&](FILE* f) { api->context_print_info(core.context(), f); }),
                       /*lanes=*/false);
   if (transports.empty()) transports = options.transports.empty() ? "default" : options.transports;
   return std::unique_ptr<UcxServer>(new UcxServerImpl(std::move(core), std::move(stop_fd), efd,
@@ -927,7 +939,7 @@ Result<std::unique_ptr<UcxClient>> UcxClient::Connect(std::string_view worker_ad
   TL_ASSIGN_OR_RETURN(std::string address, Unframe(worker_address, 'A', "UCX worker address"));
   TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_SERIALIZED,
                                                     /*shared_context=*/false, "tensorlift-client"));
-  TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core.worker()));
+  TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core));
   auto client = std::make_unique<UcxClientImpl>(std::move(core), efd);
   TL_RETURN_IF_ERROR(client->Connect(
       address, options.transports.empty() ? "default" : options.transports, timeout));

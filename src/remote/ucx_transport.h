@@ -7,8 +7,11 @@
 //
 // Built from ucx_transport.cc when UCX is found (TENSORLIFT_WITH_UCX), else
 // from ucx_none.cc, whose functions return kUnimplemented "built without
-// UCX ...". Thread safety: UcxServer's methods may be called from any thread;
-// a UcxClient is used by one thread at a time.
+// UCX ...". UCX itself is loaded at run time (remote/ucx_api.h): Debian's
+// libucp.so.0, or the build TENSORLIFT_UCX_LIB names; when it cannot be
+// loaded, UcxServer::Create and UcxClient::Connect return kUnavailable.
+// Thread safety: UcxServer's methods may be called from any thread; a
+// UcxClient is used by one thread at a time.
 #ifndef TENSORLIFT_REMOTE_UCX_TRANSPORT_H_
 #define TENSORLIFT_REMOTE_UCX_TRANSPORT_H_
 
@@ -24,8 +27,11 @@
 
 namespace tensorlift::remote {
 
+// Built with UCX's headers (the library is loaded at run time).
 bool UcxBuilt();
-std::string UcxVersion();  // "1.13.1", or why not built.
+// The loaded UCX's version and file ("1.13.1 (libucp.so.0)"), loading it
+// if needed; "not loadable: <why>" when it cannot be loaded; why not built.
+std::string UcxVersion();
 
 struct UcxOptions {
   // UCX_TLS syntax ("tcp", "sm,self", "rc,cuda_copy"); empty: UCX's default
