@@ -860,8 +860,9 @@ void BindUtilities(nb::module_& m) {
         RemoteCapabilities r = QueryRemoteCapabilities();
         return r.ucx_built ? std::optional<std::string>(r.ucx_version) : std::nullopt;
       },
-      "The UCX version peer loading was built with, or None when it was built without UCX (then "
-      "serving and pulling raise).");
+      "The UCX peer loading uses, loaded at run time (Debian's libucp.so.0, or the build "
+      "TENSORLIFT_UCX_LIB names): '1.13.1 (libucp.so.0)', or 'not loadable: <why>'; None when "
+      "tensorlift was built without UCX (then serving and pulling raise).");
   m.def("dtype_bits", [](const std::string& d) {
     auto dt = DtypeFromName(d);
     if (!dt) Raise(InvalidArgumentError("unknown dtype '" + d + "'"));

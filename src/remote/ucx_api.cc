@@ -14,11 +14,13 @@ namespace {
 
 constexpr const char* kDefaultLib = "libucp.so.0";
 
-// The libraries beside a libucp.so.0 that it needs, in dependency order
-// (libucs_signal is optional: older builds lack it). Loading them by full
-// path first, as PyPI's libucx/load.py does, binds libucp to these files and
-// not to whatever libucs.so.0 the loader's search path would find.
-constexpr const char* kSiblings[] = {"libucm.so.0", "libucs.so.0", "libucs_signal.so.0",
+// The libraries beside a libucp.so.0 that it needs, in the order PyPI's
+// libucx/load.py loads them (libucs_signal is optional: older builds lack
+// it). libucs comes first: libucm calls into libucs without naming it as a
+// dependency, so libucm opens only as libucs's dependency (found through
+// libucs's $ORIGIN rpath). Loading them by full path first binds libucp to
+// these files, not to whatever libucs.so.0 the loader's search path finds.
+constexpr const char* kSiblings[] = {"libucs.so.0", "libucs_signal.so.0", "libucm.so.0",
                                      "libuct.so.0"};
 
 Status OpenSiblings(const std::string& libucp) {

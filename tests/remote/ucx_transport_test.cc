@@ -2,6 +2,8 @@
 // a pattern-filled buffer, the test process reads it back with UcxClient.
 // Parameterized over TCP (over loopback) and shared memory ("sm"); a
 // transport UCX cannot start here makes its tests skip, with the reason.
+// UcxOtherBuild runs a pull in a child process that loads another UCX build
+// (TENSORLIFT_TEST_UCX_LIB names its libucp.so.0; skipped when it is unset).
 #include "remote/ucx_transport.h"
 
 #include <gtest/gtest.h>
@@ -10,12 +12,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "../common/assert_ok.h"
@@ -381,6 +388,15 @@ TEST_P(UcxTransportTest, FrozenPeerStallsIntoUnavailable) {
   const auto t0 = Clock::now();
   Status st = client->GetAll(gets, options);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  if (st.ok() && GetParam() == "sm") {
+    // UCX 1.22 (not 1.13) reads over cma (process_vm_readv) without the
+    // peer's help, so a frozen peer does not stall it: the bytes must be right.
+    ::kill(child.pid(), SIGCONT);
+    for (uint64_t i = 0; i < kRegionBytes; ++i) ASSERT_EQ(dst[i], Pattern(i)) << "byte " << i;
+    std::printf("[ %s ] frozen peer: read without it (one-sided, UCX %s) in %.2f s\n",
+                GetParam().c_str(), UcxVersion().c_str(), secs);
+    return;
+  }
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
   EXPECT_GE(secs, 0.9);
   std::printf("[ %s ] frozen peer: %s after %.2f s\n", GetParam().c_str(), st.ToString().c_str(),
@@ -495,6 +511,171 @@ TEST(UcxTransport, ServerRejectsEmptyRegionAndUnknownIndex) {
   EXPECT_EQ((*server)->RegionBytes(*r), sizeof(buf));
   EXPECT_EQ((*server)->RegionAddress(*r), reinterpret_cast<uint64_t>(buf));
   EXPECT_FALSE((*server)->WorkerAddress().empty());
+}
+
+// --- Another UCX build (TENSORLIFT_UCX_LIB) -----------------------------------
+
+constexpr const char* kOtherLibEnv = "TENSORLIFT_TEST_UCX_LIB";
+constexpr const char* kChildResultEnv = "TENSORLIFT_TEST_UCX_CHILD_RESULT";
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? std::string(".") : path.substr(0, slash);
+}
+
+// The version in UCX's pkg-config file beside a libucp.so.0
+// (<dir>/pkgconfig/ucx.pc, "Version: 1.22.0"); empty when there is none.
+std::string PkgConfigVersion(const std::string& libucp) {
+  std::istringstream in(ReadFile(DirName(libucp) + "/pkgconfig/ucx.pc"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("Version:", 0) == 0) {
+      const size_t b = line.find_first_not_of(' ', 8);
+      return b == std::string::npos ? std::string() : line.substr(b);
+    }
+  }
+  return {};
+}
+
+// Files of UCX's libraries (libucp, libucs, libuct, libucm) mapped into this
+// process that do not lie in `dir`.
+std::vector<std::string> UcxLibrariesOutside(const std::string& dir) {
+  std::vector<std::string> out;
+  std::istringstream maps(ReadFile("/proc/self/maps"));
+  std::string line;
+  while (std::getline(maps, line)) {
+    const size_t slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string file = line.substr(slash);
+    const std::string base = file.substr(file.rfind('/') + 1);
+    bool ucx = false;
+    for (const char* prefix : {"libucp.so", "libucs.so", "libuct.so", "libucm.so"})
+      ucx = ucx || base.rfind(prefix, 0) == 0;
+    if (ucx && DirName(file) != dir && std::find(out.begin(), out.end(), file) == out.end()) {
+      out.push_back(file);
+    }
+  }
+  return out;
+}
+
+// Runs in the child that UcxOtherBuild.PullsOverTcpInAChildProcess starts
+// (with TENSORLIFT_UCX_LIB set); skipped in every other run. Writes "ok
+// <UcxVersion()>" or "skip <why>" to the result file once it has passed.
+TEST(UcxOtherBuild, ChildProcess) {
+  const char* result = std::getenv(kChildResultEnv);
+  if (result == nullptr) {
+    GTEST_SKIP() << "runs only in the child process of UcxOtherBuild.PullsOverTcpInAChildProcess";
+  }
+  const char* lib = std::getenv("TENSORLIFT_UCX_LIB");
+  ASSERT_NE(lib, nullptr);
+  auto write_result = [&](const std::string& text) { std::ofstream(result) << text; };
+  // Loads UCX before the server child is forked: both use this build.
+  const std::string version = UcxVersion();
+  std::printf("[ child ] UCX %s\n", version.c_str());
+  ASSERT_EQ(version.rfind("not loadable", 0), std::string::npos) << version;
+  const std::string suffix = std::string(" (") + lib + ")";
+  ASSERT_GE(version.size(), suffix.size());
+  EXPECT_EQ(version.substr(version.size() - suffix.size()), suffix) << version;
+  char real[4096];
+  ASSERT_NE(::realpath(lib, real), nullptr) << lib;
+  const std::vector<std::string> others = UcxLibrariesOutside(DirName(real));
+  EXPECT_TRUE(others.empty()) << "another UCX build is loaded too: " << others.front();
+
+  Child child;
+  if (!child.Start("tcp")) {
+    if (child.error_code == StatusCode::kUnimplemented) {
+      write_result("skip UCX tcp unavailable here (server): " + child.error);
+      return;
+    }
+    FAIL() << "server child failed: " << child.error;
+  }
+  auto client = UcxClient::Connect(child.address, UcxOptions{"tcp"}, std::chrono::seconds(10));
+  ASSERT_OK(client) << "Connect: ";
+  auto region = (*client)->AddRegion(child.rkey, child.region_address, child.region_bytes);
+  ASSERT_OK(region) << "AddRegion: ";
+  constexpr uint64_t kOffset = 4099, kBytes = (4ull << 20) + 13;
+  std::vector<uint8_t> dst(kBytes, 0);
+  ASSERT_OK((*client)->MapLocal(dst.data(), kBytes / 2));
+  UcxClient::GetOptions options;
+  options.max_get_bytes = (256u << 10) + 3;
+  ASSERT_OK((*client)->GetAll({{*region, kOffset, kBytes, dst.data()}}, options));
+  for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ(dst[i], Pattern(kOffset + i)) << "byte " << i;
+  std::printf("[ child ] %llu bytes over %s, server %s\n", static_cast<unsigned long long>(kBytes),
+              (*client)->TransportsInUse().c_str(), child.server_transports.c_str());
+  if (!HasFailure()) write_result("ok " + version);
+}
+
+// A pull over tcp in a child process (this binary, running
+// UcxOtherBuild.ChildProcess) that loads the UCX build whose libucp.so.0
+// TENSORLIFT_TEST_UCX_LIB names: the bytes match, only that build is loaded,
+// and UcxVersion() reports its version (the one in its pkgconfig/ucx.pc, or
+// TENSORLIFT_TEST_UCX_VERSION when set).
+TEST(UcxOtherBuild, PullsOverTcpInAChildProcess) {
+  if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
+  const char* lib = std::getenv(kOtherLibEnv);
+  if (lib == nullptr || lib[0] == '\0') {
+    GTEST_SKIP() << kOtherLibEnv
+                 << " is not set (set it to another UCX build's libucp.so.0, e.g. "
+                    "libucx/lib/libucp.so.0 of PyPI's libucx-cu12 wheel)";
+  }
+  const char* want_env = std::getenv("TENSORLIFT_TEST_UCX_VERSION");
+  const std::string want = want_env != nullptr ? want_env : PkgConfigVersion(lib);
+  char tmpl[] = "/tmp/tl_ucx_other_XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string result_file = tmpl;
+
+  // Everything the child needs, built before fork (no allocation after it).
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  ASSERT_GT(n, 0);
+  exe[n] = '\0';
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view kv(*e);
+    if (kv.rfind("TENSORLIFT_UCX_LIB=", 0) == 0 || kv.rfind("GTEST_", 0) == 0) continue;
+    env_strings.emplace_back(kv);
+  }
+  env_strings.push_back(std::string("TENSORLIFT_UCX_LIB=") + lib);
+  env_strings.push_back(std::string(kChildResultEnv) + "=" + result_file);
+  std::vector<char*> envp;
+  for (std::string& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string filter = "--gtest_filter=UcxOtherBuild.ChildProcess";
+  char* argv[] = {exe, filter.data(), nullptr};
+
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::execve(exe, argv, envp.data());
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  const std::string got = ReadFile(result_file);
+  ::unlink(result_file.c_str());
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child (" << exe << " with TENSORLIFT_UCX_LIB=" << lib << ") failed, status " << status
+      << " (its output is above)";
+  if (got.rfind("skip ", 0) == 0) GTEST_SKIP() << got.substr(5);
+  ASSERT_EQ(got.rfind("ok ", 0), 0u) << "the child did not finish: '" << got << "'";
+  const std::string child_version = got.substr(3);
+  std::printf("[ other build ] child: UCX %s; this process: UCX %s\n", child_version.c_str(),
+              UcxVersion().c_str());
+  if (!want.empty()) {
+    EXPECT_EQ(child_version.rfind(want + " (", 0), 0u)
+        << "the child reports UCX " << child_version << ", the build's files say " << want;
+  }
 }
 
 }  // namespace
