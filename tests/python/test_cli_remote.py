@@ -5,6 +5,7 @@ each ending in the documented fallback or error, never in corrupt tensors; and
 two network namespaces joined by veth acting as two hosts."""
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -108,6 +109,35 @@ def load_checksums(cli, path):
 def test_fetch_matches_a_disk_load(cli, ckpt, serving, transports):
     s = serving(ckpt, *MODEL, "--transports", transports)
     r = run(cli, "fetch", s.url, *MODEL, "--transports", transports, "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert "fallback:" not in r.stderr
+    assert f"from {s.url}" in r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+
+
+def libucx_libucp():
+    """libucp.so.0 of PyPI's CUDA build of UCX (the `libucx` package of the libucx-cu12 wheel), or None."""
+    try:
+        import libucx
+    except ImportError:
+        return None
+    lib = pathlib.Path(libucx.__file__).parent / "lib" / "libucp.so.0"
+    return lib if lib.is_file() else None
+
+
+@pytest.mark.skipif(libucx_libucp() is None,
+                    reason="the Python package libucx (PyPI's libucx-cu12 wheel, UCX with CUDA) is not installed")
+def test_fetch_with_the_ucx_of_the_libucx_wheel(cli, ckpt, serving):
+    """serve and fetch loading the wheel's UCX (TENSORLIFT_UCX_LIB) instead of Debian's."""
+    import libucx
+    lib = libucx_libucp()
+    env = {**os.environ, "TENSORLIFT_UCX_LIB": str(lib)}
+    r = run(cli, "doctor", env=env)
+    assert r.returncode == 0, r.stderr
+    version = re.match(r"\d+\.\d+\.\d+", libucx.__version__).group(0)  # "1.22.0" of "1.22.0.post1"
+    assert f"UCX (peer loading): built, {version} ({lib})" in r.stdout, r.stdout
+    s = serving(ckpt, *MODEL, "--transports", "tcp", prefix=("env", f"TENSORLIFT_UCX_LIB={lib}"))
+    r = run(cli, "fetch", s.url, *MODEL, "--transports", "tcp", "--checksum", env=env)
     assert r.returncode == 0, r.stderr
     assert "fallback:" not in r.stderr
     assert f"from {s.url}" in r.stderr
