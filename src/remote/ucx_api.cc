@@ -42,11 +42,6 @@ Status OpenSiblings(const std::string& libucp) {
   return Status::Ok();
 }
 
-template <typename F>
-Status Resolve(const DynamicLibrary& lib, const char* symbol, F* out) {
-  return lib.Symbol(symbol, out);
-}
-
 Result<UcxApi> Load() {
   const char* env = std::getenv(kUcxLibEnv);
   const bool named = env != nullptr && env[0] != '\0';
@@ -59,7 +54,7 @@ Result<UcxApi> Load() {
                            "another UCX build's libucp.so.0)"));
   UcxApi api{};
   // dlsym on libucp's handle also searches its dependencies (libucs, ...).
-#define TL_UCX_SYMBOL(field, symbol) TL_RETURN_IF_ERROR(Resolve(lib, #symbol, &api.field))
+#define TL_UCX_SYMBOL(field, symbol) TL_RETURN_IF_ERROR(lib.Symbol(#symbol, &api.field))
   TL_UCX_SYMBOL(init_version, ucp_init_version);
   TL_UCX_SYMBOL(get_version, ucp_get_version);
   TL_UCX_SYMBOL(cleanup, ucp_cleanup);

@@ -612,21 +612,10 @@ TEST(UcxOtherBuild, ChildProcess) {
   if (!HasFailure()) write_result("ok " + version);
 }
 
-// A pull over tcp in a child process (this binary, running
-// UcxOtherBuild.ChildProcess) that loads the UCX build whose libucp.so.0
-// TENSORLIFT_TEST_UCX_LIB names: the bytes match, only that build is loaded,
-// and UcxVersion() reports its version (the one in its pkgconfig/ucx.pc, or
-// TENSORLIFT_TEST_UCX_VERSION when set).
-TEST(UcxOtherBuild, PullsOverTcpInAChildProcess) {
-  if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
-  const char* lib = std::getenv(kOtherLibEnv);
-  if (lib == nullptr || lib[0] == '\0') {
-    GTEST_SKIP() << kOtherLibEnv
-                 << " is not set (set it to another UCX build's libucp.so.0, e.g. "
-                    "libucx/lib/libucp.so.0 of PyPI's libucx-cu12 wheel)";
-  }
-  const char* want_env = std::getenv("TENSORLIFT_TEST_UCX_VERSION");
-  const std::string want = want_env != nullptr ? want_env : PkgConfigVersion(lib);
+// Runs this binary's test `test` in a child process with TENSORLIFT_UCX_LIB
+// set to `lib`; *result = what it wrote to its result file. Fails (fatally)
+// when the child does not exit with 0.
+void RunChildTest(const std::string& test, const std::string& lib, std::string* result) {
   char tmpl[] = "/tmp/tl_ucx_other_XXXXXX";
   const int fd = ::mkstemp(tmpl);
   ASSERT_GE(fd, 0);
@@ -644,12 +633,12 @@ TEST(UcxOtherBuild, PullsOverTcpInAChildProcess) {
     if (kv.rfind("TENSORLIFT_UCX_LIB=", 0) == 0 || kv.rfind("GTEST_", 0) == 0) continue;
     env_strings.emplace_back(kv);
   }
-  env_strings.push_back(std::string("TENSORLIFT_UCX_LIB=") + lib);
+  env_strings.push_back("TENSORLIFT_UCX_LIB=" + lib);
   env_strings.push_back(std::string(kChildResultEnv) + "=" + result_file);
   std::vector<char*> envp;
   for (std::string& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
-  std::string filter = "--gtest_filter=UcxOtherBuild.ChildProcess";
+  std::string filter = "--gtest_filter=" + test;
   char* argv[] = {exe, filter.data(), nullptr};
 
   std::fflush(nullptr);
@@ -662,11 +651,62 @@ TEST(UcxOtherBuild, PullsOverTcpInAChildProcess) {
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  const std::string got = ReadFile(result_file);
+  *result = ReadFile(result_file);
   ::unlink(result_file.c_str());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "the child (" << exe << " with TENSORLIFT_UCX_LIB=" << lib << ") failed, status " << status
-      << " (its output is above)";
+      << "the child (" << exe << " " << filter << " with TENSORLIFT_UCX_LIB=" << lib
+      << ") failed, status " << status << " (its output is above)";
+}
+
+// Runs in the child that UcxOtherBuild.MissingBuildIsUnavailable starts
+// (TENSORLIFT_UCX_LIB names no library); skipped in every other run.
+TEST(UcxOtherBuild, ChildProcessWithoutUcx) {
+  const char* result = std::getenv(kChildResultEnv);
+  if (result == nullptr) {
+    GTEST_SKIP() << "runs only in the child process of UcxOtherBuild.MissingBuildIsUnavailable";
+  }
+  const char* lib = std::getenv("TENSORLIFT_UCX_LIB");
+  ASSERT_NE(lib, nullptr);
+  const std::string version = UcxVersion();
+  EXPECT_EQ(version.rfind("not loadable: ", 0), 0u) << version;
+  EXPECT_NE(version.find(lib), std::string::npos) << version;
+  auto server = UcxServer::Create(UcxOptions{"tcp"});
+  ASSERT_FALSE(server.ok());
+  EXPECT_EQ(server.status().code(), StatusCode::kUnavailable) << server.status().ToString();
+  // The same answer again (loaded once per process).
+  EXPECT_EQ(UcxServer::Create(UcxOptions{"tcp"}).status().ToString(), server.status().ToString());
+  if (!HasFailure()) std::ofstream(result) << "ok " << server.status().ToString();
+}
+
+// TENSORLIFT_UCX_LIB naming a library that is not there: UCX is unavailable
+// in that process, with the path in the message; nothing crashes.
+TEST(UcxOtherBuild, MissingBuildIsUnavailable) {
+  if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
+  std::string got;
+  RunChildTest("UcxOtherBuild.ChildProcessWithoutUcx", "/nonexistent/ucx/lib/libucp.so.0", &got);
+  if (HasFatalFailure()) return;
+  ASSERT_EQ(got.rfind("ok ", 0), 0u) << "the child did not finish: '" << got << "'";
+  std::printf("[ missing build ] %s\n", got.substr(3).c_str());
+}
+
+// A pull over tcp in a child process (this binary, running
+// UcxOtherBuild.ChildProcess) that loads the UCX build whose libucp.so.0
+// TENSORLIFT_TEST_UCX_LIB names: the bytes match, only that build is loaded,
+// and UcxVersion() reports its version (the one in its pkgconfig/ucx.pc, or
+// TENSORLIFT_TEST_UCX_VERSION when set).
+TEST(UcxOtherBuild, PullsOverTcpInAChildProcess) {
+  if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
+  const char* lib = std::getenv(kOtherLibEnv);
+  if (lib == nullptr || lib[0] == '\0') {
+    GTEST_SKIP() << kOtherLibEnv
+                 << " is not set (set it to another UCX build's libucp.so.0, e.g. "
+                    "libucx/lib/libucp.so.0 of PyPI's libucx-cu12 wheel)";
+  }
+  const char* want_env = std::getenv("TENSORLIFT_TEST_UCX_VERSION");
+  const std::string want = want_env != nullptr ? want_env : PkgConfigVersion(lib);
+  std::string got;
+  RunChildTest("UcxOtherBuild.ChildProcess", lib, &got);
+  if (HasFatalFailure()) return;
   if (got.rfind("skip ", 0) == 0) GTEST_SKIP() << got.substr(5);
   ASSERT_EQ(got.rfind("ok ", 0), 0u) << "the child did not finish: '" << got << "'";
   const std::string child_version = got.substr(3);
