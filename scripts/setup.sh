@@ -69,3 +69,5 @@ make_venv venv "$root/requirements.txt" .venv
 make_venv venv-vllm "$root/requirements-vllm.txt" .venv-vllm
 # The framework modules' tests (jax, tensorflow, paddle, mlx): their own environment.
 make_venv venv-frameworks "$root/requirements-frameworks.txt" .venv-frameworks
+# PyPI's CUDA build of UCX, which TENSORLIFT_UCX_LIB can load instead of Debian's.
+make_venv venv-ucx "$root/requirements-ucx.txt" .venv-ucx

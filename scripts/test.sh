@@ -15,6 +15,10 @@ echo "== build"
 bash scripts/build.sh build
 bash scripts/install_python.sh
 echo "== C++ tests"
+# The data plane's tests also run against PyPI's CUDA build of UCX (1.22, in
+# .venv-ucx, made by setup.sh), loaded through TENSORLIFT_UCX_LIB.
+ucx_lib=$(ls "$root"/.venv-ucx/lib/python*/site-packages/libucx/lib/libucp.so.0 2>/dev/null | head -1 || true)
+[ -n "$ucx_lib" ] && export TENSORLIFT_TEST_UCX_LIB=$ucx_lib
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
 echo "== C++ format, loader, device, dist, sparse and remote tests under ASan + UBSan (and LeakSanitizer)"

@@ -116,25 +116,31 @@ def test_fetch_matches_a_disk_load(cli, ckpt, serving, transports):
 
 
 def libucx_libucp():
-    """libucp.so.0 of PyPI's CUDA build of UCX (the `libucx` package of the libucx-cu12 wheel), or None."""
-    try:
-        import libucx
-    except ImportError:
-        return None
-    lib = pathlib.Path(libucx.__file__).parent / "lib" / "libucp.so.0"
-    return lib if lib.is_file() else None
+    """(libucp.so.0, its version) of PyPI's CUDA build of UCX (the libucx-cu12 wheel):
+    TENSORLIFT_TEST_UCX_LIB (scripts/test.sh sets it from .venv-ucx), else the `libucx` package of this
+    Python; or (None, None)."""
+    named = os.environ.get("TENSORLIFT_TEST_UCX_LIB")
+    if named:
+        lib = pathlib.Path(named)
+    else:
+        try:
+            import libucx
+        except ImportError:
+            return None, None
+        lib = pathlib.Path(libucx.__file__).parent / "lib" / "libucp.so.0"
+    pc = lib.parent / "pkgconfig" / "ucx.pc"  # The wheel's own record of its version.
+    m = re.search(r"^Version:\s*(\d+\.\d+\.\d+)", pc.read_text(), re.M) if pc.is_file() else None
+    return (lib, m.group(1)) if lib.is_file() and m else (None, None)
 
 
-@pytest.mark.skipif(libucx_libucp() is None,
-                    reason="the Python package libucx (PyPI's libucx-cu12 wheel, UCX with CUDA) is not installed")
+@pytest.mark.skipif(libucx_libucp()[0] is None,
+                    reason="PyPI's libucx-cu12 (UCX with CUDA) is not installed: make test puts it in .venv-ucx")
 def test_fetch_with_the_ucx_of_the_libucx_wheel(cli, ckpt, serving):
     """serve and fetch loading the wheel's UCX (TENSORLIFT_UCX_LIB) instead of Debian's."""
-    import libucx
-    lib = libucx_libucp()
+    lib, version = libucx_libucp()
     env = {**os.environ, "TENSORLIFT_UCX_LIB": str(lib)}
     r = run(cli, "doctor", env=env)
     assert r.returncode == 0, r.stderr
-    version = re.match(r"\d+\.\d+\.\d+", libucx.__version__).group(0)  # "1.22.0" of "1.22.0.post1"
     assert f"UCX (peer loading): built, {version} ({lib})" in r.stdout, r.stdout
     s = serving(ckpt, *MODEL, "--transports", "tcp", prefix=("env", f"TENSORLIFT_UCX_LIB={lib}"))
     r = run(cli, "fetch", s.url, *MODEL, "--transports", "tcp", "--checksum", env=env)
