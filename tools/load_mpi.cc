@@ -71,7 +71,7 @@ int RunLoadMpi(const LoadArgs& args, const LoadOptions& options) {
     std::fprintf(stderr, "--mpi does not convert dtypes: --dtype is not supported with it\n");
     return kExitUsage;
   }
-  if (args.device.rfind("emulated", 0) == 0) {
+  if (auto dev = ParseDevice(args.device); dev.ok() && dev->first == DeviceType::kEmulated) {
     std::fprintf(stderr,
                  "--mpi: the emulated device lives inside one process and MPI ranks are "
                  "processes; use --device cpu or cuda\n");

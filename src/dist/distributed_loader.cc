@@ -7,6 +7,7 @@
 #include "common/posix_file.h"
 #include "device/device.h"
 #include "io/read_op.h"
+#include "load/checkpoint_builder.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/distributed.h"
 
@@ -531,10 +532,7 @@ Result<DLManagedTensorVersioned*> DeviceTensor::ToDLPackVersioned(bool raw_bytes
   t.name = name;
   t.dtype = dtype;
   t.shape.assign(shape.begin(), shape.end());
-  t.strides.assign(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) {
-    t.strides[d - 1] = t.strides[d] * static_cast<int64_t>(shape[d]);
-  }
+  SetRowMajorStrides(&t);
   t.data = data;
   t.nbytes = nbytes;
   t.device = device;
