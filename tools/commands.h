@@ -77,7 +77,8 @@ struct ServeArgs {
   std::string token_file;
   double rate_limit_mbps = 0;  // MB/s for all clients; 0: none.
   int max_sessions = 16;
-  std::string ready_file;  // Written with the URL once serving.
+  std::string ready_file;      // Written with the URL once serving.
+  std::string device = "cpu";  // Where the served tensors live.
 };
 // Loads a checkpoint and serves it until SIGINT/SIGTERM.
 int RunServe(const ServeArgs& args);

@@ -146,6 +146,11 @@ int main(int argc, char** argv) {
       ->add_option("--rate-limit", serve_args.rate_limit_mbps,
                    "MB/s all clients may pull in total (0: no limit)")
       ->check(CLI::Range(0.0, 1e9));
+  serve
+      ->add_option("--device", serve_args.device,
+                   "Serve from this device's memory: cpu, or cuda:N (GPU memory needs a UCX "
+                   "built with CUDA: TENSORLIFT_UCX_LIB, docs/remote.md)")
+      ->capture_default_str();
   serve->add_option("--max-sessions", serve_args.max_sessions, "Concurrent clients")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();

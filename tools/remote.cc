@@ -89,7 +89,9 @@ int RunServe(const ServeArgs& args) {
   opts.registry_ttl_s = args.registry_ttl_s;
   opts.transports = args.peer.transports;
   const sigset_t set = BlockStopSignals();  // Before any thread starts.
-  auto server = PeerServer::ServeCheckpoint(args.path, *key, opts);
+  LoadOptions load;
+  load.device = args.device;
+  auto server = PeerServer::ServeCheckpoint(args.path, *key, opts, load);
   if (!server.ok()) return Fail(server.status());
   std::printf("serving %s (rank %d of %d) at %s\nkey %s revision %s digest %s\n", args.path.c_str(),
               opts.parallel.rank, opts.parallel.size, (*server)->url().c_str(), key->model.c_str(),

@@ -111,6 +111,12 @@ class PeerServer {
   // Loads `path` from disk (LoadOptions `load`) and serves the tensors of
   // this rank: with options.parallel.size > 1, only its slices of the
   // tensors the key's layout shards, and the other tensors whole.
+  // load.device puts them on a device and serves them from its memory
+  // ("cuda:N": GPU memory, which needs a UCX built with CUDA, e.g. PyPI's
+  // libucx-cu12 through TENSORLIFT_UCX_LIB; kUnimplemented says so
+  // otherwise). Chunk checksums of device memory are computed on pinned
+  // staged copies.
+  // Serve(loaded) and become_seed serve device tensors the same way.
   static Result<std::unique_ptr<PeerServer>> ServeCheckpoint(const std::string& path,
                                                              const PeerKey& key,
                                                              const ServeOptions& options,
@@ -168,8 +174,8 @@ struct PeerLoadOptions {
   // freed): UCX's CUDA transports, which would pull into GPU memory directly,
   // are not used yet. The disk fallback loads straight onto the device when
   // nothing is sliced for a tensor-parallel rank. fallback_load.device must
-  // be "cpu" or the same device. A seed (become_seed) serves host memory
-  // only, so it needs "cpu".
+  // be "cpu" or the same device. A seed (become_seed) serves the tensors from
+  // where they are (device memory: see ServeCheckpoint).
   std::string device = "cpu";
   // Time-outs: each control request, connecting the data plane, and the
   // longest a pull may go without finishing a get.

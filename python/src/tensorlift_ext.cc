@@ -603,14 +603,16 @@ PyPeerServer ServeCheckpointPy(const std::string& path, const nb::dict& key,
                                const std::string& host, int port, const std::string& token,
                                uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank,
                                const std::string& registry, const std::string& transports,
-                               uint64_t chunk_bytes, int registry_ttl) {
+                               uint64_t chunk_bytes, int registry_ttl, const std::string& device) {
   const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size,
                                           tp_rank, registry, transports, chunk_bytes, registry_ttl);
   const PeerKey k = KeyFromDict(key);
+  LoadOptions load;
+  load.device = device;
   Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
   {
     nb::gil_scoped_release nogil;
-    r = PeerServer::ServeCheckpoint(path, k, o);
+    r = PeerServer::ServeCheckpoint(path, k, o, load);
   }
   return PyPeerServer{Unwrap(std::move(r))};
 }
@@ -673,7 +675,8 @@ void BindServing(nb::module_& m) {
   nb::arg("tp_rank") = 0, nb::arg("registry") = "", nb::arg("transports") = "",    \
   nb::arg("chunk_bytes") = uint64_t{4} << 20, nb::arg("registry_ttl") = 10
   m.def("serve_checkpoint", &ServeCheckpointPy, nb::arg("path"), nb::arg("key"), TL_SERVE_ARGS,
-        "Loads `path` and serves this rank's tensors to peers.");
+        nb::arg("device") = "cpu",
+        "Loads `path` (onto `device`) and serves this rank's tensors to peers.");
   m.def("serve_loaded", &ServeLoadedPy, nb::arg("loaded"), nb::arg("key"), TL_SERVE_ARGS,
         "Serves tensors already loaded (whole tensors).");
   m.def("serve_buffers", &ServeBuffersPy, nb::arg("tensors"), nb::arg("keep_alive"), nb::arg("key"),

@@ -123,16 +123,19 @@ def serve(path: Union[str, os.PathLike], *, model: Optional[str] = None, revisio
           dtype: str = "as-stored", quantization: str = "none", layout: str = "", host: str = "127.0.0.1",
           port: int = 0, token: Optional[str] = None, token_file: Optional[str] = None, rate_limit: float = 0,
           max_sessions: int = 16, tp_size: int = 1, tp_rank: int = 0, registry: Optional[str] = None,
-          transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10) -> Server:
+          transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10,
+          device: str = "cpu") -> Server:
     """Loads a checkpoint (this rank's slices under `layout`) and serves it.
 
     rate_limit: bytes/s all clients may pull in total (0: none). registry: an
     etcd endpoint ("http://host:2379") to register with (a lease renewed in the
-    background). token / token_file: require HMAC-signed requests.
+    background). token / token_file: require HMAC-signed requests. device:
+    where the served tensors live ("cpu", or "cuda:N": GPU memory, served
+    through a UCX built with CUDA, docs/remote.md "Devices").
     """
     path = os.fspath(path)
     key = _key(model, revision, dtype, quantization, layout, path)
-    return Server(_tl.serve_checkpoint(path, key, **_serve_kwargs(
+    return Server(_tl.serve_checkpoint(path, key, device=str(device), **_serve_kwargs(
         host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry, transports,
         chunk_bytes, registry_ttl)))
 
@@ -189,7 +192,7 @@ class Peer:
         self.transports = transports or ""
         self.mode = mode
         # Where the tensors go ("cpu", "cuda:N"): pulls are checked in host memory, then copied to the
-        # device (docs/remote.md, "Devices"); a seed serves host memory only.
+        # device (docs/remote.md, "Devices"); a seed serves them from there.
         self.device = str(device)
 
     def pull(self, become_seed: bool = False, seed_host: str = "127.0.0.1"):

@@ -290,6 +290,7 @@ class DeviceBuffer final : public Buffer {
     size_ = region_->size();
   }
   ~DeviceBuffer() override { state_->Free(region_, accounted_); }
+  std::byte* host_mapping() const override { return region_->worker(); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 

@@ -22,6 +22,11 @@ class Buffer {
   virtual ~Buffer() = default;
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // Device memory that the host also reaches at another address (the
+  // emulated device's, whose device addresses are PROT_NONE): that address
+  // of data(). Null for host memory and for a GPU's, which a transport
+  // reaches only through the device's own API (UCX: its CUDA support).
+  virtual std::byte* host_mapping() const { return nullptr; }
 
  protected:
   std::byte* data_ = nullptr;

@@ -606,11 +606,6 @@ Result<std::shared_ptr<Device>> DestinationDevice(const PeerLoadOptions& options
                                 "\" (set PeerLoadOptions::device: it applies to peers and disk)");
   }
   if (dev.first == DeviceType::kCpu) return std::shared_ptr<Device>();
-  if (options.become_seed) {
-    return InvalidArgumentError(
-        "peer load: become_seed serves host memory only (GPU memory would need UCX's CUDA "
-        "transports, not used yet); load with device \"cpu\" to seed");
-  }
   return OpenDevice(dev.first, dev.second);
 }
 

@@ -23,6 +23,8 @@
 #include <thread>
 
 #include "common/checked_math.h"
+#include "device/device.h"
+#include "load/upload.h"
 #include "remote/auth.h"
 #include "remote/layout.h"
 #include "remote/manifest.h"
@@ -66,10 +68,45 @@ struct Served {
   std::string name;
   Dtype dtype = Dtype::kU8;
   std::vector<int64_t> shape;
-  std::byte* data = nullptr;
+  std::byte* data = nullptr;  // A device address when `device` is set.
   uint64_t nbytes = 0;
   ShardOf shard;
+  std::shared_ptr<Device> device;  // Null: host memory.
 };
+
+// Memory to register: [data, data + bytes) on `device` (null: host), which
+// UCX maps at `map_at` (data, or the host's mapping of a device's memory:
+// Buffer::host_mapping).
+struct Span {
+  std::byte* data = nullptr;
+  uint64_t bytes = 0;
+  std::shared_ptr<Device> device;
+  std::byte* map_at = nullptr;
+};
+
+// How UCX must map memory of `device`: the emulated device's memory is host
+// memory; a GPU's is CUDA memory.
+UcxMemory MemoryOf(const Device* device) {
+  return device && device->kind() == DeviceType::kCuda ? UcxMemory::kCuda : UcxMemory::kHost;
+}
+
+// XXH3 of each `chunk_bytes` chunk of [data, data + nbytes) on `device`,
+// computed on copies staged through the first `window` bytes of `staging`
+// (pinned host memory; window a multiple of chunk_bytes) with `stream`.
+Result<std::vector<uint64_t>> StagedChunkChecksums(const std::byte* data, uint64_t nbytes,
+                                                   uint64_t chunk_bytes, DeviceStream& stream,
+                                                   Buffer& staging, uint64_t window) {
+  std::vector<uint64_t> sums;
+  for (uint64_t done = 0; done < nbytes;) {
+    const uint64_t n = std::min<uint64_t>(window, nbytes - done);
+    TL_RETURN_IF_ERROR(stream.CopyToHost(staging.data(), data + done, n));
+    TL_RETURN_IF_ERROR(stream.Synchronize());
+    std::vector<uint64_t> part = ChunkChecksums(staging.data(), n, chunk_bytes);
+    sums.insert(sums.end(), part.begin(), part.end());
+    done += n;
+  }
+  return sums;
+}
 
 class PeerServerImpl final : public PeerServer {
  public:
@@ -83,7 +120,7 @@ class PeerServerImpl final : public PeerServer {
     ucx_.reset();  // Unmaps the regions before the memory goes.
   }
 
-  Status Start(std::vector<Served> tensors, std::vector<std::pair<std::byte*, uint64_t>> regions,
+  Status Start(std::vector<Served> tensors, std::vector<Span> regions,
                std::shared_ptr<const void> keep_alive) {
     keep_alive_ = std::move(keep_alive);
     TL_RETURN_IF_ERROR(key_.Validate());
@@ -109,24 +146,29 @@ class PeerServerImpl final : public PeerServer {
     tensors_ = std::move(tensors);
 
     // Regions: the given ones (one per buffer), else the tensors' ranges with
-    // touching or overlapping ones merged.
+    // touching or overlapping ones (in the same memory) merged.
     if (regions.empty()) {
       for (const Served& t : tensors_) {
-        if (t.nbytes) regions.push_back({t.data, t.nbytes});
+        if (t.nbytes) regions.push_back({t.data, t.nbytes, t.device, t.data});
       }
     }
-    std::sort(regions.begin(), regions.end());
-    std::vector<std::pair<std::byte*, uint64_t>> merged;
-    for (const auto& r : regions) {
-      if (!merged.empty() && r.first <= merged.back().first + merged.back().second) {
-        auto& m = merged.back();
-        m.second =
-            std::max<uint64_t>(m.second, static_cast<uint64_t>(r.first - m.first) + r.second);
+    std::sort(regions.begin(), regions.end(), [](const Span& a, const Span& b) {
+      return std::make_pair(a.device.get(), a.data) < std::make_pair(b.device.get(), b.data);
+    });
+    std::vector<Span> merged;
+    for (const Span& r : regions) {
+      if (!merged.empty() && r.device == merged.back().device &&
+          r.data <= merged.back().data + merged.back().bytes &&
+          r.map_at - r.data == merged.back().map_at - merged.back().data) {
+        Span& m = merged.back();
+        m.bytes = std::max<uint64_t>(m.bytes, static_cast<uint64_t>(r.data - m.data) + r.bytes);
       } else {
         merged.push_back(r);
       }
     }
-    if (merged.empty()) merged.push_back({empty_region_, sizeof empty_region_});
+    if (merged.empty()) {
+      merged.push_back({empty_region_, sizeof empty_region_, nullptr, empty_region_});
+    }
 
     UcxOptions uo;
     uo.transports = options_.transports;
@@ -135,11 +177,17 @@ class PeerServerImpl final : public PeerServer {
     manifest_.parallel = options_.parallel;
     manifest_.chunk_bytes = options_.chunk_bytes;
     manifest_.worker_address = ucx_->WorkerAddress();
-    for (const auto& [ptr, bytes] : merged) {
-      TL_ASSIGN_OR_RETURN(uint32_t index, ucx_->Register(ptr, bytes));
+    for (const Span& span : merged) {
+      Result<uint32_t> registered =
+          ucx_->Register(span.map_at, span.bytes, MemoryOf(span.device.get()));
+      if (!registered.ok()) {
+        return registered.status().WithContext(
+            "serve: memory on " + (span.device ? span.device->name() : std::string("the host")));
+      }
+      const uint32_t index = *registered;
       Region region;
       region.address = ucx_->RegionAddress(index);
-      region.bytes = bytes;
+      region.bytes = span.bytes;
       TL_ASSIGN_OR_RETURN(region.rkey, ucx_->PackedRkey(index));
       manifest_.regions.push_back(std::move(region));
     }
@@ -158,30 +206,17 @@ class PeerServerImpl final : public PeerServer {
       m.full_shape = t.shard.full_shape.empty() ? t.shape : t.shard.full_shape;
       if (t.nbytes == 0) continue;
       size_t r = 0;
-      while (r < merged.size() && !(t.data >= merged[r].first &&
-                                    t.data + t.nbytes <= merged[r].first + merged[r].second)) {
+      while (r < merged.size() && !(merged[r].device == t.device && t.data >= merged[r].data &&
+                                    t.data + t.nbytes <= merged[r].data + merged[r].bytes)) {
         ++r;
       }
       if (r == merged.size())
         return InternalError("serve: tensor '" + t.name + "' is in no registered region");
       m.region = static_cast<uint32_t>(r);
-      m.offset = static_cast<uint64_t>(t.data - merged[r].first);
+      m.offset = static_cast<uint64_t>(t.data - merged[r].data);
       manifest_.total_bytes += t.nbytes;
     }
-    {
-      const unsigned threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
-      std::atomic<size_t> next{0};
-      auto work = [&] {
-        for (size_t i; (i = next.fetch_add(1)) < tensors_.size();) {
-          manifest_.tensors[i].chunk_xxh3 =
-              ChunkChecksums(tensors_[i].data, tensors_[i].nbytes, options_.chunk_bytes);
-        }
-      };
-      std::vector<std::thread> pool;
-      for (unsigned k = 1; k < threads; ++k) pool.emplace_back(work);
-      work();
-      for (auto& t : pool) t.join();
-    }
+    TL_RETURN_IF_ERROR(ComputeChecksums());
     // Refuse to serve what a client would refuse (bounds, names).
     auto check = ParseManifest(manifest_.ToJson());
     if (!check.ok()) return check.status().WithContext("serve: the manifest would be invalid");
@@ -217,13 +252,75 @@ class PeerServerImpl final : public PeerServer {
       if (t.name != tensor) continue;
       if (offset >= t.nbytes)
         return OutOfRangeError("tensor '" + tensor + "': offset past its bytes");
-      t.data[offset] ^= std::byte{1};
-      return Status::Ok();
+      if (!t.device) {
+        t.data[offset] ^= std::byte{1};
+        return Status::Ok();
+      }
+      TL_ASSIGN_OR_RETURN(auto stream, t.device->CreateStream());
+      std::byte b{};
+      TL_RETURN_IF_ERROR(stream->CopyToHost(&b, t.data + offset, 1));
+      TL_RETURN_IF_ERROR(stream->Synchronize());
+      b ^= std::byte{1};
+      TL_RETURN_IF_ERROR(stream->CopyToDevice(t.data + offset, &b, 1));
+      return stream->Synchronize();
     }
     return NotFoundError("tensor '" + tensor + "' is not served");
   }
 
  private:
+  // Each tensor's chunk checksums into the manifest, on up to 4 threads:
+  // host memory directly, device memory through pinned staging (each thread
+  // its own stream and about 8 MiB of staging, a whole number of chunks).
+  Status ComputeChecksums() {
+    const unsigned threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+    const uint64_t cb = options_.chunk_bytes;
+    const uint64_t window = std::max<uint64_t>(1, (8ull << 20) / cb) * cb;
+    std::atomic<size_t> next{0};
+    std::mutex failed_mu;
+    Status failed = Status::Ok();
+    auto work = [&] {
+      std::unique_ptr<DeviceStream> stream;
+      std::shared_ptr<Buffer> staging;
+      uint64_t staged = 0;  // The bytes of `staging` used: a multiple of cb.
+      const Device* staged_for = nullptr;
+      for (size_t i; (i = next.fetch_add(1)) < tensors_.size();) {
+        const Served& t = tensors_[i];
+        if (!t.device || t.nbytes == 0) {
+          manifest_.tensors[i].chunk_xxh3 = ChunkChecksums(t.data, t.nbytes, cb);
+          continue;
+        }
+        Result<std::vector<uint64_t>> sums = [&]() -> Result<std::vector<uint64_t>> {
+          const uint64_t want = std::min(window, (t.nbytes + cb - 1) / cb * cb);
+          if (staged_for != t.device.get()) {
+            TL_ASSIGN_OR_RETURN(stream, t.device->CreateStream());
+            staging.reset();
+            staged = 0;
+            staged_for = t.device.get();
+          }
+          if (staged < want) {
+            staging.reset();
+            TL_ASSIGN_OR_RETURN(staging, t.device->AllocatePinned(want));
+            staged = want;
+          }
+          return StagedChunkChecksums(t.data, t.nbytes, cb, *stream, *staging, staged);
+        }();
+        if (sums.ok()) {
+          manifest_.tensors[i].chunk_xxh3 = std::move(sums).value();
+        } else {
+          std::lock_guard<std::mutex> lock(failed_mu);
+          if (failed.ok()) {
+            failed = sums.status().WithContext("serve: checksums of tensor '" + t.name + "'");
+          }
+        }
+      }
+    };
+    std::vector<std::thread> pool;
+    for (unsigned k = 1; k < threads; ++k) pool.emplace_back(work);
+    work();
+    for (auto& t : pool) t.join();
+    return failed;
+  }
+
   Status StartHttp() {
     http_ = std::make_unique<httplib::Server>();
     if (!options_.token.empty()) verifier_ = std::make_unique<RequestVerifier>(options_.token);
@@ -364,23 +461,36 @@ Result<std::unique_ptr<PeerServer>> ServeShards(std::shared_ptr<const LoadedChec
   const auto& tensors = loaded->tensors();
   if (shards.size() != tensors.size())
     return InternalError("serve: shards do not match the tensors");
+  // Device tensors are served from the device's memory: a GPU's through
+  // UCX's CUDA support (remote/ucx_transport.h), their checksums computed on
+  // staged copies.
   std::vector<Served> served;
+  const auto& owners = CheckpointBuilder::Owners(*loaded);
+  std::vector<Span> regions;
+  std::vector<const Buffer*> seen;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const LoadedTensor& t = tensors[i];
+    std::shared_ptr<Device> device;
     if (t.device != DeviceType::kCpu) {
-      return UnimplementedError("serve: tensor '" + t.name +
-                                "' is not in host memory (GPU memory over UCX is not "
-                                "served yet: load with device='cpu')");
+      Result<std::shared_ptr<Device>> d = OpenDevice(t.device, t.device_index);
+      if (!d.ok()) return d.status().WithContext("serve: tensor '" + t.name + "'");
+      device = std::move(d).value();
     }
     served.push_back(
-        {t.name, t.dtype, t.shape, static_cast<std::byte*>(t.data), t.nbytes, shards[i]});
-  }
-  std::vector<std::pair<std::byte*, uint64_t>> regions;
-  std::vector<const Buffer*> seen;
-  for (const auto& owner : CheckpointBuilder::Owners(*loaded)) {
+        {t.name, t.dtype, t.shape, static_cast<std::byte*>(t.data), t.nbytes, shards[i], device});
+    const auto& owner = owners[i];
     if (!owner || std::find(seen.begin(), seen.end(), owner.get()) != seen.end()) continue;
     seen.push_back(owner.get());
-    if (owner->size()) regions.push_back({owner->data(), owner->size()});
+    if (owner->size() == 0) continue;
+    std::byte* map_at = owner->data();
+    if (device && MemoryOf(device.get()) == UcxMemory::kHost) {
+      map_at = owner->host_mapping();
+      if (!map_at) {
+        return UnimplementedError("serve: tensor '" + t.name + "': the memory of " +
+                                  device->name() + " cannot be served");
+      }
+    }
+    regions.push_back({owner->data(), owner->size(), device, map_at});
   }
   auto server = std::make_unique<PeerServerImpl>(key, options);
   TL_RETURN_IF_ERROR(server->Start(std::move(served), std::move(regions), loaded));
@@ -394,18 +504,27 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::strin
                                                                 const ServeOptions& options,
                                                                 const LoadOptions& load) {
   TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
-  if (load.device != "cpu")
-    return UnimplementedError("serve: only host memory is served (device 'cpu')");
   if (load.on_tensor)
     return InvalidArgumentError("serve: LoadOptions::on_tensor applies to Load, not to serving");
   // A seed serves for as long as it runs: memory of its own, never views of the page
   // cache, which a later truncation of the file would turn into SIGBUS mid-transfer.
   LoadOptions owned = load;
   owned.copy = true;
+  // Onto a device: straight there when this rank serves whole tensors; when
+  // it serves slices, they are cut in host memory and then copied up.
+  std::shared_ptr<Device> device;
+  if (load.device != "cpu" && options.parallel.size > 1) {
+    TL_ASSIGN_OR_RETURN(const auto where, ParseDevice(load.device));
+    TL_ASSIGN_OR_RETURN(device, OpenDevice(where.first, where.second));
+    owned.device = "cpu";
+  }
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(path, owned));
   std::vector<remote::ShardOf> shards;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine,
                       remote::SliceForRank(std::move(whole), layout, options.parallel, &shards));
+  if (device) {
+    TL_ASSIGN_OR_RETURN(mine, UploadToDevice(std::move(mine), device));
+  }
   auto server = remote::ServeShards(std::make_shared<const LoadedCheckpoint>(std::move(mine)),
                                     std::move(shards), key, options);
   if (!server.ok()) return server.status().WithContext(path);
@@ -456,7 +575,7 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(
     s.start = t.shard_start;
     s.full_shape = t.full_shape.empty() ? t.shape : t.full_shape;
     list.push_back({t.name, t.dtype, t.shape, static_cast<std::byte*>(const_cast<void*>(t.data)),
-                    bits / 8, s});
+                    bits / 8, s, nullptr});
   }
   auto server = std::make_unique<remote::PeerServerImpl>(key, options);
   TL_RETURN_IF_ERROR(server->Start(std::move(list), {}, std::move(keep_alive)));

@@ -62,6 +62,7 @@ Result<UcxApi> Load() {
   TL_UCX_SYMBOL(config_modify, ucp_config_modify);
   TL_UCX_SYMBOL(config_release, ucp_config_release);
   TL_UCX_SYMBOL(context_print_info, ucp_context_print_info);
+  TL_UCX_SYMBOL(context_query, ucp_context_query);
   TL_UCX_SYMBOL(worker_create, ucp_worker_create);
   TL_UCX_SYMBOL(worker_destroy, ucp_worker_destroy);
   TL_UCX_SYMBOL(worker_query, ucp_worker_query);

@@ -30,6 +30,7 @@ struct UcxApi {
   decltype(&ucp_config_modify) config_modify;
   decltype(&ucp_config_release) config_release;
   decltype(&ucp_context_print_info) context_print_info;
+  decltype(&ucp_context_query) context_query;
   decltype(&ucp_worker_create) worker_create;
   decltype(&ucp_worker_destroy) worker_destroy;
   decltype(&ucp_worker_query) worker_query;

@@ -304,7 +304,14 @@ class UcxServerImpl final : public UcxServer {
     // core_ destroys the worker, then the context.
   }
 
-  Result<uint32_t> Register(const void* data, uint64_t bytes) override {
+  bool MapsCudaMemory() const override {
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    if (api_->context_query(core_.context(), &attr) != UCS_OK) return false;
+    return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+  }
+
+  Result<uint32_t> Register(const void* data, uint64_t bytes, UcxMemory memory) override {
     if (data == nullptr || bytes == 0) {
       return InvalidArgumentError("UCX Register: empty region (data " +
                                   std::string(data ? "set" : "null") + ", " +
@@ -319,6 +326,17 @@ class UcxServerImpl final : public UcxServer {
     params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     params.address = const_cast<void*>(data);
     params.length = bytes;
+    if (memory == UcxMemory::kCuda) {
+      if (!MapsCudaMemory()) {
+        return UnimplementedError(
+            "UCX Register: UCX " + api_->version + " (" + api_->path +
+            ") cannot map GPU memory (it has no CUDA support): set " + kUcxLibEnv +
+            " to the libucp.so.0 of a CUDA build, e.g. PyPI's libucx-cu12 (docs/remote.md, "
+            "\"Devices\")");
+      }
+      params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+      params.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (regions_.size() >= UINT32_MAX)
       return ResourceExhaustedError("UCX Register: too many regions");

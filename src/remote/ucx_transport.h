@@ -40,6 +40,11 @@ struct UcxOptions {
   std::string transports;
 };
 
+// Where a region's bytes live: host memory, or a CUDA device's memory
+// (ucp_mem_map with UCS_MEMORY_TYPE_CUDA; needs a UCX built with CUDA, such as
+// PyPI's libucx-cu12 through TENSORLIFT_UCX_LIB).
+enum class UcxMemory { kHost, kCuda };
+
 class UcxServer {
  public:
   // A context and worker with a progress thread.
@@ -47,7 +52,13 @@ class UcxServer {
   virtual ~UcxServer() = default;
   // Maps [data, data + bytes) for remote reads (ucp_mem_map); the memory must
   // stay valid until the server is destroyed. Returns the region's index.
-  virtual Result<uint32_t> Register(const void* data, uint64_t bytes) = 0;
+  // kCuda memory is refused (kUnimplemented, before the address is
+  // used) when the loaded UCX has no CUDA support.
+  virtual Result<uint32_t> Register(const void* data, uint64_t bytes,
+                                    UcxMemory memory = UcxMemory::kHost) = 0;
+  // Whether the loaded UCX can map CUDA memory (its context reports
+  // UCS_MEMORY_TYPE_CUDA among its memory types).
+  virtual bool MapsCudaMemory() const = 0;
   virtual std::string WorkerAddress() const = 0;                      // Raw bytes.
   virtual Result<std::string> PackedRkey(uint32_t region) const = 0;  // Raw bytes.
   virtual uint64_t RegionAddress(uint32_t region) const = 0;

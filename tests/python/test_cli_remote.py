@@ -150,6 +150,17 @@ def test_fetch_with_the_ucx_of_the_libucx_wheel(cli, ckpt, serving):
     assert r.stdout == load_checksums(cli, ckpt)
 
 
+def test_serve_from_a_devices_memory(cli, ckpt, serving):
+    """serve --device: the source holds the tensors on the (emulated) device and serves that memory."""
+    s = serving(ckpt, *MODEL, "--device", "emulated:0", "--transports", "tcp")
+    r = run(cli, "fetch", s.url, *MODEL, "--transports", "tcp", "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert f"from {s.url}" in r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+    bad = run(cli, "serve", ckpt, *MODEL, "--device", "tpu:0")
+    assert bad.returncode != 0 and "tpu:0" in bad.stderr, bad.stderr
+
+
 def test_fetch_out_writes_a_checkpoint(cli, ckpt, serving, tmp_path):
     s = serving(ckpt, *MODEL)
     r = run(cli, "fetch", s.url, *MODEL, "--out", tmp_path / "out")

@@ -62,10 +62,21 @@ def test_pull_onto_a_device(ckpt):
         loaded, report, seed = remote.Peer(server.url, **KEY, device="emulated:0").pull()
         assert report["source"] == server.url and seed is None
         assert loaded.names() and all(loaded.device(n) == (12, 0) for n in loaded.names())
-        with pytest.raises(ValueError, match="become_seed serves host memory only"):
-            remote.Peer(server.url, **KEY, device="emulated:0").pull(become_seed=True)
+        # A seed on the device serves the device's copy; a host pull from it matches the file.
+        _, _, seed = remote.Peer(server.url, **KEY, device="emulated:0").pull(become_seed=True)
+        with seed:
+            same(remote.load_from_peer(seed.url, **KEY), load_file(str(ckpt)))
+            assert remote.last_report()["source"] == seed.url
         with pytest.raises(ValueError, match="device"):
             remote.load_from_peer(server.url, **KEY, device="tpu:0")
+
+
+def test_serve_from_a_device(ckpt):
+    # The source holds the tensors on the (emulated) device and serves that memory.
+    with remote.serve(ckpt, **KEY, device="emulated:0") as server:
+        same(remote.load_from_peer(server.url, **KEY), load_file(str(ckpt)))
+    with pytest.raises(ValueError, match="device"):
+        remote.serve(ckpt, **KEY, device="tpu:0")
 
 
 def test_default_key_and_fallback(ckpt):

@@ -13,6 +13,7 @@
 
 #include "../common/assert_ok.h"
 #include "../load/test_files.h"
+#include "device/device.h"
 #include "remote/layout.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
@@ -335,16 +336,126 @@ TEST_F(PeerTest, PullsOntoADevice) {
   }
 }
 
+// The device's free memory (the process's emulated device).
+uint64_t EmulatedFree() {
+  auto device = OpenDevice(DeviceType::kEmulated, 0);
+  EXPECT_OK(device);
+  auto free = (*device)->FreeMemory();
+  EXPECT_OK(free);
+  return free.ok() ? *free : 0;
+}
+
+// Every tensor of `got` (host memory) as rank `rank` of `size` should hold it.
+void ExpectTensors(const LoadedCheckpoint& got, const std::vector<RawTensor>& tensors, int size,
+                   int rank, std::vector<uint8_t> (*expected)(const RawTensor&, int, int)) {
+  ASSERT_EQ(got.tensors().size(), tensors.size());
+  for (const RawTensor& t : tensors) {
+    const LoadedTensor* g = got.Find(t.name);
+    ASSERT_NE(g, nullptr) << t.name;
+    const auto want = expected(t, size, rank);
+    ASSERT_EQ(g->nbytes, want.size()) << t.name;
+    std::vector<uint8_t> host(want.size());
+    ASSERT_OK(got.CopyToHost(t.name, host.data()));
+    EXPECT_EQ(host, want) << t.name;
+  }
+}
+
+TEST_F(PeerTest, ServesFromADevicesMemory) {
+  // Sources hold their tensors on the device (whole, or their slices cut in
+  // host memory and copied up) and serve that memory; pulls, whole and
+  // translated between sizes, match the file.
+  LoadOptions on_device;
+  on_device.device = "emulated:0";
+  const uint64_t free_before = EmulatedFree();
+  for (int size : {1, 2}) {
+    SCOPED_TRACE("sources: " + std::to_string(size));
+    std::vector<std::unique_ptr<PeerServer>> sources;
+    std::vector<std::string> urls;
+    for (int r = 0; r < size; ++r) {
+      auto s = PeerServer::ServeCheckpoint(path_, key_, Serve(size, r), on_device);
+      ASSERT_OK(s);
+      urls.push_back((*s)->url());
+      sources.push_back(std::move(s).value());
+    }
+    // The served tensors are the device's: its memory is taken while they serve.
+    EXPECT_LT(EmulatedFree(), free_before);
+    for (int dst_size : {1, 2}) {
+      const int rank = dst_size - 1;
+      SCOPED_TRACE("destination rank " + std::to_string(rank) + " of " + std::to_string(dst_size));
+      PeerLoadReport report;
+      auto got = LoadFromPeer(key_, Pull(urls, dst_size, rank), &report);
+      ASSERT_OK(got);
+      EXPECT_THAT(report.source, HasSubstr(urls[0]));  // Every source rank's URL.
+      ExpectTensors(*got, tensors_, dst_size, rank, &PeerTest::Expected);
+    }
+    // A bit flipped in the device's copy after the manifest was made fails
+    // its chunk's check: the checksums are those of the device's bytes.
+    ASSERT_OK(sources[0]->CorruptForTesting("big", 12345));
+    PeerLoadReport report;
+    auto bad = LoadFromPeer(key_, Pull(urls, size, 0), &report);
+    EXPECT_FALSE(bad.ok());
+    ASSERT_FALSE(report.failures.empty());
+    EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 0")) << bad.status().ToString();
+  }
+  EXPECT_EQ(EmulatedFree(), free_before);  // Released with the servers.
+}
+
+TEST_F(PeerTest, DeviceChecksumsSpanSeveralStagingWindows) {
+  // A tensor larger than the staging window (8 MiB) and not a whole number
+  // of chunks: its checksums come from several staged copies.
+  std::vector<RawTensor> big = {Random("big", Dtype::kU8, {(9u << 20) + 4097}, 41),
+                                Random("small", Dtype::kU8, {3}, 42)};
+  const std::string path = dir_.File("big.safetensors");
+  WriteRaw(path, big);
+  PeerKey key = key_;
+  key.layout = "";
+  LoadOptions on_device;
+  on_device.device = "emulated:0";
+  ServeOptions o = Serve();
+  o.chunk_bytes = 1 << 20;
+  auto server = PeerServer::ServeCheckpoint(path, key, o, on_device);
+  ASSERT_OK(server);
+  auto got = LoadFromPeer(key, Pull({(*server)->url()}));
+  ASSERT_OK(got);
+  for (const RawTensor& t : big) {
+    const LoadedTensor* g = got->Find(t.name);
+    ASSERT_NE(g, nullptr);
+    ASSERT_EQ(g->nbytes, t.bytes.size());
+    EXPECT_EQ(std::memcmp(g->data, t.bytes.data(), t.bytes.size()), 0) << t.name;
+  }
+  // The last chunk of the second window, corrupted on the device, is caught.
+  ASSERT_OK((*server)->CorruptForTesting("big", (9u << 20) + 4000));
+  PeerLoadReport report;
+  auto bad = LoadFromPeer(key, Pull({(*server)->url()}), &report);
+  EXPECT_FALSE(bad.ok());
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 9")) << bad.status().ToString();
+}
+
+TEST_F(PeerTest, ASeedOnADeviceServesItsDeviceMemory) {
+  // A destination that pulls onto the device and becomes a seed serves the
+  // device's copy: a third process pulls from it.
+  auto origin = Start(Serve());
+  ASSERT_NE(origin, nullptr);
+  auto opts = Pull({origin->url()});
+  opts.device = "emulated:0";
+  opts.become_seed = true;
+  auto seeded = LoadFromPeerAndSeed(key_, opts);
+  ASSERT_OK(seeded);
+  ASSERT_NE(seeded->seed, nullptr);
+  EXPECT_EQ(seeded->loaded->tensors().front().device, DeviceType::kEmulated);
+  origin.reset();  // Only the seed is left.
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, Pull({seeded->seed->url()}), &report);
+  ASSERT_OK(got);
+  EXPECT_EQ(report.source, seeded->seed->url());
+  ExpectTensors(*got, tensors_, 1, 0, &PeerTest::Expected);
+}
+
 TEST_F(PeerTest, DeviceDestinationsSayWhatTheyCannotDo) {
   auto opts = Pull({});
   opts.fallback_path = path_;
   opts.device = "emulated:0";
-  opts.fallback_load.device = "cpu";
-  opts.become_seed = true;
-  auto seeded = LoadFromPeerAndSeed(key_, opts);
-  EXPECT_EQ(seeded.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_THAT(seeded.status().message(), HasSubstr("become_seed serves host memory only"));
-  opts.become_seed = false;
   opts.fallback_load.device = "emulated:0";
   EXPECT_OK(LoadFromPeer(key_, opts).status());  // The same device twice is fine.
   opts.device = "cpu";

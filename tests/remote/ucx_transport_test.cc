@@ -513,6 +513,28 @@ TEST(UcxTransport, ServerRejectsEmptyRegionAndUnknownIndex) {
   EXPECT_FALSE((*server)->WorkerAddress().empty());
 }
 
+TEST(UcxTransport, GpuMemoryNeedsAUcxBuiltWithCuda) {
+  if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
+  auto server = UcxServer::Create(UcxOptions{"tcp"});
+  if (!server.ok() && server.status().code() == StatusCode::kUnimplemented) {
+    GTEST_SKIP() << server.status().ToString();
+  }
+  ASSERT_OK(server);
+  if ((*server)->MapsCudaMemory()) {
+    GTEST_SKIP() << "this UCX (" << UcxVersion()
+                 << ") maps CUDA memory: registering it needs a GPU (make gpu-check)";
+  }
+  // Refused before the address is used (a host buffer stands in for it).
+  char buf[64];
+  auto r = (*server)->Register(buf, sizeof(buf), UcxMemory::kCuda);
+  EXPECT_EQ(r.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(r.status().message().find("cannot map GPU memory"), std::string::npos)
+      << r.status().ToString();
+  EXPECT_NE(r.status().message().find("TENSORLIFT_UCX_LIB"), std::string::npos);
+  // Host memory still maps.
+  EXPECT_OK((*server)->Register(buf, sizeof(buf), UcxMemory::kHost).status());
+}
+
 // --- Another UCX build (TENSORLIFT_UCX_LIB) -----------------------------------
 
 constexpr const char* kOtherLibEnv = "TENSORLIFT_TEST_UCX_LIB";
