@@ -169,10 +169,12 @@ struct PeerLoadOptions {
   std::string fallback_path;
   LoadOptions fallback_load;  // For the disk fallback (filter and dtype are ignored on peers).
   // Where the tensors go, from a peer or from disk: "cpu", "cuda:N" (or
-  // "emulated:0" in tests). Pulls land in host memory, are checked there,
-  // and are then copied to the device in one allocation (the host copy is
-  // freed): UCX's CUDA transports, which would pull into GPU memory directly,
-  // are not used yet. The disk fallback loads straight onto the device when
+  // "emulated:0" in tests). Pulls land straight in the device's memory when
+  // the loaded UCX can write it (a GPU's needs a UCX built with CUDA, e.g.
+  // PyPI's libucx-cu12 through TENSORLIFT_UCX_LIB), each chunk checked on a
+  // staged copy in pinned host memory; otherwise they land in host memory,
+  // are checked there, and are copied up in one allocation (the host copy
+  // freed). The disk fallback loads straight onto the device when
   // nothing is sliced for a tensor-parallel rank. fallback_load.device must
   // be "cpu" or the same device. A seed (become_seed) serves the tensors from
   // where they are (device memory: see ServeCheckpoint).

@@ -191,8 +191,8 @@ class Peer:
         self.timeout_ms = int(timeout * 1000)
         self.transports = transports or ""
         self.mode = mode
-        # Where the tensors go ("cpu", "cuda:N"): pulls are checked in host memory, then copied to the
-        # device (docs/remote.md, "Devices"); a seed serves them from there.
+        # Where the tensors go ("cpu", "cuda:N"): straight into the device's memory when UCX can write
+        # it, else through host memory (docs/remote.md, "Devices"); a seed serves them from there.
         self.device = str(device)
 
     def pull(self, become_seed: bool = False, seed_host: str = "127.0.0.1"):

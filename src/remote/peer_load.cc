@@ -321,19 +321,59 @@ Status PlanRankGets(const Manifest& mf, const std::vector<Wanted>& wanted, bool 
   return Status::Ok();
 }
 
+// Where a pull lands: host memory, or straight in a device's memory (UCX
+// writes it at `visible`: a GPU's device addresses, mapped as CUDA memory, or
+// the host's mapping of the emulated device's memory). Device bytes are
+// checked on staged copies: each chunk is copied to pinned host memory and
+// hashed there.
+struct Landing {
+  std::shared_ptr<Buffer> buffer;  // Owns the destination bytes.
+  std::byte* visible = nullptr;    // Where UCX writes them.
+  uint64_t size = 0;
+  std::shared_ptr<Device> device;  // Null: host memory.
+  UcxMemory memory = UcxMemory::kHost;
+  std::unique_ptr<DeviceStream> stream;
+  std::shared_ptr<Buffer> staging;  // Pinned; one chunk.
+
+  bool Holds(const std::byte* p) const { return p >= visible && p < visible + size; }
+  // The device address of `p` (a UCX-visible address in the buffer).
+  std::byte* DeviceAddress(const std::byte* p) const { return buffer->data() + (p - visible); }
+  // XXH3 of [p, p + n), staged through pinned memory when on a device.
+  Result<uint64_t> Checksum(const std::byte* p, uint64_t n) {
+    if (!device || !Holds(p)) return Xxh3_64(p, n);
+    if (!staging || staging->size() < n) {
+      staging.reset();
+      TL_ASSIGN_OR_RETURN(staging, device->AllocatePinned(n));
+    }
+    TL_RETURN_IF_ERROR(stream->CopyToHost(staging->data(), DeviceAddress(p), n));
+    TL_RETURN_IF_ERROR(stream->Synchronize());
+    return Xxh3_64(staging->data(), n);
+  }
+  // Copies host bytes to UCX-visible address `dst` in the buffer.
+  Status Put(std::byte* dst, const std::byte* src, uint64_t n) {
+    if (!device) {
+      std::memcpy(dst, src, n);
+      return Status::Ok();
+    }
+    return stream->CopyToDevice(DeviceAddress(dst), src, n);
+  }
+};
+
 // Copies the staging chunks' bytes to their destinations.
-void CopyStaged(const std::vector<RankPlan::Staged>& staged) {
+Status CopyStaged(const std::vector<RankPlan::Staged>& staged, Landing& landing) {
   for (const RankPlan::Staged& s : staged) {
     for (const CopyPiece& p : s.pieces) {
-      std::memcpy(s.dst_base + p.dst_offset, s.bytes.get() + (p.src_offset - s.chunk_begin),
-                  p.bytes);
+      TL_RETURN_IF_ERROR(landing.Put(s.dst_base + p.dst_offset,
+                                     s.bytes.get() + (p.src_offset - s.chunk_begin), p.bytes));
     }
   }
+  return landing.device ? landing.stream->Synchronize() : Status::Ok();
 }
 
 class Puller {
  public:
-  Puller(const PeerKey& key, const PeerLoadOptions& options) : key_(key), options_(options) {}
+  Puller(const PeerKey& key, const PeerLoadOptions& options, std::shared_ptr<Device> device)
+      : key_(key), options_(options), device_(std::move(device)) {}
 
   // Pulls from `group` (one endpoint per source rank, index = rank). On
   // failure `failed_url` names the endpoint to blame (empty: the first).
@@ -346,33 +386,34 @@ class Puller {
     std::vector<Source> sources(n);
     // Declared before the closer, so that on an error the UCX clients (which
     // map it) are closed before the buffer is freed.
-    std::shared_ptr<HostBuffer> buffer;
+    Landing landing;
     SessionCloser closer{&sources};
     TL_RETURN_IF_ERROR(OpenSessions(group, &sources, failed_url));
 
     *failed_url = group[0]->url();
     TL_ASSIGN_OR_RETURN(std::vector<Wanted> wanted, PlanWanted(group, sources, layout, failed_url));
     TL_ASSIGN_OR_RETURN(uint64_t total, PlaceWanted(group[0]->url(), &wanted));
-    TL_ASSIGN_OR_RETURN(buffer, HostBuffer::Allocate(total));
-    // Fresh memory is faulted in by helper threads ahead of the gets, as a
-    // disk load does (docs/loading.md, "Memory"): first touches cost more
+    TL_RETURN_IF_ERROR(Allocate(total, &landing));
+    // Fresh host memory is faulted in by helper threads ahead of the gets, as
+    // a disk load does (docs/loading.md, "Memory"): first touches cost more
     // than the transfer itself on the machine measured (docs/remote.md).
-    PopulateAhead populate({{buffer->data(), buffer->size()}},
-                           FaultThreadCount(options_.fallback_load.fault_threads));
+    std::vector<PopulateAhead::Region> fresh;
+    if (!landing.device) fresh.push_back({landing.visible, landing.size});
+    PopulateAhead populate(fresh, FaultThreadCount(options_.fallback_load.fault_threads));
 
     int ranks_used = 0;
     uint64_t pulled = 0;
     for (int r = 0; r < n; ++r) {
       *failed_url = group[r]->url();
-      TL_ASSIGN_OR_RETURN(bool used, PullRank(r, n, group[r]->url(), wanted, *buffer, &sources[r]));
+      TL_ASSIGN_OR_RETURN(bool used, PullRank(r, n, group[r]->url(), wanted, landing, &sources[r]));
       if (!used) continue;
       ++ranks_used;
       pulled += sources[r].pulled;
     }
 
     CheckpointBuilder out;
-    AddPulledTensors(wanted, buffer, &out, shards);
-    AddSourceReports(group, sources, &out);
+    AddPulledTensors(wanted, landing, &out, shards);
+    AddSourceReports(group, sources, landing, &out);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     report->bytes = pulled;
     report->seconds = seconds;
@@ -496,16 +537,16 @@ class Puller {
   // then the copies out of the staging chunks, once every chunk has checked
   // out. False when the rank holds nothing the destination wants.
   Result<bool> PullRank(int r, int n, const std::string& url, const std::vector<Wanted>& wanted,
-                        HostBuffer& buffer, Source* src) const {
+                        Landing& landing, Source* src) const {
     RankPlan plan;
     const bool sends_whole = r == options_.parallel.rank % n;
-    TL_RETURN_IF_ERROR(PlanRankGets(src->manifest, wanted, sends_whole, buffer.data(), &plan));
+    TL_RETURN_IF_ERROR(PlanRankGets(src->manifest, wanted, sends_whole, landing.visible, &plan));
     if (plan.gets.empty()) return false;
     TL_RETURN_IF_ERROR(ConnectSource(url, src));
     for (auto& g : plan.gets) g.region = src->regions[g.region];
-    TL_RETURN_IF_ERROR(src->ucx->MapLocal(buffer.data(), buffer.size()));
-    TL_RETURN_IF_ERROR(GetVerified(url, plan, src));
-    CopyStaged(plan.staged);
+    TL_RETURN_IF_ERROR(src->ucx->MapLocal(landing.visible, landing.size, landing.memory));
+    TL_RETURN_IF_ERROR(GetVerified(url, plan, landing, src));
+    TL_RETURN_IF_ERROR(CopyStaged(plan.staged, landing));
     src->transports = src->ucx->TransportsInUse();
     src->ucx.reset();
     return true;
@@ -531,7 +572,8 @@ class Puller {
 
   // Runs the plan's gets, checking each chunk's XXH3 against the manifest as
   // it lands; counts the bytes in src->pulled.
-  Status GetVerified(const std::string& url, const RankPlan& plan, Source* src) const {
+  Status GetVerified(const std::string& url, const RankPlan& plan, Landing& landing,
+                     Source* src) const {
     const Manifest& mf = src->manifest;
     const std::vector<UcxClient::Get>& gets = plan.gets;
     UcxClient::GetOptions go;
@@ -542,9 +584,15 @@ class Puller {
     Status bad = Status::Ok();
     go.on_done = [&](size_t i) {
       const RankPlan::Chunk& c = plan.chunks[i];
-      const uint64_t sum = Xxh3_64(c.dst, gets[i].bytes);
       src->pulled += gets[i].bytes;
-      if (sum != c.t->chunk_xxh3[c.index] && bad.ok()) {
+      if (!bad.ok()) return;
+      Result<uint64_t> staged = landing.Checksum(c.dst, gets[i].bytes);
+      if (!staged.ok()) {
+        bad = staged.status().WithContext(url + ": checking tensor '" + c.t->name + "'");
+        return;
+      }
+      const uint64_t sum = *staged;
+      if (sum != c.t->chunk_xxh3[c.index]) {
         bad = CorruptionError(
             url + ": tensor '" + c.t->name + "' chunk " + std::to_string(c.index) + " (bytes " +
             std::to_string(c.index * mf.chunk_bytes) + ".." +
@@ -556,35 +604,72 @@ class Puller {
     return bad;
   }
 
-  // The pulled tensors (views into `buffer`, which owns them) and each one's
-  // shard.
-  static void AddPulledTensors(const std::vector<Wanted>& wanted,
-                               const std::shared_ptr<HostBuffer>& buffer, CheckpointBuilder* out,
-                               std::vector<ShardOf>* shards) {
+  // Where the pull lands: straight on the destination device when UCX can
+  // write its memory (a GPU's with a CUDA build of UCX; the emulated device's
+  // through its host mapping), else in host memory (then copied up).
+  Status Allocate(uint64_t total, Landing* landing) const {
+    if (device_) {
+      const bool cuda = device_->kind() == DeviceType::kCuda;
+      if (!cuda || UcxMapsCudaMemory()) {
+        Result<std::shared_ptr<Buffer>> b = device_->Allocate(total);
+        if (!b.ok()) {
+          return b.status().WithContext("peer load: " + std::to_string(total) + " bytes on " +
+                                        device_->name());
+        }
+        std::byte* visible = cuda ? (*b)->data() : (*b)->host_mapping();
+        if (visible != nullptr) {
+          TL_ASSIGN_OR_RETURN(landing->stream, device_->CreateStream());
+          landing->buffer = std::move(b).value();
+          landing->visible = visible;
+          landing->size = landing->buffer->size();
+          landing->device = device_;
+          landing->memory = cuda ? UcxMemory::kCuda : UcxMemory::kHost;
+          return Status::Ok();
+        }
+      }
+    }
+    TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> host, HostBuffer::Allocate(total));
+    landing->visible = host->data();
+    landing->size = host->size();
+    landing->buffer = std::move(host);
+    return Status::Ok();
+  }
+
+  // The pulled tensors (views into the landing buffer, which owns them) and
+  // each one's shard.
+  static void AddPulledTensors(const std::vector<Wanted>& wanted, const Landing& landing,
+                               CheckpointBuilder* out, std::vector<ShardOf>* shards) {
     out->Reserve(wanted.size());
     shards->clear();
+    if (landing.device) out->set_device(landing.device);
     for (const Wanted& w : wanted) {
       LoadedTensor t;
       t.name = w.name;
       t.dtype = w.dtype;
       t.shape = w.shape;
       SetRowMajorStrides(&t);
-      t.data = buffer->data() + w.offset;
+      t.data = landing.buffer->data() + w.offset;
       t.nbytes = w.nbytes;
-      out->Add(std::move(t), buffer);
+      if (landing.device) {
+        t.device = landing.device->kind();
+        t.device_index = landing.device->ordinal();
+      }
+      out->Add(std::move(t), landing.buffer);
       shards->push_back({w.dim, w.dim >= 0 ? w.range.start : 0, w.full_shape});
     }
   }
 
   // One file report per source rank: its endpoint, transports and bytes.
   static void AddSourceReports(const std::vector<const Control*>& group,
-                               const std::vector<Source>& sources, CheckpointBuilder* out) {
+                               const std::vector<Source>& sources, const Landing& landing,
+                               CheckpointBuilder* out) {
     const int n = static_cast<int>(group.size());
     for (int r = 0; r < n; ++r) {
       FileReport f;
       f.path = group[r]->url();
       f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n) +
-                 (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports);
+                 (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports) +
+                 (landing.device ? " into " + landing.device->name() + "'s memory" : "");
       f.bytes = sources[r].pulled;
       out->files().push_back(std::move(f));
     }
@@ -592,6 +677,7 @@ class Puller {
 
   const PeerKey& key_;
   const PeerLoadOptions& options_;
+  std::shared_ptr<Device> device_;  // The destination's; null: host memory.
 };
 
 }  // namespace
@@ -627,7 +713,8 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
   }
   const std::string& token = options.token;
   TL_ASSIGN_OR_RETURN(const std::shared_ptr<Device> device, DestinationDevice(options));
-  // Pulls and slices land in host memory; a device destination gets a copy.
+  // Disk loads that slice, and pulls that UCX cannot land on the device, are
+  // in host memory: a device destination gets a copy.
   auto place = [&](Result<LoadedCheckpoint> r) -> Result<LoadedCheckpoint> {
     if (!r.ok() || !device || r->tensors().empty() ||
         r->tensors().front().device != DeviceType::kCpu) {
@@ -692,7 +779,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
     if (size != options.parallel.size) sizes.push_back(size);
   }
   std::set<size_t> failed;
-  Puller puller(key, options);
+  Puller puller(key, options, device);
   for (int size : sizes) {
     auto& g = groups[size];
     for (auto& endpoints : g) {

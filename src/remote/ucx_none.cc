@@ -19,6 +19,8 @@ Status NotBuilt() {
 
 bool UcxBuilt() { return false; }
 
+bool UcxMapsCudaMemory() { return false; }
+
 std::string UcxVersion() { return TENSORLIFT_NO_UCX_REASON; }
 
 Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& /*options*/) {

@@ -277,6 +277,23 @@ void WaitForWorker(const UcxApi* api, ucp_worker_h worker, int efd, Clock::time_
 
 // --- Server -----------------------------------------------------------------
 
+// Whether `context` lists CUDA among its memory types.
+bool ContextMapsCuda(const UcxApi* api, ucp_context_h context) {
+  ucp_context_attr_t attr{};
+  attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (api->context_query(context, &attr) != UCS_OK) return false;
+  return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
+}
+
+// kUnimplemented, saying what to do, when `context` cannot map CUDA memory.
+Status CheckMapsCuda(const UcxApi* api, ucp_context_h context, const char* what) {
+  if (ContextMapsCuda(api, context)) return Status::Ok();
+  return UnimplementedError(std::string(what) + ": UCX " + api->version + " (" + api->path +
+                            ") cannot map GPU memory (it has no CUDA support): set " + kUcxLibEnv +
+                            " to the libucp.so.0 of a CUDA build, e.g. PyPI's libucx-cu12 "
+                            "(docs/remote.md, \"Devices\")");
+}
+
 class UcxServerImpl final : public UcxServer {
  public:
   UcxServerImpl(UcxCore core, PosixFile stop_fd, int worker_efd, std::string address,
@@ -304,12 +321,7 @@ class UcxServerImpl final : public UcxServer {
     // core_ destroys the worker, then the context.
   }
 
-  bool MapsCudaMemory() const override {
-    ucp_context_attr_t attr{};
-    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
-    if (api_->context_query(core_.context(), &attr) != UCS_OK) return false;
-    return (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
-  }
+  bool MapsCudaMemory() const override { return ContextMapsCuda(api_, core_.context()); }
 
   Result<uint32_t> Register(const void* data, uint64_t bytes, UcxMemory memory) override {
     if (data == nullptr || bytes == 0) {
@@ -327,13 +339,7 @@ class UcxServerImpl final : public UcxServer {
     params.address = const_cast<void*>(data);
     params.length = bytes;
     if (memory == UcxMemory::kCuda) {
-      if (!MapsCudaMemory()) {
-        return UnimplementedError(
-            "UCX Register: UCX " + api_->version + " (" + api_->path +
-            ") cannot map GPU memory (it has no CUDA support): set " + kUcxLibEnv +
-            " to the libucp.so.0 of a CUDA build, e.g. PyPI's libucx-cu12 (docs/remote.md, "
-            "\"Devices\")");
-      }
+      TL_RETURN_IF_ERROR(CheckMapsCuda(api_, core_.context(), "UCX Register"));
       params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
       params.memory_type = UCS_MEMORY_TYPE_CUDA;
     }
@@ -538,7 +544,7 @@ class UcxClientImpl final : public UcxClient {
     return static_cast<uint32_t>(regions_.size() - 1);
   }
 
-  Status MapLocal(void* data, uint64_t bytes) override {
+  Status MapLocal(void* data, uint64_t bytes, UcxMemory memory) override {
     uint64_t end;
     if (data == nullptr || bytes == 0 ||
         !CheckedAdd(reinterpret_cast<uint64_t>(data), bytes, &end)) {
@@ -549,6 +555,11 @@ class UcxClientImpl final : public UcxClient {
     params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     params.address = data;
     params.length = bytes;
+    if (memory == UcxMemory::kCuda) {
+      TL_RETURN_IF_ERROR(CheckMapsCuda(api_, core_.context(), "UCX MapLocal"));
+      params.field_mask |= UCP_MEM_MAP_PARAM_FIELD_MEMORY_TYPE;
+      params.memory_type = UCS_MEMORY_TYPE_CUDA;
+    }
     ucp_mem_h memh = nullptr;
     const ucs_status_t st = api_->mem_map(core_.context(), &params, &memh);
     if (st != UCS_OK) {
@@ -921,6 +932,15 @@ Result<int> WorkerEventFd(const UcxCore& core) {
 }  // namespace
 
 bool UcxBuilt() { return true; }
+
+bool UcxMapsCudaMemory() {
+  static const bool maps = [] {
+    if (!LoadUcx().ok()) return false;
+    Result<std::unique_ptr<UcxServer>> probe = UcxServer::Create(UcxOptions{});
+    return probe.ok() && (*probe)->MapsCudaMemory();
+  }();
+  return maps;
+}
 
 std::string UcxVersion() {
   Result<const UcxApi*> api = LoadUcx();

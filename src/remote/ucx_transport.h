@@ -29,6 +29,10 @@ namespace tensorlift::remote {
 
 // Built with UCX's headers (the library is loaded at run time).
 bool UcxBuilt();
+// Whether the loaded UCX can map CUDA memory (UcxServer::MapsCudaMemory of a
+// context with default options; asked once per process). False when UCX
+// cannot be loaded.
+bool UcxMapsCudaMemory();
 // The loaded UCX's version and file ("1.13.1 (libucp.so.0)"), loading it
 // if needed; "not loadable: <why>" when it cannot be loaded; why not built.
 std::string UcxVersion();
@@ -77,8 +81,10 @@ class UcxClient {
   // Unpacks a region's remote key; returns its index for Get::region.
   virtual Result<uint32_t> AddRegion(std::string_view packed_rkey, uint64_t remote_address,
                                      uint64_t bytes) = 0;
-  // Maps local memory that gets land in (optional; faster zero-copy gets).
-  virtual Status MapLocal(void* data, uint64_t bytes) = 0;
+  // Maps local memory that gets land in (optional for host memory, where it
+  // makes gets zero-copy; needed for kCuda memory, refused with
+  // kUnimplemented when the loaded UCX has no CUDA support).
+  virtual Status MapLocal(void* data, uint64_t bytes, UcxMemory memory = UcxMemory::kHost) = 0;
 
   struct Get {
     uint32_t region = 0;

@@ -321,6 +321,12 @@ TEST_F(PeerTest, PullsOntoADevice) {
       auto got = LoadFromPeer(key_, opts, &report);
       ASSERT_OK(got);
       EXPECT_EQ(report.source, from_disk ? "disk:" + path_ : server->url());
+      if (!from_disk) {
+        // Straight into the device's memory (UCX writes it through the host's
+        // mapping of the emulated device), each chunk checked on a staged copy.
+        ASSERT_FALSE(got->files().empty());
+        EXPECT_THAT(got->files()[0].reason, HasSubstr("into emulated:0's memory"));
+      }
       ASSERT_EQ(got->tensors().size(), tensors_.size());
       for (const RawTensor& t : tensors_) {
         const LoadedTensor* g = got->Find(t.name);
@@ -450,6 +456,21 @@ TEST_F(PeerTest, ASeedOnADeviceServesItsDeviceMemory) {
   ASSERT_OK(got);
   EXPECT_EQ(report.source, seeded->seed->url());
   ExpectTensors(*got, tensors_, 1, 0, &PeerTest::Expected);
+}
+
+TEST_F(PeerTest, ACorruptChunkPulledOntoADeviceIsCaught) {
+  // The staged check of device memory sees a flipped bit, whole and translated.
+  for (int size : {1, 2}) {
+    auto bad = Start(Serve());
+    ASSERT_NE(bad, nullptr);
+    ASSERT_OK(bad->CorruptForTesting("big", (1 << 20) + 5));
+    auto opts = Pull({bad->url()}, size, 0);
+    opts.device = "emulated:0";
+    PeerLoadReport report;
+    EXPECT_FALSE(LoadFromPeer(key_, opts, &report).ok());
+    ASSERT_FALSE(report.failures.empty());
+    EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 1"));
+  }
 }
 
 TEST_F(PeerTest, DeviceDestinationsSayWhatTheyCannotDo) {

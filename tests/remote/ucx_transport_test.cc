@@ -533,6 +533,15 @@ TEST(UcxTransport, GpuMemoryNeedsAUcxBuiltWithCuda) {
   EXPECT_NE(r.status().message().find("TENSORLIFT_UCX_LIB"), std::string::npos);
   // Host memory still maps.
   EXPECT_OK((*server)->Register(buf, sizeof(buf), UcxMemory::kHost).status());
+  // A client's destination likewise; peer loads then land in host memory.
+  EXPECT_FALSE(UcxMapsCudaMemory());
+  auto client =
+      UcxClient::Connect((*server)->WorkerAddress(), UcxOptions{"tcp"}, std::chrono::seconds(10));
+  ASSERT_OK(client);
+  const Status local = (*client)->MapLocal(buf, sizeof(buf), UcxMemory::kCuda);
+  EXPECT_EQ(local.code(), StatusCode::kUnimplemented);
+  EXPECT_NE(local.message().find("cannot map GPU memory"), std::string::npos) << local.ToString();
+  EXPECT_OK((*client)->MapLocal(buf, sizeof(buf), UcxMemory::kHost));
 }
 
 // --- Another UCX build (TENSORLIFT_UCX_LIB) -----------------------------------
