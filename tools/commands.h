@@ -95,10 +95,15 @@ struct FetchArgs {
   bool seed = false;
   std::string seed_host = "127.0.0.1";
   int registry_ttl_s = 10;
-  std::string ready_file;  // Written with the seed's URL once serving.
+  std::string ready_file;      // Written with the seed's URL once serving.
+  std::string device = "cpu";  // Where the tensors go.
 };
 // Pulls a checkpoint from peers (or the fallback) and writes or checksums it.
 int RunFetch(const FetchArgs& args);
+
+// Prints "name<TAB>XXH3-64" per tensor, in name order (device tensors are
+// copied to the host first); kExitInvalid when a copy fails.
+int PrintChecksums(const LoadedCheckpoint& loaded);
 
 // Prints what was built and what works here (Capabilities()); always 0.
 int RunDoctor(const std::string& path, bool json);

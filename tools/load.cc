@@ -109,21 +109,23 @@ int RunLoad(const LoadArgs& args) {
   std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s%s\n",
                loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
                secs, secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0, views.c_str());
-  if (args.checksum) {
-    std::vector<std::byte> host;
-    for (const LoadedTensor& t : loaded->tensors()) {  // Name order.
-      const void* bytes = t.data;
-      if (t.device != DeviceType::kCpu) {
-        host.resize(t.nbytes);
-        Status st = loaded->CopyToHost(t.name, host.data());
-        if (!st.ok()) {
-          std::fprintf(stderr, "%s\n", st.ToString().c_str());
-          return kExitInvalid;
-        }
-        bytes = host.data();
+  return args.checksum ? PrintChecksums(*loaded) : kExitOk;
+}
+
+int PrintChecksums(const LoadedCheckpoint& loaded) {
+  std::vector<std::byte> host;
+  for (const LoadedTensor& t : loaded.tensors()) {  // Name order.
+    const void* bytes = t.data;
+    if (t.device != DeviceType::kCpu) {
+      host.resize(t.nbytes);
+      Status st = loaded.CopyToHost(t.name, host.data());
+      if (!st.ok()) {
+        std::fprintf(stderr, "%s\n", st.ToString().c_str());
+        return kExitInvalid;
       }
-      std::printf("%s\t%s\n", t.name.c_str(), HexU64(Xxh3_64(bytes, t.nbytes)).c_str());
+      bytes = host.data();
     }
+    std::printf("%s\t%s\n", t.name.c_str(), HexU64(Xxh3_64(bytes, t.nbytes)).c_str());
   }
   return kExitOk;
 }

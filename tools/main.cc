@@ -168,6 +168,11 @@ int main(int argc, char** argv) {
   fetch->add_option("--fallback", fetch_args.fallback,
                     "Checkpoint to load from disk when no peer works");
   fetch->add_option("--out", fetch_args.out, "Write the tensors to DIR/model.safetensors");
+  fetch
+      ->add_option("--device", fetch_args.device,
+                   "Where the tensors go: cpu, or cuda:N (straight into GPU memory when UCX has "
+                   "CUDA support: TENSORLIFT_UCX_LIB, docs/remote.md)")
+      ->capture_default_str();
   fetch->add_flag(
       "--checksum", fetch_args.checksum,
       "Print name<TAB>xxh3-64 of each tensor's bytes, as tensorlift load --checksum does");

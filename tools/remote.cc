@@ -115,6 +115,11 @@ int RunFetch(const FetchArgs& args) {
   opts.request_timeout_ms = args.timeout_ms;
   opts.connect_timeout_ms = args.timeout_ms;
   opts.stall_timeout_ms = args.timeout_ms;
+  opts.device = args.device;
+  if (!args.out.empty() && args.device != "cpu") {
+    return Fail(InvalidArgumentError("fetch: --out writes a host fetch: leave --device at cpu"),
+                kExitUsage);
+  }
   if (opts.peers.empty() && opts.registry.empty() && opts.fallback_path.empty()) {
     return Fail(InvalidArgumentError("fetch: give a peer URL, --registry, or --fallback"),
                 kExitUsage);
@@ -161,9 +166,8 @@ int RunFetch(const FetchArgs& args) {
     std::fprintf(out, "wrote %s\n", file.c_str());
   }
   if (args.checksum) {
-    for (const LoadedTensor& t : loaded->tensors()) {
-      std::printf("%s\t%s\n", t.name.c_str(), HexU64(Xxh3_64(t.data, t.nbytes)).c_str());
-    }
+    const int rc = PrintChecksums(*loaded);
+    if (rc != kExitOk) return rc;
   }
   if (args.seed && pulled->seed) {
     std::fprintf(out, "seeding at %s\n", pulled->seed->url().c_str());

@@ -159,6 +159,13 @@ def test_serve_from_a_devices_memory(cli, ckpt, serving):
     assert r.stdout == load_checksums(cli, ckpt)
     bad = run(cli, "serve", ckpt, *MODEL, "--device", "tpu:0")
     assert bad.returncode != 0 and "tpu:0" in bad.stderr, bad.stderr
+    # fetch --device: device memory to device memory, the bytes checked on the way.
+    r = run(cli, "fetch", s.url, *MODEL, "--transports", "tcp", "--device", "emulated:0", "--checksum")
+    assert r.returncode == 0, r.stderr
+    assert "into emulated:0's memory" in r.stderr, r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+    bad = run(cli, "fetch", s.url, *MODEL, "--device", "emulated:0", "--out", ckpt.parent / "never")
+    assert bad.returncode != 0 and "--out writes a host fetch" in bad.stderr, bad.stderr
 
 
 def test_fetch_out_writes_a_checkpoint(cli, ckpt, serving, tmp_path):
