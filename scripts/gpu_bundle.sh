@@ -5,8 +5,11 @@
 # (headers and libraries, unpacked there without overwriting anything) and
 # the wheels of the Python packages the GPU image lacks, for its Python
 # (GPU_PY_VERSION, default 3.12). It stays under GPU_BUNDLE_MAX_MIB (default
-# 48) so that it travels with the checkout; the optional parts (UCX, MPI,
-# etcd) are left out and those tests skip there.
+# 48) so that it travels with the checkout; MPI and etcd are left out and
+# those tests skip there. UCX travels as Debian's headers (tensorlift is built
+# with them and does not link UCX) and the libraries of PyPI's libucx-cu12
+# (UCX with CUDA), in .gpu-bundle/ucx/lib, which gpu_check.sh names in
+# TENSORLIFT_UCX_LIB.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -22,7 +25,7 @@ mkdir -p "$bundle/debs" "$bundle/wheels"
 # libraries, and the test frameworks (the static GoogleTest libraries).
 debs=(libsimdjson-dev libsimdjson14 libcli11-dev libxxhash-dev libxxhash0 liburing-dev liburing2
       libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libcpp-httplib-dev libcpp-httplib0.11
-      libssl-dev zlib1g-dev libbrotli-dev libbrotli1 pkgconf pkgconf-bin libpkgconf3)
+      libssl-dev zlib1g-dev libbrotli-dev libbrotli1 pkgconf pkgconf-bin libpkgconf3 libucx-dev)
 sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
 $sudo apt-get update -qq
 (cd "$bundle/debs" && apt-get download -qq "${debs[@]}")
@@ -36,6 +39,25 @@ for w in "${wheels[@]}"; do
     --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64 \
     -d "$bundle/wheels" "$w" || echo "gpu-bundle: no wheel of $w for Python $pyver (that contender will say so)" >&2
 done
+
+# UCX with CUDA: of the libucx-cu12 wheel (43 MB), only the libraries the data
+# plane opens (remote/ucx_api.cc) and the transport modules it needs; not its
+# static archives, perftest or tools.
+ucx_tmp=$(mktemp -d)
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$ucx_tmp" "libucx-cu12==1.22.0"
+mkdir -p "$bundle/ucx"
+python3 - "$ucx_tmp"/libucx_cu12-*.whl "$bundle/ucx" <<'EOF'
+import sys, zipfile
+keep = ["libucp.so.0", "libucs.so.0", "libucs_signal.so.0", "libucm.so.0", "libuct.so.0",
+        "ucx/libuct_cuda.so.0", "ucx/libucm_cuda.so.0", "ucx/libuct_cma.so.0"]
+with zipfile.ZipFile(sys.argv[1]) as z:
+    for name in keep:
+        info = z.getinfo("libucx/lib/" + name)
+        info.filename = "lib/" + name
+        z.extract(info, sys.argv[2])
+EOF
+chmod 755 "$bundle"/ucx/lib/*.so.0 "$bundle"/ucx/lib/ucx/*.so.0
+rm -rf "$ucx_tmp"
 
 mib=$(du -sm "$bundle" | cut -f1)
 echo "gpu-bundle: $bundle: $(ls "$bundle/debs" | wc -l) Debian packages, $(ls "$bundle/wheels" | wc -l) wheels, ${mib} MiB"

@@ -170,6 +170,12 @@ load_env() {
     lib=$("$py" -c 'import glob, os, nvidia.cufile as m; p = list(m.__path__)[0]; print((glob.glob(os.path.join(p, "lib", "libcufile.so*")) or [""])[0])' 2>/dev/null || true)
     [ -n "$lib" ] && export TENSORLIFT_CUFILE_LIB=$lib
   fi
+  # UCX with CUDA (the libucx-cu12 libraries the bundle carries): the data
+  # plane's tests, and the peer pull from GPU memory into GPU memory, use it.
+  if [ "$mode" = gpu ] && [ -z "${TENSORLIFT_UCX_LIB:-}" ] && [ -f "$root/.gpu-bundle/ucx/lib/libucp.so.0" ]; then
+    export TENSORLIFT_UCX_LIB=$root/.gpu-bundle/ucx/lib/libucp.so.0
+    export TENSORLIFT_TEST_UCX_LIB=$TENSORLIFT_UCX_LIB
+  fi
   # NCCL likewise, from PyPI's nvidia-nccl (CUDA torch's): the NCCL tests and
   # the one-rank device load over NCCL run with it.
   if [ "$mode" = gpu ] && [ -z "${TENSORLIFT_NCCL_LIB:-}" ] && ! ldconfig -p 2>/dev/null | grep -q libnccl.so.2; then

@@ -83,19 +83,57 @@ def available(name, device):
     return None
 
 
-def peer_gpu_state():
-    """Whether a GPU-to-GPU peer load can run here, and why not."""
-    import shutil
-    transports = ""
-    if shutil.which("ucx_info"):
-        p = subprocess.run(["ucx_info", "-d"], capture_output=True, text=True)
-        transports = p.stdout
-    cuda_tl = "cuda_copy" in transports or "cuda_ipc" in transports
-    why = ("tensorlift's peer sources serve host memory only (a GPU tensor is Unimplemented; "
-           "docs/remote.md), so there is no GPU-to-GPU pull to time")
-    if not cuda_tl:
-        why += "; and UCX here has no CUDA transport" + ("" if transports else " (ucx_info is not installed)")
-    return {"run": False, "ucx_cuda_transports": cuda_tl, "reason": why}
+def peer_pull(args, shards_dir):
+    """A peer pull from device memory into device memory: `tensorlift serve --device DEV` in one process,
+    `tensorlift fetch --device DEV --checksum` in another (--runs times), each pull's bytes checked against
+    a disk load onto the device. Its figure is the pull's own time (the fetch's report: sessions, gets,
+    checks, copies), set against a device-to-device copy (the kernels' d2d). UCX is the one
+    TENSORLIFT_UCX_LIB names (a GPU's memory needs a CUDA build, docs/remote.md); the fetch says whether
+    the pull landed straight in the device's memory or came through host memory."""
+    import re
+    import time
+    cli = os.path.join(args.build, "tensorlift")
+    dev = args.device if args.device.startswith("cuda") else "emulated:0"
+    key = ["--model", "gpu-bench", "--revision", "r1"]
+    ready = os.path.join(args.out, "peer-url")
+    if os.path.exists(ready):
+        os.remove(ready)
+    out = {"device": dev, "ucx_lib": os.environ.get("TENSORLIFT_UCX_LIB", "libucp.so.0 (the system's)"), "runs": []}
+    want = subprocess.run([cli, "load", shards_dir, "--device", dev, "--checksum", "--no-progress"],
+                          capture_output=True, text=True, timeout=900)
+    if want.returncode != 0:
+        return {**out, "error": "disk load: " + want.stderr.strip()[-500:]}
+    serve = subprocess.Popen([cli, "serve", shards_dir, *key, "--device", dev, "--ready-file", ready],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not os.path.exists(ready):
+            if serve.poll() is not None:
+                return {**out, "error": "serve: " + serve.stderr.read().strip()[-500:]}
+            if time.monotonic() > deadline:
+                return {**out, "error": "serve was not ready in 600 s"}
+            time.sleep(0.05)
+        url = open(ready).read().strip()
+        for r in range(args.runs):
+            p = subprocess.run([cli, "fetch", url, *key, "--device", dev, "--checksum"],
+                               capture_output=True, text=True, timeout=900)
+            m = re.search(r"fetched \d+ tensors, (\d+) bytes from .* in ([0-9.]+) s", p.stderr)
+            if p.returncode != 0 or not m:
+                out["runs"].append({"error": p.stderr.strip()[-500:]})
+                continue
+            out["runs"].append({"bytes": int(m.group(1)), "pull_s": float(m.group(2)),
+                                "same_bytes": p.stdout == want.stdout,
+                                "landing": "device" if f"into {dev}'s memory" in p.stderr else "host",
+                                "transports": (re.findall(r"over UCX (\S+)", p.stderr) or [""])[0]})
+            print(f"gpu-bench: peer pull {r + 1}/{args.runs}: {out['runs'][-1]}", flush=True)
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.wait()
+    return out
 
 
 def measure(args):
@@ -133,7 +171,7 @@ def measure(args):
                              "--block-mib", "8", "--prefault", "1"])
     data["limits"]["odirect_read"] = odirect if odirect else {"error": err}
 
-    data["peer_gpu"] = peer_gpu_state()
+    data["peer_pull"] = peer_pull(args, shards_dir)
 
     contenders = [c for c in (args.contenders.split(",") if args.contenders else CONTENDERS) if c]
     runnable = []
@@ -212,7 +250,7 @@ def summarize(data):
     for name, g in (("pinned H2D (cudaMemcpyAsync)", h2d), ("O_DIRECT read, cold", od_gbps),
                     ("load limit = min of the two", limit_gbps)):
         lines.append(f"| {name} | {g:.2f} | {ckpt / g / 1e9:.3f} |" if g else f"| {name} | – | – |")
-    lines += ["", f"Peer load GPU to GPU: not run: {data['peer_gpu']['reason']}."]
+    lines += peer_lines(data.get("peer_pull") or {}, ops.get("d2d", {}).get("gbps_out"))
     if ops:
         lines += ["", "| kernel | GB/s moved | GB/s out | vs d2d |", "|---|---|---|---|"]
         for name, o in ops.items():
@@ -221,6 +259,24 @@ def summarize(data):
         lines += ["", f"kernels: failed: {' '.join(k['error'])}"]
     data["summary"] = {"limit_gbps": limit_gbps, "h2d_gbps": h2d, "odirect_gbps": od_gbps, "rows": rows}
     return "\n".join(lines) + "\n"
+
+
+def peer_lines(peer, d2d_gbps):
+    """The peer pull's table: the median pull against a device-to-device copy."""
+    runs = [r for r in peer.get("runs", []) if "pull_s" in r]
+    if peer.get("error") or not runs:
+        why = peer.get("error") or "; ".join(r.get("error", "") for r in peer.get("runs", [])) or "no run"
+        return ["", f"Peer pull, device memory to device memory: failed: {why}"]
+    m = statistics.median(r["pull_s"] for r in runs)
+    gbps = runs[0]["bytes"] / m / 1e9
+    same = "yes" if all(r["same_bytes"] for r in runs) else "NO: WRONG BYTES"
+    landing = ", ".join(sorted({r["landing"] for r in runs}))
+    vs = f"{gbps / d2d_gbps:.3f}x" if d2d_gbps else "–"
+    return ["", f"Peer pull, {peer['device']} to {peer['device']} in another process (UCX: {peer['ucx_lib']}; "
+            f"transports {runs[0]['transports'] or '?'}), median of {len(runs)}:", "",
+            "| bytes | pull s | GB/s | vs d2d copy | landed in | same bytes as a disk load |",
+            "|---|---|---|---|---|---|",
+            f"| {runs[0]['bytes']} | {m:.3f} | {gbps:.2f} | {vs} | {landing} memory | {same} |"]
 
 
 def main():

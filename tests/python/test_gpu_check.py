@@ -92,7 +92,13 @@ def test_the_whole_sequence_on_the_emulated_device(tmp_path):
                         "d2d_dense_of_sparse"}
     assert all(o["gbps_moved"] > 0 for o in ops.values())
     assert res["limits"]["odirect_read"]["read_s"] > 0
-    assert (out / "results.md").read_text().startswith("GPU benchmark, ")
+    # The peer pull, device memory to device memory between two processes: every run
+    # landed straight in the device's memory with the disk load's bytes.
+    peer = res["peer_pull"]
+    assert peer["device"] == "emulated:0" and len(peer["runs"]) == res["runs"], peer
+    assert all(r["same_bytes"] and r["landing"] == "device" and r["pull_s"] > 0 for r in peer["runs"]), peer
+    md = (out / "results.md").read_text()
+    assert md.startswith("GPU benchmark, ") and "Peer pull, emulated:0 to emulated:0" in md
 
 
 def test_a_failing_test_makes_it_exit_non_zero(tmp_path):
