@@ -324,8 +324,8 @@ Status PlanRankGets(const Manifest& mf, const std::vector<Wanted>& wanted, bool 
 // Where a pull lands: host memory, or straight in a device's memory (UCX
 // writes it at `visible`: a GPU's device addresses, mapped as CUDA memory, or
 // the host's mapping of the emulated device's memory). Device bytes are
-// checked on staged copies: each chunk is copied to pinned host memory and
-// hashed there.
+// checked on staged copies in pinned host memory, once a source rank's gets
+// have all landed (CheckStaged).
 struct Landing {
   std::shared_ptr<Buffer> buffer;  // Owns the destination bytes.
   std::byte* visible = nullptr;    // Where UCX writes them.
@@ -333,22 +333,12 @@ struct Landing {
   std::shared_ptr<Device> device;  // Null: host memory.
   UcxMemory memory = UcxMemory::kHost;
   std::unique_ptr<DeviceStream> stream;
-  std::shared_ptr<Buffer> staging;  // Pinned; one chunk.
 
-  bool Holds(const std::byte* p) const { return p >= visible && p < visible + size; }
+  // Whether `p` is in the device's memory (not host memory, nor a staging
+  // chunk).
+  bool OnDevice(const std::byte* p) const { return device && p >= visible && p < visible + size; }
   // The device address of `p` (a UCX-visible address in the buffer).
   std::byte* DeviceAddress(const std::byte* p) const { return buffer->data() + (p - visible); }
-  // XXH3 of [p, p + n), staged through pinned memory when on a device.
-  Result<uint64_t> Checksum(const std::byte* p, uint64_t n) {
-    if (!device || !Holds(p)) return Xxh3_64(p, n);
-    if (!staging || staging->size() < n) {
-      staging.reset();
-      TL_ASSIGN_OR_RETURN(staging, device->AllocatePinned(n));
-    }
-    TL_RETURN_IF_ERROR(stream->CopyToHost(staging->data(), DeviceAddress(p), n));
-    TL_RETURN_IF_ERROR(stream->Synchronize());
-    return Xxh3_64(staging->data(), n);
-  }
   // Copies host bytes to UCX-visible address `dst` in the buffer.
   Status Put(std::byte* dst, const std::byte* src, uint64_t n) {
     if (!device) {
@@ -397,8 +387,10 @@ class Puller {
     // Fresh host memory is faulted in by helper threads ahead of the gets, as
     // a disk load does (docs/loading.md, "Memory"): first touches cost more
     // than the transfer itself on the machine measured (docs/remote.md).
+    // That includes the emulated device's memory, which UCX writes through
+    // the host's mapping; a GPU's memory is not the host's to fault.
     std::vector<PopulateAhead::Region> fresh;
-    if (!landing.device) fresh.push_back({landing.visible, landing.size});
+    if (landing.memory == UcxMemory::kHost) fresh.push_back({landing.visible, landing.size});
     PopulateAhead populate(fresh, FaultThreadCount(options_.fallback_load.fault_threads));
 
     int ranks_used = 0;
@@ -545,7 +537,12 @@ class Puller {
     TL_RETURN_IF_ERROR(ConnectSource(url, src));
     for (auto& g : plan.gets) g.region = src->regions[g.region];
     TL_RETURN_IF_ERROR(src->ucx->MapLocal(landing.visible, landing.size, landing.memory));
-    TL_RETURN_IF_ERROR(GetVerified(url, plan, landing, src));
+    Status got = GetVerified(url, plan, landing, src);
+    if (!got.ok()) {
+      // No copy of this pull may still run when the buffer is freed.
+      if (landing.stream) landing.stream->Synchronize().IgnoreError();
+      return got;
+    }
     TL_RETURN_IF_ERROR(CopyStaged(plan.staged, landing));
     src->transports = src->ucx->TransportsInUse();
     src->ucx.reset();
@@ -582,26 +579,85 @@ class Puller {
     go.rate_limit = mf.rate_limit;
     go.stall_timeout = std::chrono::milliseconds(options_.stall_timeout_ms);
     Status bad = Status::Ok();
+    std::vector<size_t> on_device;  // Gets landed in device memory: checked after.
     go.on_done = [&](size_t i) {
       const RankPlan::Chunk& c = plan.chunks[i];
       src->pulled += gets[i].bytes;
       if (!bad.ok()) return;
-      Result<uint64_t> staged = landing.Checksum(c.dst, gets[i].bytes);
-      if (!staged.ok()) {
-        bad = staged.status().WithContext(url + ": checking tensor '" + c.t->name + "'");
+      if (landing.OnDevice(c.dst)) {
+        on_device.push_back(i);
         return;
       }
-      const uint64_t sum = *staged;
-      if (sum != c.t->chunk_xxh3[c.index]) {
-        bad = CorruptionError(
-            url + ": tensor '" + c.t->name + "' chunk " + std::to_string(c.index) + " (bytes " +
-            std::to_string(c.index * mf.chunk_bytes) + ".." +
-            std::to_string(c.index * mf.chunk_bytes + gets[i].bytes) + "): XXH3 " + HexU64(sum) +
-            ", the manifest says " + HexU64(c.t->chunk_xxh3[c.index]));
-      }
+      bad = CheckChunk(url, mf, c, gets[i].bytes, Xxh3_64(c.dst, gets[i].bytes));
     };
     TL_RETURN_IF_ERROR(src->ucx->GetAll(gets, go).WithContext(url));
-    return bad;
+    TL_RETURN_IF_ERROR(bad);
+    return CheckStaged(url, mf, plan, on_device, landing);
+  }
+
+  // kCorruption naming the chunk when `sum` is not the manifest's.
+  static Status CheckChunk(const std::string& url, const Manifest& mf, const RankPlan::Chunk& c,
+                           uint64_t bytes, uint64_t sum) {
+    if (sum == c.t->chunk_xxh3[c.index]) return Status::Ok();
+    return CorruptionError(url + ": tensor '" + c.t->name + "' chunk " + std::to_string(c.index) +
+                           " (bytes " + std::to_string(c.index * mf.chunk_bytes) + ".." +
+                           std::to_string(c.index * mf.chunk_bytes + bytes) + "): XXH3 " +
+                           HexU64(sum) + ", the manifest says " + HexU64(c.t->chunk_xxh3[c.index]));
+  }
+
+  // Checks the chunks of `gets` that landed in device memory: copied to
+  // pinned host memory in windows of about 16 MiB (two, so that the next
+  // window's copy runs while this one is hashed) and hashed there.
+  static Status CheckStaged(const std::string& url, const Manifest& mf, const RankPlan& plan,
+                            const std::vector<size_t>& gets, Landing& landing) {
+    if (gets.empty()) return Status::Ok();
+    uint64_t largest = 0;
+    for (size_t i : gets) largest = std::max(largest, plan.gets[i].bytes);
+    const uint64_t window = std::max<uint64_t>(largest, 16ull << 20);
+    // Windows: runs of gets (in landing order) whose bytes fit in one window.
+    std::vector<std::pair<size_t, size_t>> windows;  // [begin, end) in `gets`.
+    for (size_t b = 0; b < gets.size();) {
+      size_t e = b;
+      for (uint64_t used = 0; e < gets.size() && used + plan.gets[gets[e]].bytes <= window; ++e) {
+        used += plan.gets[gets[e]].bytes;
+      }
+      windows.push_back({b, e});
+      b = e;
+    }
+    std::shared_ptr<Buffer> staging[2];
+    std::unique_ptr<DeviceEvent> copied[2];
+    for (int k = 0; k < 2 && k < static_cast<int>(windows.size()); ++k) {
+      TL_ASSIGN_OR_RETURN(staging[k], landing.device->AllocatePinned(window));
+      TL_ASSIGN_OR_RETURN(copied[k], landing.device->CreateEvent());
+    }
+    auto issue = [&](size_t w) -> Status {
+      std::byte* to = staging[w % 2]->data();
+      for (size_t j = windows[w].first; j < windows[w].second; ++j) {
+        const UcxClient::Get& g = plan.gets[gets[j]];
+        TL_RETURN_IF_ERROR(landing.stream->CopyToHost(
+            to, landing.DeviceAddress(static_cast<const std::byte*>(g.dst)), g.bytes));
+        to += g.bytes;
+      }
+      return landing.stream->Record(*copied[w % 2]);
+    };
+    auto check = [&]() -> Status {
+      TL_RETURN_IF_ERROR(issue(0));
+      for (size_t w = 0; w < windows.size(); ++w) {
+        TL_RETURN_IF_ERROR(copied[w % 2]->Synchronize());
+        if (w + 1 < windows.size()) TL_RETURN_IF_ERROR(issue(w + 1));
+        const std::byte* at = staging[w % 2]->data();
+        for (size_t j = windows[w].first; j < windows[w].second; ++j) {
+          const uint64_t bytes = plan.gets[gets[j]].bytes;
+          TL_RETURN_IF_ERROR(CheckChunk(url, mf, plan.chunks[gets[j]], bytes, Xxh3_64(at, bytes)));
+          at += bytes;
+        }
+      }
+      return Status::Ok();
+    };
+    const Status checked = check();
+    // No copy into the staging buffers may run once they are freed.
+    const Status drained = landing.stream->Synchronize();
+    return checked.ok() ? drained : checked;
   }
 
   // Where the pull lands: straight on the destination device when UCX can

@@ -407,9 +407,10 @@ TEST_F(PeerTest, ServesFromADevicesMemory) {
 }
 
 TEST_F(PeerTest, DeviceChecksumsSpanSeveralStagingWindows) {
-  // A tensor larger than the staging window (8 MiB) and not a whole number
-  // of chunks: its checksums come from several staged copies.
-  std::vector<RawTensor> big = {Random("big", Dtype::kU8, {(9u << 20) + 4097}, 41),
+  // A tensor larger than the staging windows (the source's 8 MiB, the
+  // destination's 16 MiB) and not a whole number of chunks: its checksums come
+  // from several staged copies on both sides.
+  std::vector<RawTensor> big = {Random("big", Dtype::kU8, {(33u << 20) + 4097}, 41),
                                 Random("small", Dtype::kU8, {3}, 42)};
   const std::string path = dir_.File("big.safetensors");
   WriteRaw(path, big);
@@ -421,21 +422,34 @@ TEST_F(PeerTest, DeviceChecksumsSpanSeveralStagingWindows) {
   o.chunk_bytes = 1 << 20;
   auto server = PeerServer::ServeCheckpoint(path, key, o, on_device);
   ASSERT_OK(server);
-  auto got = LoadFromPeer(key, Pull({(*server)->url()}));
-  ASSERT_OK(got);
-  for (const RawTensor& t : big) {
-    const LoadedTensor* g = got->Find(t.name);
-    ASSERT_NE(g, nullptr);
-    ASSERT_EQ(g->nbytes, t.bytes.size());
-    EXPECT_EQ(std::memcmp(g->data, t.bytes.data(), t.bytes.size()), 0) << t.name;
+  for (const char* device : {"cpu", "emulated:0"}) {
+    SCOPED_TRACE(device);
+    auto opts = Pull({(*server)->url()});
+    opts.device = device;
+    auto got = LoadFromPeer(key, opts);
+    ASSERT_OK(got);
+    for (const RawTensor& t : big) {
+      const LoadedTensor* g = got->Find(t.name);
+      ASSERT_NE(g, nullptr);
+      ASSERT_EQ(g->nbytes, t.bytes.size());
+      std::vector<uint8_t> host(g->nbytes);
+      ASSERT_OK(got->CopyToHost(t.name, host.data()));
+      EXPECT_EQ(host, t.bytes) << t.name;
+    }
   }
-  // The last chunk of the second window, corrupted on the device, is caught.
-  ASSERT_OK((*server)->CorruptForTesting("big", (9u << 20) + 4000));
-  PeerLoadReport report;
-  auto bad = LoadFromPeer(key, Pull({(*server)->url()}), &report);
-  EXPECT_FALSE(bad.ok());
-  ASSERT_FALSE(report.failures.empty());
-  EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 9")) << bad.status().ToString();
+  // The last chunk, in the source's fifth window and the destination's third,
+  // corrupted on the source's device, is caught on either destination.
+  ASSERT_OK((*server)->CorruptForTesting("big", (33u << 20) + 4000));
+  for (const char* device : {"cpu", "emulated:0"}) {
+    SCOPED_TRACE(device);
+    auto opts = Pull({(*server)->url()});
+    opts.device = device;
+    PeerLoadReport report;
+    auto bad = LoadFromPeer(key, opts, &report);
+    EXPECT_FALSE(bad.ok());
+    ASSERT_FALSE(report.failures.empty());
+    EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 33")) << bad.status().ToString();
+  }
 }
 
 TEST_F(PeerTest, ASeedOnADeviceServesItsDeviceMemory) {
