@@ -280,8 +280,7 @@ class PeerServerImpl final : public PeerServer {
     Status failed = Status::Ok();
     auto work = [&] {
       std::unique_ptr<DeviceStream> stream;
-      std::shared_ptr<Buffer> staging;
-      uint64_t staged = 0;  // The bytes of `staging` used: a multiple of cb.
+      std::shared_ptr<Buffer> staging;  // `window` bytes, pinned, for `staged_for`.
       const Device* staged_for = nullptr;
       for (size_t i; (i = next.fetch_add(1)) < tensors_.size();) {
         const Served& t = tensors_[i];
@@ -290,19 +289,12 @@ class PeerServerImpl final : public PeerServer {
           continue;
         }
         Result<std::vector<uint64_t>> sums = [&]() -> Result<std::vector<uint64_t>> {
-          const uint64_t want = std::min(window, (t.nbytes + cb - 1) / cb * cb);
           if (staged_for != t.device.get()) {
             TL_ASSIGN_OR_RETURN(stream, t.device->CreateStream());
-            staging.reset();
-            staged = 0;
+            TL_ASSIGN_OR_RETURN(staging, t.device->AllocatePinned(window));
             staged_for = t.device.get();
           }
-          if (staged < want) {
-            staging.reset();
-            TL_ASSIGN_OR_RETURN(staging, t.device->AllocatePinned(want));
-            staged = want;
-          }
-          return StagedChunkChecksums(t.data, t.nbytes, cb, *stream, *staging, staged);
+          return StagedChunkChecksums(t.data, t.nbytes, cb, *stream, *staging, window);
         }();
         if (sums.ok()) {
           manifest_.tensors[i].chunk_xxh3 = std::move(sums).value();
