@@ -137,9 +137,15 @@ class PeerServer {
     int shard_dim = -1;
     int64_t shard_start = 0;
     std::vector<int64_t> full_shape;
+    // Where `data` lives: "cpu", or a device ("cuda:N": a device address,
+    // e.g. a framework's GPU tensor, served from the GPU's memory as
+    // ServeCheckpoint serves device tensors; "emulated:0" in tests).
+    std::string device = "cpu";
   };
-  // Serves user-registered host buffers. `keep_alive` is held until the
-  // server is destroyed (may be null).
+  // Serves user-registered buffers, in host or device memory (Tensor::device).
+  // `keep_alive` is held until the server is destroyed (may be null). A GPU
+  // buffer needs a UCX with CUDA support (Unimplemented otherwise, naming
+  // TENSORLIFT_UCX_LIB), like any device tensor served.
   static Result<std::unique_ptr<PeerServer>> ServeBuffers(
       std::vector<Tensor> tensors, const PeerKey& key, const ServeOptions& options,
       std::shared_ptr<const void> keep_alive = nullptr);

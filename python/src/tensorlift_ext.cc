@@ -634,9 +634,9 @@ PyPeerServer ServeLoadedPy(const PyLoaded& loaded, const nb::dict& key, const st
   return PyPeerServer{Unwrap(std::move(r))};
 }
 
-// (name, dtype, shape, data_ptr, shard_dim, shard_start, full_shape)
+// (name, dtype, shape, data_ptr, shard_dim, shard_start, full_shape, device)
 using BufferSpec = std::tuple<std::string, std::string, std::vector<int64_t>, uintptr_t, int,
-                              int64_t, std::vector<int64_t>>;
+                              int64_t, std::vector<int64_t>, std::string>;
 
 PyPeerServer ServeBuffersPy(const std::vector<BufferSpec>& specs, nb::object keep_alive,
                             const nb::dict& key, const std::string& host, int port,
@@ -647,10 +647,11 @@ PyPeerServer ServeBuffersPy(const std::vector<BufferSpec>& specs, nb::object kee
                                           tp_rank, registry, transports, chunk_bytes, registry_ttl);
   const PeerKey k = KeyFromDict(key);
   std::vector<PeerServer::Tensor> tensors;
-  for (const auto& [name, dtype, shape, ptr, dim, start, full] : specs) {
+  for (const auto& [name, dtype, shape, ptr, dim, start, full, device] : specs) {
     auto d = DtypeFromName(dtype);
     if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + name + "'"));
-    tensors.push_back({name, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full});
+    tensors.push_back(
+        {name, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full, device});
   }
   // The Python objects owning the buffers stay referenced until the
   // server is gone (released with the GIL held).
@@ -681,8 +682,8 @@ void BindServing(nb::module_& m) {
         "Serves tensors already loaded (whole tensors).");
   m.def("serve_buffers", &ServeBuffersPy, nb::arg("tensors"), nb::arg("keep_alive"), nb::arg("key"),
         TL_SERVE_ARGS,
-        "Serves host buffers: (name, dtype, shape, data_ptr, shard_dim, shard_start, "
-        "full_shape) each.");
+        "Serves host or device buffers: (name, dtype, shape, data_ptr, shard_dim, "
+        "shard_start, full_shape, device) each.");
 #undef TL_SERVE_ARGS
 }
 

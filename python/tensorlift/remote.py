@@ -146,27 +146,36 @@ def serve_tensors(tensors: Dict[str, object], *, model: str, revision: str, dtyp
                   token_file: Optional[str] = None, rate_limit: float = 0, max_sessions: int = 16,
                   tp_size: int = 1, tp_rank: int = 0, registry: Optional[str] = None,
                   transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10) -> Server:
-    """Serves host tensors you hold (torch CPU tensors or numpy arrays), by name.
+    """Serves tensors you hold (torch tensors on the CPU or a GPU, or numpy arrays), by name.
 
     They must stay unchanged while served (the server keeps references to
     them). shards: name -> (dim, start, full_shape) for tensors that are this
     rank's slice of a larger one; others are whole.
+
+    GPU tensors are served from the GPU's memory, with no host copy; that
+    needs a UCX built with CUDA (libucx-cu12, named in TENSORLIFT_UCX_LIB):
+    without one this raises NotImplementedError saying so, and a caller that
+    can afford it serves host copies instead (as the vLLM and SGLang formats do).
     """
     from ._dtypes import safetensors_name
     specs = []
     for name, t in tensors.items():
         if hasattr(t, "is_contiguous"):  # torch
-            if t.device.type != "cpu":
-                raise ValueError(f"tensor {name!r}: only host tensors are served")
+            if t.device.type == "cpu":
+                device = "cpu"
+            elif t.device.type == "cuda":
+                device = f"cuda:{t.device.index if t.device.index is not None else 0}"
+            else:
+                raise ValueError(f"tensor {name!r} is on {t.device}: tensors on the CPU or a CUDA GPU are served")
             if not t.is_contiguous():
                 raise ValueError(f"tensor {name!r} is not contiguous")
             dt, shape, ptr = safetensors_name(t.dtype), list(t.shape), t.data_ptr()
         else:  # numpy
             if not t.flags["C_CONTIGUOUS"]:
                 raise ValueError(f"array {name!r} is not C-contiguous")
-            dt, shape, ptr = safetensors_name(t.dtype), list(t.shape), t.ctypes.data
+            dt, shape, ptr, device = safetensors_name(t.dtype), list(t.shape), t.ctypes.data, "cpu"
         dim, start, full = (shards or {}).get(name, (-1, 0, []))
-        specs.append((name, dt, shape, ptr, dim, start, list(full)))
+        specs.append((name, dt, shape, ptr, dim, start, list(full), device))
     key = _key(model, revision, dtype, quantization, layout)
     return Server(_tl.serve_buffers(specs, dict(tensors), key, **_serve_kwargs(
         host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry, transports,

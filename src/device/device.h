@@ -108,6 +108,11 @@ class Device {
   virtual Result<std::unique_ptr<DeviceEvent>> CreateEvent() = 0;
   // Device memory free now, in bytes.
   virtual Result<uint64_t> FreeMemory() = 0;
+  // The host's own mapping of device range [p, p + bytes), for memory that
+  // host code can reach another way (the emulated device's worker mapping,
+  // as Buffer::host_mapping gives for a whole buffer): valid while the
+  // allocation lives. Unimplemented where there is none (a GPU's memory).
+  virtual Result<std::byte*> HostMapping(const std::byte* p, uint64_t bytes);
 };
 
 // The CUDA device `ordinal`. Unimplemented when built without CUDA;

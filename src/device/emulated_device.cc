@@ -726,6 +726,11 @@ class EmulatedDevice final : public Device {
 
   Result<uint64_t> FreeMemory() override { return state_->FreeBytes(); }
 
+  Result<std::byte*> HostMapping(const std::byte* p, uint64_t bytes) override {
+    TL_ASSIGN_OR_RETURN(Translated t, state_->Translate(p, bytes, "emulated:0: memory"));
+    return t.ptr;
+  }
+
   DeviceState& state() { return *state_; }
 
  private:

@@ -2,6 +2,10 @@
 
 namespace tensorlift {
 
+Result<std::byte*> Device::HostMapping(const std::byte*, uint64_t) {
+  return UnimplementedError("the memory of " + name() + " has no host mapping");
+}
+
 Result<std::shared_ptr<Device>> OpenDevice(DeviceType type, int index) {
   switch (type) {
     case DeviceType::kCpu:

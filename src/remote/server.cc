@@ -550,6 +550,8 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(
     std::vector<Tensor> tensors, const PeerKey& key, const ServeOptions& options,
     std::shared_ptr<const void> keep_alive) {
   std::vector<remote::Served> list;
+  std::vector<remote::Span> regions;
+  std::map<std::string, std::shared_ptr<Device>> devices;  // By name ("cuda:0").
   for (Tensor& t : tensors) {
     uint64_t elements = 1;
     for (int64_t d : t.shape) {
@@ -562,15 +564,37 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(
       return InvalidArgumentError("serve: tensor '" + t.name + "' is not a whole number of bytes");
     }
     if (bits && !t.data) return InvalidArgumentError("serve: tensor '" + t.name + "' has no data");
+    std::shared_ptr<Device> device;
+    if (t.device != "cpu") {
+      auto& open = devices[t.device];
+      if (!open) {
+        Result<std::pair<DeviceType, int>> where = ParseDevice(t.device);
+        if (!where.ok()) return where.status().WithContext("serve: tensor '" + t.name + "'");
+        Result<std::shared_ptr<Device>> d = OpenDevice(where->first, where->second);
+        if (!d.ok()) return d.status().WithContext("serve: tensor '" + t.name + "'");
+        open = std::move(d).value();
+      }
+      device = open;
+    }
     remote::ShardOf s;
     s.dim = t.shard_dim;
     s.start = t.shard_start;
     s.full_shape = t.full_shape.empty() ? t.shape : t.full_shape;
-    list.push_back({t.name, t.dtype, t.shape, static_cast<std::byte*>(const_cast<void*>(t.data)),
-                    bits / 8, s, nullptr});
+    auto* data = static_cast<std::byte*>(const_cast<void*>(t.data));
+    list.push_back({t.name, t.dtype, t.shape, data, bits / 8, s, device});
+    if (bits == 0) continue;
+    // UCX maps a GPU's memory at its device address, the emulated device's
+    // at the host's own mapping of it.
+    std::byte* map_at = data;
+    if (device && remote::MemoryOf(device.get()) == remote::UcxMemory::kHost) {
+      Result<std::byte*> mapped = device->HostMapping(data, bits / 8);
+      if (!mapped.ok()) return mapped.status().WithContext("serve: tensor '" + t.name + "'");
+      map_at = *mapped;
+    }
+    regions.push_back({data, bits / 8, device, map_at});
   }
   auto server = std::make_unique<remote::PeerServerImpl>(key, options);
-  TL_RETURN_IF_ERROR(server->Start(std::move(list), {}, std::move(keep_alive)));
+  TL_RETURN_IF_ERROR(server->Start(std::move(list), std::move(regions), std::move(keep_alive)));
   return std::unique_ptr<PeerServer>(std::move(server));
 }
 

@@ -125,6 +125,31 @@ def test_serve_tensors_and_become_seed(ckpt):
             assert torch.equal(again["w"], w)
 
 
+def test_serve_tensors_takes_host_and_cuda_tensors():
+    with pytest.raises(ValueError, match="is on meta: tensors on the CPU or a CUDA GPU are served"):
+        remote.serve_tensors({"w": torch.empty(4, device="meta")}, model="live", revision="7")
+    with pytest.raises(ValueError, match="not contiguous"):
+        remote.serve_tensors({"w": torch.zeros(4, 4).t()}, model="live", revision="7")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check runs it)")
+def test_serve_cuda_tensors_from_the_gpus_memory():
+    w = torch.randn(1000, 33, device="cuda")
+    v = torch.arange(77, dtype=torch.int16, device="cuda")
+    try:
+        server = remote.serve_tensors({"w": w, "v": v}, model="live", revision="g")
+    except NotImplementedError as e:  # Debian's UCX: no CUDA memory
+        assert "TENSORLIFT_UCX_LIB" in str(e)
+        import os
+        assert not os.environ.get("TENSORLIFT_UCX_LIB"), e
+        return
+    with server:
+        for device in ("cpu", "cuda:0"):
+            got = remote.load_from_peer(server.url, model="live", revision="g", device=device)
+            assert str(got["w"].device) == device
+            assert torch.equal(got["w"].cpu(), w.cpu()) and torch.equal(got["v"].cpu(), v.cpu())
+
+
 def test_safe_open_takes_a_peer(ckpt):
     ref = load_file(str(ckpt))
     with remote.serve(ckpt, **KEY) as server:

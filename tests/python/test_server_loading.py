@@ -152,7 +152,7 @@ def test_a_new_model_pulls_the_parameters_into_its_own(tmp_path):
     seed_model, key = Tiny(seed=1), _key(tmp_path)
     server, logs = _seed(seed_model, key, ready_file=str(tmp_path / "url"))
     try:
-        assert (tmp_path / "url").read_text() == server.url + "\n" and "serving the weights at" in logs[0]
+        assert (tmp_path / "url").read_text() == server.url + "\n" and "serving the weights from host memory at" in logs[0]
         new = Tiny()
         got, logs = _pull(new, key, {"peer": [server.url], "fallback": False})
         assert got and f"weights from {server.url}" in logs[-1]
@@ -235,3 +235,25 @@ def test_a_model_that_pulled_serves_the_buffers_it_pulled(tmp_path):
             second.close()
     finally:
         first.close()
+
+
+@needs_ucx
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (make gpu-check runs it)")
+def test_gpu_parameters_are_served_from_and_pulled_into_gpu_memory(tmp_path):
+    import os
+    key = _key(tmp_path)
+    seed_model = Tiny(seed=5).cuda()
+    server, logs = _seed(seed_model, key)
+    try:
+        if os.environ.get("TENSORLIFT_UCX_LIB"):  # a UCX with CUDA (make gpu-check's bundle)
+            assert "from the GPU's memory" in logs[-1], logs
+        elif "from the GPU's memory" not in logs[-1]:  # Debian's UCX: host copies, and why
+            assert "serving host copies" in logs[0] and "TENSORLIFT_UCX_LIB" in logs[0], logs
+        new = Tiny().cuda()
+        got, logs = _pull(new, key, {"peer": [server.url], "fallback": False})
+        assert got, logs
+        for (name, p), (_, q) in zip(new.named_parameters(), seed_model.named_parameters()):
+            assert p.device == q.device and torch.equal(p, q), name
+        assert new.head is new.embed
+    finally:
+        server.close()

@@ -584,6 +584,70 @@ TEST_F(PeerTest, ServesUserBuffers) {
   EXPECT_FALSE(PeerServer::ServeBuffers(dup, key, {}).ok());
 }
 
+TEST_F(PeerTest, ServesUserBuffersInDeviceMemory) {
+  // A framework's device tensors (a GPU's, here the emulated device's),
+  // served by address from the device's memory: two tensors in one
+  // allocation, the second at an offset.
+  std::vector<float> a(3000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.25f;
+  std::vector<uint16_t> b(4097, 0xBEEF);
+  auto device = OpenDevice(DeviceType::kEmulated, 0);
+  ASSERT_OK(device);
+  const uint64_t a_bytes = a.size() * 4, b_at = 16384, b_bytes = b.size() * 2;
+  auto memory = (*device)->Allocate(b_at + b_bytes);
+  ASSERT_OK(memory);
+  {
+    auto stream = (*device)->CreateStream();
+    ASSERT_OK(stream);
+    ASSERT_OK((*stream)->CopyToDevice((*memory)->data(), reinterpret_cast<std::byte*>(a.data()),
+                                      a_bytes));
+    ASSERT_OK((*stream)->CopyToDevice((*memory)->data() + b_at,
+                                      reinterpret_cast<std::byte*>(b.data()), b_bytes));
+    ASSERT_OK((*stream)->Synchronize());
+  }
+  std::vector<PeerServer::Tensor> tensors = {
+      {"a", Dtype::kF32, {30, 100}, (*memory)->data(), -1, 0, {}, "emulated:0"},
+      {"b", Dtype::kU16, {4097}, (*memory)->data() + b_at, -1, 0, {}, "emulated:0"},
+  };
+  PeerKey key;
+  key.model = "device-buffers";
+  key.revision = "1";
+  ServeOptions o;
+  o.chunk_bytes = 4096;  // Several chunks each, checksummed on staged copies.
+  auto server = PeerServer::ServeBuffers(tensors, key, o, *memory);
+  ASSERT_OK(server);
+  for (const char* where : {"cpu", "emulated:0"}) {
+    SCOPED_TRACE(where);
+    auto opts = Pull({(*server)->url()});
+    opts.device = where;
+    auto got = LoadFromPeer(key, opts);
+    ASSERT_OK(got);
+    std::vector<std::byte> ga(a_bytes), gb(b_bytes);
+    ASSERT_OK(got->CopyToHost("a", ga.data()));
+    ASSERT_OK(got->CopyToHost("b", gb.data()));
+    EXPECT_EQ(std::memcmp(ga.data(), a.data(), a_bytes), 0);
+    EXPECT_EQ(std::memcmp(gb.data(), b.data(), b_bytes), 0);
+  }
+  // The checksums are the device bytes': one flipped after the manifest fails.
+  ASSERT_OK((*server)->CorruptForTesting("b", 5000));
+  PeerLoadReport report;
+  EXPECT_FALSE(LoadFromPeer(key, Pull({(*server)->url()}), &report).ok());
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("tensor 'b' chunk 1"));
+  server->reset();
+
+  // What is not that device's memory is refused before anything is served.
+  std::vector<PeerServer::Tensor> host = {
+      {"a", Dtype::kF32, {1}, a.data(), -1, 0, {}, "emulated:0"}};
+  auto refused = PeerServer::ServeBuffers(host, key, {});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("not device memory"));
+  std::vector<PeerServer::Tensor> unknown = {{"a", Dtype::kF32, {1}, a.data(), -1, 0, {}, "tpu:0"}};
+  auto bad = PeerServer::ServeBuffers(unknown, key, {});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("tensor 'a'"));
+}
+
 TEST(PeerKeyTest, ForCheckpointIsStableAndNamesTheModel) {
   ScratchDir dir;
   const std::string sub = dir.path() + "/llama-tiny";

@@ -199,37 +199,49 @@ def serve_parameters(model, options: Dict[str, Any], key: Dict[str, str], tp_siz
 
     Host parameters are served where they are; the server keeps them alive, so a parameter that
     post-processing replaces (vLLM's CPU backend repacks its linear weights) stays in memory as
-    loaded for as long as this instance serves. Device parameters are copied to host memory first
-    (sources serve host memory). gather(url) returns every rank's URL (a collective: every rank
-    calls it)."""
+    loaded for as long as this instance serves. GPU parameters are served from the GPU's memory
+    (no host copy) where UCX can reach it (a UCX built with CUDA, TENSORLIFT_UCX_LIB); otherwise
+    host copies are served, and the log says why. gather(url) returns every rank's URL (a
+    collective: every rank calls it)."""
     from .. import remote
     serve = options["serve"]
-    tensors = {}
-    for name, p in _parameters(model).items():
-        t = p.detach()
-        tensors[name] = t.cpu() if t.device.type != "cpu" else t.contiguous()
-    server = remote.serve_tensors(tensors, **key, host=serve.get("host", "127.0.0.1"), port=int(serve.get("port", 0)),
-                                  registry=serve.get("registry"), token_file=serve.get("token_file"),
-                                  tp_size=tp_size, tp_rank=tp_rank)
+    params = {name: p.detach() for name, p in _parameters(model).items()}
+    settings = dict(**key, host=serve.get("host", "127.0.0.1"), port=int(serve.get("port", 0)),
+                    registry=serve.get("registry"), token_file=serve.get("token_file"), tp_size=tp_size,
+                    tp_rank=tp_rank)
+    server, where = None, "host memory"
+    if any(t.device.type != "cpu" for t in params.values()):
+        try:
+            server = remote.serve_tensors({n: t.contiguous() for n, t in params.items()}, **settings)
+            where = "the GPU's memory"
+        except NotImplementedError as e:  # no UCX that reaches GPU memory
+            log("tensorlift: serving host copies of the weights: %s", e)
+    if server is None:
+        server = remote.serve_tensors({n: t.cpu() if t.device.type != "cpu" else t.contiguous()
+                                       for n, t in params.items()}, **settings)
     _announce(server, serve, tp_rank, gather)
-    log("tensorlift: serving the weights at %s (rank %d of %d)", server.url, tp_rank, tp_size)
+    log("tensorlift: serving the weights from %s at %s (rank %d of %d)", where, server.url, tp_rank, tp_size)
 
 
 def pull_parameters(model, model_dir: str, options: Dict[str, Any], key: Dict[str, str], tp_size: int, tp_rank: int,
                     log) -> bool:
     """Pulls this rank's parameters from a running instance (options peer / registry) straight
-    into the model: on the CPU the parameters become the pulled buffers themselves (no copy), on
-    a GPU they are copied in. The key is checked before any byte moves, every chunk's checksum
-    where it lands, and every parameter's name, dtype and shape before any is replaced.
+    into the model: the parameters become the pulled buffers themselves (no copy), pulled into
+    the model's device (a GPU's memory straight from the peer's where UCX can write it, else
+    through host memory). The key is checked before any byte moves, every chunk's checksum where
+    it lands, and every parameter's name, dtype and shape before any is replaced.
 
     True when the weights came from a peer. False when every peer failed and `fallback` is on:
     the caller then loads the model's own files (the parameters are untouched). A caller with
-    `serve` then serves the parameters (serve_parameters), which on the CPU are the very buffers
-    pulled."""
+    `serve` then serves the parameters (serve_parameters), which are the very buffers pulled."""
     from .. import remote
     from .._core import tensor_from
+    params = _parameters(model)
+    devices = {p.device for p in params.values()}
+    device = model_device(next(iter(devices))) if len(devices) == 1 else "cpu"
     peer = remote.Peer(options.get("peer"), registry=options.get("registry"), token_file=options.get("token_file"),
-                       timeout=float(options.get("timeout", 10.0)), tp_size=tp_size, tp_rank=tp_rank, **key)
+                       timeout=float(options.get("timeout", 10.0)), tp_size=tp_size, tp_rank=tp_rank,
+                       device=device, **key)
     fallback = options.get("fallback", True) and os.path.isdir(model_dir)
     try:
         loaded, report, _ = peer.pull()
@@ -240,7 +252,6 @@ def pull_parameters(model, model_dir: str, options: Dict[str, Any], key: Dict[st
         log("tensorlift: weights from disk:%s; %s", model_dir, why)
         return False
     try:
-        params = _parameters(model)
         pulled = {name: tensor_from(loaded, name, "pt") for name in loaded.names()}
     finally:
         loaded.release()  # the tensors hold what they use
@@ -261,7 +272,7 @@ def pull_parameters(model, model_dir: str, options: Dict[str, Any], key: Dict[st
         log("tensorlift: weights from disk:%s; %s: %s", model_dir, report.get("source"), problem)
         return False
     for name, p in params.items():
-        if p.device.type == "cpu":
+        if pulled[name].device == p.device:
             p.data = pulled[name]  # the pulled buffer is the parameter: no copy
         else:
             p.data.copy_(pulled[name])
