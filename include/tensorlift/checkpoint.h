@@ -27,6 +27,29 @@ namespace tensorlift {
 // The limit on the size of an index file (real ones are well under 1 MB).
 inline constexpr uint64_t kMaxIndexSize = 256ull << 20;
 
+// Where a checkpoint's files are read from: the local filesystem (the
+// default of Checkpoint::Open), or another store such as a bucket
+// (include/tensorlift/objstore.h). Paths are the store's own ("dir/file",
+// "s3://bucket/prefix/file"); a directory's entries are joined with '/'.
+class CheckpointStore {
+ public:
+  virtual ~CheckpointStore() = default;
+  struct Entry {
+    std::string name;  // Without the directory.
+    bool directory = false;
+  };
+  // Whether `path` is a directory (else a file); an error naming it when it
+  // is neither.
+  virtual Result<bool> IsDirectory(const std::string& path) = 0;
+  // The entries directly inside directory `path`.
+  virtual Result<std::vector<Entry>> List(const std::string& path) = 0;
+  // The whole file, refused when over `limit` bytes.
+  virtual Result<std::string> ReadSmall(const std::string& path, uint64_t limit) = 0;
+  // The file's header, read and validated as Header::ReadFile does (errors
+  // start with the path), and its identity (at least its size).
+  virtual Result<Header> ReadHeader(const std::string& path, FileIdentity* identity) = 0;
+};
+
 class Checkpoint {
  public:
   enum class Kind { kFile, kIndex, kDirectory };
@@ -47,6 +70,8 @@ class Checkpoint {
   // *.safetensors.index.json) is opened through the index; otherwise all its
   // *.safetensors files are the shards. Errors name the file concerned.
   static Result<Checkpoint> Open(const std::string& path);
+  // The same, reading through `store` (not kept).
+  static Result<Checkpoint> Open(const std::string& path, CheckpointStore& store);
   // Opens `path` as one safetensors file, whatever its name.
   static Result<Checkpoint> OpenFile(const std::string& path);
   // Opens several safetensors files as the shards of one checkpoint (kind
@@ -74,7 +99,7 @@ class Checkpoint {
   uint64_t total_bytes() const;
 
  private:
-  Status ReadIndex(const std::string& index_path);
+  Status ReadIndex(const std::string& index_path, CheckpointStore& store);
   Status IndexAllTensors();
   Kind kind_ = Kind::kFile;
   std::string path_;

@@ -60,25 +60,53 @@ Result<std::string> ReadSmallFile(const std::string& path, uint64_t limit) {
   return data;
 }
 
+// The local filesystem.
+class LocalStore final : public CheckpointStore {
+ public:
+  Result<bool> IsDirectory(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return PosixError("cannot open", errno).WithContext(path);
+    return S_ISDIR(st.st_mode);
+  }
+  Result<std::vector<Entry>> List(const std::string& path) override {
+    std::vector<Entry> entries;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(path, ec)) {
+      entries.push_back({entry.path().filename().string(), entry.is_directory()});
+    }
+    if (ec) return PosixError("cannot list the directory", ec.value()).WithContext(path);
+    return entries;
+  }
+  Result<std::string> ReadSmall(const std::string& path, uint64_t limit) override {
+    return ReadSmallFile(path, limit);
+  }
+  Result<Header> ReadHeader(const std::string& path, FileIdentity* identity) override {
+    return Header::ReadFile(path, identity);
+  }
+};
+
 }  // namespace
 
 Result<Checkpoint> Checkpoint::Open(const std::string& path) {
+  LocalStore local;
+  return Open(path, local);
+}
+
+Result<Checkpoint> Checkpoint::Open(const std::string& path, CheckpointStore& store) {
   Checkpoint ckpt;
   ckpt.path_ = path;
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return PosixError("cannot open", errno).WithContext(path);
+  TL_ASSIGN_OR_RETURN(const bool directory, store.IsDirectory(path));
 
-  if (S_ISDIR(st.st_mode)) {
+  if (directory) {
     std::vector<std::string> indexes, files;
-    std::error_code ec;
-    for (const auto& entry : fs::directory_iterator(path, ec)) {
-      std::string name = entry.path().filename().string();
+    TL_ASSIGN_OR_RETURN(const auto entries, store.List(path));
+    for (const auto& entry : entries) {
+      const std::string& name = entry.name;
       if (name.ends_with(".safetensors.index.json"))
         indexes.push_back(name);
-      else if (name.ends_with(".safetensors") && !entry.is_directory())
+      else if (name.ends_with(".safetensors") && !entry.directory)
         files.push_back(name);
     }
-    if (ec) return PosixError("cannot list the directory", ec.value()).WithContext(path);
     std::sort(indexes.begin(), indexes.end());
     std::sort(files.begin(), files.end());
     std::string index;
@@ -95,7 +123,7 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
     }
     if (!index.empty()) {
       ckpt.kind_ = Kind::kIndex;
-      TL_RETURN_IF_ERROR(ckpt.ReadIndex(Join(path, index)));
+      TL_RETURN_IF_ERROR(ckpt.ReadIndex(Join(path, index), store));
       return ckpt;
     }
     if (files.empty())
@@ -104,7 +132,7 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
     for (const auto& f : files) {
       std::string shard_path = Join(path, f);
       FileIdentity id;
-      TL_ASSIGN_OR_RETURN(Header h, Header::ReadFile(shard_path, &id));
+      TL_ASSIGN_OR_RETURN(Header h, store.ReadHeader(shard_path, &id));
       ckpt.shards_.push_back({shard_path, std::move(h), id});
     }
     TL_RETURN_IF_ERROR(ckpt.IndexAllTensors());
@@ -113,10 +141,15 @@ Result<Checkpoint> Checkpoint::Open(const std::string& path) {
 
   if (path.ends_with(".json")) {
     ckpt.kind_ = Kind::kIndex;
-    TL_RETURN_IF_ERROR(ckpt.ReadIndex(path));
+    TL_RETURN_IF_ERROR(ckpt.ReadIndex(path, store));
     return ckpt;
   }
-  return OpenFile(path);
+  ckpt.kind_ = Kind::kFile;
+  FileIdentity id;
+  TL_ASSIGN_OR_RETURN(Header h, store.ReadHeader(path, &id));
+  ckpt.shards_.push_back({path, std::move(h), id});
+  TL_RETURN_IF_ERROR(ckpt.IndexAllTensors());
+  return ckpt;
 }
 
 Result<Checkpoint> Checkpoint::OpenFile(const std::string& path) {
@@ -184,9 +217,9 @@ Status Checkpoint::IndexAllTensors() {
   return Status::Ok();
 }
 
-Status Checkpoint::ReadIndex(const std::string& index_path) {
+Status Checkpoint::ReadIndex(const std::string& index_path, CheckpointStore& store) {
   auto fail = [&](Status s) { return s.WithContext(index_path); };
-  auto text = ReadSmallFile(index_path, kMaxIndexSize);
+  auto text = store.ReadSmall(index_path, kMaxIndexSize);
   if (!text.ok()) return fail(text.status());
   simdjson::dom::parser parser;
   simdjson::dom::element root;
@@ -234,7 +267,7 @@ Status Checkpoint::ReadIndex(const std::string& index_path) {
   for (const auto& f : files) {
     std::string shard_path = Join(dir, f);
     FileIdentity id;
-    auto h = Header::ReadFile(shard_path, &id);
+    auto h = store.ReadHeader(shard_path, &id);
     if (!h.ok()) {
       Status s = h.status();
       if (s.code() == StatusCode::kNotFound) {
