@@ -9,8 +9,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 apt_pkgs=(cmake make g++ pkg-config libsimdjson-dev libcli11-dev libxxhash-dev
           liburing-dev libgtest-dev libgmock-dev libbenchmark-dev clang clang-format
           libclang-rt-14-dev python3 python3-venv libopenmpi-dev openmpi-bin
-          libucx-dev ucx-utils libcpp-httplib-dev libssl-dev etcd-server etcd-client
-          iproute2)
+          libucx-dev ucx-utils libcpp-httplib-dev libssl-dev libcurl4-openssl-dev libxml2-dev etcd-server
+          etcd-client iproute2)
 missing=()
 for p in "${apt_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -71,3 +71,5 @@ make_venv venv-vllm "$root/requirements-vllm.txt" .venv-vllm
 make_venv venv-frameworks "$root/requirements-frameworks.txt" .venv-frameworks
 # PyPI's CUDA build of UCX, which TENSORLIFT_UCX_LIB can load instead of Debian's.
 make_venv venv-ucx "$root/requirements-ucx.txt" .venv-ucx
+# S3 servers for the object-storage tests (rclone, moto) and boto3.
+make_venv venv-s3 "$root/requirements-s3.txt" .venv-s3

@@ -1,0 +1,97 @@
+// Weights from object storage: s3://bucket/key-or-prefix on AWS S3 or any
+// store with its API (MinIO, Ceph, SeaweedFS), and gs://bucket/... through
+// GCS's S3-interoperable XML API with HMAC keys (public API).
+//
+//   tensorlift::ObjectStoreOptions store;               // settings as AWS's tools find them
+//   auto ckpt = tensorlift::LoadFromObjectStore("s3://models/llama-7b/", {}, store);
+//
+// A path is a .safetensors object, an index json, or a prefix holding either
+// (the rules of a local directory: model.safetensors.index.json, else one
+// *.safetensors.index.json, else every *.safetensors directly under it).
+// Headers come from one small ranged GET per file and are validated as a
+// local file's are; then the planned byte ranges are fetched with many
+// ranged GETs in parallel over kept-alive connections, each written straight
+// into the tensors' final host buffer (never a second copy of the model).
+// Transient failures (5xx, throttling, timeouts, resets, short bodies) are
+// retried per range with backoff; anything else is one clear error, and a
+// failed load returns no tensors.
+//
+// Settings (ObjectStoreOptions, else the environment): AWS_ACCESS_KEY_ID,
+// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL,
+// AWS_PROFILE, AWS_CA_BUNDLE, ~/.aws/credentials and ~/.aws/config; no
+// credentials means unsigned requests (public buckets). docs/object-storage.md.
+#ifndef TENSORLIFT_OBJSTORE_H_
+#define TENSORLIFT_OBJSTORE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/remote.h"  // TensorParallel
+#include "tensorlift/status.h"
+
+namespace tensorlift {
+
+// True for "s3://..." and "gs://..." paths.
+bool IsObjectStoreUrl(std::string_view path);
+
+struct ObjectStoreOptions {
+  // Overrides of the environment's settings (empty: from the environment).
+  std::string endpoint;  // "http://127.0.0.1:9000", "https://s3.eu-west-1.amazonaws.com"
+  std::string region;
+  std::string profile;              // Of ~/.aws/credentials and ~/.aws/config.
+  bool anonymous = false;           // Unsigned requests, even with credentials around.
+  std::string addressing = "auto";  // "auto", "path" or "virtual" (hosted).
+  // Transfers: each ranged GET fetches up to request_bytes; at most
+  // max_in_flight_bytes are requested at once (connections = that / request_bytes,
+  // at most `connections`).
+  int connections = 16;
+  uint64_t request_bytes = 16ull << 20;
+  uint64_t max_in_flight_bytes = 256ull << 20;
+  int retries = 5;  // Per range, on transient errors.
+  // Tensor-parallel ranks: with parallel.size > 1, the tensors that `layout`
+  // splits (the syntax of PeerKey::layout: "REGEX=DIM;...") come back as
+  // this rank's slice along their dim (ShardRange's rule), and only the bytes
+  // of that slice are fetched: one range for a dim-0 slice; for a later dim
+  // a piece per row, fetched as the span covering them where they lie close
+  // together, then packed. Other tensors come back whole.
+  TensorParallel parallel;
+  std::string layout;
+};
+
+// What a load from object storage did.
+struct ObjectStoreReport {
+  std::string endpoint;
+  std::string credential_source;  // "environment", "~/.aws/credentials [default]", ...
+  uint64_t bytes = 0;             // Tensor bytes received by the load (retries included).
+  uint64_t requests = 0;          // Ranged GETs of tensor data.
+  uint64_t retries = 0;
+  int connections = 0;
+};
+
+// The checkpoint at `url`, its headers fetched and validated (Checkpoint::
+// Open's rules). Its shards' paths are URLs.
+Result<Checkpoint> OpenObjectStoreCheckpoint(const std::string& url,
+                                             const ObjectStoreOptions& store = {});
+
+// Loads the tensors of `url` that pass options.filter into host memory (or
+// onto options.device, through host memory). options.progress is called with
+// the bytes fetched. Options that apply to local files only (mode, engine,
+// copy, arena_pool) and the ones not built for object storage yet (dtype,
+// on_tensor, sparse decoding) are refused when set, never ignored.
+Result<LoadedCheckpoint> LoadFromObjectStore(const std::string& url,
+                                             const LoadOptions& options = {},
+                                             const ObjectStoreOptions& store = {},
+                                             ObjectStoreReport* report = nullptr);
+// The same for a checkpoint opened with OpenObjectStoreCheckpoint (its
+// headers are not fetched again).
+Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& checkpoint,
+                                             const LoadOptions& options = {},
+                                             const ObjectStoreOptions& store = {},
+                                             ObjectStoreReport* report = nullptr);
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_OBJSTORE_H_

@@ -1,0 +1,478 @@
+// Checkpoints in a bucket: the files of Checkpoint::Open read through an
+// S3Client (S3Store), and LoadFromObjectStore, which plans the wanted
+// tensors' byte ranges per file, coalesces them into runs, and fetches the
+// runs in ranged GETs written straight into the final host buffers.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "device/device.h"
+#include "device/host_buffer.h"
+#include "load/checkpoint_builder.h"
+#include "load/file_job.h"
+#include "load/upload.h"
+#include "objstore/s3_client.h"
+#include "remote/layout.h"
+#include "tensorlift/assign.h"
+#include "tensorlift/objstore.h"
+#include "tensorlift/sparse.h"
+
+namespace tensorlift {
+namespace {
+
+using objstore::ObjectUrl;
+using objstore::RangeRequest;
+using objstore::S3Client;
+
+// The first GET of a file's header: most headers fit, larger ones take a
+// second GET of exactly their size.
+constexpr uint64_t kHeaderProbeBytes = 1ull << 20;
+// Wanted tensors closer than this in a file are fetched as one run (the gap
+// bytes with them) rather than as two.
+constexpr uint64_t kMergeGap = 1ull << 20;
+
+// Checkpoint files in a bucket, for Checkpoint::Open. Object sizes seen in
+// listings and HEADs are kept, so each header costs one GET.
+class S3Store final : public CheckpointStore {
+ public:
+  S3Store(S3Client& client, std::string scheme, std::string bucket)
+      : client_(client), scheme_(std::move(scheme)), bucket_(std::move(bucket)) {}
+
+  Result<bool> IsDirectory(const std::string& path) override {
+    TL_ASSIGN_OR_RETURN(ObjectUrl url, Parse(path));
+    if (!url.key.empty() && !url.key.ends_with('/')) {
+      Result<objstore::ObjectInfo> head = client_.Head(url.bucket, url.key);
+      if (head.ok()) {
+        Remember(path, head->size);
+        return false;
+      }
+      if (head.status().code() != StatusCode::kNotFound) return head.status();
+    }
+    TL_ASSIGN_OR_RETURN(auto objects, Listing(url));
+    if (objects.empty()) {
+      return NotFoundError("no object or prefix " + path + " (nothing is stored under it)");
+    }
+    return true;
+  }
+
+  Result<std::vector<Entry>> List(const std::string& path) override {
+    TL_ASSIGN_OR_RETURN(ObjectUrl url, Parse(path));
+    TL_ASSIGN_OR_RETURN(auto objects, Listing(url));
+    const std::string prefix = Prefix(url.key);
+    std::vector<Entry> entries;
+    for (const auto& o : objects) {
+      if (o.key.size() <= prefix.size()) continue;
+      entries.push_back({o.key.substr(prefix.size()), false});
+      Remember(Join(path, entries.back().name), o.size);
+    }
+    return entries;
+  }
+
+  Result<std::string> ReadSmall(const std::string& path, uint64_t limit) override {
+    TL_ASSIGN_OR_RETURN(ObjectUrl url, Parse(path));
+    return client_.Get(url.bucket, url.key, limit);
+  }
+
+  Result<Header> ReadHeader(const std::string& path, FileIdentity* identity) override {
+    Result<Header> h = ReadHeaderOf(path, identity);
+    if (!h.ok() && h.status().message().rfind(path, 0) != 0) return h.status().WithContext(path);
+    return h;
+  }
+
+ private:
+  Result<Header> ReadHeaderOf(const std::string& path, FileIdentity* identity) {
+    TL_ASSIGN_OR_RETURN(ObjectUrl url, Parse(path));
+    TL_ASSIGN_OR_RETURN(const uint64_t size, SizeOf(path, url));
+    if (identity) *identity = FileIdentity{.size = size};
+    if (size < 8) {
+      return CorruptionError("the object has " + std::to_string(size) +
+                             " bytes, too short for a safetensors header");
+    }
+    std::vector<std::byte> prefix(std::min(size, kHeaderProbeBytes));
+    RangeRequest probe{url.bucket, url.key, 0, prefix.size(), prefix.data()};
+    TL_RETURN_IF_ERROR(client_.GetRanges({&probe, 1}));
+    uint64_t n = 0;
+    std::memcpy(&n, prefix.data(), 8);  // Little-endian, as the format says.
+    if (n <= kMaxHeaderSize && 8 + n <= size && 8 + n > prefix.size()) {
+      prefix.resize(8 + n);
+      RangeRequest rest{url.bucket, url.key, kHeaderProbeBytes, 8 + n - kHeaderProbeBytes,
+                        prefix.data() + kHeaderProbeBytes};
+      TL_RETURN_IF_ERROR(client_.GetRanges({&rest, 1}));
+    }
+    return Header::ParsePrefix(prefix, size);  // Checks n against the limits.
+  }
+
+  Result<ObjectUrl> Parse(const std::string& path) const {
+    TL_ASSIGN_OR_RETURN(ObjectUrl url, objstore::ParseObjectUrl(path));
+    if (url.bucket != bucket_ || url.scheme != scheme_) {
+      return InvalidArgumentError(path + " is not in " + scheme_ + "://" + bucket_);
+    }
+    return url;
+  }
+
+  static std::string Prefix(const std::string& key) {
+    return key.empty() || key.ends_with('/') ? key : key + "/";
+  }
+  static std::string Join(const std::string& dir, const std::string& name) {
+    return dir.ends_with('/') ? dir + name : dir + "/" + name;
+  }
+
+  Result<std::vector<objstore::ObjectInfo>> Listing(const ObjectUrl& url) {
+    return client_.List(url.bucket, Prefix(url.key), "/");
+  }
+
+  void Remember(const std::string& path, uint64_t size) {
+    std::lock_guard lock(mu_);
+    sizes_[path] = size;
+  }
+
+  Result<uint64_t> SizeOf(const std::string& path, const ObjectUrl& url) {
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = sizes_.find(path); it != sizes_.end()) return it->second;
+    }
+    TL_ASSIGN_OR_RETURN(objstore::ObjectInfo info, client_.Head(url.bucket, url.key));
+    Remember(path, info.size);
+    return info.size;
+  }
+
+  S3Client& client_;
+  std::string scheme_, bucket_;
+  std::mutex mu_;
+  std::map<std::string, uint64_t> sizes_;
+};
+
+objstore::S3Overrides OverridesFrom(const ObjectStoreOptions& o) {
+  objstore::S3Overrides v;
+  v.endpoint = o.endpoint;
+  v.region = o.region;
+  v.profile = o.profile;
+  v.anonymous = o.anonymous;
+  v.addressing = o.addressing;
+  return v;
+}
+
+Status CheckStoreOptions(const ObjectStoreOptions& o) {
+  if (o.connections < 1) return InvalidArgumentError("object storage: connections must be >= 1");
+  if (o.request_bytes < 4096)
+    return InvalidArgumentError("object storage: request_bytes must be at least 4096");
+  if (o.max_in_flight_bytes < o.request_bytes) {
+    return InvalidArgumentError(
+        "object storage: max_in_flight_bytes (" + std::to_string(o.max_in_flight_bytes) +
+        ") is below request_bytes (" + std::to_string(o.request_bytes) + ")");
+  }
+  if (o.retries < 0) return InvalidArgumentError("object storage: retries must be >= 0");
+  if (o.addressing != "auto" && o.addressing != "path" && o.addressing != "virtual") {
+    return InvalidArgumentError("object storage: addressing must be auto, path or virtual, not '" +
+                                o.addressing + "'");
+  }
+  return Status::Ok();
+}
+
+// The client for `url`, with the transfer settings of `o`.
+Result<std::unique_ptr<S3Client>> ClientFor(const ObjectUrl& url, const ObjectStoreOptions& o) {
+  TL_RETURN_IF_ERROR(CheckStoreOptions(o));
+  TL_ASSIGN_OR_RETURN(objstore::S3Settings settings,
+                      objstore::ResolveS3Settings(url.scheme, OverridesFrom(o)));
+  const uint64_t by_memory = o.max_in_flight_bytes / o.request_bytes;
+  settings.max_connections =
+      static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(o.connections, by_memory)));
+  settings.retries = o.retries;
+  return S3Client::Create(settings);
+}
+
+Status RefuseDiskOnlyOptions(const LoadOptions& options) {
+  auto refuse = [](const char* what) {
+    return InvalidArgumentError(std::string("object storage: ") + what);
+  };
+  if (options.mode != IoMode::kAuto)
+    return refuse("the I/O mode applies to local files; leave it auto");
+  if (options.engine != IoEngine::kAuto)
+    return refuse("the I/O engine applies to local files; leave it auto");
+  if (options.copy) return refuse("copy applies to local files (views of the page cache)");
+  if (options.arena_pool) return refuse("an arena pool is not used for object storage loads");
+  if (options.dtype) return refuse("dtype conversion is not built for object storage loads yet");
+  if (options.on_tensor) return refuse("on_tensor is not built for object storage loads yet");
+  return Status::Ok();
+}
+
+// A run of wanted tensors of one file fetched together: file bytes
+// [begin, end) land at buffer offset `at`.
+struct Run {
+  uint64_t begin = 0, end = 0, at = 0;
+};
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+}  // namespace
+
+bool IsObjectStoreUrl(std::string_view path) { return objstore::IsObjectUrl(path); }
+
+Result<Checkpoint> OpenObjectStoreCheckpoint(const std::string& url,
+                                             const ObjectStoreOptions& store) {
+  TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
+  S3Store files(*client, parsed.scheme, parsed.bucket);
+  return Checkpoint::Open(url, files);
+}
+
+Result<LoadedCheckpoint> LoadFromObjectStore(const std::string& url, const LoadOptions& options,
+                                             const ObjectStoreOptions& store,
+                                             ObjectStoreReport* report) {
+  TL_RETURN_IF_ERROR(RefuseDiskOnlyOptions(options));
+  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, OpenObjectStoreCheckpoint(url, store));
+  return LoadFromObjectStore(ckpt, options, store, report);
+}
+
+Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& ckpt, const LoadOptions& options,
+                                             const ObjectStoreOptions& store,
+                                             ObjectStoreReport* report) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string& url = ckpt.path();
+  TL_RETURN_IF_ERROR(RefuseDiskOnlyOptions(options));
+  std::shared_ptr<Device> device;
+  if (options.device != "cpu") {
+    TL_ASSIGN_OR_RETURN(const auto where, ParseDevice(options.device));
+    TL_ASSIGN_OR_RETURN(device, OpenDevice(where.first, where.second));
+  }
+  TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
+  if (options.decode_sparse) {
+    TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(ckpt));
+    if (!catalog.empty()) {
+      return UnimplementedError(
+          url +
+          ": it has sparse-bitmask tensors, and decoding them is not built for object "
+          "storage loads yet; load with decode_sparse off to get the parts as stored");
+    }
+  }
+
+  // This rank's slices (ObjectStoreOptions::parallel and layout).
+  remote::Layout layout;
+  if (store.parallel.size > 1) {
+    TL_ASSIGN_OR_RETURN(layout, remote::Layout::Parse(store.layout));
+    TL_RETURN_IF_ERROR(ShardRange(1, store.parallel.rank, store.parallel.size).status());
+  }
+
+  // Per file: the wanted tensors in file order. Whole ones are cut into runs
+  // fetched straight into place; a slice is fetched as its pieces (one for a
+  // dim-0 slice) straight into place, or, where its pieces lie close together
+  // (a slice along a later dim: a piece per row), as the span covering them
+  // into scratch memory, packed afterwards.
+  struct Slice {
+    uint32_t index = 0;          // Into the shard's tensors.
+    std::vector<int64_t> shape;  // This rank's.
+    uint64_t at = 0, bytes = 0;  // Where in the file's buffer.
+    std::vector<remote::CopyPiece> pieces;
+  };
+  struct FilePlan {
+    std::vector<uint32_t> whole;
+    std::vector<Slice> slices;
+    std::vector<Run> runs;
+    uint64_t buffer_bytes = 0;
+    std::shared_ptr<HostBuffer> buffer;
+  };
+  // A span of a sliced tensor fetched into scratch, then packed.
+  struct Packed {
+    std::string bucket, key;
+    uint64_t begin = 0, end = 0;  // File bytes.
+    uint64_t tensor_offset = 0;   // The span's offset in the tensor.
+    std::vector<remote::CopyPiece> pieces;
+    std::byte* slot = nullptr;
+  };
+  std::vector<FilePlan> plans(ckpt.shards().size());
+  for (const auto loc : ckpt.tensors()) {
+    const TensorInfo& t = ckpt.info(loc);
+    if (!options.filter.Matches(t.name)) continue;
+    const int dim = store.parallel.size > 1 ? layout.DimFor(t.name) : -1;
+    if (dim < 0 || dim >= static_cast<int>(t.shape.size())) {
+      plans[loc.shard].whole.push_back(loc.index);
+      continue;
+    }
+    Slice slice;
+    slice.index = loc.index;
+    for (uint64_t d : t.shape) slice.shape.push_back(static_cast<int64_t>(d));
+    const std::vector<int64_t> full = slice.shape;
+    TL_ASSIGN_OR_RETURN(const IndexRange mine,
+                        ShardRange(full[dim], store.parallel.rank, store.parallel.size));
+    slice.shape[dim] = mine.length;
+    Result<std::vector<remote::CopyPiece>> pieces = remote::SlicePieces(
+        full, static_cast<uint32_t>(DtypeBits(t.dtype)), dim, IndexRange{0, full[dim]}, mine);
+    if (!pieces.ok()) return pieces.status().WithContext(url + ": tensor '" + t.name + "'");
+    slice.pieces = std::move(pieces).value();
+    for (const auto& p : slice.pieces) slice.bytes += p.bytes;
+    plans[loc.shard].slices.push_back(std::move(slice));
+  }
+
+  uint64_t total = 0;
+  std::vector<RangeRequest> requests;
+  std::vector<Packed> packed;
+  for (size_t s = 0; s < plans.size(); ++s) {
+    FilePlan& plan = plans[s];
+    const Checkpoint::Shard& shard = ckpt.shards()[s];
+    const auto& infos = shard.header.tensors();
+    std::sort(plan.whole.begin(), plan.whole.end(),
+              [&](uint32_t a, uint32_t b) { return infos[a].begin < infos[b].begin; });
+    const uint64_t base = shard.header.data_offset();
+    bool run_closed = true;  // The next tensor starts a run.
+    for (uint32_t i : plan.whole) {
+      const TensorInfo& t = infos[i];
+      const uint64_t b = base + t.begin, e = base + t.end;
+      const uint64_t align = std::min<uint64_t>(8, std::max<uint64_t>(1, DtypeBits(t.dtype) / 8));
+      const bool aligned = b % align == 0;
+      if (!run_closed && aligned && b <= plan.runs.back().end + kMergeGap) {
+        plan.runs.back().end = std::max(plan.runs.back().end, e);
+      } else {
+        // A run lands at its file offset's place modulo 64, so the tensors in
+        // it keep their alignment; a misaligned tensor gets a run of its own
+        // at an aligned place.
+        plan.runs.push_back({b, e, RoundUp(plan.buffer_bytes, 64) + (aligned ? b % 64 : 0)});
+      }
+      run_closed = !aligned;
+      plan.buffer_bytes = plan.runs.back().at + (plan.runs.back().end - plan.runs.back().begin);
+    }
+    for (Slice& slice : plan.slices) {  // Each slice at an aligned place after the runs.
+      slice.at = RoundUp(plan.buffer_bytes, 64);
+      plan.buffer_bytes = slice.at + slice.bytes;
+    }
+    TL_ASSIGN_OR_RETURN(plan.buffer, HostBuffer::Allocate(plan.buffer_bytes));
+    TL_ASSIGN_OR_RETURN(ObjectUrl object, objstore::ParseObjectUrl(shard.path));
+    auto fetch = [&](uint64_t begin, uint64_t end, std::byte* dst) {
+      for (uint64_t off = begin; off < end; off += store.request_bytes) {
+        const uint64_t n = std::min(store.request_bytes, end - off);
+        requests.push_back({object.bucket, object.key, off, n, dst + (off - begin)});
+        total += n;
+      }
+    };
+    for (const Run& run : plan.runs) fetch(run.begin, run.end, plan.buffer->data() + run.at);
+    for (const Slice& slice : plan.slices) {
+      const uint64_t t0 = base + infos[slice.index].begin;
+      std::byte* slot = plan.buffer->data() + slice.at;
+      // Pieces closer than kMergeGap share a span.
+      for (size_t p = 0; p < slice.pieces.size();) {
+        size_t q = p + 1;
+        while (q < slice.pieces.size() &&
+               slice.pieces[q].src_offset <=
+                   slice.pieces[q - 1].src_offset + slice.pieces[q - 1].bytes + kMergeGap) {
+          ++q;
+        }
+        const auto& first = slice.pieces[p];
+        if (q == p + 1) {
+          fetch(t0 + first.src_offset, t0 + first.src_offset + first.bytes,
+                slot + first.dst_offset);
+        } else {
+          const auto& last = slice.pieces[q - 1];
+          packed.push_back(
+              {object.bucket, object.key, t0 + first.src_offset, t0 + last.src_offset + last.bytes,
+               first.src_offset,
+               std::vector<remote::CopyPiece>(slice.pieces.begin() + p, slice.pieces.begin() + q),
+               slot});
+          total += packed.back().end - packed.back().begin;
+        }
+        p = q;
+      }
+    }
+  }
+
+  ProgressReporter progress(options.progress, total);
+  uint64_t done = 0;
+  auto count = [&](const std::vector<RangeRequest>& list) {
+    return [&](size_t i) {
+      done += list[i].bytes;
+      progress.Report(done, false);
+    };
+  };
+  Status fetched = client->GetRanges(requests, count(requests));
+  if (!fetched.ok()) return fetched.WithContext(url);
+  // Packed spans in batches of scratch memory up to max_in_flight_bytes (a
+  // larger span on its own).
+  for (size_t p = 0; p < packed.size();) {
+    size_t q = p;
+    uint64_t scratch_bytes = 0;
+    while (q < packed.size() && (q == p || scratch_bytes + (packed[q].end - packed[q].begin) <=
+                                               store.max_in_flight_bytes)) {
+      scratch_bytes += RoundUp(packed[q].end - packed[q].begin, 64);
+      ++q;
+    }
+    TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> scratch, HostBuffer::Allocate(scratch_bytes));
+    std::vector<RangeRequest> batch;
+    std::vector<std::byte*> spans;
+    uint64_t at = 0;
+    for (size_t i = p; i < q; ++i) {
+      spans.push_back(scratch->data() + at);
+      for (uint64_t off = packed[i].begin; off < packed[i].end; off += store.request_bytes) {
+        const uint64_t n = std::min(store.request_bytes, packed[i].end - off);
+        batch.push_back(
+            {packed[i].bucket, packed[i].key, off, n, spans.back() + (off - packed[i].begin)});
+      }
+      at += RoundUp(packed[i].end - packed[i].begin, 64);
+    }
+    fetched = client->GetRanges(batch, count(batch));
+    if (!fetched.ok()) return fetched.WithContext(url);
+    for (size_t i = p; i < q; ++i) {
+      for (const auto& piece : packed[i].pieces) {
+        std::memcpy(packed[i].slot + piece.dst_offset,
+                    spans[i - p] + (piece.src_offset - packed[i].tensor_offset), piece.bytes);
+      }
+    }
+    p = q;
+  }
+  progress.Report(done, true);
+
+  CheckpointBuilder out;
+  for (size_t s = 0; s < plans.size(); ++s) {
+    const FilePlan& plan = plans[s];
+    const Checkpoint::Shard& shard = ckpt.shards()[s];
+    const auto& infos = shard.header.tensors();
+    const uint64_t base = shard.header.data_offset();
+    FileReport f;
+    f.path = shard.path;
+    f.reason = "object storage: " + std::to_string(plan.runs.size()) + " run(s) of ranged GETs";
+    if (!plan.slices.empty()) {
+      f.reason += ", " + std::to_string(plan.slices.size()) + " slice(s) for rank " +
+                  std::to_string(store.parallel.rank) + " of " +
+                  std::to_string(store.parallel.size);
+    }
+    for (uint32_t i : plan.whole) {
+      const TensorInfo& t = infos[i];
+      const uint64_t b = base + t.begin;
+      auto run = std::find_if(plan.runs.begin(), plan.runs.end(),
+                              [&](const Run& r) { return b >= r.begin && b < r.end; });
+      std::byte* data = plan.buffer->data();
+      if (run != plan.runs.end()) data += run->at + (b - run->begin);
+      out.Add(MakeTensor(t, t.dtype, t.nbytes() ? data : nullptr, t.nbytes()), plan.buffer);
+      f.bytes += t.nbytes();
+      ++f.tensors;
+    }
+    for (const Slice& slice : plan.slices) {
+      TensorInfo info = infos[slice.index];
+      info.shape.assign(slice.shape.begin(), slice.shape.end());
+      info.num_elements = 1;
+      for (uint64_t d : info.shape) info.num_elements *= d;
+      out.Add(MakeTensor(info, info.dtype, slice.bytes ? plan.buffer->data() + slice.at : nullptr,
+                         slice.bytes),
+              plan.buffer);
+      f.bytes += slice.bytes;
+      ++f.tensors;
+    }
+    out.files().push_back(std::move(f));
+  }
+  if (report) {
+    report->endpoint = client->settings().endpoint;
+    report->credential_source = client->settings().credential_source;
+    report->bytes = client->bytes_received();
+    report->requests = requests.size();
+    report->retries = client->retries();
+    report->connections = client->settings().max_connections;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  LoadedCheckpoint loaded = std::move(out).Finish(seconds);
+  if (device) return UploadToDevice(std::move(loaded), device);
+  return loaded;
+}
+
+}  // namespace tensorlift
