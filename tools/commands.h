@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
+#include "tensorlift/objstore.h"
 
 namespace tensorlift::cli {
 
@@ -15,8 +17,22 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitInvalid = 1;
 inline constexpr int kExitUsage = 2;
 
-int RunInspect(const std::string& path, bool json);
-int RunVerify(const std::vector<std::string>& paths, bool quiet);
+// Object storage (s3://, gs:// paths): overrides of what the environment says.
+struct StoreArgs {
+  std::string endpoint;  // --endpoint-url
+  std::string region;
+  std::string profile;
+  bool no_sign = false;  // --no-sign-request: public buckets.
+  ObjectStoreOptions ToOptions() const;
+};
+// A checkpoint on local disk or, for s3:// and gs:// paths, in a bucket.
+Result<Checkpoint> OpenCheckpoint(const std::string& path, const StoreArgs& store);
+// Loads a local or object-storage path.
+Result<LoadedCheckpoint> LoadPath(const std::string& path, const LoadOptions& options,
+                                  const StoreArgs& store);
+
+int RunInspect(const std::string& path, bool json, const StoreArgs& store);
+int RunVerify(const std::vector<std::string>& paths, bool quiet, const StoreArgs& store);
 
 struct LoadArgs {
   std::string path;
@@ -36,6 +52,7 @@ struct LoadArgs {
   bool gds = tensorlift::LoadOptions{}.gds;
   bool copy = false;  // auto: owned copies of page-cached files, not views.
   bool mpi = false;   // One rank of an MPI job (mpirun): read this rank's share.
+  StoreArgs store;
 };
 int RunLoad(const LoadArgs& args);
 // RunLoad with --mpi (load_mpi.cc): `opts` already parsed from `args`.

@@ -198,8 +198,8 @@ void PrintTable(const Checkpoint& c, const std::map<Dtype, Totals>& totals,
 
 }  // namespace
 
-int RunInspect(const std::string& path, bool json) {
-  auto ckpt = Checkpoint::Open(path);
+int RunInspect(const std::string& path, bool json, const StoreArgs& store) {
+  auto ckpt = OpenCheckpoint(path, store);
   if (!ckpt.ok()) {
     std::fprintf(stderr, "%s\n", ckpt.status().ToString().c_str());
     return kExitInvalid;

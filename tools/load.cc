@@ -24,6 +24,26 @@ void DrawBar(const Progress& p) {
 
 }  // namespace
 
+ObjectStoreOptions StoreArgs::ToOptions() const {
+  ObjectStoreOptions o;
+  o.endpoint = endpoint;
+  o.region = region;
+  o.profile = profile;
+  o.anonymous = no_sign;
+  return o;
+}
+
+Result<Checkpoint> OpenCheckpoint(const std::string& path, const StoreArgs& store) {
+  if (IsObjectStoreUrl(path)) return OpenObjectStoreCheckpoint(path, store.ToOptions());
+  return Checkpoint::Open(path);
+}
+
+Result<LoadedCheckpoint> LoadPath(const std::string& path, const LoadOptions& options,
+                                  const StoreArgs& store) {
+  if (IsObjectStoreUrl(path)) return LoadFromObjectStore(path, options, store.ToOptions());
+  return Load(path, options);
+}
+
 int RunLoad(const LoadArgs& args) {
   LoadOptions opts;
   auto mode = ParseIoMode(args.mode);
@@ -69,7 +89,11 @@ int RunLoad(const LoadArgs& args) {
   const bool bar = args.progress && ::isatty(STDERR_FILENO);
   if (bar) opts.progress = DrawBar;
 
-  auto loaded = Load(args.path, opts);
+  if (args.mpi && IsObjectStoreUrl(args.path)) {
+    std::fprintf(stderr, "--mpi loads local files; %s is in object storage\n", args.path.c_str());
+    return kExitUsage;
+  }
+  auto loaded = LoadPath(args.path, opts, args.store);
   if (bar) std::fprintf(stderr, "\r%60s\r", "");
   if (!loaded.ok()) {
     std::fprintf(stderr, "%s\n", loaded.status().ToString().c_str());
@@ -78,9 +102,11 @@ int RunLoad(const LoadArgs& args) {
   // With --checksum, stdout holds only the checksum lines.
   FILE* report = args.checksum ? stderr : stdout;
   for (const FileReport& f : loaded->files()) {
-    const std::string how = f.mode == IoMode::kMmap ? "mmap (mapped, read on first touch)"
-                                                    : std::string(IoModeName(f.mode)) + " (" +
-                                                          std::string(IoEngineName(f.engine)) + ")";
+    const std::string how =
+        IsObjectStoreUrl(f.path) ? "fetched"
+        : f.mode == IoMode::kMmap
+            ? "mmap (mapped, read on first touch)"
+            : std::string(IoModeName(f.mode)) + " (" + std::string(IoEngineName(f.engine)) + ")";
     const std::string decoded =
         f.decoded > 0 ? " (" + std::to_string(f.decoded) + " sparse tensors decoded)" : "";
     std::fprintf(report, "%s: %u tensors, %llu bytes%s, %s%s%s\n", f.path.c_str(), f.tensors,

@@ -5,6 +5,21 @@
 #include "commands.h"
 #include "tensorlift/version.h"
 
+namespace {
+
+// --endpoint-url, --region, --profile, --no-sign-request (the AWS CLI's names).
+void AddStoreOptions(CLI::App* app, tensorlift::cli::StoreArgs* store) {
+  app->add_option("--endpoint-url", store->endpoint,
+                  "s3:// and gs:// paths: the S3 endpoint (default: AWS_ENDPOINT_URL, else AWS)");
+  app->add_option("--region", store->region, "s3:// paths: the region (default: AWS_REGION)");
+  app->add_option("--profile", store->profile,
+                  "s3:// paths: the profile of ~/.aws/credentials and ~/.aws/config");
+  app->add_flag("--no-sign-request", store->no_sign,
+                "s3:// paths: send unsigned requests (public buckets)");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace tensorlift::cli;
   CLI::App app{"tensorlift: moves model weights into memory fast and safely"};
@@ -16,23 +31,31 @@ int main(int argc, char** argv) {
   bool inspect_json = false;
   auto* inspect = app.add_subcommand(
       "inspect", "Show the tensors of a .safetensors file, an index, or a directory of shards");
-  inspect->add_option("PATH", inspect_path, "File, model.safetensors.index.json, or directory")
+  StoreArgs inspect_store, verify_store;
+  inspect
+      ->add_option("PATH", inspect_path,
+                   "File, model.safetensors.index.json, or directory; or s3://bucket/key-or-prefix")
       ->required();
   inspect->add_flag("--json", inspect_json, "Print JSON for machines");
+  AddStoreOptions(inspect, &inspect_store);
 
   std::vector<std::string> verify_paths;
   bool verify_quiet = false;
   auto* verify = app.add_subcommand(
       "verify",
       "Check files completely; exit 0 if all are valid, else print PATH: error per bad one");
-  verify->add_option("PATH", verify_paths, "Files, indexes or directories")->required();
+  verify->add_option("PATH", verify_paths, "Files, indexes or directories (or s3:// URLs)")
+      ->required();
   verify->add_flag("-q,--quiet", verify_quiet, "Print nothing for valid files");
+  AddStoreOptions(verify, &verify_store);
 
   LoadArgs load_args;
   auto* load = app.add_subcommand(
       "load", "Load tensors into memory and report bytes, time, GB/s and the mode per file");
-  load->add_option("PATH", load_args.path, "File, model.safetensors.index.json, or directory")
+  load->add_option("PATH", load_args.path,
+                   "File, model.safetensors.index.json, or directory; or s3://bucket/key-or-prefix")
       ->required();
+  AddStoreOptions(load, &load_args.store);
   load->add_option("--filter", load_args.filter, "Load only tensors whose name matches this regex");
   load->add_option("--mode", load_args.mode, "I/O mode")
       ->check(CLI::IsMember({"auto", "buffered", "direct", "mmap"}))
@@ -209,8 +232,8 @@ int main(int argc, char** argv) {
     int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitUsage;
   }
-  if (*inspect) return RunInspect(inspect_path, inspect_json);
-  if (*verify) return RunVerify(verify_paths, verify_quiet);
+  if (*inspect) return RunInspect(inspect_path, inspect_json, inspect_store);
+  if (*verify) return RunVerify(verify_paths, verify_quiet, verify_store);
   if (*load) return RunLoad(load_args);
   if (*doctor) return RunDoctor(doctor_path, doctor_json);
   if (*sparsify) return RunSparsify(sparsify_args);

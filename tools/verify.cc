@@ -16,7 +16,8 @@ namespace {
 // The sparse-bitmask groups of `ckpt`: their parts fit together (FindSparse)
 // and each group's bitmask and row offsets agree (Validate, which reads them:
 // about 1/16 of a bf16 group's dense bytes). Returns how many were checked.
-Result<size_t> CheckSparseGroups(const Checkpoint& ckpt) {
+Result<size_t> CheckSparseGroups(const Checkpoint& ckpt, const std::string& path,
+                                 const StoreArgs& store) {
   TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(ckpt));
   if (catalog.empty()) return size_t{0};
   std::vector<std::string> names;
@@ -27,7 +28,9 @@ Result<size_t> CheckSparseGroups(const Checkpoint& ckpt) {
   LoadOptions options;
   options.decode_sparse = false;  // The stored parts, as they are.
   options.filter = TensorFilter::Names(std::move(names));
-  TL_ASSIGN_OR_RETURN(const LoadedCheckpoint parts, Load(ckpt, options));
+  TL_ASSIGN_OR_RETURN(const LoadedCheckpoint parts, IsObjectStoreUrl(path)
+                                                        ? LoadPath(path, options, store)
+                                                        : Load(ckpt, options));
   for (const auto& g : catalog.sparse) {
     const LoadedTensor* mask = parts.Find(ckpt.info(g.bitmask).name);
     const LoadedTensor* offsets = parts.Find(ckpt.info(g.row_offsets).name);
@@ -41,10 +44,10 @@ Result<size_t> CheckSparseGroups(const Checkpoint& ckpt) {
 
 }  // namespace
 
-int RunVerify(const std::vector<std::string>& paths, bool quiet) {
+int RunVerify(const std::vector<std::string>& paths, bool quiet, const StoreArgs& store) {
   int rc = kExitOk;
   for (const auto& path : paths) {
-    auto ckpt = Checkpoint::Open(path);
+    auto ckpt = OpenCheckpoint(path, store);
     if (!ckpt.ok()) {
       // The library's message starts with the file concerned.
       std::printf("%s\n", ckpt.status().ToString().c_str());
@@ -53,7 +56,7 @@ int RunVerify(const std::vector<std::string>& paths, bool quiet) {
     }
     for (const auto& w : ckpt->warnings())
       std::fprintf(stderr, "%s: warning: %s\n", path.c_str(), w.c_str());
-    auto groups = CheckSparseGroups(*ckpt);
+    auto groups = CheckSparseGroups(*ckpt, path, store);
     if (!groups.ok()) {
       std::printf("%s: %s\n", path.c_str(), groups.status().ToString().c_str());
       rc = kExitInvalid;

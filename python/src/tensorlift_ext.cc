@@ -26,6 +26,7 @@
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/convert.h"
 #include "tensorlift/loader.h"
+#include "tensorlift/objstore.h"
 #include "tensorlift/remote.h"
 #include "tensorlift/safetensors.h"
 #include "tensorlift/sparse.h"
@@ -148,6 +149,8 @@ nb::object MakeCapsule(Managed* m, const char* name) {
 
 struct PyCheckpoint {
   std::shared_ptr<const Checkpoint> ckpt;
+  // Set for a checkpoint in object storage (s3://, gs://): how to reach it.
+  std::optional<ObjectStoreOptions> store;
 };
 
 struct PyLoaded {
@@ -201,7 +204,7 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
   Result<LoadedCheckpoint> r = InternalError("not run");
   {
     nb::gil_scoped_release nogil;
-    r = Load(*self.ckpt, opts);
+    r = self.store ? LoadFromObjectStore(*self.ckpt, opts, *self.store) : Load(*self.ckpt, opts);
   }
   cb.reset();
   if (!r.ok() && r.status().code() == StatusCode::kUnavailable && device != "cpu") {
@@ -338,18 +341,37 @@ void BindCheckpoint(nb::module_& m) {
   nb::class_<PyCheckpoint>(m, "Checkpoint")
       .def_static(
           "open",
-          [](const std::string& path, bool as_file) {
-            return PyCheckpoint{std::make_shared<const Checkpoint>(
-                Unwrap(as_file ? Checkpoint::OpenFile(path) : Checkpoint::Open(path)))};
+          [](const std::string& path, bool as_file, const std::string& endpoint,
+             const std::string& region, const std::string& profile, bool anonymous) {
+            if (IsObjectStoreUrl(path)) {
+              ObjectStoreOptions store;
+              store.endpoint = endpoint;
+              store.region = region;
+              store.profile = profile;
+              store.anonymous = anonymous;
+              Result<Checkpoint> ckpt = InternalError("not run");
+              {
+                nb::gil_scoped_release nogil;
+                ckpt = OpenObjectStoreCheckpoint(path, store);
+              }
+              return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(std::move(ckpt))),
+                                  store};
+            }
+            return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(
+                                    as_file ? Checkpoint::OpenFile(path) : Checkpoint::Open(path))),
+                                std::nullopt};
           },
-          nb::arg("path"), nb::arg("as_file") = false,
+          nb::arg("path"), nb::arg("as_file") = false, nb::arg("endpoint") = "",
+          nb::arg("region") = "", nb::arg("profile") = "", nb::arg("anonymous") = false,
           "Opens a file, an index or a directory and validates every header (as_file: one "
-          ".safetensors file whatever its name).")
+          ".safetensors file whatever its name); s3:// and gs:// paths are read from object "
+          "storage (endpoint, region, profile, anonymous override the environment's settings).")
       .def_static(
           "open_files",
           [](const std::vector<std::string>& paths) {
             return PyCheckpoint{
-                std::make_shared<const Checkpoint>(Unwrap(Checkpoint::OpenFiles(paths)))};
+                std::make_shared<const Checkpoint>(Unwrap(Checkpoint::OpenFiles(paths))),
+                std::nullopt};
           },
           nb::arg("paths"),
           "Opens several .safetensors files as the shards of one checkpoint, loaded in one go "
