@@ -104,7 +104,8 @@ struct FetchArgs {
   PeerArgs peer;
   std::string registry;
   std::string token_file;
-  std::string fallback;  // Checkpoint to load when no peer works.
+  std::string fallback;  // Checkpoint to load when no peer works (a path or an s3:// URL).
+  StoreArgs store;       // For an s3:// fallback.
   std::string out;       // Directory to write model.safetensors into.
   bool checksum = false;
   int timeout_ms = 10000;

@@ -189,7 +189,8 @@ int main(int argc, char** argv) {
   fetch->add_option("--registry", fetch_args.registry, "etcd endpoint to find seeds for the key");
   fetch->add_option("--token-file", fetch_args.token_file, "Sign requests with this token");
   fetch->add_option("--fallback", fetch_args.fallback,
-                    "Checkpoint to load from disk when no peer works");
+                    "Checkpoint to load when no peer works: a path, or s3://bucket/key-or-prefix");
+  AddStoreOptions(fetch, &fetch_args.store);
   fetch->add_option("--out", fetch_args.out, "Write the tensors to DIR/model.safetensors");
   fetch
       ->add_option("--device", fetch_args.device,

@@ -19,10 +19,11 @@ namespace tensorlift::cli {
 namespace {
 
 // The key from the flags, with the defaults taken from `path` (when given).
-Result<PeerKey> KeyFrom(const PeerArgs& a, const std::string& path) {
+Result<PeerKey> KeyFrom(const PeerArgs& a, const std::string& path, const StoreArgs& store = {}) {
   PeerKey key;
   if (!path.empty() && (a.model.empty() || a.revision.empty())) {
-    TL_ASSIGN_OR_RETURN(key, PeerKeyForCheckpoint(path));
+    TL_ASSIGN_OR_RETURN(const Checkpoint ckpt, OpenCheckpoint(path, store));
+    TL_ASSIGN_OR_RETURN(key, PeerKeyForCheckpoint(ckpt));
   }
   if (!a.model.empty()) key.model = a.model;
   if (!a.revision.empty()) key.revision = a.revision;
@@ -101,7 +102,7 @@ int RunServe(const ServeArgs& args) {
 }
 
 int RunFetch(const FetchArgs& args) {
-  auto key = KeyFrom(args.peer, args.fallback);
+  auto key = KeyFrom(args.peer, args.fallback, args.store);
   if (!key.ok()) return Fail(key.status(), kExitUsage);
   auto token = Token(args.token_file);
   if (!token.ok()) return Fail(token.status());
@@ -111,6 +112,8 @@ int RunFetch(const FetchArgs& args) {
   opts.token = *token;
   opts.parallel = {args.peer.tp_size, args.peer.tp_rank};
   opts.fallback_path = args.fallback;
+  if (IsObjectStoreUrl(args.fallback))
+    opts.fallback_loader = ObjectStoreFallback(args.store.ToOptions());
   opts.transports = args.peer.transports;
   opts.request_timeout_ms = args.timeout_ms;
   opts.connect_timeout_ms = args.timeout_ms;

@@ -24,6 +24,7 @@
 #define TENSORLIFT_OBJSTORE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -91,6 +92,12 @@ Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& checkpoint,
                                              const LoadOptions& options = {},
                                              const ObjectStoreOptions& store = {},
                                              ObjectStoreReport* report = nullptr);
+
+// A fallback loader for peer loads (PeerLoadOptions::fallback_loader): s3://
+// and gs:// paths through LoadFromObjectStore with `store`, others through
+// Load.
+std::function<Result<LoadedCheckpoint>(const std::string& path, const LoadOptions& options)>
+ObjectStoreFallback(const ObjectStoreOptions& store = {});
 
 }  // namespace tensorlift
 

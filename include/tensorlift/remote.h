@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "tensorlift/checkpoint.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/status.h"
@@ -72,6 +73,9 @@ struct PeerKey {
 // byte range in the headers (no tensor data is read: give a real revision
 // when weights may change under the same headers).
 Result<PeerKey> PeerKeyForCheckpoint(const std::string& path);
+// The same for a checkpoint already open (its path names the model), e.g.
+// one in object storage: a copy of a local checkpoint has the same key.
+Result<PeerKey> PeerKeyForCheckpoint(const Checkpoint& checkpoint);
 
 // Reads a token file (ServeOptions::token, PeerLoadOptions::token): its
 // content without surrounding whitespace. Errors: missing/unreadable, empty,
@@ -174,6 +178,11 @@ struct PeerLoadOptions {
   // Where to load from when no peer works ("" = fail instead).
   std::string fallback_path;
   LoadOptions fallback_load;  // For the disk fallback (filter and dtype are ignored on peers).
+  // How fallback_path is loaded: Load when empty (a local path); another
+  // source's loader otherwise, e.g. ObjectStoreFallback() (objstore.h) for
+  // s3:// paths. The report's source is then the path itself, not "disk:".
+  std::function<Result<LoadedCheckpoint>(const std::string& path, const LoadOptions& options)>
+      fallback_loader;
   // Where the tensors go, from a peer or from disk: "cpu", "cuda:N" (or
   // "emulated:0" in tests). Pulls land straight in the device's memory when
   // the loaded UCX can write it (a GPU's needs a UCX built with CUDA, e.g.

@@ -724,6 +724,7 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   o.token = token;
   o.parallel = {tp_size, tp_rank};
   o.fallback_path = fallback;
+  if (IsObjectStoreUrl(fallback)) o.fallback_loader = ObjectStoreFallback();
   o.fallback_load.mode = Unwrap(ParseIoMode(mode));
   o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = timeout_ms;
   o.transports = transports;
@@ -752,7 +753,17 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
 void BindPeerLoading(nb::module_& m) {
   m.def(
       "peer_key_for",
-      [](const std::string& path) { return KeyToDict(Unwrap(PeerKeyForCheckpoint(path))); },
+      [](const std::string& path) {
+        if (IsObjectStoreUrl(path)) {
+          Result<Checkpoint> ckpt = InternalError("not run");
+          {
+            nb::gil_scoped_release nogil;
+            ckpt = OpenObjectStoreCheckpoint(path);
+          }
+          return KeyToDict(Unwrap(PeerKeyForCheckpoint(Unwrap(std::move(ckpt)))));
+        }
+        return KeyToDict(Unwrap(PeerKeyForCheckpoint(path)));
+      },
       nb::arg("path"), "The default key of a checkpoint (its name and a digest of its headers).");
   m.def("load_from_peer", &LoadFromPeerPy, nb::arg("key"),
         nb::arg("peers") = std::vector<std::string>{}, nb::arg("registry") = "",

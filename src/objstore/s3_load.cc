@@ -211,6 +211,13 @@ uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 bool IsObjectStoreUrl(std::string_view path) { return objstore::IsObjectUrl(path); }
 
+std::function<Result<LoadedCheckpoint>(const std::string& path, const LoadOptions& options)>
+ObjectStoreFallback(const ObjectStoreOptions& store) {
+  return [store](const std::string& path, const LoadOptions& options) {
+    return IsObjectStoreUrl(path) ? LoadFromObjectStore(path, options, store) : Load(path, options);
+  };
+}
+
 Result<Checkpoint> OpenObjectStoreCheckpoint(const std::string& url,
                                              const ObjectStoreOptions& store) {
   TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));

@@ -888,10 +888,13 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
   // Nothing sliced: straight onto the device. Else slices are cut on the host.
   const bool whole_tensors = options.parallel.size == 1 || layout.empty();
   disk.device = whole_tensors ? options.device : "cpu";
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(options.fallback_path, disk));
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole,
+                      options.fallback_loader ? options.fallback_loader(options.fallback_path, disk)
+                                              : Load(options.fallback_path, disk));
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine,
                       place(SliceForRank(std::move(whole), layout, options.parallel, shards)));
-  report->source = "disk:" + options.fallback_path;
+  report->source =
+      options.fallback_loader ? options.fallback_path : "disk:" + options.fallback_path;
   report->bytes = mine.total_bytes();
   report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   report->source_ranks = 0;
@@ -937,6 +940,11 @@ namespace tensorlift {
 
 Result<PeerKey> PeerKeyForCheckpoint(const std::string& path) {
   TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(path));
+  return PeerKeyForCheckpoint(ckpt);
+}
+
+Result<PeerKey> PeerKeyForCheckpoint(const Checkpoint& ckpt) {
+  const std::string& path = ckpt.path();
   std::string desc;
   for (const auto& loc : ckpt.tensors()) {
     const TensorInfo& t = ckpt.info(loc);

@@ -15,6 +15,7 @@
 #include "../load/test_files.h"
 #include "s3_server.h"
 #include "tensorlift/objstore.h"
+#include "tensorlift/remote.h"
 
 namespace tensorlift {
 namespace {
@@ -226,7 +227,8 @@ TEST_F(S3LoadTest, EachRankFetchesItsOwnSlices) {
     // of the dim-0 slices' and of the wide rows', the small dim-1 tensor's
     // span whole.
     EXPECT_LT(report.bytes, file_bytes * 6 / 10) << report.bytes << " of " << file_bytes;
-    std::cout << "rank " << rank << " fetched " << report.bytes << " of " << file_bytes << " bytes\n";
+    std::cout << "rank " << rank << " fetched " << report.bytes << " of " << file_bytes
+              << " bytes\n";
     EXPECT_THAT(got->files()[0].reason, HasSubstr("for rank " + std::to_string(rank) + " of 2"));
   }
   ObjectStoreOptions bad = store_;
@@ -236,6 +238,31 @@ TEST_F(S3LoadTest, EachRankFetchesItsOwnSlices) {
   bad.layout = "";
   bad.parallel = {2, 2};
   EXPECT_FALSE(LoadFromObjectStore("s3://models/tp/model.safetensors", {}, bad).ok());
+}
+
+TEST_F(S3LoadTest, APeerLoadFallsBackToTheBucket) {
+  // A copy in a bucket has the local checkpoint's key.
+  auto ckpt = OpenObjectStoreCheckpoint("s3://models/tp/model.safetensors", store_);
+  ASSERT_OK(ckpt);
+  auto key = PeerKeyForCheckpoint(*ckpt);
+  auto local_key = PeerKeyForCheckpoint(root_.File("s3/models/tp/model.safetensors"));
+  ASSERT_OK(key);
+  ASSERT_OK(local_key);
+  EXPECT_EQ(key->model, "tp");
+  EXPECT_EQ(key->model, local_key->model);
+  EXPECT_EQ(key->revision, local_key->revision);
+
+  PeerLoadOptions opts;
+  opts.peers = {"http://127.0.0.1:1"};  // Nobody there.
+  opts.request_timeout_ms = opts.connect_timeout_ms = 2000;
+  opts.fallback_path = "s3://models/tp/model.safetensors";
+  opts.fallback_loader = ObjectStoreFallback(store_);
+  PeerLoadReport report;
+  auto got = LoadFromPeer(*key, opts, &report);
+  ASSERT_OK(got);
+  EXPECT_EQ(report.source, "s3://models/tp/model.safetensors");
+  ASSERT_FALSE(report.failures.empty());
+  ExpectSameAsLocal(*got, root_.File("s3/models/tp/model.safetensors"));
 }
 
 TEST_F(S3LoadTest, OntoADevice) {

@@ -127,3 +127,20 @@ def test_cli_inspect_verify_and_load(aws_env, cli):
     assert out.returncode == 0, out.stderr
     out = subprocess.run([str(cli), "load", "s3://models/nope"], capture_output=True, text=True)
     assert out.returncode == 1 and "s3://models/nope" in out.stderr
+
+
+def test_peer_loads_fall_back_to_the_bucket(aws_env, cli):
+    import tensorlift.remote as remote
+    root, _ = aws_env
+    want = load_file(str(root / "models" / "tiny" / "model.safetensors"))
+    # The key of the bucket's copy is the local checkpoint's.
+    assert remote.key_for("s3://models/tiny") == remote.key_for(root / "models" / "tiny")
+    got = remote.load_from_peer("http://127.0.0.1:1", fallback="s3://models/tiny", timeout=2)
+    assert remote.last_report()["source"] == "s3://models/tiny"
+    assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
+    out = subprocess.run([str(cli), "fetch", "--fallback", "s3://models/tiny", "--checksum", "--timeout-ms", "2000",
+                          "http://127.0.0.1:1"], capture_output=True, text=True)
+    local = subprocess.run([str(cli), "load", "--checksum", str(root / "models" / "tiny")],
+                           capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == local.stdout
