@@ -9,6 +9,11 @@ from ._tensorlift import Checkpoint
 from ._tensors import device_name, tensor_from
 
 
+def is_object_url(path) -> bool:
+    """True for s3:// and gs:// paths (object storage: docs/object-storage.md)."""
+    return isinstance(path, str) and path.startswith(("s3://", "gs://"))
+
+
 def check_metadata(metadata) -> None:
     """Metadata as the reference accepts it: None or a dict of str to str (TypeError otherwise)."""
     if metadata is None:

@@ -90,14 +90,16 @@ def stream(paths, device="cpu", framework: str = "pt",
     into memory reuse the memory of pieces whose tensors were dropped (an
     ArenaPool): a few pieces' worth is faulted in, not the whole checkpoint.
     """
-    from ._core import load
+    from ._core import is_object_url, load
     from ._tensorlift import ArenaPool
     files = shard_files(paths)
     pieces = plan_pieces(files, filter, piece_bytes)
     if not pieces:
         return
+    # Object storage: each piece's ranged GETs land in memory of its own (no arena pool).
+    pool = None if any(is_object_url(f) for f in files) else ArenaPool(1)
     kwargs = dict(device=device, framework=framework, mode=mode, threads=threads, dtype=dtype, copy=copy,
-                  progress=progress, _arena_pool=ArenaPool(1))
+                  progress=progress, _arena_pool=pool)
 
     def read(piece: Tuple[str, List[str]]):
         return load(piece[0], filter=piece[1], **kwargs)

@@ -144,3 +144,10 @@ def test_peer_loads_fall_back_to_the_bucket(aws_env, cli):
                            capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout == local.stdout
+
+
+def test_stream_from_s3(aws_env):
+    root, _ = aws_env
+    want = load_file(str(root / "models" / "tiny" / "model.safetensors"))
+    got = dict(tensorlift.stream("s3://models/tiny", piece_bytes=1))  # a piece per tensor
+    assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
