@@ -66,7 +66,7 @@ struct ObjectStoreOptions {
 struct ObjectStoreReport {
   std::string endpoint;
   std::string credential_source;  // "environment", "~/.aws/credentials [default]", ...
-  uint64_t bytes = 0;             // Tensor bytes received by the load (retries included).
+  uint64_t bytes = 0;             // Object bytes received (headers and retries included).
   uint64_t requests = 0;          // Ranged GETs of tensor data.
   uint64_t retries = 0;
   int connections = 0;

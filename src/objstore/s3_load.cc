@@ -226,27 +226,52 @@ Result<Checkpoint> OpenObjectStoreCheckpoint(const std::string& url,
   return Checkpoint::Open(url, files);
 }
 
+namespace {
+
+Result<LoadedCheckpoint> LoadWith(S3Client& client, const Checkpoint& ckpt,
+                                  const LoadOptions& options, const ObjectStoreOptions& store,
+                                  ObjectStoreReport* report,
+                                  std::chrono::steady_clock::time_point start);
+
+}  // namespace
+
 Result<LoadedCheckpoint> LoadFromObjectStore(const std::string& url, const LoadOptions& options,
                                              const ObjectStoreOptions& store,
                                              ObjectStoreReport* report) {
+  const auto start = std::chrono::steady_clock::now();
   TL_RETURN_IF_ERROR(RefuseDiskOnlyOptions(options));
-  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, OpenObjectStoreCheckpoint(url, store));
-  return LoadFromObjectStore(ckpt, options, store, report);
+  // One client for the listing, the headers and the data: one set of
+  // connections, and the report counts all of it.
+  TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
+  S3Store files(*client, parsed.scheme, parsed.bucket);
+  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(url, files));
+  return LoadWith(*client, ckpt, options, store, report, start);
 }
 
 Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& ckpt, const LoadOptions& options,
                                              const ObjectStoreOptions& store,
                                              ObjectStoreReport* report) {
   const auto start = std::chrono::steady_clock::now();
-  const std::string& url = ckpt.path();
   TL_RETURN_IF_ERROR(RefuseDiskOnlyOptions(options));
+  TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(ckpt.path()));
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
+  return LoadWith(*client, ckpt, options, store, report, start);
+}
+
+namespace {
+
+Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
+                                  const LoadOptions& options, const ObjectStoreOptions& store,
+                                  ObjectStoreReport* report,
+                                  std::chrono::steady_clock::time_point start) {
+  S3Client* client = &client_ref;
+  const std::string& url = ckpt.path();
   std::shared_ptr<Device> device;
   if (options.device != "cpu") {
     TL_ASSIGN_OR_RETURN(const auto where, ParseDevice(options.device));
     TL_ASSIGN_OR_RETURN(device, OpenDevice(where.first, where.second));
   }
-  TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));
-  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
   if (options.decode_sparse) {
     TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(ckpt));
     if (!catalog.empty()) {
@@ -481,5 +506,7 @@ Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& ckpt, const LoadO
   if (device) return UploadToDevice(std::move(loaded), device);
   return loaded;
 }
+
+}  // namespace
 
 }  // namespace tensorlift

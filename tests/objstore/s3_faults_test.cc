@@ -1,0 +1,357 @@
+// The S3 client and LoadFromObjectStore against a real S3 server that
+// misbehaves: moto's S3 server on loopback with faults injected into its
+// ranged GETs (tests/objstore/moto_faults.py, moto_server.h): 503 SlowDown,
+// 500 InternalError, short bodies, connection resets and stalls are retried
+// and the load is byte-exact; more faults than retries is one clear error
+// naming the object and the cause; a server killed mid-load is an error in
+// bounded time, never a hang. Skips when moto is not installed.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/assert_ok.h"
+#include "../load/test_files.h"
+#include "moto_server.h"
+#include "objstore/s3_client.h"
+#include "s3_server.h"
+#include "tensorlift/objstore.h"
+
+namespace tensorlift {
+namespace {
+
+using objstore::RangeRequest;
+using objstore::S3Client;
+using test::ScratchDir;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using testing::MotoFaultServer;
+using testing::Random;
+using testing::RawTensor;
+using testing::WriteRaw;
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Sets an environment variable for the life of the object.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+constexpr const char* kModel = "s3://models/mixed/model.safetensors";
+
+class S3FaultsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::MotoAvailable()) {
+      GTEST_SKIP() << "moto is not installed (.venv-s3 with moto and boto3; scripts/setup.sh)";
+    }
+    std::filesystem::create_directories(root_.File("s3/models/mixed"));
+    // ~1 MB in several runs (a misaligned tensor gets its own).
+    WriteRaw(root_.File("s3/models/mixed/model.safetensors"), testing::MixedTensors(11), 3);
+    store_.region = "us-east-1";
+    store_.request_bytes = 64 << 10;            // Many ranged GETs...
+    store_.max_in_flight_bytes = 4 * 64 << 10;  // ...over 4 connections.
+  }
+
+  // Starts the server with `plan` (the test fails when it cannot start).
+  void Serve(const std::string& plan, double slow_seconds = 5) {
+    server_ = std::make_unique<MotoFaultServer>(root_.File("s3"), plan, slow_seconds);
+    ASSERT_TRUE(server_->ok()) << server_->error();
+    store_.endpoint = server_->endpoint();
+  }
+
+  // A raw client of the server: quick retries.
+  std::unique_ptr<S3Client> Client(int retries, int max_connections = 4,
+                                   int low_speed_timeout_s = 30) {
+    objstore::S3Overrides o;
+    o.endpoint = server_->endpoint();
+    o.region = "us-east-1";
+    o.access_key = testing::kS3AccessKey;
+    o.secret_key = testing::kS3SecretKey;
+    auto settings = objstore::ResolveS3Settings("s3", o);
+    EXPECT_OK(settings);
+    if (!settings.ok()) return nullptr;
+    settings->retries = retries;
+    settings->retry_base_ms = 1;
+    settings->max_connections = max_connections;
+    settings->low_speed_timeout_s = low_speed_timeout_s;
+    auto client = S3Client::Create(*settings);
+    EXPECT_OK(client);
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // Loads kModel and checks it byte for byte against the local file.
+  void LoadByteExact(ObjectStoreReport* report) {
+    auto got = LoadFromObjectStore(kModel, {}, store_, report);
+    ASSERT_OK(got);
+    loaded_bytes_ = got->total_bytes();
+    LoadOptions host;
+    host.device = "cpu";
+    auto want = Load(root_.File("s3/models/mixed/model.safetensors"), host);
+    ASSERT_OK(want);
+    ASSERT_EQ(got->tensors().size(), want->tensors().size());
+    for (const LoadedTensor& w : want->tensors()) {
+      SCOPED_TRACE(w.name);
+      const LoadedTensor* g = got->Find(w.name);
+      ASSERT_NE(g, nullptr);
+      EXPECT_EQ(g->dtype, w.dtype);
+      EXPECT_EQ(g->shape, w.shape);
+      ASSERT_EQ(g->nbytes, w.nbytes);
+      if (w.nbytes) {
+        EXPECT_EQ(std::memcmp(g->data, w.data, w.nbytes), 0);
+      }
+    }
+  }
+
+  // A load through faults `kind` x `count` after the header probe (the plan
+  // lets the first ranged GET, the header's, by): it succeeds byte-exact
+  // with one retry per fault, and the server counts the faults.
+  ObjectStoreReport ExpectRetriedThrough(const std::string& kind, int count) {
+    ObjectStoreReport report;
+    Serve("ok:1," + kind + ":" + std::to_string(count));
+    if (!server_->ok()) return report;
+    const auto start = Clock::now();
+    LoadByteExact(&report);
+    const double seconds = SecondsSince(start);
+    const auto stats = server_->Stats();
+    EXPECT_EQ(stats.at("fault_" + kind), static_cast<uint64_t>(count));
+    EXPECT_EQ(stats.at("faults"), static_cast<uint64_t>(count));
+    EXPECT_GE(report.retries, stats.at("faults"));
+    EXPECT_EQ(report.retries, static_cast<uint64_t>(count));  // One retry per fault, no more.
+    EXPECT_GT(report.requests, 4u);
+    // Every data GET, plus the header's, plus the faulted ones again.
+    EXPECT_EQ(stats.at("ranged_gets"), 1 + report.requests + count);
+    RecordProperty("load_seconds", std::to_string(seconds));
+    std::printf("[ info ] %s x%d: %llu requests, %llu retries, %.2f s\n", kind.c_str(), count,
+                static_cast<unsigned long long>(report.requests),
+                static_cast<unsigned long long>(report.retries), seconds);
+    return report;
+  }
+
+  ScratchDir root_{"tl_s3_faults"};
+  std::unique_ptr<MotoFaultServer> server_;
+  ObjectStoreOptions store_;
+  uint64_t loaded_bytes_ = 0;  // By LoadByteExact.
+  ScopedEnv key_{"AWS_ACCESS_KEY_ID", testing::kS3AccessKey};
+  ScopedEnv secret_{"AWS_SECRET_ACCESS_KEY", testing::kS3SecretKey};
+  ScopedEnv token_{"AWS_SESSION_TOKEN", nullptr};
+  ScopedEnv profile_{"AWS_PROFILE", nullptr};
+  ScopedEnv endpoint_{"AWS_ENDPOINT_URL", nullptr};
+  ScopedEnv region_{"AWS_REGION", nullptr};
+};
+
+TEST_F(S3FaultsTest, SlowDown503ThenSuccess) { ExpectRetriedThrough("503", 3); }
+
+TEST_F(S3FaultsTest, InternalError500ThenSuccess) { ExpectRetriedThrough("500", 2); }
+
+TEST_F(S3FaultsTest, ShortBodiesThenSuccess) {
+  const ObjectStoreReport report = ExpectRetriedThrough("short", 2);
+  // The half bodies were received (and counted) before the retries.
+  EXPECT_GT(report.bytes, loaded_bytes_);
+}
+
+TEST_F(S3FaultsTest, ResetsThenSuccess) { ExpectRetriedThrough("reset", 2); }
+
+// Every kind of fault, mixed, through the raw client: one retry each, every
+// range byte-exact, over one connection and over several.
+TEST_F(S3FaultsTest, RawClientRetriesEveryKindByteExact) {
+  const std::string bytes = ReadFile(root_.File("s3/models/mixed/model.safetensors"));
+  ASSERT_GT(bytes.size(), 600000u);
+  for (int connections : {1, 4}) {
+    SCOPED_TRACE(connections);
+    Serve("503:2,500:2,short:2,reset:2");
+    // A retry goes first once its backoff is over, so over one connection one
+    // range can meet every fault in turn: enough retries for that.
+    auto client = Client(/*retries=*/8, connections);
+    ASSERT_NE(client, nullptr);
+    const uint64_t piece = 50000;
+    std::vector<std::string> got(12, std::string(piece, '\0'));
+    std::vector<RangeRequest> requests;
+    for (size_t i = 0; i < got.size(); ++i) {
+      requests.push_back({"models", "mixed/model.safetensors", 1 + i * piece, piece,
+                          reinterpret_cast<std::byte*>(got[i].data())});
+    }
+    const auto start = Clock::now();
+    ASSERT_OK(client->GetRanges(requests));
+    const double seconds = SecondsSince(start);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], bytes.substr(1 + i * piece, piece)) << "range " << i;
+    }
+    EXPECT_EQ(client->retries(), 8u);
+    EXPECT_EQ(server_->Stat("faults"), 8u);
+    EXPECT_EQ(server_->Stat("ranged_gets"), 20u);
+    // The short and reset bodies' bytes were received too.
+    EXPECT_GT(client->bytes_received(), got.size() * piece);
+    std::printf("[ info ] %d connection(s): 12 ranges through 8 faults in %.2f s\n", connections,
+                seconds);
+  }
+}
+
+// A transfer that stalls under the low-speed limit times out and is retried.
+TEST_F(S3FaultsTest, AStalledTransferTimesOutAndIsRetried) {
+  Serve("slow:1", /*slow_seconds=*/6);
+  auto client = Client(/*retries=*/2, 1, /*low_speed_timeout_s=*/1);
+  ASSERT_NE(client, nullptr);
+  const std::string bytes = ReadFile(root_.File("s3/models/mixed/model.safetensors"));
+  std::string got(100000, '\0');
+  RangeRequest r{"models", "mixed/model.safetensors", 1000, got.size(),
+                 reinterpret_cast<std::byte*>(got.data())};
+  const auto start = Clock::now();
+  ASSERT_OK(client->GetRanges({&r, 1}));
+  const double seconds = SecondsSince(start);
+  EXPECT_EQ(got, bytes.substr(1000, got.size()));
+  EXPECT_EQ(client->retries(), 1u);
+  EXPECT_EQ(server_->Stat("fault_slow"), 1u);
+  EXPECT_LT(seconds, 6.0);  // The stall was cut short, not waited out.
+  std::printf("[ info ] stalled transfer retried after %.2f s\n", seconds);
+}
+
+// With no retries, each fault is the error itself, naming the object, the
+// range and the HTTP status or the curl error.
+TEST_F(S3FaultsTest, EachFaultNamedWhenNotRetried) {
+  Serve("503:1,500:1,short:1,reset:1,slow:1", /*slow_seconds=*/4);
+  auto client = Client(/*retries=*/0, 1, /*low_speed_timeout_s=*/1);
+  ASSERT_NE(client, nullptr);
+  const std::vector<std::vector<std::string>> expected = {
+      {"HTTP 503 SlowDown", "Please reduce your request rate"},
+      {"HTTP 500 InternalError"},
+      {"Transferred a partial file", "transfer closed with"},
+      {"Failure when receiving data from the peer", "Connection reset by peer"},
+      {"Timeout was reached", "Operation too slow"},
+  };
+  std::string got(100000, '\0');
+  for (const auto& want : expected) {
+    RangeRequest r{"models", "mixed/model.safetensors", 4096, got.size(),
+                   reinterpret_cast<std::byte*>(got.data())};
+    const Status st = client->GetRanges({&r, 1});
+    ASSERT_FALSE(st.ok()) << want[0];
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+    EXPECT_THAT(st.message(),
+                AllOf(HasSubstr("GET s3://models/mixed/model.safetensors bytes [4096, 104096)"),
+                      HasSubstr(server_->endpoint()), HasSubstr("failed 1 time")));
+    for (const auto& w : want) EXPECT_THAT(st.message(), HasSubstr(w));
+    std::printf("[ info ] %s\n", st.message().c_str());
+  }
+  EXPECT_EQ(client->retries(), 0u);
+  EXPECT_EQ(server_->Stat("faults"), 5u);
+}
+
+// More faults than retries: one clear error naming the object and the
+// cause, and no tensors.
+TEST_F(S3FaultsTest, MoreFaultsThanRetriesIsAClearError) {
+  struct Case {
+    const char* plan;
+    const char* cause;
+  };
+  for (const Case& c : {Case{"ok:1,503:20", "HTTP 503 SlowDown"},
+                        Case{"ok:1,reset:20", "Failure when receiving data from the peer"}}) {
+    SCOPED_TRACE(c.plan);
+    Serve(c.plan);
+    ObjectStoreOptions few = store_;
+    few.retries = 1;
+    few.max_in_flight_bytes = few.request_bytes;  // One connection: the faults hit one range.
+    ObjectStoreReport report;
+    const auto start = Clock::now();
+    auto got = LoadFromObjectStore(kModel, {}, few, &report);
+    const double seconds = SecondsSince(start);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+    EXPECT_THAT(got.status().message(), AllOf(HasSubstr(kModel), HasSubstr("failed 2 times"),
+                                              HasSubstr(c.cause), HasSubstr(server_->endpoint())));
+    // Other ranges run while a failed one waits out its backoff, so more than
+    // the two attempts of the range named may have met faults.
+    EXPECT_GE(server_->Stat("faults"), 2u);
+    EXPECT_EQ(server_->Stat("served"), 1u);  // Only the header probe got through.
+    std::printf("[ info ] %.2f s: %s\n", seconds, got.status().ToString().c_str());
+  }
+}
+
+// The server killed while a 64 MB object is being fetched (1 MB requests,
+// 2 connections): an error naming the endpoint within a bounded time.
+TEST_F(S3FaultsTest, AServerKilledMidLoadIsAnErrorNotAHang) {
+  const std::string big = root_.File("s3/models/big.safetensors");
+  WriteRaw(big, {Random("w", Dtype::kU8, {64ull << 20}, 5)});
+  Serve("none");
+  ObjectStoreOptions store = store_;
+  store.request_bytes = 1 << 20;
+  store.max_in_flight_bytes = 2 << 20;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t first_bytes = 0;
+  std::thread killer([&] {
+    std::unique_lock lock(mu);
+    if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return first_bytes > 0; })) return;
+    server_->Kill();
+  });
+  LoadOptions options;
+  uint64_t last_done = 0;
+  options.progress = [&](const Progress& p) {
+    last_done = p.bytes_done;
+    if (p.bytes_done == 0) return;
+    std::lock_guard lock(mu);
+    if (first_bytes == 0) {
+      first_bytes = p.bytes_done;
+      cv.notify_all();
+    }
+  };
+  const auto start = Clock::now();
+  auto got = LoadFromObjectStore("s3://models/big.safetensors", options, store);
+  const double seconds = SecondsSince(start);
+  {
+    std::lock_guard lock(mu);
+    if (first_bytes == 0) first_bytes = 1;  // Let the killer go.
+    cv.notify_all();
+  }
+  killer.join();
+  ASSERT_FALSE(got.ok()) << "the load finished before the kill (" << last_done << " bytes)";
+  EXPECT_LT(seconds, 60.0);
+  EXPECT_LT(last_done, 64ull << 20);
+  EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+  EXPECT_THAT(got.status().message(),
+              AllOf(HasSubstr("s3://models/big.safetensors"), HasSubstr(server_->endpoint())));
+  std::printf("[ info ] killed after %llu bytes; error after %.2f s: %s\n",
+              static_cast<unsigned long long>(first_bytes), seconds,
+              got.status().ToString().c_str());
+}
+
+}  // namespace
+}  // namespace tensorlift
