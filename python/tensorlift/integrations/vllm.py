@@ -100,9 +100,23 @@ def _make_loader_class():
             return sorted(files, key=natural_key)
 
         def download_model(self, model_config: ModelConfig) -> None:
-            self._files(model_config.model, model_config.revision)
+            if not _weights_url(model_config):
+                self._files(model_config.model, model_config.revision)
 
         def _weights(self, model: nn.Module, model_config: ModelConfig, device: str):
+            url = _weights_url(model_config)
+            if url:
+                # An s3:// or gs:// model: vLLM pulled its config and tokenizer into a local
+                # directory (model_config.model); the weights stream from the bucket, each rank
+                # fetching the whole checkpoint onto its device.
+                from .._stream import shard_files, stream
+                if "mode" in self.options and self.options["mode"] != "auto":
+                    raise ValueError(f"{FORMAT}: mode applies to local files; {url} is in object storage")
+                logger.info("tensorlift: weights from %s", url)
+                yield from stream(shard_files(url), device=device, filter=self.options.get("filter"),
+                                  threads=self.options.get("threads"), progress=self.options.get("progress", False),
+                                  piece_bytes=GROUP_BYTES)
+                return
             sources = [("", model_config.model, model_config.revision, None,
                         getattr(model, "allow_patterns_overrides", None))]
             for s in getattr(model, "secondary_weights", ()):
@@ -157,13 +171,56 @@ def _make_loader_class():
     return TensorliftModelLoader
 
 
+def _weights_url(model_config) -> str:
+    """The s3:// or gs:// URL of the model's weights ("" for a local or Hugging Face model): vLLM
+    keeps it in model_weights once it has pulled the config and tokenizer to a local directory."""
+    from .._core import is_object_url
+    url = getattr(model_config, "model_weights", "") or ""
+    return url if is_object_url(url) else ""
+
+
+def _allow_object_storage() -> None:
+    """Lets `vllm serve s3://bucket/model --load-format tensorlift` start.
+
+    vLLM (0.32) pulls an object-storage model's config and tokenizer to a local directory for any
+    load format (ModelConfig, with runai-model-streamer), and then, in
+    VllmConfig.try_verify_and_update_config, refuses every load format but its own object-storage
+    ones. tensorlift reads object storage itself, so during that check (only) a tensorlift load
+    format reads as runai_streamer, the check's one use of it; anything else is vLLM's as is. A
+    vLLM without that method is left alone."""
+    try:
+        from vllm.config.vllm import VllmConfig
+    except ImportError:
+        return
+    check = getattr(VllmConfig, "try_verify_and_update_config", None)
+    if check is None or getattr(check, "_tensorlift", False):
+        return
+
+    def try_verify_and_update_config(self):
+        load_config = getattr(self, "load_config", None)
+        model_config = getattr(self, "model_config", None)
+        if (load_config is not None and load_config.load_format == "tensorlift" and model_config is not None
+                and _weights_url(model_config)):
+            load_config.load_format = "runai_streamer"
+            try:
+                return check(self)
+            finally:
+                load_config.load_format = "tensorlift"
+        return check(self)
+
+    try_verify_and_update_config._tensorlift = True
+    VllmConfig.try_verify_and_update_config = try_verify_and_update_config
+
+
 _registered = None
 
 
 def register() -> None:
-    """The vllm.general_plugins entry point: registers --load-format tensorlift."""
+    """The vllm.general_plugins entry point: registers --load-format tensorlift (and lets it take
+    s3:// and gs:// models)."""
     global _registered
     if _registered is not None:
         return
     from vllm.model_executor.model_loader import register_model_loader
     _registered = register_model_loader("tensorlift")(_make_loader_class())
+    _allow_object_storage()
