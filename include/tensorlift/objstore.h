@@ -93,6 +93,12 @@ Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& checkpoint,
                                              const ObjectStoreOptions& store = {},
                                              ObjectStoreReport* report = nullptr);
 
+// Bytes [offset, offset + bytes) of the object at `url` into `dst` (ranged
+// GETs, retried as a load's are): for reads of part of a tensor (safe_open's
+// slices). An error when the object is shorter.
+Status ReadObjectStoreRange(const std::string& url, uint64_t offset, uint64_t bytes, void* dst,
+                            const ObjectStoreOptions& store = {});
+
 // A fallback loader for peer loads (PeerLoadOptions::fallback_loader): s3://
 // and gs:// paths through LoadFromObjectStore with `store`, others through
 // Load.

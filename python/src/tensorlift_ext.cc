@@ -702,6 +702,19 @@ void BindServing(nb::module_& m) {
         "Loads `path` (onto `device`) and serves this rank's tensors to peers.");
   m.def("serve_loaded", &ServeLoadedPy, nb::arg("loaded"), nb::arg("key"), TL_SERVE_ARGS,
         "Serves tensors already loaded (whole tensors).");
+  m.def(
+      "read_object_range",
+      [](const std::string& url, uint64_t offset, uintptr_t address, uint64_t nbytes) {
+        Status st;
+        {
+          nb::gil_scoped_release nogil;
+          st = ReadObjectStoreRange(url, offset, nbytes, reinterpret_cast<void*>(address));
+        }
+        if (!st.ok()) Raise(st);
+      },
+      nb::arg("url"), nb::arg("offset"), nb::arg("address"), nb::arg("nbytes"),
+      "Fills nbytes bytes at `address` (host memory the caller owns) with bytes [offset, "
+      "offset + nbytes) of the object at url (s3://, gs://).");
   m.def("serve_buffers", &ServeBuffersPy, nb::arg("tensors"), nb::arg("keep_alive"), nb::arg("key"),
         TL_SERVE_ARGS,
         "Serves host or device buffers: (name, dtype, shape, data_ptr, shard_dim, "

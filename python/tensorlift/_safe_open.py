@@ -224,6 +224,63 @@ class _PeerFile:
         return {n: tensor_from(self.loaded, n, framework) for n in self.order}
 
 
+class _ObjectFile:
+    """safe_open's file for an s3:// or gs:// object: the header fetched and validated at open
+    (one small ranged GET), each tensor fetched when asked for (its byte range, with parallel
+    ranged GETs for a large one), a slice's rows fetched alone (docs/object-storage.md)."""
+
+    __slots__ = ("name", "ckpt", "metadata", "order", "info", "data_offset", "__weakref__")
+
+    def __init__(self, url: str):
+        self.name = url
+        self.ckpt = Checkpoint.open(url)
+        if self.ckpt.shards() != [url]:
+            raise IsADirectoryError(21, "Is a prefix or an index (safe_open reads one .safetensors object)", url)
+        self.metadata = self.ckpt.metadata(0)
+        self.data_offset = self.ckpt.data_offset(0)
+        tensors = self.ckpt.shard_tensors(0)  # File (offset) order.
+        self.order = [t[0] for t in tensors]
+        self.info: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {
+            t[0]: (t[1], tuple(t[2]), t[3], t[4]) for t in tensors}
+
+    def lookup(self, name: str):
+        try:
+            return self.info[name]
+        except (KeyError, TypeError):
+            raise _TensorNotFound(f"File does not contain tensor {name}") from None
+
+    def read_range(self, framework: str, offset: int, nbytes: int):
+        """An owned 1-D uint8 tensor or array of `nbytes` bytes at data offset `offset`."""
+        from ._tensorlift import read_object_range
+        if framework == "pt":
+            import torch
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+            address = raw.data_ptr()
+        else:
+            raw = np.empty(nbytes, dtype=np.uint8)
+            address = raw.ctypes.data
+        if nbytes:
+            read_object_range(self.name, self.data_offset + offset, address, nbytes)
+        return raw
+
+    def read_tensor(self, name: str, framework: str):
+        self.lookup(name)
+        loaded = self.ckpt.load(names=[name], decode_sparse=False)
+        try:
+            return tensor_from(loaded, name, framework)
+        finally:
+            loaded.release()
+
+    def read_all(self, framework: str) -> Dict[str, Any]:
+        if not self.order:
+            return {}
+        loaded = self.ckpt.load(decode_sparse=False)
+        try:
+            return {name: tensor_from(loaded, name, framework) for name in self.order}
+        finally:
+            loaded.release()
+
+
 def _view(raw, dtype: str, shape, framework: str):
     if framework == "pt":
         return _dtypes.torch_view(raw, dtype, shape)
@@ -415,8 +472,10 @@ class safe_open:
 
     safe_open(filename, framework, device="cpu", *, backend="mmap")
 
-    filename: a .safetensors file, or a tensorlift.remote.Peer (its tensors
-    are pulled once, verified, and served from memory; metadata() is None).
+    filename: a .safetensors file, an s3:// or gs:// object (its header
+    fetched at open, each tensor or slice fetched when asked for), or a
+    tensorlift.remote.Peer (its tensors are pulled once, verified, and served
+    from memory; metadata() is None).
     framework: "pt" (also "torch", "pytorch") or "np" (also "numpy").
     device: "cpu"; with "pt", any torch device (tensors are read into host
     memory, then moved). backend: accepted for compatibility ("mmap" or
@@ -431,8 +490,14 @@ class safe_open:
 
     def __init__(self, filename, framework, device="cpu", *, backend: str = "mmap"):
         self._arguments(framework, device, backend)
+        from ._core import is_object_url
         from .remote import Peer
-        self._file = _PeerFile(filename) if isinstance(filename, Peer) else _OpenFile(filename)
+        if isinstance(filename, Peer):
+            self._file = _PeerFile(filename)
+        elif is_object_url(filename):
+            self._file = _ObjectFile(filename)
+        else:
+            self._file = _OpenFile(filename)
 
     def _arguments(self, framework, device, backend: str = "mmap") -> None:
         self._file = None

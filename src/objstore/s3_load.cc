@@ -211,6 +211,21 @@ uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 bool IsObjectStoreUrl(std::string_view path) { return objstore::IsObjectUrl(path); }
 
+Status ReadObjectStoreRange(const std::string& url, uint64_t offset, uint64_t bytes, void* dst,
+                            const ObjectStoreOptions& store) {
+  if (bytes == 0) return Status::Ok();
+  if (dst == nullptr) return InvalidArgumentError("ReadObjectStoreRange: no destination");
+  TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
+  std::vector<RangeRequest> requests;
+  for (uint64_t off = 0; off < bytes; off += store.request_bytes) {
+    requests.push_back({parsed.bucket, parsed.key, offset + off,
+                        std::min(store.request_bytes, bytes - off),
+                        static_cast<std::byte*>(dst) + off});
+  }
+  return client->GetRanges(requests);
+}
+
 std::function<Result<LoadedCheckpoint>(const std::string& path, const LoadOptions& options)>
 ObjectStoreFallback(const ObjectStoreOptions& store) {
   return [store](const std::string& path, const LoadOptions& options) {

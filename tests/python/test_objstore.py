@@ -151,3 +151,28 @@ def test_stream_from_s3(aws_env):
     want = load_file(str(root / "models" / "tiny" / "model.safetensors"))
     got = dict(tensorlift.stream("s3://models/tiny", piece_bytes=1))  # a piece per tensor
     assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
+
+
+def test_safe_open_and_load_file_on_s3(aws_env):
+    import tensorlift.numpy
+    import tensorlift.torch
+    root, _ = aws_env
+    local = str(root / "models" / "tiny" / "model.safetensors")
+    url = "s3://models/tiny/model.safetensors"
+    want = load_file(local)
+    got = tensorlift.torch.load_file(url)
+    assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
+    assert sorted(tensorlift.numpy.load_file(url)) == sorted(want)
+    from safetensors import safe_open as ref_open
+    with tensorlift.safe_open(url, framework="pt") as f, ref_open(local, framework="pt") as r:
+        assert f.keys() == r.keys() and f.metadata() == r.metadata()
+        assert torch.equal(f.get_tensor("a"), r.get_tensor("a"))
+        assert torch.equal(f.get_slice("a")[3:9, 2:5], r.get_slice("a")[3:9, 2:5])  # rows 3..8 fetched
+        assert torch.equal(f.get_slice("c")[1:2], r.get_slice("c")[1:2])
+        assert f.get_slice("b").get_shape() == [10]
+        with pytest.raises(KeyError):
+            f.get_tensor("nope")
+    with pytest.raises(IsADirectoryError):
+        tensorlift.safe_open("s3://models/tiny", framework="pt")
+    with pytest.raises(FileNotFoundError):
+        tensorlift.safe_open("s3://models/tiny/nope.safetensors", framework="np")
