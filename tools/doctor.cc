@@ -91,6 +91,9 @@ void PrintText(const CapabilityReport& r) {
   std::printf("UCX (peer loading): %s\n", rc.ucx_built
                                               ? ("built, " + rc.ucx_version).c_str()
                                               : ("not built (" + rc.ucx_reason + ")").c_str());
+  std::printf("S3 client (object storage): %s\n",
+              rc.s3_built ? ("built, " + rc.s3_version).c_str()
+                          : ("not built (" + rc.s3_reason + ")").c_str());
   std::printf("etcd (registry tests): %s\n", rc.etcd.empty() ? "not on PATH" : rc.etcd.c_str());
 }
 
@@ -147,7 +150,9 @@ void PrintJson(const CapabilityReport& r) {
   const RemoteCapabilities& rc = r.remote;
   out += ",\"remote\":{\"ucx_built\":" + std::string(JsonBool(rc.ucx_built)) +
          ",\"ucx_version\":" + JsonOrNull(rc.ucx_version) +
-         ",\"ucx_reason\":" + JsonOrNull(rc.ucx_reason) + ",\"etcd\":" + JsonOrNull(rc.etcd) + "}}";
+         ",\"ucx_reason\":" + JsonOrNull(rc.ucx_reason) + ",\"s3_built\":" + JsonBool(rc.s3_built) +
+         ",\"s3_version\":" + JsonOrNull(rc.s3_version) +
+         ",\"s3_reason\":" + JsonOrNull(rc.s3_reason) + ",\"etcd\":" + JsonOrNull(rc.etcd) + "}}";
   std::printf("%s\n", out.c_str());
 }
 

@@ -89,6 +89,9 @@ struct RemoteCapabilities {
   bool ucx_built = false;   // The UCX data plane was compiled in (peer loading).
   std::string ucx_version;  // "1.13.1", when built.
   std::string ucx_reason;   // Why not built.
+  bool s3_built = false;    // The S3 client (object storage) was compiled in.
+  std::string s3_version;   // "libcurl 7.88.1, OpenSSL/3.0.19", when built.
+  std::string s3_reason;    // Why not built.
   std::string etcd;         // The etcd binary on PATH (for tests), or empty.
 };
 

@@ -16,6 +16,7 @@
 #include "device/cuda_info.h"
 #include "io/cufile.h"
 #include "io/read_op.h"
+#include "objstore/s3_client.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/communicator.h"
 #include "tensorlift/version.h"
@@ -177,6 +178,12 @@ RemoteCapabilities QueryRemoteCapabilities() {
   RemoteCapabilities c;
   c.ucx_built = remote::UcxBuilt();
   (c.ucx_built ? c.ucx_version : c.ucx_reason) = remote::UcxVersion();
+  if (Result<std::string> s3 = objstore::S3ClientVersion(); s3.ok()) {
+    c.s3_built = true;
+    c.s3_version = *s3;
+  } else {
+    c.s3_reason = s3.status().message();
+  }
   const char* path = std::getenv("PATH");
   std::string dirs = path ? path : "/usr/bin:/bin";
   for (size_t begin = 0; begin <= dirs.size();) {

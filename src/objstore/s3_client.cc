@@ -1100,4 +1100,12 @@ Result<std::unique_ptr<S3Client>> S3Client::Create(const S3Settings& settings) {
   return std::unique_ptr<S3Client>(std::move(client));
 }
 
+Result<std::string> S3ClientVersion() {
+  const curl_version_info_data* info = curl_version_info(CURLVERSION_NOW);
+  if (info == nullptr) return InternalError("curl_version_info failed");
+  std::string v = std::string("libcurl ") + (info->version ? info->version : "?");
+  v += info->ssl_version ? std::string(", ") + info->ssl_version : std::string(", no TLS");
+  return v;
+}
+
 }  // namespace tensorlift::objstore

@@ -114,6 +114,10 @@ struct RangeRequest {
   std::byte* dst = nullptr;
 };
 
+// "libcurl 7.88.1, OpenSSL/3.0.19" (the library loaded, and its TLS), or
+// Unimplemented with the reason when built without the client.
+Result<std::string> S3ClientVersion();
+
 class S3Client {
  public:
   static Result<std::unique_ptr<S3Client>> Create(const S3Settings& settings);

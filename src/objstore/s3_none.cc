@@ -9,4 +9,8 @@ Result<std::unique_ptr<S3Client>> S3Client::Create(const S3Settings& settings) {
       "tensorlift was built without the S3 client: " TENSORLIFT_NO_CURL_REASON);
 }
 
+Result<std::string> S3ClientVersion() {
+  return UnimplementedError("built without the S3 client: " TENSORLIFT_NO_CURL_REASON);
+}
+
 }  // namespace tensorlift::objstore

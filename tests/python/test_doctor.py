@@ -110,3 +110,5 @@ def test_peer_loading_is_reported():
     if remote["ucx_built"]:
         assert f"UCX (peer loading): built, {remote['ucx_version']}" in text
     assert ("etcd (registry tests): " + (remote["etcd"] or "not on PATH")) in text
+    assert remote["s3_built"] and remote["s3_version"].startswith("libcurl ")  # libcurl4-openssl-dev: setup.sh
+    assert f"S3 client (object storage): built, {remote['s3_version']}" in text
