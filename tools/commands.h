@@ -22,7 +22,8 @@ struct StoreArgs {
   std::string endpoint;  // --endpoint-url
   std::string region;
   std::string profile;
-  bool no_sign = false;  // --no-sign-request: public buckets.
+  bool no_sign = false;   // --no-sign-request: public buckets.
+  std::string cache_dir;  // --cache-dir (load): a write-through cache of whole objects.
   ObjectStoreOptions ToOptions() const;
 };
 // A checkpoint on local disk or, for s3:// and gs:// paths, in a bucket.

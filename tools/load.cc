@@ -30,6 +30,7 @@ ObjectStoreOptions StoreArgs::ToOptions() const {
   o.region = region;
   o.profile = profile;
   o.anonymous = no_sign;
+  o.cache_dir = cache_dir;
   return o;
 }
 

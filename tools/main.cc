@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
                    "File, model.safetensors.index.json, or directory; or s3://bucket/key-or-prefix")
       ->required();
   AddStoreOptions(load, &load_args.store);
+  load->add_option("--cache-dir", load_args.store.cache_dir,
+                   "s3:// paths: keep whole objects in DIR and read them from there while the "
+                   "bucket lists the same ETag");
   load->add_option("--filter", load_args.filter, "Load only tensors whose name matches this regex");
   load->add_option("--mode", load_args.mode, "I/O mode")
       ->check(CLI::IsMember({"auto", "buffered", "direct", "mmap"}))

@@ -60,6 +60,12 @@ struct ObjectStoreOptions {
   // together, then packed. Other tensors come back whole.
   TensorParallel parallel;
   std::string layout;
+  // A write-through cache directory ("": none). An object whose every tensor
+  // a load fetched is written to DIR/BUCKET/KEY (with KEY.tl-etag: its size
+  // and ETag); a later load reads that copy from disk while the bucket lists
+  // the same size and ETag for the object. Whole-object loads only (not with
+  // parallel.size > 1), and LoadFromObjectStore(url) only.
+  std::string cache_dir;
 };
 
 // What a load from object storage did.

@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -46,7 +49,7 @@ class S3Store final : public CheckpointStore {
     if (!url.key.empty() && !url.key.ends_with('/')) {
       Result<objstore::ObjectInfo> head = client_.Head(url.bucket, url.key);
       if (head.ok()) {
-        Remember(path, head->size);
+        Remember(path, head->size, head->etag);
         return false;
       }
       if (head.status().code() != StatusCode::kNotFound) return head.status();
@@ -66,7 +69,7 @@ class S3Store final : public CheckpointStore {
     for (const auto& o : objects) {
       if (o.key.size() <= prefix.size()) continue;
       entries.push_back({o.key.substr(prefix.size()), false});
-      Remember(Join(path, entries.back().name), o.size);
+      Remember(Join(path, entries.back().name), o.size, o.etag);
     }
     return entries;
   }
@@ -102,9 +105,29 @@ class S3Store final : public CheckpointStore {
                         prefix.data() + kHeaderProbeBytes};
       TL_RETURN_IF_ERROR(client_.GetRanges({&rest, 1}));
     }
-    return Header::ParsePrefix(prefix, size);  // Checks n against the limits.
+    TL_ASSIGN_OR_RETURN(Header header, Header::ParsePrefix(prefix, size));  // Checks n.
+    prefix.resize(8 + header.header_size());
+    std::lock_guard lock(mu_);
+    objects_[path].header = std::move(prefix);
+    return header;
   }
 
+ public:
+  // What the listing or a HEAD said of the object at `path`, and its header's
+  // bytes once read (for the cache).
+  struct Object {
+    uint64_t size = 0;
+    std::string etag;
+    std::vector<std::byte> header;
+    bool known = false;
+  };
+  Object Seen(const std::string& path) {
+    std::lock_guard lock(mu_);
+    auto it = objects_.find(path);
+    return it == objects_.end() ? Object{} : it->second;
+  }
+
+ private:
   Result<ObjectUrl> Parse(const std::string& path) const {
     TL_ASSIGN_OR_RETURN(ObjectUrl url, objstore::ParseObjectUrl(path));
     if (url.bucket != bucket_ || url.scheme != scheme_) {
@@ -124,25 +147,91 @@ class S3Store final : public CheckpointStore {
     return client_.List(url.bucket, Prefix(url.key), "/");
   }
 
-  void Remember(const std::string& path, uint64_t size) {
+  void Remember(const std::string& path, uint64_t size, const std::string& etag) {
     std::lock_guard lock(mu_);
-    sizes_[path] = size;
+    Object& o = objects_[path];
+    o.size = size;
+    o.etag = etag;
+    o.known = true;
   }
 
   Result<uint64_t> SizeOf(const std::string& path, const ObjectUrl& url) {
     {
       std::lock_guard lock(mu_);
-      if (auto it = sizes_.find(path); it != sizes_.end()) return it->second;
+      if (auto it = objects_.find(path); it != objects_.end() && it->second.known) {
+        return it->second.size;
+      }
     }
     TL_ASSIGN_OR_RETURN(objstore::ObjectInfo info, client_.Head(url.bucket, url.key));
-    Remember(path, info.size);
+    Remember(path, info.size, info.etag);
     return info.size;
   }
 
   S3Client& client_;
   std::string scheme_, bucket_;
   std::mutex mu_;
-  std::map<std::string, uint64_t> sizes_;
+  std::map<std::string, Object> objects_;
+};
+
+// The write-through cache (ObjectStoreOptions::cache_dir): an object's copy
+// at DIR/BUCKET/KEY, valid while DIR/BUCKET/KEY.tl-etag holds the object's
+// size and ETag as the bucket lists them now.
+struct Cache {
+  std::string dir;
+  S3Store* store = nullptr;
+
+  std::string PathOf(const std::string& url) const {
+    Result<ObjectUrl> u = objstore::ParseObjectUrl(url);
+    return u.ok() ? dir + "/" + u->bucket + "/" + u->key : std::string();
+  }
+  static std::string Stamp(const S3Store::Object& o) {
+    return std::to_string(o.size) + " " + o.etag + "\n";
+  }
+  // The cached copy of `url` when it is current, else "".
+  std::string Hit(const std::string& url) const {
+    const S3Store::Object o = store->Seen(url);
+    const std::string path = PathOf(url);
+    if (!o.known || o.etag.empty() || path.empty()) return "";
+    std::error_code ec;
+    if (std::filesystem::file_size(path, ec) != o.size || ec) return "";
+    std::ifstream stamp(path + ".tl-etag");
+    std::string text((std::istreambuf_iterator<char>(stamp)), std::istreambuf_iterator<char>());
+    return text == Stamp(o) ? path : "";
+  }
+  // Writes the object from its header bytes and `data` (the pieces of its
+  // whole data section in order, which starts at file offset data_offset),
+  // through a temporary file renamed into place, then its stamp.
+  Status Write(const std::string& url,
+               const std::vector<std::pair<const std::byte*, uint64_t>>& data,
+               uint64_t data_offset) const {
+    const S3Store::Object o = store->Seen(url);
+    const std::string path = PathOf(url);
+    if (!o.known || o.etag.empty() || o.header.size() != data_offset || path.empty()) {
+      return UnavailableError("the object's ETag or header is not known");
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    if (ec) return IOError("cannot create " + path + "'s directory: " + ec.message());
+    const std::string tmp = path + ".tl-partial";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(o.header.data()),
+              static_cast<std::streamsize>(o.header.size()));
+      for (const auto& [bytes, n] : data) {
+        f.write(reinterpret_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+      }
+      f.close();
+      if (!f) return IOError("cannot write " + tmp);
+    }
+    std::filesystem::remove(path + ".tl-etag", ec);
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) return IOError("cannot rename " + tmp + ": " + ec.message());
+    std::ofstream stamp(path + ".tl-etag", std::ios::trunc);
+    stamp << Stamp(o);
+    stamp.close();
+    if (!stamp) return IOError("cannot write " + path + ".tl-etag");
+    return Status::Ok();
+  }
 };
 
 objstore::S3Overrides OverridesFrom(const ObjectStoreOptions& o) {
@@ -246,7 +335,7 @@ namespace {
 Result<LoadedCheckpoint> LoadWith(S3Client& client, const Checkpoint& ckpt,
                                   const LoadOptions& options, const ObjectStoreOptions& store,
                                   ObjectStoreReport* report,
-                                  std::chrono::steady_clock::time_point start);
+                                  std::chrono::steady_clock::time_point start, const Cache* cache);
 
 }  // namespace
 
@@ -261,7 +350,9 @@ Result<LoadedCheckpoint> LoadFromObjectStore(const std::string& url, const LoadO
   TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
   S3Store files(*client, parsed.scheme, parsed.bucket);
   TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(url, files));
-  return LoadWith(*client, ckpt, options, store, report, start);
+  Cache cache{store.cache_dir, &files};
+  return LoadWith(*client, ckpt, options, store, report, start,
+                  store.cache_dir.empty() ? nullptr : &cache);
 }
 
 Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& ckpt, const LoadOptions& options,
@@ -269,9 +360,14 @@ Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& ckpt, const LoadO
                                              ObjectStoreReport* report) {
   const auto start = std::chrono::steady_clock::now();
   TL_RETURN_IF_ERROR(RefuseDiskOnlyOptions(options));
+  if (!store.cache_dir.empty()) {
+    return InvalidArgumentError(
+        "object storage: cache_dir needs LoadFromObjectStore(url), which lists the objects' "
+        "ETags; this checkpoint was opened before");
+  }
   TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(ckpt.path()));
   TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
-  return LoadWith(*client, ckpt, options, store, report, start);
+  return LoadWith(*client, ckpt, options, store, report, start, nullptr);
 }
 
 namespace {
@@ -279,8 +375,13 @@ namespace {
 Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
                                   const LoadOptions& options, const ObjectStoreOptions& store,
                                   ObjectStoreReport* report,
-                                  std::chrono::steady_clock::time_point start) {
+                                  std::chrono::steady_clock::time_point start, const Cache* cache) {
   S3Client* client = &client_ref;
+  if (cache && store.parallel.size > 1) {
+    return InvalidArgumentError(
+        "object storage: cache_dir keeps whole objects; a tensor-parallel rank's load fetches "
+        "slices");
+  }
   const std::string& url = ckpt.path();
   std::shared_ptr<Device> device;
   if (options.device != "cpu") {
@@ -331,9 +432,22 @@ Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
     std::byte* slot = nullptr;
   };
   std::vector<FilePlan> plans(ckpt.shards().size());
+  // Shards whose current copy is in the cache are read from it (their wanted
+  // tensors' names); the others' tensors, all wanted, are written to it.
+  std::vector<std::string> cached(ckpt.shards().size());
+  std::vector<std::vector<std::string>> cached_names(ckpt.shards().size());
+  std::vector<size_t> wanted_count(ckpt.shards().size());
+  if (cache) {
+    for (size_t s = 0; s < cached.size(); ++s) cached[s] = cache->Hit(ckpt.shards()[s].path);
+  }
   for (const auto loc : ckpt.tensors()) {
     const TensorInfo& t = ckpt.info(loc);
     if (!options.filter.Matches(t.name)) continue;
+    ++wanted_count[loc.shard];
+    if (!cached[loc.shard].empty()) {
+      cached_names[loc.shard].push_back(t.name);
+      continue;
+    }
     const int dim = store.parallel.size > 1 ? layout.DimFor(t.name) : -1;
     if (dim < 0 || dim >= static_cast<int>(t.shape.size())) {
       plans[loc.shard].whole.push_back(loc.index);
@@ -469,7 +583,47 @@ Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
   }
   progress.Report(done, true);
 
+  // Into the cache: each fetched object whose every tensor was wanted, when
+  // its runs cover its whole data section. A failed write leaves the load
+  // as it is (the report says why).
+  std::vector<std::string> cache_notes(plans.size());
+  for (size_t s = 0; cache && s < plans.size(); ++s) {
+    const FilePlan& plan = plans[s];
+    const Checkpoint::Shard& shard = ckpt.shards()[s];
+    if (!cached[s].empty() || wanted_count[s] != shard.header.tensors().size()) continue;
+    const uint64_t base = shard.header.data_offset(), end = shard.header.file_size();
+    if (end == base) continue;
+    // The runs (in file order) must tile the data section.
+    std::vector<std::pair<const std::byte*, uint64_t>> pieces;
+    uint64_t at = base;
+    for (const Run& run : plan.runs) {
+      if (run.begin != at) break;
+      pieces.emplace_back(plan.buffer->data() + run.at, run.end - run.begin);
+      at = run.end;
+    }
+    if (at != end) {
+      cache_notes[s] = "; not cached (its data section has bytes no tensor covers)";
+      continue;
+    }
+    Status w = cache->Write(shard.path, pieces, base);
+    cache_notes[s] = w.ok() ? "; written to the cache" : "; not cached: " + w.message();
+  }
+
   CheckpointBuilder out;
+  for (size_t s = 0; s < cached.size(); ++s) {
+    if (cached[s].empty() || cached_names[s].empty()) continue;
+    LoadOptions local;
+    local.filter = TensorFilter::Names(cached_names[s]);
+    local.decode_sparse = options.decode_sparse;
+    Result<LoadedCheckpoint> got = Load(cached[s], local);
+    if (!got.ok()) return got.status().WithContext(url + ": the cache");
+    const auto& owners = CheckpointBuilder::Owners(*got);
+    for (size_t i = 0; i < got->tensors().size(); ++i) out.Add(got->tensors()[i], owners[i]);
+    for (FileReport f : got->files()) {
+      f.reason = "from the cache of " + ckpt.shards()[s].path + " (" + f.reason + ")";
+      out.files().push_back(std::move(f));
+    }
+  }
   for (size_t s = 0; s < plans.size(); ++s) {
     const FilePlan& plan = plans[s];
     const Checkpoint::Shard& shard = ckpt.shards()[s];
@@ -477,7 +631,9 @@ Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
     const uint64_t base = shard.header.data_offset();
     FileReport f;
     f.path = shard.path;
-    f.reason = "object storage: " + std::to_string(plan.runs.size()) + " run(s) of ranged GETs";
+    if (!cached[s].empty()) continue;
+    f.reason = "object storage: " + std::to_string(plan.runs.size()) + " run(s) of ranged GETs" +
+               cache_notes[s];
     if (!plan.slices.empty()) {
       f.reason += ", " + std::to_string(plan.slices.size()) + " slice(s) for rank " +
                   std::to_string(store.parallel.rank) + " of " +

@@ -265,6 +265,60 @@ TEST_F(S3LoadTest, APeerLoadFallsBackToTheBucket) {
   ExpectSameAsLocal(*got, root_.File("s3/models/tp/model.safetensors"));
 }
 
+TEST_F(S3LoadTest, AWriteThroughCache) {
+  ObjectStoreOptions cached = store_;
+  cached.cache_dir = root_.File("cache");
+  const std::string shard1 = cached.cache_dir + "/models/sharded/model-00001-of-00002.safetensors";
+  const std::string shard2 = cached.cache_dir + "/models/sharded/model-00002-of-00002.safetensors";
+  // A filtered load leaves the objects it did not fetch whole out of the cache.
+  LoadOptions some;
+  some.filter = TensorFilter::Names({"layer.1.w"});
+  ASSERT_OK(LoadFromObjectStore("s3://models/sharded", some, cached));
+  EXPECT_FALSE(std::filesystem::exists(shard1));
+  EXPECT_FALSE(std::filesystem::exists(shard2));
+
+  ObjectStoreReport first, second, third;
+  auto a = LoadFromObjectStore("s3://models/sharded", {}, cached, &first);
+  ASSERT_OK(a);
+  ExpectSameAsLocal(*a, root_.File("s3/models/sharded"));
+  for (const FileReport& f : a->files()) EXPECT_THAT(f.reason, HasSubstr("written to the cache"));
+  EXPECT_EQ(
+      std::filesystem::file_size(shard1),
+      std::filesystem::file_size(root_.File("s3/models/sharded/model-00001-of-00002.safetensors")));
+
+  // Read from the cache: only the listing and the headers come over the wire.
+  auto b = LoadFromObjectStore("s3://models/sharded", {}, cached, &second);
+  ASSERT_OK(b);
+  ExpectSameAsLocal(*b, root_.File("s3/models/sharded"));
+  EXPECT_EQ(second.requests, 0u);
+  EXPECT_LT(second.bytes, first.bytes);
+  ASSERT_EQ(b->files().size(), 2u);
+  for (const FileReport& f : b->files())
+    EXPECT_THAT(f.reason, HasSubstr("from the cache of s3://"));
+
+  // A stamp that no longer matches the bucket: that object is fetched again.
+  std::ofstream(shard1 + ".tl-etag") << "1 stale\n";
+  auto c = LoadFromObjectStore("s3://models/sharded", {}, cached, &third);
+  ASSERT_OK(c);
+  ExpectSameAsLocal(*c, root_.File("s3/models/sharded"));
+  EXPECT_GT(third.requests, 0u);
+  int fetched = 0, hits = 0;
+  for (const FileReport& f : c->files()) {
+    fetched += f.reason.find("written to the cache") != std::string::npos;
+    hits += f.reason.find("from the cache of") != std::string::npos;
+  }
+  EXPECT_EQ(fetched, 1);
+  EXPECT_EQ(hits, 1);
+
+  // Not with slices, nor with a checkpoint opened before.
+  ObjectStoreOptions ranks = cached;
+  ranks.parallel = {2, 0};
+  EXPECT_FALSE(LoadFromObjectStore("s3://models/sharded", {}, ranks).ok());
+  auto ckpt = OpenObjectStoreCheckpoint("s3://models/sharded", store_);
+  ASSERT_OK(ckpt);
+  EXPECT_FALSE(LoadFromObjectStore(*ckpt, {}, cached).ok());
+}
+
 TEST_F(S3LoadTest, OntoADevice) {
   LoadOptions options;
   options.device = "emulated:0";

@@ -120,6 +120,12 @@ def test_cli_inspect_verify_and_load(aws_env, cli):
     assert remote.returncode == 0, remote.stderr
     assert remote.stdout == local.stdout and remote.stdout.count("\n") == 3
     assert "s3://models/tiny/model.safetensors: 3 tensors" in remote.stderr
+    # A write-through cache: the second load reads the local copy.
+    cache = root.parent / "cli-cache"
+    for expect in ("written to the cache", "from the cache of s3://models/tiny/model.safetensors"):
+        out = subprocess.run([str(cli), "load", "--checksum", "--cache-dir", str(cache), "s3://models/tiny"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout == local.stdout and expect in out.stderr, out.stderr
     # Settings on the command line instead of the environment.
     env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
     out = subprocess.run([str(cli), "inspect", "--endpoint-url", endpoint, "s3://models/tiny"],
