@@ -19,3 +19,4 @@ cmake --build "${TL_BUILD_DIR:-$root/build}" --target tl_sparse_decode_bench tl_
 .venv/bin/python bench/sparse/offload_bench.py --build "$build" --tokens 8 --runs "${TL_BENCH_RUNS:-3}"
 .venv/bin/python bench/remote/peer_bench.py --build "$build" --runs "${TL_BENCH_RUNS:-3}"
 bash bench/vllm/run.sh --runs "${TL_BENCH_RUNS:-3}"
+bash bench/objstore/run.sh --runs "${TL_BENCH_RUNS:-3}"

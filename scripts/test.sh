@@ -21,7 +21,7 @@ ucx_lib=$(ls "$root"/.venv-ucx/lib/python*/site-packages/libucx/lib/libucp.so.0 
 [ -n "$ucx_lib" ] && export TENSORLIFT_TEST_UCX_LIB=$ucx_lib
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
-echo "== C++ format, loader, device, dist, sparse and remote tests under ASan + UBSan (and LeakSanitizer)"
+echo "== C++ format, loader, device, dist, sparse, remote and object-storage tests under ASan + UBSan (and LeakSanitizer)"
 bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BENCH=OFF
 # intercept_tls_get_addr=0: GCC 12's sanitizer runtime (up to GCC 13 and LLVM
 # 16) takes a dynamic TLS block that happens to start 16 bytes into a page for
@@ -30,7 +30,7 @@ bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BEN
 # passed. Every process that dlopens UCX (whose libraries have TLS) is exposed:
 # CI hit it twice on 2026-11-26. Fixed upstream by LLVM's D147459; blocks
 # glibc allocates with malloc are still scanned as heap.
-ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load|device|dist|sparse|remote'
+ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load|device|dist|sparse|remote|objstore'
 
 echo "== fuzz (bounded)"
 bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
