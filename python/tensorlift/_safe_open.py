@@ -57,7 +57,19 @@ def _closed() -> _UsageError:
     return _UsageError("File is closed")
 
 
-class _OpenFile:
+class _Tensors:
+    """What safe_open's files share: `info`, name -> (dtype, shape, begin, end)."""
+
+    __slots__ = ()
+
+    def lookup(self, name: str):
+        try:
+            return self.info[name]
+        except (KeyError, TypeError):
+            raise _TensorNotFound(f"File does not contain tensor {name}") from None
+
+
+class _OpenFile(_Tensors):
     """One open, validated safetensors file, shared by a safe_open and its slices.
 
     The descriptor is closed when the last reference goes (CPython frees it at
@@ -119,11 +131,6 @@ class _OpenFile:
         except Exception:
             return e
 
-    def lookup(self, name: str):
-        try:
-            return self.info[name]
-        except (KeyError, TypeError):
-            raise _TensorNotFound(f"File does not contain tensor {name}") from None
 
     def _pread(self, buf: np.ndarray, offset: int) -> None:
         """Fills the uint8 array `buf` from the file at `offset` (short reads, EINTR handled)."""
@@ -179,7 +186,7 @@ class _OpenFile:
             loaded.release()
 
 
-class _PeerFile:
+class _PeerFile(_Tensors):
     """safe_open's file for a tensorlift.remote.Peer: the tensors pulled once
     (verified, else from the peer's fallback), laid out as one virtual data
     section in name order so that slices read byte ranges as from a file."""
@@ -198,11 +205,6 @@ class _PeerFile:
             self.info[n] = (dtype, tuple(shape), offset, offset + nbytes)
             offset += nbytes
 
-    def lookup(self, name: str):
-        try:
-            return self.info[name]
-        except (KeyError, TypeError):
-            raise _TensorNotFound(f"File does not contain tensor {name}") from None
 
     def read_range(self, framework: str, offset: int, nbytes: int):
         """A copy of `nbytes` bytes at `offset` of the virtual data section (within one tensor)."""
@@ -224,7 +226,7 @@ class _PeerFile:
         return {n: tensor_from(self.loaded, n, framework) for n in self.order}
 
 
-class _ObjectFile:
+class _ObjectFile(_Tensors):
     """safe_open's file for an s3:// or gs:// object: the header fetched and validated at open
     (one small ranged GET), each tensor fetched when asked for (its byte range, with parallel
     ranged GETs for a large one), a slice's rows fetched alone (docs/object-storage.md)."""
@@ -243,11 +245,6 @@ class _ObjectFile:
         self.info: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {
             t[0]: (t[1], tuple(t[2]), t[3], t[4]) for t in tensors}
 
-    def lookup(self, name: str):
-        try:
-            return self.info[name]
-        except (KeyError, TypeError):
-            raise _TensorNotFound(f"File does not contain tensor {name}") from None
 
     def read_range(self, framework: str, offset: int, nbytes: int):
         """An owned 1-D uint8 tensor or array of `nbytes` bytes at data offset `offset`."""

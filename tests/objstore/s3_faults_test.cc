@@ -26,6 +26,7 @@
 #include "moto_server.h"
 #include "objstore/s3_client.h"
 #include "s3_server.h"
+#include "scoped_env.h"
 #include "tensorlift/objstore.h"
 
 namespace tensorlift {
@@ -39,6 +40,7 @@ using ::testing::HasSubstr;
 using testing::MotoFaultServer;
 using testing::Random;
 using testing::RawTensor;
+using testing::ScopedEnv;
 using testing::WriteRaw;
 
 using Clock = std::chrono::steady_clock;
@@ -46,29 +48,6 @@ using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-// Sets an environment variable for the life of the object.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

@@ -14,6 +14,7 @@
 #include "../common/assert_ok.h"
 #include "../load/test_files.h"
 #include "s3_server.h"
+#include "scoped_env.h"
 #include "tensorlift/objstore.h"
 #include "tensorlift/remote.h"
 
@@ -26,30 +27,8 @@ using testing::MixedTensors;
 using testing::Random;
 using testing::RawTensor;
 using testing::RcloneS3Server;
+using testing::ScopedEnv;
 using testing::WriteRaw;
-
-// Sets an environment variable for the life of the object.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    if (value)
-      setenv(name, value, 1);
-    else
-      unsetenv(name);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 class S3LoadTest : public ::testing::Test {
  protected:
