@@ -17,7 +17,7 @@ import re
 import sys
 
 # Lowest first: a folder may include the ones before it.
-LAYERS = ["common", "kernels", "io", "format", "device", "sparse", "load", "dist", "remote", "objstore", "capabilities"]
+LAYERS = ["common", "kernels", "io", "format", "device", "sparse", "load", "dist", "remote", "objstore", "sources", "capabilities"]
 OUTSIDE = ["include", "tools", "python/src", "bench", "examples"]
 # Headers their folder keeps to itself.
 PRIVATE = ["load/loader_internal.h", "load/owners.h"]

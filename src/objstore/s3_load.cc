@@ -18,6 +18,7 @@
 #include "load/file_job.h"
 #include "load/upload.h"
 #include "objstore/s3_client.h"
+#include "objstore/s3_store.h"
 #include "remote/layout.h"
 #include "tensorlift/assign.h"
 #include "tensorlift/objstore.h"
@@ -297,6 +298,13 @@ struct Run {
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 }  // namespace
+
+namespace objstore {
+Result<std::unique_ptr<S3Client>> ClientForStore(const ObjectUrl& url,
+                                                 const ObjectStoreOptions& store) {
+  return ClientFor(url, store);
+}
+}  // namespace objstore
 
 bool IsObjectStoreUrl(std::string_view path) { return objstore::IsObjectUrl(path); }
 

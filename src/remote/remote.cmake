@@ -6,6 +6,8 @@
 #   slice.cc         a rank's slices of a loaded checkpoint (PeerAccess)
 #   registry.cc      seed discovery on etcd (v3 JSON gateway, cpp-httplib)
 #   server.cc        PeerServer: control endpoint (cpp-httplib) + UCX regions
+#   control.cc       the control-plane client (signed requests, GET /v1/key)
+#   peer_reader.cc   PeerReader: byte ranges of a whole-tensor peer's tensors (the striper's peer source)
 #   peer_load.cc     LoadFromPeer: key check, manifest, pulls, checksums, fallback
 #   ucx_transport.cc the UCX data plane (TENSORLIFT_WITH_UCX = AUTO | ON | OFF),
 #                    else ucx_none.cc says "built without UCX" at run time.
@@ -23,7 +25,9 @@ add_library(tl_remote STATIC
   remote/slice.cc
   remote/registry.cc
   remote/server.cc
+  remote/control.cc
   remote/peer_load.cc
+  remote/peer_reader.cc
 )
 target_link_libraries(tl_remote PUBLIC tl_load tl_format tl_common
                       PRIVATE PkgConfig::HTTPLIB OpenSSL::Crypto simdjson::simdjson Threads::Threads PkgConfig::XXHASH)
@@ -45,6 +49,6 @@ if(TENSORLIFT_HAVE_UCX)
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)
-  set_source_files_properties(remote/manifest.cc remote/registry.cc remote/server.cc remote/peer_load.cc remote/layout.cc remote/slice.cc
+  set_source_files_properties(remote/manifest.cc remote/registry.cc remote/server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/layout.cc remote/slice.cc
     PROPERTIES COMPILE_OPTIONS "-Wno-maybe-uninitialized")
 endif()

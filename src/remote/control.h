@@ -1,0 +1,46 @@
+// A peer's control endpoint, as a client sees it: signed HTTP requests with
+// time-outs and bounded bodies (docs/remote.md, "Control plane"), and what
+// GET /v1/key says. Used by LoadFromPeer and by the striper's peer source.
+#ifndef TENSORLIFT_REMOTE_CONTROL_H_
+#define TENSORLIFT_REMOTE_CONTROL_H_
+
+#include <string>
+
+#include "tensorlift/remote.h"
+#include "tensorlift/status.h"
+
+namespace tensorlift::remote {
+
+// One control endpoint: signed requests with time-outs and bounded bodies.
+class Control {
+ public:
+  // kInvalidArgument unless `url` is "http://host:port".
+  static Result<Control> Make(const std::string& url, const std::string& token, int timeout_ms);
+  const std::string& url() const { return url_; }
+
+  // The response body (at most max_body bytes); `header` (when non-null) gets
+  // X-Tensorlift-Session.
+  Result<std::string> Send(const std::string& method, const std::string& path,
+                           const std::string& body, uint64_t max_body,
+                           std::string* session = nullptr) const;
+
+ private:
+  std::string url_, token_, host_;
+  int port_ = 0;
+  int timeout_ms_ = 5000;
+};
+
+// What GET /v1/key says.
+struct PeerInfo {
+  std::string url;
+  PeerKey key;
+  TensorParallel parallel;
+  double load = 0;
+};
+
+// Parses GET /v1/key's answer from `url` (untrusted: every field checked).
+Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json);
+
+}  // namespace tensorlift::remote
+
+#endif  // TENSORLIFT_REMOTE_CONTROL_H_

@@ -1,0 +1,638 @@
+// LoadStriped: the planner's byte ranges shared among the local files, a
+// bucket and running peers at once, work-stealing from one queue, each chunk
+// checked where it lands (include/tensorlift/striped.h).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "common/posix_file.h"
+#include "device/device.h"
+#include "device/host_buffer.h"
+#include "device/populate.h"
+#include "load/checkpoint_builder.h"
+#include "load/file_job.h"
+#include "load/upload.h"
+#include "objstore/s3_client.h"
+#include "objstore/s3_store.h"
+#include "remote/peer_reader.h"
+#include "tensorlift/checksum.h"
+#include "tensorlift/sparse.h"
+#include "tensorlift/striped.h"
+
+namespace tensorlift {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A wanted tensor, where its bytes land.
+struct Planned {
+  Checkpoint::Location loc;
+  uint64_t file_offset = 0;  // Absolute, in its shard's file.
+  uint64_t nbytes = 0;
+  std::byte* data = nullptr;
+  const remote::ManifestTensor* checked_by = nullptr;  // The reference manifest's entry.
+};
+
+// A checksum chunk of one tensor (or a piece of range_bytes when nothing is
+// checked): the unit ranges are made of.
+struct Unit {
+  uint32_t tensor = 0;  // Into the plan's tensors.
+  uint64_t offset = 0;  // In the tensor.
+  uint64_t bytes = 0;
+  int64_t chunk = -1;  // In the reference manifest; -1: unchecked.
+};
+
+// Bytes contiguous in one shard's file and in the destination: whole units.
+struct Range {
+  uint32_t shard = 0;
+  uint64_t file_offset = 0;
+  uint64_t bytes = 0;
+  std::byte* dst = nullptr;
+  size_t first_unit = 0, end_unit = 0;
+};
+
+struct Plan {
+  std::vector<Planned> tensors;  // In file order (shard, then offset).
+  std::vector<Unit> units;
+  std::vector<Range> ranges;
+  std::shared_ptr<HostBuffer> buffer;
+  uint64_t bytes = 0;
+};
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+class Source {
+ public:
+  explicit Source(std::string name) { report.name = std::move(name); }
+  virtual ~Source() = default;
+  // Fills every range; may be called from `workers` threads at once.
+  virtual Status Fetch(const std::vector<const Range*>& ranges, const Plan& plan) = 0;
+  int workers = 1;
+  int take = 1;  // Ranges a worker takes together.
+  // Guarded by the scheduler's mutex.
+  bool dead = false;
+  StripeSourceReport report;
+};
+
+class DiskSource final : public Source {
+ public:
+  static Result<std::unique_ptr<DiskSource>> Open(const Checkpoint& ckpt, int threads) {
+    std::unique_ptr<DiskSource> d(new DiskSource("disk:" + ckpt.path()));
+    d->workers = threads;
+    for (const Checkpoint::Shard& shard : ckpt.shards()) {
+      auto f = PosixFile::OpenForRead(shard.path);
+      if (!f.ok()) return f.status().WithContext(shard.path);
+      TL_ASSIGN_OR_RETURN(FileIdentity id, f->Identity());
+      if (id != shard.identity) {
+        return IOError(shard.path + ": changed since its header was read");
+      }
+      d->files_.push_back(std::move(f).value());
+      d->paths_.push_back(shard.path);
+    }
+    return d;
+  }
+  Status Fetch(const std::vector<const Range*>& ranges, const Plan&) override {
+    for (const Range* r : ranges) {
+      uint64_t done = 0;
+      while (done < r->bytes) {
+        const ssize_t n = ::pread(files_[r->shard].fd(), r->dst + done, r->bytes - done,
+                                  static_cast<off_t>(r->file_offset + done));
+        if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (n < 0) return PosixError(paths_[r->shard] + ": read", errno);
+        if (n == 0) {
+          return IOError(paths_[r->shard] + ": ends at " + std::to_string(r->file_offset + done) +
+                         ", before the range's end " + std::to_string(r->file_offset + r->bytes));
+        }
+        done += static_cast<uint64_t>(n);
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  using Source::Source;
+  std::vector<PosixFile> files_;
+  std::vector<std::string> paths_;
+};
+
+class ObjectSource final : public Source {
+ public:
+  // `shard_of[s]`: the bucket checkpoint's shard holding the local plan's shard s.
+  static Result<std::unique_ptr<ObjectSource>> Open(const Checkpoint& bucket,
+                                                    const std::vector<uint32_t>& shard_of,
+                                                    const ObjectStoreOptions& store, int threads) {
+    std::unique_ptr<ObjectSource> o(new ObjectSource(bucket.path()));
+    o->workers = threads;
+    TL_ASSIGN_OR_RETURN(objstore::ObjectUrl url, objstore::ParseObjectUrl(bucket.path()));
+    TL_ASSIGN_OR_RETURN(o->client_, objstore::ClientForStore(url, store));
+    for (uint32_t s : shard_of) {
+      TL_ASSIGN_OR_RETURN(objstore::ObjectUrl u, objstore::ParseObjectUrl(bucket.shards()[s].path));
+      o->objects_.push_back(std::move(u));
+    }
+    return o;
+  }
+  Status Fetch(const std::vector<const Range*>& ranges, const Plan&) override {
+    std::vector<objstore::RangeRequest> requests;
+    for (const Range* r : ranges) {
+      const objstore::ObjectUrl& u = objects_[r->shard];
+      requests.push_back({u.bucket, u.key, r->file_offset, r->bytes, r->dst});
+    }
+    return client_->GetRanges(requests);
+  }
+
+ private:
+  using Source::Source;
+  std::unique_ptr<objstore::S3Client> client_;
+  std::vector<objstore::ObjectUrl> objects_;
+};
+
+class PeerSource final : public Source {
+ public:
+  // Fails when the peer does not serve every planned tensor as the headers
+  // say (name, dtype, shape, whole).
+  static Result<std::unique_ptr<PeerSource>> Open(std::unique_ptr<remote::PeerReader> reader,
+                                                  const Checkpoint& ckpt, const Plan& plan,
+                                                  int take) {
+    std::unique_ptr<PeerSource> p(new PeerSource(reader->url()));
+    p->take = take;
+    const remote::Manifest& mf = reader->manifest();
+    for (const Planned& t : plan.tensors) {
+      const TensorInfo& info = ckpt.info(t.loc);
+      const remote::ManifestTensor* m = mf.Find(info.name);
+      const bool same =
+          m && m->dtype == info.dtype && m->shard_dim == -1 && m->nbytes == info.nbytes() &&
+          std::equal(m->shape.begin(), m->shape.end(), info.shape.begin(), info.shape.end(),
+                     [](int64_t a, uint64_t b) { return a >= 0 && static_cast<uint64_t>(a) == b; });
+      if (!same) {
+        return InvalidArgumentError(reader->url() + ": tensor '" + info.name + "' is " +
+                                    (m ? "served with another dtype or shape" : "not served") +
+                                    " (the headers': " + std::string(DtypeName(info.dtype)) + ")");
+      }
+      p->served_.push_back(m);
+    }
+    TL_RETURN_IF_ERROR(reader->MapLocal(plan.buffer->data(), plan.buffer->size()));
+    p->reader_ = std::move(reader);
+    return p;
+  }
+  const remote::Manifest& manifest() const { return reader_->manifest(); }
+  const remote::ManifestTensor* served(uint32_t tensor) const { return served_[tensor]; }
+
+  Status Fetch(const std::vector<const Range*>& ranges, const Plan& plan) override {
+    std::vector<remote::PeerReader::Piece> pieces;
+    for (const Range* r : ranges) {
+      std::byte* dst = r->dst;
+      for (size_t u = r->first_unit; u < r->end_unit; ++u) {
+        const Unit& unit = plan.units[u];
+        // Adjacent units of one tensor are read as one piece.
+        if (!pieces.empty() && pieces.back().tensor == served_[unit.tensor] &&
+            pieces.back().offset + pieces.back().bytes == unit.offset &&
+            static_cast<std::byte*>(pieces.back().dst) + pieces.back().bytes == dst) {
+          pieces.back().bytes += unit.bytes;
+        } else {
+          pieces.push_back({served_[unit.tensor], unit.offset, unit.bytes, dst});
+        }
+        dst += unit.bytes;
+      }
+    }
+    return reader_->Read(pieces);
+  }
+
+ private:
+  using Source::Source;
+  std::unique_ptr<remote::PeerReader> reader_;
+  std::vector<const remote::ManifestTensor*> served_;  // Per planned tensor.
+};
+
+Status RefuseOptions(const StripeOptions& o) {
+  auto refuse = [](const std::string& what) {
+    return InvalidArgumentError("striped load: " + what);
+  };
+  const LoadOptions& l = o.load;
+  if (l.mode != IoMode::kAuto) return refuse("the I/O mode is chosen per source; leave it auto");
+  if (l.engine != IoEngine::kAuto)
+    return refuse("the I/O engine is chosen per source; leave it auto");
+  if (l.copy) return refuse("copy (views of the page cache) does not apply to striped loads");
+  if (l.arena_pool) return refuse("an arena pool is not used for striped loads");
+  if (l.dtype) return refuse("dtype conversion is not built for striped loads yet");
+  if (l.on_tensor) return refuse("on_tensor is not built for striped loads yet");
+  if (o.store.parallel.size > 1 || !o.store.layout.empty())
+    return refuse("tensor-parallel slices are not built for striped loads yet (whole tensors)");
+  if (!o.store.cache_dir.empty()) return refuse("cache_dir applies to object-storage loads alone");
+  if (o.range_bytes < 4096) return refuse("range_bytes must be at least 4096");
+  if (o.disk_threads < 1 || o.disk_threads > 256) return refuse("disk_threads must be 1..256");
+  if (o.object_threads < 0 || o.object_threads > 256)
+    return refuse("object_threads must be 0..256");
+  if (o.peer_ranges_at_once < 1 || o.peer_ranges_at_once > 1024)
+    return refuse("peer_ranges_at_once must be 1..1024");
+  if (o.path.empty() && o.object_url.empty())
+    return refuse("needs a local path or an object URL: the headers come from one of them");
+  if (!o.object_url.empty() && !IsObjectStoreUrl(o.object_url))
+    return refuse("object_url must be s3:// or gs://, not '" + o.object_url + "'");
+  return Status::Ok();
+}
+
+std::string Basename(const std::string& p) {
+  const size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+// For each of `ref`'s shards, the shard of `other` with the same file name and
+// the same header; an error naming the first difference.
+Result<std::vector<uint32_t>> MatchShards(const Checkpoint& ref, const Checkpoint& other) {
+  std::map<std::string, uint32_t> by_name;
+  for (uint32_t s = 0; s < other.shards().size(); ++s)
+    by_name[Basename(other.shards()[s].path)] = s;
+  std::vector<uint32_t> out;
+  for (const Checkpoint::Shard& shard : ref.shards()) {
+    const std::string name = Basename(shard.path);
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      return InvalidArgumentError(other.path() + ": has no " + name + " (" + ref.path() + " has)");
+    }
+    const Header& a = shard.header;
+    const Header& b = other.shards()[it->second].header;
+    bool same = a.data_offset() == b.data_offset() && a.tensors().size() == b.tensors().size();
+    for (size_t i = 0; same && i < a.tensors().size(); ++i) {
+      const TensorInfo &x = a.tensors()[i], &y = b.tensors()[i];
+      same = x.name == y.name && x.dtype == y.dtype && x.shape == y.shape && x.begin == y.begin &&
+             x.end == y.end;
+    }
+    if (!same) {
+      return InvalidArgumentError(other.path() + ": the header of " + name + " differs from " +
+                                  shard.path + "'s");
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+// The wanted tensors in file order, where they land (runs of tensors
+// adjacent in a file stay adjacent, each run 64-byte aligned), in one buffer.
+Result<Plan> PlanTensors(const Checkpoint& ckpt, const TensorFilter& filter) {
+  Plan plan;
+  for (auto loc : ckpt.tensors()) {
+    if (filter.Matches(ckpt.info(loc).name)) plan.tensors.push_back({loc});
+  }
+  std::sort(plan.tensors.begin(), plan.tensors.end(), [&](const Planned& a, const Planned& b) {
+    if (a.loc.shard != b.loc.shard) return a.loc.shard < b.loc.shard;
+    return ckpt.info(a.loc).begin < ckpt.info(b.loc).begin;
+  });
+  uint64_t total = 0;
+  std::vector<uint64_t> at(plan.tensors.size());
+  for (size_t i = 0; i < plan.tensors.size(); ++i) {
+    Planned& t = plan.tensors[i];
+    const TensorInfo& info = ckpt.info(t.loc);
+    t.file_offset = ckpt.shards()[t.loc.shard].header.data_offset() + info.begin;
+    t.nbytes = info.nbytes();
+    const bool joins =
+        i > 0 && plan.tensors[i - 1].loc.shard == t.loc.shard &&
+        plan.tensors[i - 1].file_offset + plan.tensors[i - 1].nbytes == t.file_offset;
+    if (!joins) total = RoundUp(total, 64);
+    at[i] = total;
+    total += t.nbytes;
+  }
+  plan.bytes = 0;
+  for (const Planned& t : plan.tensors) plan.bytes += t.nbytes;
+  TL_ASSIGN_OR_RETURN(plan.buffer, HostBuffer::Allocate(total));
+  for (size_t i = 0; i < plan.tensors.size(); ++i)
+    plan.tensors[i].data = plan.buffer->data() + at[i];
+  return plan;
+}
+
+// Units (chunks of `chunk_bytes`, checked against `reference` when not null)
+// and ranges of up to `range_bytes`.
+void CutRanges(Plan& plan, uint64_t chunk_bytes, uint64_t range_bytes, bool checked) {
+  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
+    const Planned& t = plan.tensors[i];
+    for (uint64_t off = 0, c = 0; off < t.nbytes; off += chunk_bytes, ++c) {
+      plan.units.push_back(
+          {i, off, std::min(chunk_bytes, t.nbytes - off), checked ? static_cast<int64_t>(c) : -1});
+    }
+  }
+  for (size_t u = 0; u < plan.units.size(); ++u) {
+    const Unit& unit = plan.units[u];
+    const Planned& t = plan.tensors[unit.tensor];
+    const uint64_t file = t.file_offset + unit.offset;
+    std::byte* dst = t.data + unit.offset;
+    Range* last = plan.ranges.empty() ? nullptr : &plan.ranges.back();
+    if (last && last->shard == t.loc.shard && last->file_offset + last->bytes == file &&
+        last->dst + last->bytes == dst && last->bytes + unit.bytes <= range_bytes) {
+      last->bytes += unit.bytes;
+      last->end_unit = u + 1;
+    } else {
+      plan.ranges.push_back({t.loc.shard, file, unit.bytes, dst, u, u + 1});
+    }
+  }
+}
+
+// Checks the range's chunks against the reference manifest.
+Status CheckRange(const Range& r, const Plan& plan, const std::string& source) {
+  const std::byte* at = r.dst;
+  for (size_t u = r.first_unit; u < r.end_unit; ++u) {
+    const Unit& unit = plan.units[u];
+    if (unit.chunk >= 0) {
+      const remote::ManifestTensor& m = *plan.tensors[unit.tensor].checked_by;
+      const uint64_t sum = Xxh3_64(at, unit.bytes);
+      if (sum != m.chunk_xxh3[unit.chunk]) {
+        return CorruptionError(source + ": tensor '" + m.name + "' bytes " +
+                               std::to_string(unit.offset) + ".." +
+                               std::to_string(unit.offset + unit.bytes) + ": XXH3 " + HexU64(sum) +
+                               ", the peer manifest says " + HexU64(m.chunk_xxh3[unit.chunk]));
+      }
+    }
+    at += unit.bytes;
+  }
+  return Status::Ok();
+}
+
+// The queue every source's workers take ranges from.
+class Scheduler {
+ public:
+  Scheduler(const Plan& plan, std::vector<std::unique_ptr<Source>>& sources,
+            const StripeOptions& options)
+      : plan_(plan),
+        sources_(sources),
+        options_(options),
+        progress_(options.load.progress, plan.bytes) {
+    for (size_t i = 0; i < plan.ranges.size(); ++i) queue_.push_back(i);
+    alive_ = static_cast<int>(sources.size());
+  }
+
+  // Runs every source's workers until the ranges are all in or every source
+  // has failed; true when all are in.
+  bool Run(uint64_t* refetched) {
+    start_ = Clock::now();
+    // Every worker starts with a batch of its own, dealt round-robin over the
+    // sources, so that every source is used (and measured) from the start
+    // however fast the others are; then they all take from the queue.
+    struct Worker {
+      Source* source;
+      std::vector<size_t> first;
+    };
+    std::vector<Worker> workers;
+    int most = 0;
+    for (auto& s : sources_) most = std::max(most, s->workers);
+    for (int w = 0; w < most; ++w) {
+      for (auto& s : sources_) {
+        if (w >= s->workers) continue;
+        Worker worker{s.get(), {}};
+        while (!queue_.empty() && static_cast<int>(worker.first.size()) < s->take) {
+          worker.first.push_back(queue_.front());
+          queue_.pop_front();
+        }
+        workers.push_back(std::move(worker));
+      }
+    }
+    std::vector<std::thread> threads;
+    for (Worker& w : workers) {
+      threads.emplace_back([this, &w] { Work(*w.source, std::move(w.first)); });
+    }
+    for (auto& t : threads) t.join();
+    *refetched = refetched_;
+    if (done_ == plan_.ranges.size()) progress_.Report(bytes_, true);
+    return done_ == plan_.ranges.size();
+  }
+
+ private:
+  // Fetches `ids` (its first batch), then batches from the queue, until the
+  // load is over or its source has failed.
+  void Work(Source& src, std::vector<size_t> ids) {
+    for (;; ids.clear()) {
+      std::vector<const Range*> mine;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (!ids.empty() && src.dead) {  // Another worker of its source failed first.
+          for (auto it = ids.rbegin(); it != ids.rend(); ++it) queue_.push_front(*it);
+          cv_.notify_all();
+          return;
+        }
+        if (ids.empty()) {
+          cv_.wait(lock, [&] { return !queue_.empty() || Over() || src.dead; });
+          if (Over() || src.dead) return;
+          while (!queue_.empty() && static_cast<int>(ids.size()) < src.take) {
+            ids.push_back(queue_.front());
+            queue_.pop_front();
+          }
+        }
+      }
+      for (size_t i : ids) mine.push_back(&plan_.ranges[i]);
+      Status st = src.Fetch(mine, plan_);
+      for (size_t k = 0; st.ok() && k < mine.size(); ++k)
+        st = CheckRange(*mine[k], plan_, src.report.name);
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!st.ok()) {
+        if (!src.dead) {
+          src.dead = true;
+          src.report.failure = st.message();
+          --alive_;
+        }
+        // Back to the front: the others take them next.
+        for (auto it = ids.rbegin(); it != ids.rend(); ++it) queue_.push_front(*it);
+        refetched_ += ids.size();
+        cv_.notify_all();
+        return;
+      }
+      uint64_t bytes = 0;
+      for (const Range* r : mine) bytes += r->bytes;
+      done_ += ids.size();
+      bytes_ += bytes;
+      src.report.bytes += bytes;
+      src.report.ranges += ids.size();
+      src.report.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+      progress_.Report(bytes_, false);
+      if (options_.on_range) options_.on_range(src.report.name, bytes);
+      if (done_ == plan_.ranges.size()) cv_.notify_all();
+    }
+  }
+  bool Over() const { return done_ == plan_.ranges.size() || alive_ == 0; }
+
+  const Plan& plan_;
+  std::vector<std::unique_ptr<Source>>& sources_;
+  const StripeOptions& options_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> queue_;
+  size_t done_ = 0;
+  uint64_t bytes_ = 0;
+  uint64_t refetched_ = 0;
+  int alive_ = 0;
+  Clock::time_point start_;
+  ProgressReporter progress_;
+};
+
+}  // namespace
+
+Result<LoadedCheckpoint> LoadStriped(const StripeOptions& options, StripeReport* report) {
+  const auto t0 = Clock::now();
+  StripeReport local;
+  if (!report) report = &local;
+  *report = StripeReport{};
+  TL_RETURN_IF_ERROR(RefuseOptions(options));
+  std::shared_ptr<Device> device;
+  if (options.load.device != "cpu") {
+    TL_ASSIGN_OR_RETURN(const auto where, ParseDevice(options.load.device));
+    TL_ASSIGN_OR_RETURN(device, OpenDevice(where.first, where.second));
+  }
+
+  // The headers: the local copy's, else the bucket's.
+  std::optional<Checkpoint> disk, bucket;
+  if (!options.path.empty()) {
+    auto c = Checkpoint::Open(options.path);
+    if (c.ok()) {
+      disk = std::move(c).value();
+    } else if (options.object_url.empty()) {
+      return c.status();
+    } else {
+      report->failures.push_back("disk:" + options.path + ": " + c.status().message());
+    }
+  }
+  if (!options.object_url.empty()) {
+    auto c = OpenObjectStoreCheckpoint(options.object_url, options.store);
+    if (c.ok()) {
+      bucket = std::move(c).value();
+    } else if (!disk) {
+      return c.status();
+    } else {
+      report->failures.push_back(options.object_url + ": " + c.status().message());
+    }
+  }
+  const Checkpoint& ckpt = disk ? *disk : *bucket;
+  if (options.load.decode_sparse) {
+    TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(ckpt));
+    if (!catalog.empty()) {
+      return UnimplementedError(ckpt.path() +
+                                ": it has sparse-bitmask tensors, and decoding them is not built "
+                                "for striped loads yet; load with decode_sparse off to get the "
+                                "parts as stored");
+    }
+  }
+  TL_ASSIGN_OR_RETURN(Plan plan, PlanTensors(ckpt, options.load.filter));
+  PeerKey key = options.key;
+  if (key.model.empty()) {
+    TL_ASSIGN_OR_RETURN(key, PeerKeyForCheckpoint(ckpt));
+  }
+
+  // Sources that can join.
+  std::vector<std::unique_ptr<Source>> sources;
+  if (disk) {
+    auto d = DiskSource::Open(*disk, options.disk_threads);
+    if (d.ok()) {
+      sources.push_back(std::move(d).value());
+    } else {
+      report->failures.push_back("disk:" + options.path + ": " + d.status().message());
+    }
+  }
+  if (bucket) {
+    Result<std::vector<uint32_t>> shard_of =
+        disk ? MatchShards(*disk, *bucket) : Result<std::vector<uint32_t>>([&] {
+          std::vector<uint32_t> v;
+          for (uint32_t s = 0; s < bucket->shards().size(); ++s) v.push_back(s);
+          return v;
+        }());
+    int threads = options.object_threads;
+    if (threads == 0) {
+      const uint64_t by_memory = options.store.max_in_flight_bytes / options.range_bytes;
+      threads = static_cast<int>(std::clamp<uint64_t>(
+          by_memory, 1, static_cast<uint64_t>(std::max(1, options.store.connections))));
+    }
+    Result<std::unique_ptr<ObjectSource>> o =
+        shard_of.ok() ? ObjectSource::Open(*bucket, *shard_of, options.store, threads)
+                      : Result<std::unique_ptr<ObjectSource>>(shard_of.status());
+    if (o.ok()) {
+      sources.push_back(std::move(o).value());
+    } else {
+      report->failures.push_back(options.object_url + ": " + o.status().message());
+    }
+  }
+  remote::PeerReaderOptions ro;
+  ro.token = options.token;
+  ro.request_timeout_ms = options.request_timeout_ms;
+  ro.connect_timeout_ms = options.connect_timeout_ms;
+  ro.stall_timeout_ms = options.stall_timeout_ms;
+  ro.transports = options.transports;
+  const PeerSource* reference = nullptr;
+  for (const std::string& url : remote::PeerUrlsFor(
+           key, options.peers, options.registry, options.request_timeout_ms, &report->failures)) {
+    auto reader = remote::PeerReader::Open(url, key, ro);
+    Result<std::unique_ptr<PeerSource>> p =
+        reader.ok()
+            ? PeerSource::Open(std::move(reader).value(), ckpt, plan, options.peer_ranges_at_once)
+            : Result<std::unique_ptr<PeerSource>>(reader.status());
+    if (!p.ok()) {
+      report->failures.push_back(p.status().message());
+      continue;
+    }
+    if (!reference) reference = p->get();
+    sources.push_back(std::move(p).value());
+  }
+  if (sources.empty()) {
+    std::string why;
+    for (const auto& f : report->failures) why += "\n  " + f;
+    return UnavailableError("striped load: no source could join:" + why);
+  }
+
+  // Ranges: the reference peer's chunks, each checked where it lands.
+  if (reference) {
+    for (uint32_t i = 0; i < plan.tensors.size(); ++i)
+      plan.tensors[i].checked_by = reference->served(i);
+    const uint64_t cb = reference->manifest().chunk_bytes;
+    CutRanges(plan, cb, std::max(cb, options.range_bytes / cb * cb), true);
+  } else {
+    CutRanges(plan, options.range_bytes, options.range_bytes, false);
+  }
+  report->checked = reference != nullptr;
+  report->ranges = plan.ranges.size();
+
+  bool all_in = false;
+  {
+    // Fresh memory is faulted in ahead of the transfers (as a disk load does).
+    PopulateAhead populate({{plan.buffer->data(), plan.buffer->size()}},
+                           FaultThreadCount(options.load.fault_threads));
+    Scheduler scheduler(plan, sources, options);
+    all_in = scheduler.Run(&report->refetched);
+    populate.StopFresh();
+  }
+  for (const auto& s : sources) report->sources.push_back(s->report);
+  if (!all_in) {
+    std::string why;
+    for (const auto& s : sources) why += "\n  " + s->report.name + ": " + s->report.failure;
+    for (const auto& f : report->failures) why += "\n  " + f;
+    return UnavailableError("striped load: every source failed:" + why);
+  }
+  sources.clear();  // Peer sessions closed; the buffer is no longer mapped.
+
+  CheckpointBuilder out;
+  std::vector<FileReport> files(ckpt.shards().size());
+  for (size_t s = 0; s < files.size(); ++s) {
+    files[s].path = ckpt.shards()[s].path;
+    files[s].reason = "striped over " + std::to_string(report->sources.size()) + " source(s)";
+  }
+  for (const Planned& t : plan.tensors) {
+    const TensorInfo& info = ckpt.info(t.loc);
+    out.Add(MakeTensor(info, info.dtype, t.nbytes ? t.data : nullptr, t.nbytes), plan.buffer);
+    files[t.loc.shard].bytes += t.nbytes;
+    ++files[t.loc.shard].tensors;
+  }
+  for (FileReport& f : files) {
+    if (f.tensors) out.files().push_back(std::move(f));
+  }
+  report->bytes = plan.bytes;
+  report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  LoadedCheckpoint loaded = std::move(out).Finish(report->seconds);
+  if (device) return UploadToDevice(std::move(loaded), device);
+  return loaded;
+}
+
+}  // namespace tensorlift
