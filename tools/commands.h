@@ -105,9 +105,12 @@ struct FetchArgs {
   PeerArgs peer;
   std::string registry;
   std::string token_file;
-  std::string fallback;  // Checkpoint to load when no peer works (a path or an s3:// URL).
-  StoreArgs store;       // For an s3:// fallback.
-  std::string out;       // Directory to write model.safetensors into.
+  // Checkpoint to load when no peer works (a path or an s3:// URL); with
+  // --stripe, a local path and/or a URL used together with the peers.
+  std::vector<std::string> fallback;
+  bool stripe = false;  // Every source at once (LoadStriped), not one after another.
+  StoreArgs store;      // For an s3:// fallback.
+  std::string out;      // Directory to write model.safetensors into.
   bool checksum = false;
   int timeout_ms = 10000;
   // Then serve what was pulled (become a seed) until SIGINT/SIGTERM.

@@ -192,7 +192,11 @@ int main(int argc, char** argv) {
   fetch->add_option("--registry", fetch_args.registry, "etcd endpoint to find seeds for the key");
   fetch->add_option("--token-file", fetch_args.token_file, "Sign requests with this token");
   fetch->add_option("--fallback", fetch_args.fallback,
-                    "Checkpoint to load when no peer works: a path, or s3://bucket/key-or-prefix");
+                    "Checkpoint to load when no peer works: a path, or s3://bucket/key-or-prefix "
+                    "(with --stripe: a path and/or a URL, used at once with the peers)");
+  fetch->add_flag("--stripe", fetch_args.stripe,
+                  "Use every source at once: the peers, the local copy and the bucket share the "
+                  "ranges, faster ones taking more (whole tensors; docs/object-storage.md)");
   AddStoreOptions(fetch, &fetch_args.store);
   fetch->add_option("--out", fetch_args.out, "Write the tensors to DIR/model.safetensors");
   fetch

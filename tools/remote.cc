@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/safetensors.h"
+#include "tensorlift/striped.h"
 
 namespace tensorlift::cli {
 namespace {
@@ -101,8 +102,72 @@ int RunServe(const ServeArgs& args) {
   return WaitServing(**server, args.ready_file, set);
 }
 
+// fetch --stripe: every source at once (LoadStriped), then, with --seed, serving
+// what it got.
+Result<PeerLoad> FetchStriped(const FetchArgs& args, const PeerKey& key, const std::string& token,
+                              std::string* source) {
+  StripeOptions o;
+  for (const std::string& f : args.fallback) {
+    std::string& slot = IsObjectStoreUrl(f) ? o.object_url : o.path;
+    if (!slot.empty()) {
+      return InvalidArgumentError(
+          "fetch --stripe: at most one local path and one bucket URL in "
+          "--fallback");
+    }
+    slot = f;
+  }
+  if (o.path.empty() && o.object_url.empty()) {
+    return InvalidArgumentError(
+        "fetch --stripe: give --fallback (a local path or a bucket): the headers come from it");
+  }
+  if (args.peer.tp_size != 1) {
+    return InvalidArgumentError(
+        "fetch --stripe: tensor-parallel slices are not built for striped loads yet");
+  }
+  o.store = args.store.ToOptions();
+  o.peers = args.urls;
+  o.registry = args.registry;
+  o.token = token;
+  o.key = key;
+  o.transports = args.peer.transports;
+  o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = args.timeout_ms;
+  o.load.device = args.device;
+  StripeReport report;
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadStriped(o, &report));
+  PeerLoad out;
+  out.loaded = std::make_shared<const LoadedCheckpoint>(std::move(loaded));
+  out.report.failures = report.failures;
+  out.report.bytes = report.bytes;
+  out.report.seconds = report.seconds;
+  *source = std::to_string(report.sources.size()) + " sources at once" +
+            (report.checked ? ", every chunk checked" : "");
+  for (const StripeSourceReport& s : report.sources) {
+    char line[512];
+    std::snprintf(line, sizeof(line), "\n  %s: %llu bytes in %llu ranges%s%s", s.name.c_str(),
+                  static_cast<unsigned long long>(s.bytes),
+                  static_cast<unsigned long long>(s.ranges),
+                  s.failure.empty() ? "" : ", failed: ", s.failure.c_str());
+    *source += line;
+  }
+  if (args.seed) {
+    ServeOptions so;
+    so.host = args.seed_host;
+    so.registry = args.registry;
+    so.registry_ttl_s = args.registry_ttl_s;
+    so.token = token;
+    so.transports = args.peer.transports;
+    TL_ASSIGN_OR_RETURN(out.seed, PeerServer::Serve(out.loaded, key, so));
+  }
+  return out;
+}
+
 int RunFetch(const FetchArgs& args) {
-  auto key = KeyFrom(args.peer, args.fallback, args.store);
+  if (args.fallback.size() > 1 && !args.stripe) {
+    return Fail(InvalidArgumentError("fetch: give one --fallback (several need --stripe)"),
+                kExitUsage);
+  }
+  const std::string first_fallback = args.fallback.empty() ? "" : args.fallback[0];
+  auto key = KeyFrom(args.peer, first_fallback, args.store);
   if (!key.ok()) return Fail(key.status(), kExitUsage);
   auto token = Token(args.token_file);
   if (!token.ok()) return Fail(token.status());
@@ -111,8 +176,8 @@ int RunFetch(const FetchArgs& args) {
   opts.registry = args.registry;
   opts.token = *token;
   opts.parallel = {args.peer.tp_size, args.peer.tp_rank};
-  opts.fallback_path = args.fallback;
-  if (IsObjectStoreUrl(args.fallback))
+  opts.fallback_path = first_fallback;
+  if (IsObjectStoreUrl(first_fallback))
     opts.fallback_loader = ObjectStoreFallback(args.store.ToOptions());
   opts.transports = args.peer.transports;
   opts.request_timeout_ms = args.timeout_ms;
@@ -135,17 +200,26 @@ int RunFetch(const FetchArgs& args) {
     opts.seed.host = args.seed_host;
     opts.seed.registry_ttl_s = args.registry_ttl_s;
   }
-  auto pulled = LoadFromPeerAndSeed(*key, opts);
+  std::string striped_from;
+  auto pulled = args.stripe ? FetchStriped(args, *key, *token, &striped_from)
+                            : LoadFromPeerAndSeed(*key, opts);
   if (!pulled.ok()) return Fail(pulled.status());
   const PeerLoadReport& report = pulled->report;
   for (const std::string& f : report.failures) std::fprintf(stderr, "fallback: %s\n", f.c_str());
   const std::shared_ptr<const LoadedCheckpoint>& loaded = pulled->loaded;
   FILE* out = args.checksum ? stderr : stdout;
-  std::fprintf(out,
-               "fetched %zu tensors, %llu bytes from %s (%d source ranks) in %.3f s: %.2f GB/s\n",
-               loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
-               report.source.c_str(), report.source_ranks, report.seconds,
-               report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
+  if (args.stripe) {
+    std::fprintf(out, "fetched %zu tensors, %llu bytes from %s\nin %.3f s: %.2f GB/s\n",
+                 loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
+                 striped_from.c_str(), report.seconds,
+                 report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
+  } else {
+    std::fprintf(out,
+                 "fetched %zu tensors, %llu bytes from %s (%d source ranks) in %.3f s: %.2f GB/s\n",
+                 loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
+                 report.source.c_str(), report.source_ranks, report.seconds,
+                 report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
+  }
   for (const FileReport& f : loaded->files()) {
     if (f.bytes)
       std::fprintf(out, "  %s: %s, %llu bytes\n", f.path.c_str(), f.reason.c_str(),

@@ -31,6 +31,7 @@
 #include "tensorlift/safetensors.h"
 #include "tensorlift/sparse.h"
 #include "tensorlift/streamer.h"
+#include "tensorlift/striped.h"
 #include "tensorlift/version.h"
 
 namespace nb = nanobind;
@@ -763,6 +764,57 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   return nb::make_tuple(PyLoaded{pl.loaded}, report, seed);
 }
 
+// load_striped: (Loaded, report dict).
+nb::tuple LoadStripedPy(const std::string& path, const std::string& object_url,
+                        const std::vector<std::string>& peers, const std::string& registry,
+                        const std::string& token, const nb::object& key, const std::string& device,
+                        int timeout_ms, const std::string& transports, uint64_t range_bytes,
+                        int disk_threads, int object_threads, const std::string& endpoint,
+                        const std::string& region) {
+  Unwrap(ParseDevice(device));
+  StripeOptions o;
+  o.path = path;
+  o.object_url = object_url;
+  o.store.endpoint = endpoint;
+  o.store.region = region;
+  o.peers = peers;
+  o.registry = registry;
+  o.token = token;
+  if (!key.is_none()) o.key = KeyFromDict(nb::cast<nb::dict>(key));
+  o.load.device = device;
+  o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = timeout_ms;
+  o.transports = transports;
+  o.range_bytes = range_bytes;
+  o.disk_threads = disk_threads;
+  o.object_threads = object_threads;
+  StripeReport rep;
+  Result<LoadedCheckpoint> r = InternalError("not run");
+  {
+    nb::gil_scoped_release nogil;
+    r = LoadStriped(o, &rep);
+  }
+  auto loaded = std::make_shared<const LoadedCheckpoint>(Unwrap(std::move(r)));
+  nb::dict report;
+  nb::list sources;
+  for (const StripeSourceReport& s : rep.sources) {
+    nb::dict d;
+    d["name"] = s.name;
+    d["bytes"] = s.bytes;
+    d["ranges"] = s.ranges;
+    d["seconds"] = s.seconds;
+    d["failure"] = s.failure;
+    sources.append(d);
+  }
+  report["sources"] = sources;
+  report["failures"] = rep.failures;
+  report["bytes"] = rep.bytes;
+  report["ranges"] = rep.ranges;
+  report["refetched"] = rep.refetched;
+  report["checked"] = rep.checked;
+  report["seconds"] = rep.seconds;
+  return nb::make_tuple(PyLoaded{loaded}, report);
+}
+
 void BindPeerLoading(nb::module_& m) {
   m.def(
       "peer_key_for",
@@ -787,6 +839,14 @@ void BindPeerLoading(nb::module_& m) {
         nb::arg("max_in_flight") = 16, nb::arg("device") = "cpu",
         "Pulls from the first working peer (then the registry's seeds, then disk) onto "
         "`device`: (Loaded, report, seed or None).");
+  m.def("load_striped", &LoadStripedPy, nb::arg("path") = "", nb::arg("object_url") = "",
+        nb::arg("peers") = std::vector<std::string>{}, nb::arg("registry") = "",
+        nb::arg("token") = "", nb::arg("key") = nb::none(), nb::arg("device") = "cpu",
+        nb::arg("timeout_ms") = 10000, nb::arg("transports") = "",
+        nb::arg("range_bytes") = uint64_t{8} << 20, nb::arg("disk_threads") = 2,
+        nb::arg("object_threads") = 0, nb::arg("endpoint") = "", nb::arg("region") = "",
+        "Loads from the local files, a bucket and peers at once (include/tensorlift/"
+        "striped.h): (Loaded, report).");
 }
 
 void BindFormat(nb::module_& m) {

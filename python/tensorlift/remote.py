@@ -23,9 +23,10 @@ import os
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _tensorlift as _tl
+from ._core import is_object_url as _is_object_url
 from ._tensors import tensor_from
 
-__all__ = ["Peer", "Server", "serve", "serve_tensors", "load_from_peer", "key_for", "last_report"]
+__all__ = ["Peer", "Server", "serve", "serve_tensors", "load_from_peer", "load_striped", "key_for", "last_report"]
 
 _last_report: Optional[dict] = None
 
@@ -187,12 +188,29 @@ class Peer:
 
     def __init__(self, urls: Union[None, str, Sequence[str]] = None, *, model: Optional[str] = None,
                  revision: Optional[str] = None, dtype: str = "as-stored", quantization: str = "none",
-                 layout: str = "", registry: Optional[str] = None, fallback: Union[None, str, os.PathLike] = None,
+                 layout: str = "", registry: Optional[str] = None,
+                 fallback: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
                  token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0,
                  timeout: float = 10.0, transports: Optional[str] = None, mode: str = "auto",
-                 device: str = "cpu"):
+                 device: str = "cpu", stripe: bool = False):
         self.urls = [urls] if isinstance(urls, str) else list(urls or [])
-        self.fallback = os.fspath(fallback) if fallback is not None else ""
+        fallbacks = [] if fallback is None else (
+            [fallback] if isinstance(fallback, (str, os.PathLike)) else list(fallback))
+        fallbacks = [os.fspath(f) for f in fallbacks]
+        # stripe: the peers and the fallbacks (a local copy and/or a bucket) share the load's ranges
+        # (tensorlift.remote.load_striped); otherwise the peers are tried in turn, then the fallback.
+        self.stripe = bool(stripe)
+        self.local = [f for f in fallbacks if not _is_object_url(f)]
+        self.buckets = [f for f in fallbacks if _is_object_url(f)]
+        if len(self.local) > 1 or len(self.buckets) > 1:
+            raise ValueError(f"fallback: at most one local path and one s3:// or gs:// URL, got {fallbacks}")
+        if len(fallbacks) > 1 and not self.stripe:
+            raise ValueError("fallback: a local path and a bucket together need stripe=True "
+                             "(they are used at once); without it give one")
+        if self.stripe and (tp_size != 1 or mode != "auto"):
+            raise ValueError("stripe=True loads whole tensors with the automatic mode: "
+                             "tp_size and mode are not built for striped loads yet")
+        self.fallback = fallbacks[0] if fallbacks else ""
         self.key = _key(model, revision, dtype, quantization, layout, self.fallback or None)
         self.registry = registry or ""
         self.token = _token(token, token_file)
@@ -207,6 +225,19 @@ class Peer:
     def pull(self, become_seed: bool = False, seed_host: str = "127.0.0.1"):
         """(Loaded, report, seed Server or None)."""
         global _last_report
+        if self.stripe:
+            if not self.local and not self.buckets:
+                raise ValueError("stripe=True needs a fallback (a local path or a bucket) for the headers")
+            loaded, report = _tl.load_striped(
+                path=self.local[0] if self.local else "", object_url=self.buckets[0] if self.buckets else "",
+                peers=self.urls, registry=self.registry, token=self.token, key=self.key, device=self.device,
+                timeout_ms=self.timeout_ms, transports=self.transports)
+            _last_report = report
+            seed = None
+            if become_seed:
+                seed = Server(_tl.serve_loaded(loaded, self.key, host=seed_host, token=self.token,
+                                               registry=self.registry, transports=self.transports))
+            return loaded, report, seed
         loaded, report, seed = _tl.load_from_peer(
             self.key, peers=self.urls, registry=self.registry, token=self.token, tp_size=self.tp_size,
             tp_rank=self.tp_rank, fallback=self.fallback, mode=self.mode, timeout_ms=self.timeout_ms,
@@ -246,8 +277,11 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
                    token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1,
                    tp_rank: int = 0, timeout: float = 10.0, transports: Optional[str] = None,
                    framework: str = "pt", become_seed: bool = False, seed_host: str = "127.0.0.1",
-                   device: str = "cpu"):
+                   device: str = "cpu", stripe: bool = False):
     """Pulls this rank's tensors from a peer; returns name -> tensor.
+
+    stripe=True: the peers and the fallback(s) (a local path and/or an s3:// URL) are used at once,
+    sharing the load's ranges (see load_striped); the peers must serve whole tensors.
 
     With become_seed, returns (tensors, Server): the process serves what it got.
     device ("cpu", "cuda:N"): where the tensors go (torch tensors on that GPU with framework "pt").
@@ -255,13 +289,44 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
     """
     peer = Peer(urls, model=model, revision=revision, dtype=dtype, quantization=quantization, layout=layout,
                 registry=registry, fallback=fallback, token=token, token_file=token_file, tp_size=tp_size,
-                tp_rank=tp_rank, timeout=timeout, transports=transports, device=device)
+                tp_rank=tp_rank, timeout=timeout, transports=transports, device=device, stripe=stripe)
     loaded, _, seed = peer.pull(become_seed=become_seed, seed_host=seed_host)
     out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
     if not become_seed:
         loaded.release()
         return out
     return out, seed
+
+
+def load_striped(path: Union[None, str, os.PathLike] = None, url: Optional[str] = None, *,
+                 peers: Union[None, str, Sequence[str]] = None, registry: Optional[str] = None,
+                 token: Optional[str] = None, token_file: Optional[str] = None, model: Optional[str] = None,
+                 revision: Optional[str] = None, framework: str = "pt", device: str = "cpu",
+                 timeout: float = 10.0, transports: Optional[str] = None, range_bytes: int = 8 << 20,
+                 endpoint: Optional[str] = None, region: Optional[str] = None) -> Dict[str, object]:
+    """Loads a checkpoint from every source that holds it at once; returns name -> tensor.
+
+    path: the local copy; url: the same files in a bucket (s3://, gs://); peers / registry: running
+    peers serving it whole (by default under the key of its headers, as `tensorlift serve` keys it).
+    The headers come from the local copy, else the bucket. The ranges are shared out by work
+    stealing (faster sources take more), every chunk is checked against a peer's manifest where one
+    is at hand, and a source that fails or lies has its ranges moved to the others. last_report()
+    has each source's bytes and failure.
+    """
+    global _last_report
+    key = None
+    if model is not None or revision is not None:
+        key = _key(model, revision, "as-stored", "none", "", os.fspath(path) if path else url)
+    loaded, report = _tl.load_striped(
+        path=os.fspath(path) if path else "", object_url=url or "",
+        peers=[peers] if isinstance(peers, str) else list(peers or []), registry=registry or "",
+        token=_token(token, token_file), key=key, device=str(device), timeout_ms=int(timeout * 1000),
+        transports=transports or "", range_bytes=int(range_bytes), endpoint=endpoint or "",
+        region=region or "")
+    _last_report = report
+    out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
+    loaded.release()
+    return out
 
 
 def last_report() -> Optional[dict]:

@@ -48,6 +48,10 @@ def bucket(tmp_path_factory):
     g = torch.Generator().manual_seed(3)
     save_file({"a": torch.randn(33, 17, generator=g), "b": torch.arange(10, dtype=torch.int64),
                "c": torch.randn(8, 8, generator=g).to(torch.bfloat16)}, str(model / "model.safetensors"))
+    medium = root / "models" / "medium"  # 24 tensors of 256 KiB to 1 MiB: ranges for three sources
+    medium.mkdir()
+    save_file({f"layer.{i}.w": torch.randn(256, 256 * (1 + i % 4), generator=g) for i in range(24)},
+              str(medium / "model.safetensors"))
     port = _free_port()
     with open(root / "rclone.log", "wb") as log:
         proc = subprocess.Popen([RCLONE, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key",
@@ -182,3 +186,47 @@ def test_safe_open_and_load_file_on_s3(aws_env):
         tensorlift.safe_open("s3://models/tiny", framework="pt")
     with pytest.raises(FileNotFoundError):
         tensorlift.safe_open("s3://models/tiny/nope.safetensors", framework="np")
+
+
+def test_striped_over_the_disk_the_bucket_and_a_peer(aws_env, cli):
+    """Every source at once: Python's load_striped and Peer(stripe=True), and fetch --stripe."""
+    import tensorlift.remote as remote
+    from tensorlift._tensorlift import ucx_version
+    if ucx_version() is None:
+        pytest.skip("tensorlift was built without UCX (Debian libucx-dev)")
+    root, _ = aws_env
+    local = root / "models" / "medium"
+    want = load_file(str(local / "model.safetensors"))
+    with remote.serve(local, chunk_bytes=256 << 10) as server:  # keyed by its headers, as the bucket's is
+        got = remote.load_striped(local, "s3://models/medium", peers=[server.url], range_bytes=256 << 10)
+        assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
+        report = remote.last_report()
+        names = [s["name"] for s in report["sources"]]
+        assert names == [f"disk:{local}", "s3://models/medium", server.url], report
+        assert report["checked"] and report["bytes"] == sum(s["bytes"] for s in report["sources"])
+        assert all(s["bytes"] > 0 and s["failure"] == "" for s in report["sources"]), report
+
+        got = remote.load_from_peer(server.url, fallback=[str(local), "s3://models/medium"], stripe=True)
+        assert all(torch.equal(got[n], want[n]) for n in want)
+        assert len(remote.last_report()["sources"]) == 3
+
+        out = subprocess.run([str(cli), "fetch", "--stripe", "--fallback", str(local), "--fallback",
+                              "s3://models/medium", "--checksum", server.url], capture_output=True, text=True)
+        sums = subprocess.run([str(cli), "load", "--checksum", str(local)], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == sums.stdout
+        assert "3 sources at once, every chunk checked" in out.stderr, out.stderr
+        assert f"  {server.url}: " in out.stderr
+
+    # Without a peer: the disk and the bucket (nothing to check the bytes against).
+    got = remote.load_striped(url="s3://models/medium", path=local)
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert not remote.last_report()["checked"]
+    with pytest.raises(ValueError, match="need stripe=True"):
+        remote.Peer("http://127.0.0.1:1", fallback=[str(local), "s3://models/tiny"])
+    out = subprocess.run([str(cli), "fetch", "--fallback", str(local), "--fallback", "s3://models/tiny",
+                          "http://127.0.0.1:1"], capture_output=True, text=True)
+    assert out.returncode == 2 and "several need --stripe" in out.stderr
+    out = subprocess.run([str(cli), "fetch", "--stripe", "--model", "m", "--revision", "r", "http://127.0.0.1:1"],
+                         capture_output=True, text=True)
+    assert out.returncode != 0 and "give --fallback" in out.stderr, out.stderr
