@@ -770,9 +770,11 @@ nb::tuple LoadStripedPy(const std::string& path, const std::string& object_url,
                         const std::string& token, const nb::object& key, const std::string& device,
                         int timeout_ms, const std::string& transports, uint64_t range_bytes,
                         int disk_threads, int object_threads, const std::string& endpoint,
-                        const std::string& region) {
+                        const std::string& region, const nb::object& names) {
   Unwrap(ParseDevice(device));
   StripeOptions o;
+  if (!names.is_none())
+    o.load.filter = TensorFilter::Names(nb::cast<std::vector<std::string>>(names));
   o.path = path;
   o.object_url = object_url;
   o.store.endpoint = endpoint;
@@ -845,6 +847,7 @@ void BindPeerLoading(nb::module_& m) {
         nb::arg("timeout_ms") = 10000, nb::arg("transports") = "",
         nb::arg("range_bytes") = uint64_t{8} << 20, nb::arg("disk_threads") = 2,
         nb::arg("object_threads") = 0, nb::arg("endpoint") = "", nb::arg("region") = "",
+        nb::arg("names") = nb::none(),
         "Loads from the local files, a bucket and peers at once (include/tensorlift/"
         "striped.h): (Loaded, report).");
 }

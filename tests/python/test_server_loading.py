@@ -26,7 +26,13 @@ def test_options_are_checked():
                      ({"threads": 0}, "threads must be a positive integer"), ({"threads": True}, "threads"),
                      ({"filter": "("}, "is not a regex"), ({"progress": "yes"}, "progress must be"),
                      ([1], "must be a JSON object"),
-                     ({"filter": "^a", "peer": "http://127.0.0.1:1"}, "give filter or peer/registry, not both")]:
+                     ({"filter": "^a", "peer": "http://127.0.0.1:1"}, "give filter or peer/registry, not both"),
+                     ({"stripe": {}}, "stripe must be an object with keys from"),
+                     ({"stripe": {"peers": "x"}}, "stripe must be an object with keys from"),
+                     ({"stripe": {"peer": [1]}}, "stripe.peer must be a URL"),
+                     ({"stripe": {"bucket": "/tmp/x"}}, "stripe.bucket must be an s3:// or gs:// URL"),
+                     ({"stripe": {"peer": "http://h:1"}, "mode": "direct"}, "leave mode at auto"),
+                     ({"stripe": {"peer": "http://h:1"}, "registry": "http://e:2379"}, "give one of them")]:
         with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
             tlv.parse_options(bad)
 
@@ -257,3 +263,22 @@ def test_gpu_parameters_are_served_from_and_pulled_into_gpu_memory(tmp_path):
         assert new.head is new.embed
     finally:
         server.close()
+
+
+@needs_ucx
+def test_striped_pieces_come_from_the_files_and_a_peer_serving_them(shards, tmp_path):
+    """The `stripe` option's reader: each piece from the local files and a peer serving the same
+    files (`tensorlift serve DIR`'s key) at once, byte-exact, with each source's bytes logged."""
+    from tensorlift import remote
+    model_dir = str(tmp_path)
+    want = {}
+    for f in shards:
+        want.update(load_file(f))
+    lines = []
+    with remote.serve(model_dir, chunk_bytes=4096) as server:
+        url = server.url
+        options = tlv.parse_options({"stripe": {"peer": url, "timeout": 5}})
+        got = dict(tlv.iterate_striped(shards, model_dir, "cpu", options, lambda *a: lines.append(a[0] % a[1:])))
+    assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
+    assert len(lines) == 1 and lines[0].startswith("tensorlift: weights striped over 2 sources: "), lines
+    assert f"{url} " in lines[0] and "disk " in lines[0]

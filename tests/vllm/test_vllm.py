@@ -140,6 +140,24 @@ def test_a_model_in_a_bucket_loads_with_the_tensorlift_format(bucket, llama_refe
     assert "tensorlift: weights from s3://models/llama/" in got["output"], got["output"][-3000:]
 
 
+def test_a_striped_load_reads_from_the_files_a_peer_and_a_bucket_at_once(llama, bucket, llama_reference):
+    """--model-loader-extra-config '{"stripe": ...}': every piece of the checkpoint comes from the
+    local files, a peer serving the same files (tensorlift.remote.serve, as `tensorlift serve DIR`)
+    and the bucket's copy at once; the same greedy tokens as the local safetensors load."""
+    from tensorlift import remote
+    with remote.serve(llama, chunk_bytes=256 << 10) as server:
+        env = dict(engine_env(), AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_ENDPOINT_URL=bucket,
+                   AWS_REGION="us-east-1")
+        extra = {"stripe": {"peer": server.url, "bucket": "s3://models/llama/"}}
+        cmd = [sys.executable, str(HERE / "run_llm.py"), str(llama), "tensorlift", json.dumps(extra)]
+        got = servers.run_engine(cmd, env)
+        url = server.url
+    assert got["tokens"] == llama_reference
+    line = [x for x in got["output"].splitlines() if "tensorlift: weights striped over 3 sources" in x]
+    assert line, got["output"][-3000:]
+    assert "disk " in line[0] and f"{url} " in line[0] and "s3://models/llama " in line[0], line[0]
+
+
 def test_qwen2_with_tied_embeddings(tmp_path):
     model = make_model("qwen2", tmp_path / "qwen2")
     ref = run_llm(model, "safetensors")["tokens"]

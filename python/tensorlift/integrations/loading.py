@@ -16,7 +16,8 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 FORMAT = "tensorlift load format"  # how every error starts
 ALLOWED_OPTIONS = ("mode", "threads", "filter", "progress", "peer", "registry", "fallback", "model", "revision",
-                   "token_file", "timeout", "serve")
+                   "token_file", "timeout", "serve", "stripe")
+STRIPE_OPTIONS = ("peer", "registry", "bucket", "token_file", "timeout")
 SERVE_OPTIONS = ("host", "port", "registry", "token_file", "ready_file")
 MODES = ("auto", "buffered", "direct", "mmap")
 
@@ -67,6 +68,28 @@ def parse_options(extra: Any) -> Dict[str, Any]:
                          "of the model: give filter or peer/registry, not both")
     if ("fallback" in opts or "timeout" in opts) and not ("peer" in opts or "registry" in opts):
         raise ValueError(f"{FORMAT}: fallback and timeout apply to a peer load: give peer or registry")
+    if "stripe" in opts:
+        stripe = opts["stripe"]
+        if not isinstance(stripe, dict) or not stripe or set(stripe) - set(STRIPE_OPTIONS):
+            raise ValueError(f"{FORMAT}: stripe must be an object with keys from {', '.join(STRIPE_OPTIONS)} "
+                             f"(the other sources of the checkpoint), not {stripe!r}")
+        stripe = dict(stripe)
+        if "peer" in stripe:
+            peers = [stripe["peer"]] if isinstance(stripe["peer"], str) else stripe["peer"]
+            if not isinstance(peers, list) or not all(isinstance(u, str) and u for u in peers):
+                raise ValueError(f"{FORMAT}: stripe.peer must be a URL or a list of URLs, not {stripe['peer']!r}")
+            stripe["peer"] = peers
+        for k in ("registry", "bucket", "token_file"):
+            if k in stripe and not (isinstance(stripe[k], str) and stripe[k]):
+                raise ValueError(f"{FORMAT}: stripe.{k} must be a non-empty string, not {stripe[k]!r}")
+        if "bucket" in stripe and not stripe["bucket"].startswith(("s3://", "gs://")):
+            raise ValueError(f"{FORMAT}: stripe.bucket must be an s3:// or gs:// URL, not {stripe['bucket']!r}")
+        if "mode" in opts and opts["mode"] != "auto":
+            raise ValueError(f"{FORMAT}: stripe reads each source its own way: leave mode at auto")
+        if "peer" in opts or "registry" in opts:
+            raise ValueError(f"{FORMAT}: peer/registry pull a running instance's parameters; stripe shares the "
+                             "checkpoint's reads with peers serving its files: give one of them")
+        opts["stripe"] = stripe
     if "serve" in opts:
         serve = opts["serve"]
         if serve is True:
@@ -124,6 +147,64 @@ def iterate_weights(files: List[str], device: str, options: Dict[str, Any],
     yield from stream(files, device=device, filter=options.get("filter"), mode=mode,
                       threads=options.get("threads"), progress=options.get("progress", False),
                       piece_bytes=GROUP_BYTES)
+
+
+def iterate_striped(files: List[str], model_dir: str, device: str, options: Dict[str, Any],
+                    log) -> Iterator[Tuple[str, Any]]:
+    """(name, tensor) for every tensor of `files` (the checkpoint's local shards, or its shards in a
+    bucket), each piece of about 256 MiB loaded from every source at once (options["stripe"]: peers
+    serving the checkpoint's files, as `tensorlift serve DIR` does, found by URL or in the registry,
+    and a bucket holding a copy): tensorlift.remote.load_striped, its ranges shared by work
+    stealing, every chunk checked against a peer's manifest, a failed source's ranges moved to the
+    others. One piece is loaded ahead while the caller consumes the previous one."""
+    import concurrent.futures
+    from .. import remote
+    from .._core import is_object_url, tensor_from
+    from .._tensorlift import load_striped
+    stripe = options["stripe"]
+    # The peers serve the whole checkpoint under its key (its name and a digest of its headers).
+    key = {k: v for k, v in remote.key_for(model_dir).items()
+           if k in ("model", "revision", "dtype", "quantization", "layout")}
+    token = remote._token(None, stripe.get("token_file"))
+    bucket = stripe.get("bucket", "").rstrip("/")
+    pieces = plan_groups(files, options.get("filter"))
+    used: Dict[str, int] = {}
+    failed: Dict[str, str] = {}
+
+    def read(piece: Tuple[str, List[str]]):
+        file, names = piece
+        local = "" if is_object_url(file) else file
+        url = file if is_object_url(file) else (f"{bucket}/{os.path.basename(file)}" if bucket else "")
+        loaded, report = load_striped(path=local, object_url=url, peers=stripe.get("peer", []),
+                                      registry=stripe.get("registry", ""), token=token, key=key, device=device,
+                                      timeout_ms=int(float(stripe.get("timeout", 10.0)) * 1000), names=names)
+        for s in report["sources"]:
+            # One entry per source, not per shard: "disk", the bucket, each peer.
+            name = "disk" if s["name"].startswith("disk:") else s["name"]
+            if is_object_url(name):
+                name = bucket or os.path.dirname(name)
+            used[name] = used.get(name, 0) + s["bytes"]
+            if s["failure"]:
+                failed[name] = f"{name}: {s['failure']}"
+        for f in report["failures"]:
+            failed.setdefault(f.split(": ")[0], f)
+        try:
+            return [(n, tensor_from(loaded, n, "pt")) for n in names]
+        finally:
+            loaded.release()
+
+    if not pieces:
+        return
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tensorlift-stripe") as pool:
+        pending = pool.submit(read, pieces[0])
+        for i in range(len(pieces)):
+            got = pending.result()
+            pending = pool.submit(read, pieces[i + 1]) if i + 1 < len(pieces) else None
+            yield from got
+            del got
+    log("tensorlift: weights striped over %d sources: %s%s", len(used),
+        ", ".join(f"{name} {n} bytes" for name, n in used.items()),
+        "; " + "; ".join(failed.values()) if failed else "")
 
 
 # The peer servers this process runs (kept for the life of the process: a

@@ -53,6 +53,14 @@ Peer loading (R-Fork; any tensor parallel size, pipeline parallel size 1):
   parameter's name, dtype and shape before any is replaced; on the CPU the
   pulled buffers become the parameters. A dead or lying peer falls back to
   the next, then to disk.
+Many sources at once (the checkpoint's files, not parameters):
+  stripe    {"peer", "registry", "bucket", "token_file", "timeout"}: each piece
+            of the checkpoint is read from the local files (or the bucket vLLM
+            was given), peers serving the same files (`tensorlift serve DIR`,
+            by URL or found in the registry under the checkpoint's key) and a
+            copy in a bucket, all at once, faster sources taking more; every
+            chunk is checked against a peer's manifest, and a source that fails
+            or lies has its ranges moved to the others (docs/object-storage.md).
 Any other key is refused with a ValueError naming the allowed ones.
 """
 from __future__ import annotations
@@ -62,7 +70,7 @@ import time
 from typing import List, Optional
 
 from .loading import (ALLOWED_OPTIONS, FORMAT, GROUP_BYTES, MODES, SERVE_OPTIONS, describe_plan,  # noqa: F401
-                      iterate_weights, model_device, natural_key, parameter_key, parse_options, plan_groups,
+                      iterate_striped, iterate_weights, model_device, natural_key, parameter_key, parse_options, plan_groups,
                       peer_layout, pull_parameters, serve_parameters)
 
 
@@ -105,6 +113,14 @@ def _make_loader_class():
 
         def _weights(self, model: nn.Module, model_config: ModelConfig, device: str):
             url = _weights_url(model_config)
+            if "stripe" in self.options:
+                # Every source at once: the local files (or the bucket vLLM was given), a copy in a
+                # bucket and peers serving the files.
+                from .._stream import shard_files
+                files = shard_files(url) if url else self._files(model_config.model, model_config.revision)
+                key_dir = model_config.model if os.path.isdir(model_config.model) else files[0]
+                yield from iterate_striped(files, key_dir if not url else url, device, self.options, logger.info)
+                return
             if url:
                 # An s3:// or gs:// model: vLLM pulled its config and tokenizer into a local
                 # directory (model_config.model); the weights stream from the bucket, each rank
