@@ -70,6 +70,17 @@ def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference
     assert "tensorlift: loading weights took" in got["output"]
 
 
+def test_a_striped_load_reads_from_the_files_and_a_peer_at_once(llama, llama_reference):
+    """The stripe option: every piece from the local files and a peer serving them at once."""
+    from tensorlift import remote
+    with remote.serve(llama, chunk_bytes=256 << 10) as server:
+        url = server.url
+        got = run_engine(llama, "tensorlift", {"stripe": {"peer": url}})
+    assert got["tokens"] == llama_reference
+    assert "tensorlift: weights striped over 2 sources: " in got["output"], got["output"][-3000:]
+    assert f"{url} " in got["output"]
+
+
 def test_qwen2_with_tied_embeddings_and_options(tmp_path):
     model = make_model("qwen2", tmp_path / "qwen2")
     ref = run_engine(model, "safetensors")["tokens"]

@@ -163,8 +163,10 @@ def iterate_striped(files: List[str], model_dir: str, device: str, options: Dict
     from .._tensorlift import load_striped
     stripe = options["stripe"]
     # The peers serve the whole checkpoint under its key (its name and a digest of its headers).
+    # (model and revision from the options when the peers serve a copy under another name.)
     key = {k: v for k, v in remote.key_for(model_dir).items()
            if k in ("model", "revision", "dtype", "quantization", "layout")}
+    key.update({k: options[k] for k in ("model", "revision") if k in options})
     token = remote._token(None, stripe.get("token_file"))
     bucket = stripe.get("bucket", "").rstrip("/")
     pieces = plan_groups(files, options.get("filter"))

@@ -33,7 +33,7 @@ import os
 import time
 from typing import Any, Optional
 
-from .loading import (FORMAT, describe_plan, iterate_weights, model_device, parse_options, peer_layout,
+from .loading import (FORMAT, describe_plan, iterate_striped, iterate_weights, model_device, parse_options, peer_layout,
                       pull_parameters, serve_parameters)
 
 NAME = "tensorlift"
@@ -82,7 +82,11 @@ def _make_loader_class() -> type:
             if not use_safetensors:
                 raise ValueError(f"{FORMAT}: {source.model_or_path} has no .safetensors weights "
                                  f"(found {[os.path.basename(f) for f in files][:4]})")
-            weights = iterate_weights(list(files), self._device, self.options, self._ranks())  # SGLang's file order
+            if "stripe" in self.options:  # every source of the checkpoint at once
+                weights = iterate_striped(list(files), os.path.dirname(files[0]), self._device, self.options,
+                                          logger.info)
+            else:
+                weights = iterate_weights(list(files), self._device, self.options, self._ranks())  # SGLang's order
             if self.load_config.draft_model_idx is not None:
                 return self._filter_mtp_weights(weights, source.prefix, self.load_config.draft_model_idx)
             if self.counter_before_loading_weights == 0.0:
