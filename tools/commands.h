@@ -108,9 +108,10 @@ struct FetchArgs {
   // Checkpoint to load when no peer works (a path or an s3:// URL); with
   // --stripe, a local path and/or a URL used together with the peers.
   std::vector<std::string> fallback;
-  bool stripe = false;  // Every source at once (LoadStriped), not one after another.
-  StoreArgs store;      // For an s3:// fallback.
-  std::string out;      // Directory to write model.safetensors into.
+  bool stripe = false;         // Every source at once (LoadStriped), not one after another.
+  bool stripe_cached = false;  // Stripe even when the local copy is in the page cache.
+  StoreArgs store;             // For an s3:// fallback.
+  std::string out;             // Directory to write model.safetensors into.
   bool checksum = false;
   int timeout_ms = 10000;
   // Then serve what was pulled (become a seed) until SIGINT/SIGTERM.

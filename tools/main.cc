@@ -197,6 +197,9 @@ int main(int argc, char** argv) {
   fetch->add_flag("--stripe", fetch_args.stripe,
                   "Use every source at once: the peers, the local copy and the bucket share the "
                   "ranges, faster ones taking more (whole tensors; docs/object-storage.md)");
+  fetch->add_flag("--stripe-cached", fetch_args.stripe_cached,
+                  "With --stripe: stripe even when the local copy is in the page cache (by default "
+                  "it is then loaded from alone, as views: nothing is faster)");
   AddStoreOptions(fetch, &fetch_args.store);
   fetch->add_option("--out", fetch_args.out, "Write the tensors to DIR/model.safetensors");
   fetch

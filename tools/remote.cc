@@ -132,6 +132,7 @@ Result<PeerLoad> FetchStriped(const FetchArgs& args, const PeerKey& key, const s
   o.transports = args.peer.transports;
   o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = args.timeout_ms;
   o.load.device = args.device;
+  o.use_page_cache = !args.stripe_cached;
   StripeReport report;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadStriped(o, &report));
   PeerLoad out;
@@ -139,8 +140,9 @@ Result<PeerLoad> FetchStriped(const FetchArgs& args, const PeerKey& key, const s
   out.report.failures = report.failures;
   out.report.bytes = report.bytes;
   out.report.seconds = report.seconds;
-  *source = std::to_string(report.sources.size()) + " sources at once" +
-            (report.checked ? ", every chunk checked" : "");
+  *source = std::to_string(report.sources.size()) + " source(s) at once" +
+            (report.checked ? ", every chunk checked" : "") +
+            (report.note.empty() ? "" : " (" + report.note + ")");
   for (const StripeSourceReport& s : report.sources) {
     char line[512];
     std::snprintf(line, sizeof(line), "\n  %s: %llu bytes in %llu ranges%s%s", s.name.c_str(),

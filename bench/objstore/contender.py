@@ -6,6 +6,11 @@
     python bench/objstore/contender.py limit PLAN.json THREADS
     python bench/objstore/contender.py verify URL SHARD...   (not timed: tensorlift vs local files)
     python bench/objstore/contender.py imports               (the baseline: imports only, for peak RSS)
+    python bench/objstore/contender.py disk DIR              (tensorlift.load of the local copy)
+    python bench/objstore/contender.py peer URL DIR          (tensorlift.remote.load_from_peer, DIR's key)
+    python bench/objstore/contender.py stripe DIR|- URL|- PEER|- KEYDIR
+                                      (tensorlift.remote.load_striped over the given sources, with
+                                       its defaults; the peers' key is KEYDIR's, as tensorlift serve's)
 
 URL is s3://bucket/prefix; the endpoint and the credentials come from the
 environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -202,6 +207,46 @@ def run_verify(url, shards):
             "dtypes": sorted({v[0] for v in want.values()})}
 
 
+def run_disk(path):
+    import torch  # noqa: F401
+    import tensorlift
+
+    t0 = time.perf_counter()
+    tensors = tensorlift.load(path)
+    t1 = time.perf_counter()
+    return {"seconds": t1 - t0, "tensors": len(tensors), "bytes": sum(nbytes(t) for t in tensors.values())}
+
+
+def run_peer(url, path):
+    import torch  # noqa: F401
+    from tensorlift import remote
+
+    key = remote.key_for(path)  # as `tensorlift serve DIR` keys it (not timed: headers only)
+    t0 = time.perf_counter()
+    tensors = remote.load_from_peer(url, model=key["model"], revision=key["revision"])
+    t1 = time.perf_counter()
+    rep = remote.last_report()
+    return {"seconds": t1 - t0, "tensors": len(tensors), "bytes": sum(nbytes(t) for t in tensors.values()),
+            "source": rep["source"]}
+
+
+def run_stripe(path, url, peer, keydir):
+    import torch  # noqa: F401
+    from tensorlift import remote
+
+    path, url, peer = (None if a == "-" else a for a in (path, url, peer))
+    key = remote.key_for(keydir)  # not timed: headers only
+    t0 = time.perf_counter()
+    tensors = remote.load_striped(path, url, peers=[peer] if peer else None, model=key["model"],
+                                  revision=key["revision"])
+    t1 = time.perf_counter()
+    rep = remote.last_report()
+    return {"seconds": t1 - t0, "tensors": len(tensors), "bytes": sum(nbytes(t) for t in tensors.values()),
+            "sources": [{k: s[k] for k in ("name", "bytes", "ranges", "seconds", "failure")}
+                        for s in rep["sources"]],
+            "checked": rep["checked"], "refetched": rep["refetched"], "note": rep["note"]}
+
+
 def run_imports():
     """Python with torch and every contender's library imported, nothing loaded: the peak RSS
     that every Python contender pays before its first byte."""
@@ -227,6 +272,12 @@ def main():
         res = run_boto3(sys.argv[2], sys.argv[3])
     elif kind == "limit":
         res = run_limit(sys.argv[2], int(sys.argv[3]))
+    elif kind == "disk":
+        res = run_disk(sys.argv[2])
+    elif kind == "peer":
+        res = run_peer(sys.argv[2], sys.argv[3])
+    elif kind == "stripe":
+        res = run_stripe(*sys.argv[2:6])
     elif kind == "verify":
         res = run_verify(sys.argv[2], sys.argv[3:])
     else:

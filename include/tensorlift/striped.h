@@ -14,10 +14,12 @@
 // copy when there is one, else from the bucket; a bucket's headers must equal
 // the local copy's.
 //
-// The tensors' bytes are cut into ranges (a peer's checksum chunks, grouped up
+// A local copy that is in the page cache is loaded from alone (use_page_cache).
+// Otherwise the tensors' bytes are cut into ranges (a peer's checksum chunks, grouped up
 // to range_bytes, never across a gap between tensors); every source has
 // workers that take the next range from one queue, so a faster source takes
-// more (work stealing). A range lands straight in the tensors' final host
+// more (work stealing); near the end a slow source leaves the last ranges to
+// faster ones that would finish them all sooner. A range lands straight in the tensors' final host
 // buffer and, when any peer's manifest is at hand, each of its chunks is
 // checked against that manifest's XXH3 where it lands, whichever source
 // fetched it. A source that fails, or whose bytes do not match, is dropped and
@@ -60,6 +62,10 @@ struct StripeOptions {
   // 0: store.connections, bounded by store.max_in_flight_bytes / range_bytes.
   int object_threads = 0;
   int peer_ranges_at_once = 4;  // Ranges a peer's worker takes together.
+  // When at least 90% of the local copy is in the page cache, load from it
+  // alone (views of the page cache, as Load's auto mode: nothing is faster);
+  // false: stripe anyway (for measuring the sources, and tests).
+  bool use_page_cache = true;
   // Peer time-outs and transports, as in PeerLoadOptions.
   int request_timeout_ms = 5000;
   int connect_timeout_ms = 5000;
@@ -86,6 +92,7 @@ struct StripeReport {
   uint64_t ranges = 0;     // Ranges in the plan.
   uint64_t refetched = 0;  // Ranges fetched again after their source failed.
   bool checked = false;    // Every chunk was checked against a peer's manifest.
+  std::string note;        // Why the load did not stripe, when it did not.
   double seconds = 0;
 };
 

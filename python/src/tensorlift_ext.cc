@@ -770,7 +770,7 @@ nb::tuple LoadStripedPy(const std::string& path, const std::string& object_url,
                         const std::string& token, const nb::object& key, const std::string& device,
                         int timeout_ms, const std::string& transports, uint64_t range_bytes,
                         int disk_threads, int object_threads, const std::string& endpoint,
-                        const std::string& region, const nb::object& names) {
+                        const std::string& region, const nb::object& names, bool use_page_cache) {
   Unwrap(ParseDevice(device));
   StripeOptions o;
   if (!names.is_none())
@@ -789,6 +789,7 @@ nb::tuple LoadStripedPy(const std::string& path, const std::string& object_url,
   o.range_bytes = range_bytes;
   o.disk_threads = disk_threads;
   o.object_threads = object_threads;
+  o.use_page_cache = use_page_cache;
   StripeReport rep;
   Result<LoadedCheckpoint> r = InternalError("not run");
   {
@@ -814,6 +815,7 @@ nb::tuple LoadStripedPy(const std::string& path, const std::string& object_url,
   report["refetched"] = rep.refetched;
   report["checked"] = rep.checked;
   report["seconds"] = rep.seconds;
+  report["note"] = rep.note;
   return nb::make_tuple(PyLoaded{loaded}, report);
 }
 
@@ -847,7 +849,7 @@ void BindPeerLoading(nb::module_& m) {
         nb::arg("timeout_ms") = 10000, nb::arg("transports") = "",
         nb::arg("range_bytes") = uint64_t{8} << 20, nb::arg("disk_threads") = 2,
         nb::arg("object_threads") = 0, nb::arg("endpoint") = "", nb::arg("region") = "",
-        nb::arg("names") = nb::none(),
+        nb::arg("names") = nb::none(), nb::arg("use_page_cache") = true,
         "Loads from the local files, a bucket and peers at once (include/tensorlift/"
         "striped.h): (Loaded, report).");
 }

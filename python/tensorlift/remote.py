@@ -192,7 +192,7 @@ class Peer:
                  fallback: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
                  token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0,
                  timeout: float = 10.0, transports: Optional[str] = None, mode: str = "auto",
-                 device: str = "cpu", stripe: bool = False):
+                 device: str = "cpu", stripe: bool = False, use_page_cache: bool = True):
         self.urls = [urls] if isinstance(urls, str) else list(urls or [])
         fallbacks = [] if fallback is None else (
             [fallback] if isinstance(fallback, (str, os.PathLike)) else list(fallback))
@@ -200,6 +200,9 @@ class Peer:
         # stripe: the peers and the fallbacks (a local copy and/or a bucket) share the load's ranges
         # (tensorlift.remote.load_striped); otherwise the peers are tried in turn, then the fallback.
         self.stripe = bool(stripe)
+        # With stripe: a local copy in the page cache is loaded from alone (its views cost nothing);
+        # False stripes anyway.
+        self.use_page_cache = bool(use_page_cache)
         self.local = [f for f in fallbacks if not _is_object_url(f)]
         self.buckets = [f for f in fallbacks if _is_object_url(f)]
         if len(self.local) > 1 or len(self.buckets) > 1:
@@ -231,7 +234,7 @@ class Peer:
             loaded, report = _tl.load_striped(
                 path=self.local[0] if self.local else "", object_url=self.buckets[0] if self.buckets else "",
                 peers=self.urls, registry=self.registry, token=self.token, key=self.key, device=self.device,
-                timeout_ms=self.timeout_ms, transports=self.transports)
+                timeout_ms=self.timeout_ms, transports=self.transports, use_page_cache=self.use_page_cache)
             _last_report = report
             seed = None
             if become_seed:
@@ -277,7 +280,7 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
                    token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1,
                    tp_rank: int = 0, timeout: float = 10.0, transports: Optional[str] = None,
                    framework: str = "pt", become_seed: bool = False, seed_host: str = "127.0.0.1",
-                   device: str = "cpu", stripe: bool = False):
+                   device: str = "cpu", stripe: bool = False, use_page_cache: bool = True):
     """Pulls this rank's tensors from a peer; returns name -> tensor.
 
     stripe=True: the peers and the fallback(s) (a local path and/or an s3:// URL) are used at once,
@@ -289,7 +292,8 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
     """
     peer = Peer(urls, model=model, revision=revision, dtype=dtype, quantization=quantization, layout=layout,
                 registry=registry, fallback=fallback, token=token, token_file=token_file, tp_size=tp_size,
-                tp_rank=tp_rank, timeout=timeout, transports=transports, device=device, stripe=stripe)
+                tp_rank=tp_rank, timeout=timeout, transports=transports, device=device, stripe=stripe,
+                use_page_cache=use_page_cache)
     loaded, _, seed = peer.pull(become_seed=become_seed, seed_host=seed_host)
     out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
     if not become_seed:
@@ -303,7 +307,8 @@ def load_striped(path: Union[None, str, os.PathLike] = None, url: Optional[str] 
                  token: Optional[str] = None, token_file: Optional[str] = None, model: Optional[str] = None,
                  revision: Optional[str] = None, framework: str = "pt", device: str = "cpu",
                  timeout: float = 10.0, transports: Optional[str] = None, range_bytes: int = 8 << 20,
-                 endpoint: Optional[str] = None, region: Optional[str] = None) -> Dict[str, object]:
+                 endpoint: Optional[str] = None, region: Optional[str] = None,
+                 use_page_cache: bool = True) -> Dict[str, object]:
     """Loads a checkpoint from every source that holds it at once; returns name -> tensor.
 
     path: the local copy; url: the same files in a bucket (s3://, gs://); peers / registry: running
@@ -311,7 +316,8 @@ def load_striped(path: Union[None, str, os.PathLike] = None, url: Optional[str] 
     The headers come from the local copy, else the bucket. The ranges are shared out by work
     stealing (faster sources take more), every chunk is checked against a peer's manifest where one
     is at hand, and a source that fails or lies has its ranges moved to the others. last_report()
-    has each source's bytes and failure.
+    has each source's bytes and failure. A local copy in the page cache is loaded from alone (its
+    views cost no copy; report "note" says so); use_page_cache=False stripes anyway.
     """
     global _last_report
     key = None
@@ -322,7 +328,7 @@ def load_striped(path: Union[None, str, os.PathLike] = None, url: Optional[str] 
         peers=[peers] if isinstance(peers, str) else list(peers or []), registry=registry or "",
         token=_token(token, token_file), key=key, device=str(device), timeout_ms=int(timeout * 1000),
         transports=transports or "", range_bytes=int(range_bytes), endpoint=endpoint or "",
-        region=region or "")
+        region=region or "", use_page_cache=bool(use_page_cache))
     _last_report = report
     out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
     loaded.release()

@@ -21,6 +21,7 @@
 #include "device/device.h"
 #include "device/host_buffer.h"
 #include "device/populate.h"
+#include "io/page_cache.h"
 #include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/upload.h"
@@ -83,7 +84,10 @@ class Source {
   int take = 1;  // Ranges a worker takes together.
   // Guarded by the scheduler's mutex.
   bool dead = false;
+  double busy_s = 0;  // Summed over its workers' successful fetches.
   StripeSourceReport report;
+  // Bytes per second one of its workers fetches (0: not measured yet).
+  double WorkerRate() const { return busy_s > 0 ? report.bytes / busy_s : 0; }
 };
 
 class DiskSource final : public Source {
@@ -214,6 +218,21 @@ class PeerSource final : public Source {
   std::unique_ptr<remote::PeerReader> reader_;
   std::vector<const remote::ManifestTensor*> served_;  // Per planned tensor.
 };
+
+// The fraction of the checkpoint's data in the page cache (its least cached
+// shard's).
+Result<double> CachedFraction(const Checkpoint& ckpt) {
+  double least = 1;
+  for (const Checkpoint::Shard& shard : ckpt.shards()) {
+    auto f = PosixFile::OpenForRead(shard.path);
+    if (!f.ok()) return f.status().WithContext(shard.path);
+    const uint64_t begin = shard.header.data_offset();
+    TL_ASSIGN_OR_RETURN(const double r,
+                        ResidentFraction(f->fd(), begin, shard.identity.size - begin));
+    least = std::min(least, r);
+  }
+  return least;
+}
 
 Status RefuseOptions(const StripeOptions& o) {
   auto refuse = [](const std::string& what) {
@@ -366,7 +385,10 @@ class Scheduler {
         sources_(sources),
         options_(options),
         progress_(options.load.progress, plan.bytes) {
-    for (size_t i = 0; i < plan.ranges.size(); ++i) queue_.push_back(i);
+    for (size_t i = 0; i < plan.ranges.size(); ++i) {
+      queue_.push_back(i);
+      queued_bytes_ += plan.ranges[i].bytes;
+    }
     alive_ = static_cast<int>(sources.size());
   }
 
@@ -390,6 +412,7 @@ class Scheduler {
         Worker worker{s.get(), {}};
         while (!queue_.empty() && static_cast<int>(worker.first.size()) < s->take) {
           worker.first.push_back(queue_.front());
+          queued_bytes_ -= plan_.ranges[queue_.front()].bytes;
           queue_.pop_front();
         }
         workers.push_back(std::move(worker));
@@ -414,20 +437,26 @@ class Scheduler {
       {
         std::unique_lock<std::mutex> lock(mu_);
         if (!ids.empty() && src.dead) {  // Another worker of its source failed first.
-          for (auto it = ids.rbegin(); it != ids.rend(); ++it) queue_.push_front(*it);
+          for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+            queue_.push_front(*it);
+            queued_bytes_ += plan_.ranges[*it].bytes;
+          }
           cv_.notify_all();
           return;
         }
         if (ids.empty()) {
-          cv_.wait(lock, [&] { return !queue_.empty() || Over() || src.dead; });
+          cv_.wait(lock,
+                   [&] { return (!queue_.empty() && !LeaveToOthers(src)) || Over() || src.dead; });
           if (Over() || src.dead) return;
           while (!queue_.empty() && static_cast<int>(ids.size()) < src.take) {
             ids.push_back(queue_.front());
+            queued_bytes_ -= plan_.ranges[ids.back()].bytes;
             queue_.pop_front();
           }
         }
       }
       for (size_t i : ids) mine.push_back(&plan_.ranges[i]);
+      const auto fetch_start = Clock::now();
       Status st = src.Fetch(mine, plan_);
       for (size_t k = 0; st.ok() && k < mine.size(); ++k)
         st = CheckRange(*mine[k], plan_, src.report.name);
@@ -439,7 +468,10 @@ class Scheduler {
           --alive_;
         }
         // Back to the front: the others take them next.
-        for (auto it = ids.rbegin(); it != ids.rend(); ++it) queue_.push_front(*it);
+        for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+          queue_.push_front(*it);
+          queued_bytes_ += plan_.ranges[*it].bytes;
+        }
         refetched_ += ids.size();
         cv_.notify_all();
         return;
@@ -448,15 +480,39 @@ class Scheduler {
       for (const Range* r : mine) bytes += r->bytes;
       done_ += ids.size();
       bytes_ += bytes;
+      src.busy_s += std::chrono::duration<double>(Clock::now() - fetch_start).count();
       src.report.bytes += bytes;
       src.report.ranges += ids.size();
       src.report.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
       progress_.Report(bytes_, false);
       if (options_.on_range) options_.on_range(src.report.name, bytes);
-      if (done_ == plan_.ranges.size()) cv_.notify_all();
+      // Rates changed: workers that left the queue to the others ask again.
+      cv_.notify_all();
     }
   }
   bool Over() const { return done_ == plan_.ranges.size() || alive_ == 0; }
+
+  // The tail of a load: whether a worker of `src` should leave the queue to
+  // the others, because they would fetch all of it before this worker
+  // fetched one batch (at the rates measured so far). The fastest source,
+  // and a source not measured yet, always take; so the queue is always
+  // drained. Re-asked whenever the queue or the sources change.
+  bool LeaveToOthers(const Source& src) const {
+    const double mine = src.WorkerRate();
+    if (mine <= 0) return false;
+    double others = 0, fastest = 0;
+    for (const auto& s : sources_) {
+      if (s->dead || s->WorkerRate() <= 0) continue;
+      const double rate = s->WorkerRate() * s->workers;
+      fastest = std::max(fastest, rate);
+      if (s.get() != &src) others += rate;
+    }
+    if (others <= 0 || mine * src.workers >= fastest) return false;
+    uint64_t batch = 0;
+    for (size_t k = 0; k < queue_.size() && static_cast<int>(k) < src.take; ++k)
+      batch += plan_.ranges[queue_[k]].bytes;
+    return batch / mine > queued_bytes_ / others;
+  }
 
   const Plan& plan_;
   std::vector<std::unique_ptr<Source>>& sources_;
@@ -464,6 +520,7 @@ class Scheduler {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<size_t> queue_;
+  uint64_t queued_bytes_ = 0;  // Of the ranges in queue_.
   size_t done_ = 0;
   uint64_t bytes_ = 0;
   uint64_t refetched_ = 0;
@@ -516,6 +573,22 @@ Result<LoadedCheckpoint> LoadStriped(const StripeOptions& options, StripeReport*
                                 ": it has sparse-bitmask tensors, and decoding them is not built "
                                 "for striped loads yet; load with decode_sparse off to get the "
                                 "parts as stored");
+    }
+  }
+  // A local copy in the page cache: its views cost no copy, no source is faster.
+  if (disk && options.use_page_cache) {
+    TL_ASSIGN_OR_RETURN(const double cached, CachedFraction(*disk));
+    if (cached >= 0.9) {
+      TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, Load(*disk, options.load));
+      StripeSourceReport only;
+      only.name = "disk:" + options.path;
+      only.bytes = loaded.total_bytes();
+      report->sources.push_back(only);
+      report->bytes = loaded.total_bytes();
+      report->note = "the local copy is in the page cache (" + std::to_string(int(cached * 100)) +
+                     "%): loaded from it alone";
+      report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      return loaded;
     }
   }
   TL_ASSIGN_OR_RETURN(Plan plan, PlanTensors(ckpt, options.load.filter));

@@ -198,7 +198,8 @@ def test_striped_over_the_disk_the_bucket_and_a_peer(aws_env, cli):
     local = root / "models" / "medium"
     want = load_file(str(local / "model.safetensors"))
     with remote.serve(local, chunk_bytes=256 << 10) as server:  # keyed by its headers, as the bucket's is
-        got = remote.load_striped(local, "s3://models/medium", peers=[server.url], range_bytes=256 << 10)
+        got = remote.load_striped(local, "s3://models/medium", peers=[server.url], range_bytes=256 << 10,
+                                  use_page_cache=False)
         assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
         report = remote.last_report()
         names = [s["name"] for s in report["sources"]]
@@ -206,22 +207,29 @@ def test_striped_over_the_disk_the_bucket_and_a_peer(aws_env, cli):
         assert report["checked"] and report["bytes"] == sum(s["bytes"] for s in report["sources"])
         assert all(s["bytes"] > 0 and s["failure"] == "" for s in report["sources"]), report
 
-        got = remote.load_from_peer(server.url, fallback=[str(local), "s3://models/medium"], stripe=True)
+        got = remote.load_from_peer(server.url, fallback=[str(local), "s3://models/medium"], stripe=True,
+                                    use_page_cache=False)
         assert all(torch.equal(got[n], want[n]) for n in want)
         assert len(remote.last_report()["sources"]) == 3
 
-        out = subprocess.run([str(cli), "fetch", "--stripe", "--fallback", str(local), "--fallback",
-                              "s3://models/medium", "--checksum", server.url], capture_output=True, text=True)
+        out = subprocess.run([str(cli), "fetch", "--stripe", "--stripe-cached", "--fallback", str(local),
+                              "--fallback", "s3://models/medium", "--checksum", server.url],
+                             capture_output=True, text=True)
         sums = subprocess.run([str(cli), "load", "--checksum", str(local)], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert out.stdout == sums.stdout
-        assert "3 sources at once, every chunk checked" in out.stderr, out.stderr
+        assert "3 source(s) at once, every chunk checked" in out.stderr, out.stderr
         assert f"  {server.url}: " in out.stderr
 
     # Without a peer: the disk and the bucket (nothing to check the bytes against).
-    got = remote.load_striped(url="s3://models/medium", path=local)
+    got = remote.load_striped(url="s3://models/medium", path=local, use_page_cache=False)
     assert all(torch.equal(got[n], want[n]) for n in want)
     assert not remote.last_report()["checked"]
+    # The local copy is in the page cache (just written and read): read from it alone, as views.
+    got = remote.load_striped(local, "s3://models/medium")
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert [s["name"] for s in remote.last_report()["sources"]] == [f"disk:{local}"]
+    assert "in the page cache" in remote.last_report()["note"]
     with pytest.raises(ValueError, match="need stripe=True"):
         remote.Peer("http://127.0.0.1:1", fallback=[str(local), "s3://models/tiny"])
     out = subprocess.run([str(cli), "fetch", "--fallback", str(local), "--fallback", "s3://models/tiny",

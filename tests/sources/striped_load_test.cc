@@ -36,11 +36,12 @@ using testing::WriteRaw;
 // mid-load as a real one dies), stopped by PID.
 class PeerProcess {
  public:
-  PeerProcess(const std::string& path, const std::string& ready_file) {
+  // `rate_mb_s`: the most it serves per second (tensorlift serve --rate-limit).
+  PeerProcess(const std::string& path, const std::string& ready_file, const char* rate_mb_s) {
     pid_ = fork();
     if (pid_ == 0) {
       execl(TENSORLIFT_CLI, TENSORLIFT_CLI, "serve", path.c_str(), "--ready-file",
-            ready_file.c_str(), static_cast<char*>(nullptr));
+            ready_file.c_str(), "--rate-limit", rate_mb_s, static_cast<char*>(nullptr));
       _exit(127);
     }
     for (int i = 0; i < 400 && pid_ > 0; ++i) {
@@ -137,6 +138,7 @@ class StripedLoadTest : public ::testing::Test {
   StripeOptions Defaults() {
     options_.path = path_;
     options_.range_bytes = 512 << 10;
+    options_.use_page_cache = false;  // The files are in the page cache: stripe anyway.
     return options_;
   }
 
@@ -193,6 +195,21 @@ TEST_F(StripedLoadTest, DiskAloneIsByteExactAndUnchecked) {
   EXPECT_EQ(report.bytes, got->total_bytes());
   EXPECT_EQ(Delivered(report), report.bytes);
   EXPECT_EQ(report.refetched, 0u);
+}
+
+TEST_F(StripedLoadTest, ACachedLocalCopyIsLoadedFromAlone) {
+  StartBucket();
+  StripeOptions o = Defaults();
+  o.use_page_cache = true;
+  auto warm = Load(path_);  // Every page in the cache.
+  ASSERT_OK(warm);
+  StripeReport report;
+  auto got = LoadStriped(o, &report);
+  ASSERT_OK(got);
+  ExpectSameAsLocal(*got);
+  ASSERT_EQ(report.sources.size(), 1u);
+  EXPECT_EQ(report.sources[0].name, "disk:" + path_);
+  EXPECT_THAT(report.note, HasSubstr("in the page cache"));
 }
 
 TEST_F(StripedLoadTest, DiskAndBucketShareTheRanges) {
@@ -282,7 +299,8 @@ TEST_F(StripedLoadTest, TheBucketDiesMidLoadAndTheOthersTakeItsRanges) {
 TEST_F(StripedLoadTest, ThePeerProcessDiesMidLoadAndTheOthersTakeItsRanges) {
   if (!remote::UcxBuilt()) GTEST_SKIP() << remote::UcxVersion();
   StartBucket();
-  PeerProcess peer(path_, root_.File("peer.url"));
+  // Slow (1 MB/s): its first batch is still in flight when the kill comes.
+  PeerProcess peer(path_, root_.File("peer.url"), "1");
   ASSERT_NE(peer.url(), "") << "tensorlift serve did not start";
   StripeOptions o = Defaults();
   o.peers = {peer.url()};
@@ -290,8 +308,8 @@ TEST_F(StripedLoadTest, ThePeerProcessDiesMidLoadAndTheOthersTakeItsRanges) {
   o.range_bytes = 64 << 10;
   o.object_threads = 2;
   bool killed = false;
-  // When the first range lands most are still queued: the peer takes more of
-  // them from a process that is gone.
+  // When the first range lands (the disk's), the peer's first batch is in
+  // flight from a process that is then gone.
   o.on_range = [&](const std::string&, uint64_t) {
     if (!killed) {
       killed = true;

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 FORMAT = "tensorlift load format"  # how every error starts
 ALLOWED_OPTIONS = ("mode", "threads", "filter", "progress", "peer", "registry", "fallback", "model", "revision",
                    "token_file", "timeout", "serve", "stripe")
-STRIPE_OPTIONS = ("peer", "registry", "bucket", "token_file", "timeout")
+STRIPE_OPTIONS = ("peer", "registry", "bucket", "token_file", "timeout", "page_cache")
 SERVE_OPTIONS = ("host", "port", "registry", "token_file", "ready_file")
 MODES = ("auto", "buffered", "direct", "mmap")
 
@@ -82,6 +82,8 @@ def parse_options(extra: Any) -> Dict[str, Any]:
         for k in ("registry", "bucket", "token_file"):
             if k in stripe and not (isinstance(stripe[k], str) and stripe[k]):
                 raise ValueError(f"{FORMAT}: stripe.{k} must be a non-empty string, not {stripe[k]!r}")
+        if "page_cache" in stripe and not isinstance(stripe["page_cache"], bool):
+            raise ValueError(f"{FORMAT}: stripe.page_cache must be true or false, not {stripe['page_cache']!r}")
         if "bucket" in stripe and not stripe["bucket"].startswith(("s3://", "gs://")):
             raise ValueError(f"{FORMAT}: stripe.bucket must be an s3:// or gs:// URL, not {stripe['bucket']!r}")
         if "mode" in opts and opts["mode"] != "auto":
@@ -156,7 +158,8 @@ def iterate_striped(files: List[str], model_dir: str, device: str, options: Dict
     serving the checkpoint's files, as `tensorlift serve DIR` does, found by URL or in the registry,
     and a bucket holding a copy): tensorlift.remote.load_striped, its ranges shared by work
     stealing, every chunk checked against a peer's manifest, a failed source's ranges moved to the
-    others. One piece is loaded ahead while the caller consumes the previous one."""
+    others; a local shard in the page cache is read from alone (stripe.page_cache false: stripe
+    anyway). One piece is loaded ahead while the caller consumes the previous one."""
     import concurrent.futures
     from .. import remote
     from .._core import is_object_url, tensor_from
@@ -179,7 +182,8 @@ def iterate_striped(files: List[str], model_dir: str, device: str, options: Dict
         url = file if is_object_url(file) else (f"{bucket}/{os.path.basename(file)}" if bucket else "")
         loaded, report = load_striped(path=local, object_url=url, peers=stripe.get("peer", []),
                                       registry=stripe.get("registry", ""), token=token, key=key, device=device,
-                                      timeout_ms=int(float(stripe.get("timeout", 10.0)) * 1000), names=names)
+                                      timeout_ms=int(float(stripe.get("timeout", 10.0)) * 1000), names=names,
+                                      use_page_cache=stripe.get("page_cache", True))
         for s in report["sources"]:
             # One entry per source, not per shard: "disk", the bucket, each peer.
             name = "disk" if s["name"].startswith("disk:") else s["name"]

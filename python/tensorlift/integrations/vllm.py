@@ -54,13 +54,15 @@ Peer loading (R-Fork; any tensor parallel size, pipeline parallel size 1):
   pulled buffers become the parameters. A dead or lying peer falls back to
   the next, then to disk.
 Many sources at once (the checkpoint's files, not parameters):
-  stripe    {"peer", "registry", "bucket", "token_file", "timeout"}: each piece
+  stripe    {"peer", "registry", "bucket", "token_file", "timeout", "page_cache"}: each piece
             of the checkpoint is read from the local files (or the bucket vLLM
             was given), peers serving the same files (`tensorlift serve DIR`,
             by URL or found in the registry under the checkpoint's key) and a
             copy in a bucket, all at once, faster sources taking more; every
             chunk is checked against a peer's manifest, and a source that fails
             or lies has its ranges moved to the others (docs/object-storage.md).
+            A local copy in the page cache is read from alone (its views cost
+            nothing); page_cache false stripes anyway.
 Any other key is refused with a ValueError naming the allowed ones.
 """
 from __future__ import annotations

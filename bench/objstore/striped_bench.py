@@ -1,0 +1,247 @@
+"""Striped loads against each source alone: the local disk, a bucket (rclone serve s3
+on loopback) and a running peer (`tensorlift serve` in another process), each
+alone with tensorlift's defaults, and every combination of them through
+tensorlift.remote.load_striped, on the object-storage benchmark's checkpoint.
+
+    .venv/bin/python bench/objstore/striped_bench.py [--runs 3] [--gb 2] [--states cold,warm]
+
+Each run is a fresh process (bench/objstore/contender.py: disk, s3 as `tl`,
+peer, stripe), timed from the first loader call to every tensor in hand; peak
+RSS is the child's. Cold: the checkpoint's files are evicted from the page
+cache before each run (the disk source and rclone read them from the disk);
+warm: they are all cached. The peer holds the weights in its own memory in
+both states (it is a loaded instance). rclone is restarted before each run (as
+in objstore_bench.py); the peer runs for the whole benchmark. Medians of
+--runs runs, contenders shuffled per round.
+
+The target of issue 21: a load striped over two sources reaches at least 0.9x
+the sum of their separate throughputs (measured in the same state, same run).
+
+Output: a markdown table on stdout and in bench/out/striped.md, everything in
+bench/out/striped.json.
+"""
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import random
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import objstore_bench as ob  # noqa: E402
+
+SOURCES = ("disk", "s3", "peer")
+
+
+class Peer:
+    """`tensorlift serve DIR` in its own process, stopped by PID."""
+
+    def __init__(self, cli, path, workdir):
+        ready = os.path.join(workdir, "peer.url")
+        self.log = os.path.join(workdir, "peer.log")
+        t0 = time.perf_counter()
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen([cli, "serve", path, "--ready-file", ready], stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while not os.path.exists(ready):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"tensorlift serve exited: {open(self.log).read()[-2000:]}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("tensorlift serve did not get ready in 300 s")
+            time.sleep(0.05)
+        self.url = open(ready).read().strip()
+        self.ready_s = time.perf_counter() - t0
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def label(combo):
+    return " + ".join(combo) if len(combo) > 1 else f"{combo[0]} alone"
+
+
+def command(python, script, combo, path, url, peer_url):
+    if len(combo) == 1:
+        kind = combo[0]
+        if kind == "disk":
+            return [python, script, "disk", path]
+        if kind == "s3":
+            return [python, script, "tl", url]
+        return [python, script, "peer", peer_url, path]
+    return [python, script, "stripe", path if "disk" in combo else "-", url if "s3" in combo else "-",
+            peer_url if "peer" in combo else "-", path]
+
+
+def summarize(data):
+    tb = data["tensor_bytes"]
+    med = {}
+    for r in data["raw"]:
+        ok = [x for x in r["runs"] if "error" not in x]
+        if ok:
+            med[(r["combo"], r["state"])] = {
+                "gbps": statistics.median(tb / x["seconds"] / 1e9 for x in ok),
+                "rss": statistics.median(x["peak_rss_bytes"] for x in ok),
+                "runs": len(ok),
+                "shares": ok[len(ok) // 2].get("sources"),
+            }
+    lines = [f"Striped loads, {tb / 1e9:.2f} GB ({data['shards']} shards, {data['tensors']} tensors), "
+             f"medians of {data['runs_per_cell']} runs, {data['date']}.", "",
+             "Each source alone with its defaults (disk: tensorlift.load, views of the page cache when "
+             "warm; s3: tensorlift.load(s3://...); peer: remote.load_from_peer); combinations: "
+             "remote.load_striped with its defaults (a local copy in the page cache is loaded from alone).",
+             "",
+             "| sources | state | GB/s | vs the sum of its sources alone | peak RSS GiB | bytes per source (median run) |",
+             "|---|---|---:|---:|---:|---|"]
+    for combo in data["combos"]:
+        for state in data["states_run"]:
+            m = med.get((tuple(combo), state))
+            if not m:
+                lines.append(f"| {label(combo)} | {state} | failed | | | |")
+                continue
+            ratio = ""
+            if len(combo) > 1:
+                alone = [med.get(((s,), state)) for s in combo]
+                if all(alone):
+                    total = sum(a["gbps"] for a in alone)
+                    ratio = f"{m['gbps'] / total:.2f}x of {total:.2f}"
+            shares = ""
+            if m["shares"]:
+                parts = []
+                for s in m["shares"]:
+                    name = "disk" if s["name"].startswith("disk:") else (
+                        "s3" if s["name"].startswith("s3://") else "peer")
+                    parts.append(f"{name} {s['bytes'] / tb:.0%}" + (" (failed)" if s["failure"] else ""))
+                shares = ", ".join(parts)
+            lines.append(f"| {label(combo)} | {state} | {m['gbps']:.2f} | {ratio} | {m['rss'] / 2**30:.2f} | "
+                         f"{shares} |")
+    return "\n".join(lines)
+
+
+def measure(args):
+    started = time.time()
+    ckpt_dir = ob.gen_checkpoint.checkpoint_dir(args.gb, args.shards)
+    shards = ob.gen_checkpoint.shard_paths(ckpt_dir)
+    files = shards + [os.path.join(ckpt_dir, "model.safetensors.index.json")]
+    ranges = ob.tensor_ranges(shards)
+    n_tensors = sum(len(rs) for _, rs in ranges)
+    tensor_bytes = sum(n for _, rs in ranges for _, n in rs)
+    workdir = tempfile.mkdtemp(prefix="tl_striped_bench_")
+    peer = server = None
+    try:
+        model = os.path.join(workdir, "root", ob.BUCKET, ob.PREFIX)
+        os.makedirs(model)
+        for p in files:
+            os.symlink(p, os.path.join(model, os.path.basename(p)))
+        url = f"s3://{ob.BUCKET}/{ob.PREFIX}"
+        peer = Peer(args.cli, ckpt_dir, workdir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update({"AWS_ACCESS_KEY_ID": ob.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": ob.SECRET_KEY,
+                    "AWS_REGION": ob.REGION, "AWS_EC2_METADATA_DISABLED": "true",
+                    "AWS_CONFIG_FILE": os.path.join(workdir, "none"),
+                    "AWS_SHARED_CREDENTIALS_FILE": os.path.join(workdir, "none")})
+        combos = [c for n in range(1, 4) for c in itertools.combinations(SOURCES, n)]
+        print(f"striped bench: {ckpt_dir}: {len(shards)} shards, {n_tensors} tensors, {tensor_bytes / 1e9:.2f} GB; "
+              f"peer {peer.url} (ready in {peer.ready_s:.1f} s); {args.runs} runs per cell", flush=True)
+        script = os.path.join(HERE, "contender.py")
+        raw = {}
+        states_run = []
+        for state in args.states:
+            states_run.append(state)
+            if state == "warm":
+                ob.read_through(files)
+            for r in range(args.runs):
+                order = list(combos)
+                random.Random(f"{state}-{r}").shuffle(order)
+                for combo in order:
+                    if server is not None:
+                        server.stop()
+                    server = ob.Rclone(args.rclone, os.path.join(workdir, "root"),
+                                       os.path.join(workdir, "rclone.log"))
+                    run_env = dict(env, AWS_ENDPOINT_URL=server.endpoint)
+                    if state == "cold":
+                        for _ in range(3):
+                            ob.evict(files)
+                            if ob.resident(shards)[1] <= 0.01:
+                                break
+                    elif ob.resident(shards)[0] < 1.0:
+                        ob.read_through(files)
+                    cmd = command(sys.executable, script, combo, ckpt_dir, url, peer.url)
+                    try:
+                        res = ob.run_child(cmd, run_env, args.timeout)
+                        if res.get("bytes") != tensor_bytes:
+                            raise ob.ChildError(f"got {res.get('bytes')} bytes, expected {tensor_bytes}")
+                    except ob.ChildError as e:
+                        res = {"error": str(e), "error_detail": e.detail}
+                    raw.setdefault((combo, state), []).append(res)
+                    shown = (f"FAILED: {res['error'][:300]}" if "error" in res else
+                             f"{res['seconds']:7.3f} s {tensor_bytes / res['seconds'] / 1e9:5.2f} GB/s "
+                             f"rss {res['peak_rss_bytes'] / 2**30:.2f} GiB")
+                    print(f"  {state} {r + 1}/{args.runs} {label(combo):20s} {shown}", flush=True)
+        return {
+            "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "command": " ".join(shlex.quote(a) for a in sys.argv),
+            "machine": ob.machine_info(),
+            "checkpoint": ckpt_dir, "shards": len(shards), "tensors": n_tensors, "tensor_bytes": tensor_bytes,
+            "runs_per_cell": args.runs, "states_run": states_run,
+            "combos": [list(c) for c in combos],
+            "raw": [{"combo": list(k[0]), "state": k[1], "runs": v} for k, v in raw.items()],
+            "elapsed_s": time.time() - started,
+        }
+    finally:
+        if server is not None:
+            server.stop()
+        if peer is not None:
+            peer.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gb", type=float, default=ob.env_num("TL_BENCH_OBJ_GB", 2.0))
+    ap.add_argument("--shards", type=int, default=ob.env_num("TL_BENCH_SHARDS", 4, int))
+    ap.add_argument("--runs", type=int, default=ob.env_num("TL_BENCH_RUNS", 3, int))
+    ap.add_argument("--states", default="cold,warm")
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--rclone", default=os.path.join(ob.ROOT, ".venv-s3", "bin", "rclone"))
+    ap.add_argument("--cli", default=os.path.join(ob.ROOT, "build", "tensorlift"))
+    ap.add_argument("--out", default=os.path.join(ob.ROOT, "bench", "out", "striped.json"))
+    args = ap.parse_args()
+    args.states = [s for s in args.states.split(",") if s]
+    signal.signal(signal.SIGTERM, lambda n, f: sys.exit(128 + n))
+    data = measure(args)
+    for r in data["raw"]:
+        r["combo"] = tuple(r["combo"])
+    report = summarize({**data, "raw": [{**r, "combo": tuple(r["combo"])} for r in data["raw"]],
+                        "combos": [tuple(c) for c in data["combos"]]})
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({**data, "raw": [{**r, "combo": list(r["combo"])} for r in data["raw"]], "report": report}, f,
+                  indent=1)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(report + "\n")
+    print()
+    print(report)
+    print(f"\n{data['elapsed_s']:.0f} s in all")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
