@@ -43,6 +43,18 @@ Status OpenSiblings(const std::string& libucp) {
 }
 
 Result<UcxApi> Load() {
+  // UCX's memory hooks (UCM) rewrite the code of mmap, munmap, madvise, ...
+  // in place ("bistro" mode) when UCX starts in a process. A thread inside
+  // one of them at that moment returns into half-rewritten code: PopulateAhead
+  // faults a peer load's fresh memory in with madvise while the load
+  // connects, and a 2 GB pull crashed with SIGSEGV in madvise in 5 of 66 runs
+  // (0 of 30 with the hooks off). tensorlift needs no memory events (each
+  // registration lives as long as its buffer), so the hooks are off unless
+  // the environment already chooses a mode. Set before libucm is loaded,
+  // which reads it.
+  if (std::getenv("UCX_MEM_MMAP_HOOK_MODE") == nullptr) {
+    ::setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
+  }
   const char* env = std::getenv(kUcxLibEnv);
   const bool named = env != nullptr && env[0] != '\0';
   const std::string path = named ? env : kDefaultLib;

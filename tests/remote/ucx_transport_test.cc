@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "../common/assert_ok.h"
@@ -486,6 +488,39 @@ INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", 
                              if (c == ',') c = '_';
                            return name;
                          });
+
+// UCX's memory hooks rewrite the code of madvise, mmap, ... in place
+// ("bistro" mode) when UCX starts in a process; a thread inside one of them at
+// that moment returns into half-rewritten code. PopulateAhead's threads sit in
+// madvise while a peer load connects: a 2 GB peer pull crashed (SIGSEGV in
+// madvise) in 5 of 66 runs, and in 0 of 30 with the hooks off (2026-11-26).
+// tensorlift turns them off (ucx_api.cc) unless UCX_MEM_MMAP_HOOK_MODE is set.
+// Each case runs in a child process that starts UCX for the first time
+// (under ctest; run alone, the parent may have started it already).
+int HookModeAfterUcxStarts(const char* preset) {
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (preset) {
+      setenv("UCX_MEM_MMAP_HOOK_MODE", preset, 1);
+    } else {
+      unsetenv("UCX_MEM_MMAP_HOOK_MODE");
+    }
+    auto server = UcxServer::Create(UcxOptions{"tcp"});
+    const char* mode = std::getenv("UCX_MEM_MMAP_HOOK_MODE");
+    if (!server.ok()) _exit(2);
+    if (mode == nullptr) _exit(3);
+    _exit(std::string_view(mode) == "none" ? 10 : std::string_view(mode) == "bistro" ? 11 : 12);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(UcxTransport, MemoryHooksAreOffUnlessTheUserSetsThem) {
+  if (!UcxBuilt()) GTEST_SKIP() << UcxVersion();
+  EXPECT_EQ(HookModeAfterUcxStarts(nullptr), 10);  // Turned off.
+  EXPECT_EQ(HookModeAfterUcxStarts("bistro"), 11);  // The user's choice is kept.
+}
 
 TEST(UcxTransport, VersionAndUnknownTransport) {
   if (!UcxBuilt()) GTEST_SKIP() << "built without UCX: " << UcxVersion();
