@@ -24,6 +24,10 @@ struct StoreArgs {
   std::string profile;
   bool no_sign = false;   // --no-sign-request: public buckets.
   std::string cache_dir;  // --cache-dir (load): a write-through cache of whole objects.
+  // load: this tensor-parallel rank's slices only (--tp-size, --tp-rank, --layout).
+  int tp_size = 1;
+  int tp_rank = 0;
+  std::string layout;
   ObjectStoreOptions ToOptions() const;
 };
 // A checkpoint on local disk or, for s3:// and gs:// paths, in a bucket.

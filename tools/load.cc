@@ -31,6 +31,8 @@ ObjectStoreOptions StoreArgs::ToOptions() const {
   o.profile = profile;
   o.anonymous = no_sign;
   o.cache_dir = cache_dir;
+  o.parallel = {tp_size, tp_rank};
+  o.layout = layout;
   return o;
 }
 
@@ -90,6 +92,17 @@ int RunLoad(const LoadArgs& args) {
   const bool bar = args.progress && ::isatty(STDERR_FILENO);
   if (bar) opts.progress = DrawBar;
 
+  if ((args.store.tp_size != 1 || !args.store.layout.empty()) && !IsObjectStoreUrl(args.path)) {
+    std::fprintf(stderr,
+                 "--tp-size and --layout apply to s3:// and gs:// paths (a rank fetches only its "
+                 "slices); local files: --mpi, or views of the page cache\n");
+    return kExitUsage;
+  }
+  if (args.store.tp_rank >= args.store.tp_size) {
+    std::fprintf(stderr, "--tp-rank %d is not below --tp-size %d\n", args.store.tp_rank,
+                 args.store.tp_size);
+    return kExitUsage;
+  }
   if (args.mpi && IsObjectStoreUrl(args.path)) {
     std::fprintf(stderr, "--mpi loads local files; %s is in object storage\n", args.path.c_str());
     return kExitUsage;

@@ -343,13 +343,16 @@ void BindCheckpoint(nb::module_& m) {
       .def_static(
           "open",
           [](const std::string& path, bool as_file, const std::string& endpoint,
-             const std::string& region, const std::string& profile, bool anonymous) {
+             const std::string& region, const std::string& profile, bool anonymous, int tp_size,
+             int tp_rank, const std::string& layout) {
             if (IsObjectStoreUrl(path)) {
               ObjectStoreOptions store;
               store.endpoint = endpoint;
               store.region = region;
               store.profile = profile;
               store.anonymous = anonymous;
+              store.parallel = {tp_size, tp_rank};
+              store.layout = layout;
               Result<Checkpoint> ckpt = InternalError("not run");
               {
                 nb::gil_scoped_release nogil;
@@ -358,15 +361,23 @@ void BindCheckpoint(nb::module_& m) {
               return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(std::move(ckpt))),
                                   store};
             }
+            if (tp_size != 1 || !layout.empty()) {
+              Raise(InvalidArgumentError(
+                  "tp_size and layout apply to s3:// and gs:// paths (a rank fetches only its "
+                  "slices); " +
+                  path + " is local"));
+            }
             return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(
                                     as_file ? Checkpoint::OpenFile(path) : Checkpoint::Open(path))),
                                 std::nullopt};
           },
           nb::arg("path"), nb::arg("as_file") = false, nb::arg("endpoint") = "",
           nb::arg("region") = "", nb::arg("profile") = "", nb::arg("anonymous") = false,
+          nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0, nb::arg("layout") = "",
           "Opens a file, an index or a directory and validates every header (as_file: one "
           ".safetensors file whatever its name); s3:// and gs:// paths are read from object "
-          "storage (endpoint, region, profile, anonymous override the environment's settings).")
+          "storage (endpoint, region, profile, anonymous override the environment's settings; "
+          "tp_size, tp_rank and layout: its loads fetch only that rank's slices).")
       .def_static(
           "open_files",
           [](const std::vector<std::string>& paths) {

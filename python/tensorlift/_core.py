@@ -32,7 +32,7 @@ def _paths(paths) -> List[str]:
     return [os.fspath(p) for p in paths]
 
 
-def _checkpoints(paths):
+def _checkpoints(paths, **object_store):
     """The checkpoints to load for `paths`: several .safetensors files open as one checkpoint, so
     their reads are planned and run together (as a directory's shards are), not one file after
     another; anything else (a directory, an index, a single file) opens on its own."""
@@ -41,13 +41,14 @@ def _checkpoints(paths):
         yield Checkpoint.open_files(names)
         return
     for path in names:
-        yield Checkpoint.open(path)
+        yield Checkpoint.open(path, **object_store) if object_store else Checkpoint.open(path)
 
 
 def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], device="cpu",
          framework: str = "pt", filter: Union[None, str, Iterable[str], Callable[[str], bool]] = None,
          mode: str = "auto", threads: Optional[int] = None, progress: bool = False,
-         dtype=None, copy: bool = False, _arena_pool=None) -> Dict[str, object]:
+         dtype=None, copy: bool = False, _arena_pool=None, tp_size: int = 1, tp_rank: int = 0,
+         layout: str = "") -> Dict[str, object]:
     """Loads tensors fast: returns name -> tensor, zero-copy over tensorlift's buffers.
 
     paths: a .safetensors file, a model.safetensors.index.json, a directory of
@@ -63,7 +64,9 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
     with copy=True, read into memory of its own; a file mostly not cached is
     read with O_DIRECT. dtype: convert floating-point tensors (F32/F16/BF16/F8) to this while
     loading (a torch dtype or "F32"/"F16"/"BF16"). progress: a tqdm bar. The
-    GIL is released while reading.
+    GIL is released while reading. tp_size, tp_rank, layout (s3:// and gs:// paths): the
+    tensors `layout` splits ("REGEX=DIM;...", docs/remote.md) come back as this rank's slice, and
+    only the slice's bytes are fetched.
     """
     from .remote import Peer, load_peer
     if isinstance(paths, Peer):
@@ -84,7 +87,8 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
                 bar.total = total
             bar.update(done - bar.n)
     try:
-        for ckpt in _checkpoints(paths):
+        split = dict(tp_size=tp_size, tp_rank=tp_rank, layout=layout) if (tp_size != 1 or layout) else {}
+        for ckpt in _checkpoints(paths, **split):
             names = None
             regex = None
             if isinstance(filter, str):

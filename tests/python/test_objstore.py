@@ -238,3 +238,24 @@ def test_striped_over_the_disk_the_bucket_and_a_peer(aws_env, cli):
     out = subprocess.run([str(cli), "fetch", "--stripe", "--model", "m", "--revision", "r", "http://127.0.0.1:1"],
                          capture_output=True, text=True)
     assert out.returncode != 0 and "give --fallback" in out.stderr, out.stderr
+
+
+def test_a_tensor_parallel_rank_loads_its_slices(aws_env, cli):
+    """tp_size, tp_rank and layout: each rank gets its slices of the tensors the layout splits
+    (fetching only their bytes), the others whole; the ranks' slices put together are the file's."""
+    root, _ = aws_env
+    want = load_file(str(root / "models" / "tiny" / "model.safetensors"))
+    layout = "^a$=0;^c$=1"
+    ranks = [tensorlift.load("s3://models/tiny", tp_size=2, tp_rank=r, layout=layout) for r in range(2)]
+    assert torch.equal(torch.cat([ranks[0]["a"], ranks[1]["a"]], 0), want["a"])
+    assert torch.equal(torch.cat([ranks[0]["c"], ranks[1]["c"]], 1), want["c"])
+    assert ranks[0]["a"].shape[0] < 33 and ranks[0]["c"].shape[1] == 4
+    assert all(torch.equal(r["b"], want["b"]) for r in ranks)
+    with pytest.raises(ValueError, match="apply to s3:// and gs:// paths"):
+        tensorlift.load(root / "models" / "tiny", tp_size=2, layout=layout)
+    out = subprocess.run([str(cli), "load", "--tp-size", "2", "--tp-rank", "1", "--layout", layout, "--checksum",
+                          "s3://models/tiny"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.count("\n") == 3, out.stderr
+    out = subprocess.run([str(cli), "load", "--tp-size", "2", "--layout", layout, str(root / "models" / "tiny")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and "apply to s3:// and gs:// paths" in out.stderr
