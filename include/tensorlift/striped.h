@@ -57,7 +57,7 @@ struct StripeOptions {
   // progress apply; local-file and conversion options are refused.
   LoadOptions load;
   uint64_t range_bytes = 8ull << 20;  // The most bytes one range holds.
-  int disk_threads = 2;               // Workers reading the local files.
+  int disk_threads = 4;               // Workers reading the local files.
   // Workers fetching from the bucket (each one ranged GET at a time);
   // 0: store.connections, bounded by store.max_in_flight_bytes / range_bytes.
   int object_threads = 0;

@@ -858,7 +858,7 @@ void BindPeerLoading(nb::module_& m) {
         nb::arg("peers") = std::vector<std::string>{}, nb::arg("registry") = "",
         nb::arg("token") = "", nb::arg("key") = nb::none(), nb::arg("device") = "cpu",
         nb::arg("timeout_ms") = 10000, nb::arg("transports") = "",
-        nb::arg("range_bytes") = uint64_t{8} << 20, nb::arg("disk_threads") = 2,
+        nb::arg("range_bytes") = uint64_t{8} << 20, nb::arg("disk_threads") = 4,
         nb::arg("object_threads") = 0, nb::arg("endpoint") = "", nb::arg("region") = "",
         nb::arg("names") = nb::none(), nb::arg("use_page_cache") = true,
         "Loads from the local files, a bucket and peers at once (include/tensorlift/"
