@@ -518,7 +518,7 @@ int HookModeAfterUcxStarts(const char* preset) {
 
 TEST(UcxTransport, MemoryHooksAreOffUnlessTheUserSetsThem) {
   if (!UcxBuilt()) GTEST_SKIP() << UcxVersion();
-  EXPECT_EQ(HookModeAfterUcxStarts(nullptr), 10);  // Turned off.
+  EXPECT_EQ(HookModeAfterUcxStarts(nullptr), 10);   // Turned off.
   EXPECT_EQ(HookModeAfterUcxStarts("bistro"), 11);  // The user's choice is kept.
 }
 
