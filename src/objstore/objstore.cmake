@@ -1,5 +1,6 @@
 # objstore: weights from object storage, s3:// and gs:// (include/tensorlift/objstore.h).
 #   s3_settings.cc  URLs, credentials and endpoints, found as AWS's tools find them
+#   s3_answers.cc   parsers for S3's answers (listings, <Error> bodies, Content-Range), fuzzed
 #   s3_client.cc    the S3 client over libcurl's multi interface (TENSORLIFT_WITH_CURL =
 #                   AUTO | ON | OFF), else s3_none.cc says "built without libcurl" at run time
 #   s3_load.cc      checkpoints in a bucket (Checkpoint::Open through the client) and
@@ -7,6 +8,7 @@
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 pkg_check_modules(LIBXML2 REQUIRED IMPORTED_TARGET libxml-2.0)
 add_library(tl_objstore STATIC
+  objstore/s3_answers.cc
   objstore/s3_settings.cc
   objstore/s3_load.cc
 )

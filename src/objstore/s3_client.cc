@@ -21,8 +21,6 @@
 #include "objstore/s3_client.h"
 
 #include <curl/curl.h>
-#include <libxml/parser.h>
-#include <libxml/tree.h>
 
 #include <algorithm>
 #include <atomic>
@@ -38,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "objstore/s3_answers.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::objstore {
@@ -48,9 +47,6 @@ void SetS3ListPageKeysForTesting(int keys);
 
 namespace {
 
-constexpr size_t kMaxListBodyBytes = size_t{64} << 20;
-constexpr size_t kMaxErrorBodyBytes = size_t{64} << 10;
-constexpr size_t kMaxListedObjects = size_t{10} << 20;
 constexpr size_t kMaxListPages = 100000;
 constexpr long kBufferBytes = 512 * 1024;
 constexpr int kMaxBackoffMs = 5000;
@@ -68,17 +64,9 @@ CURLcode GlobalInit() {
   static CURLcode code = CURLE_OK;
   std::call_once(once, [] {
     code = curl_global_init(CURL_GLOBAL_DEFAULT);
-    xmlInitParser();
+    InitXml();
   });
   return code;
-}
-
-// Text from the network for a message: bounded, control characters as '?'.
-std::string Printable(std::string_view s, size_t max_bytes = 300) {
-  std::string out;
-  for (char c : s.substr(0, max_bytes)) out += (c >= ' ' && c < 0x7f) ? c : '?';
-  if (s.size() > max_bytes) out += "...";
-  return out;
 }
 
 bool IsUnreserved(unsigned char c) {
@@ -105,39 +93,6 @@ std::string UriEncode(std::string_view s, bool keep_slash) {
   return out;
 }
 
-int HexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-// Decodes a key from a listing with encoding-type=url: %XX and '+' (space),
-// as S3 writes them. False on a malformed escape.
-bool UrlDecodeKey(std::string_view s, std::string* out) {
-  out->clear();
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '+') {
-      *out += ' ';
-    } else if (s[i] == '%') {
-      if (i + 2 >= s.size()) return false;
-      const int hi = HexValue(s[i + 1]), lo = HexValue(s[i + 2]);
-      if (hi < 0 || lo < 0) return false;
-      *out += static_cast<char>(hi * 16 + lo);
-      i += 2;
-    } else {
-      *out += s[i];
-    }
-  }
-  return true;
-}
-
-bool ParseU64(std::string_view s, uint64_t* out) {
-  if (s.empty() || s.size() > 20) return false;
-  const auto r = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return r.ec == std::errc() && r.ptr == s.data() + s.size();
-}
-
 std::string_view TrimSpace(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() &&
@@ -156,41 +111,6 @@ bool EqualsNoCase(std::string_view a, std::string_view b) {
     if (x != y) return false;
   }
   return true;
-}
-
-std::string StripQuotes(std::string_view s) {
-  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
-  return std::string(s);
-}
-
-// "bytes FIRST-LAST/TOTAL" (TOTAL may be '*'), or "bytes */TOTAL" (416).
-struct ContentRange {
-  bool has_range = false;
-  uint64_t first = 0, last = 0;
-  bool has_total = false;
-  uint64_t total = 0;
-};
-
-bool ParseContentRange(std::string_view v, ContentRange* out) {
-  *out = ContentRange();
-  if (v.substr(0, 6) != "bytes ") return false;
-  v.remove_prefix(6);
-  const size_t slash = v.find('/');
-  if (slash == std::string_view::npos) return false;
-  const std::string_view range = v.substr(0, slash), total = v.substr(slash + 1);
-  if (range != "*") {
-    const size_t dash = range.find('-');
-    if (dash == std::string_view::npos || !ParseU64(range.substr(0, dash), &out->first) ||
-        !ParseU64(range.substr(dash + 1), &out->last) || out->last < out->first) {
-      return false;
-    }
-    out->has_range = true;
-  }
-  if (total != "*") {
-    if (!ParseU64(total, &out->total)) return false;
-    out->has_total = true;
-  }
-  return out->has_range || out->has_total;
 }
 
 // Backoff before retry `attempt` (1-based): base * 2^(attempt-1), capped,
@@ -219,50 +139,6 @@ bool IsTransientCurlError(CURLcode code) {
     default:
       return false;
   }
-}
-
-// libxml2 documents, freed on scope exit.
-struct XmlDocDeleter {
-  void operator()(xmlDoc* d) const { xmlFreeDoc(d); }
-};
-using XmlDoc = std::unique_ptr<xmlDoc, XmlDocDeleter>;
-
-XmlDoc ParseXml(std::string_view body) {
-  if (body.empty() || body.size() > kMaxListBodyBytes) return nullptr;
-  return XmlDoc(xmlReadMemory(body.data(), static_cast<int>(body.size()), "s3-response.xml",
-                              nullptr, XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING));
-}
-
-bool NameIs(const xmlNode* n, const char* name) {
-  return n->type == XML_ELEMENT_NODE && xmlStrcmp(n->name, BAD_CAST name) == 0;
-}
-
-const xmlNode* Child(const xmlNode* parent, const char* name) {
-  for (const xmlNode* c = parent->children; c != nullptr; c = c->next) {
-    if (NameIs(c, name)) return c;
-  }
-  return nullptr;
-}
-
-std::string Text(const xmlNode* n) {
-  if (n == nullptr) return "";
-  xmlChar* s = xmlNodeGetContent(n);
-  if (s == nullptr) return "";
-  std::string out(reinterpret_cast<const char*>(s));
-  xmlFree(s);
-  return out;
-}
-
-// The Code and Message of an S3 <Error> body ("" when it has none).
-void ParseS3Error(std::string_view body, std::string* code, std::string* message) {
-  code->clear();
-  message->clear();
-  XmlDoc doc = ParseXml(body);
-  if (!doc) return;
-  const xmlNode* root = xmlDocGetRootElement(doc.get());
-  if (root == nullptr || !NameIs(root, "Error")) return;
-  *code = Text(Child(root, "Code"));
-  *message = Text(Child(root, "Message"));
 }
 
 enum class Method { kGet, kHead };
@@ -922,41 +798,14 @@ Result<bool> CurlS3Client::ListPage(const std::string& bucket, const std::string
   t.limit = kMaxListBodyBytes;
   TL_RETURN_IF_ERROR(Run(transfers, {}));
 
-  XmlDoc doc = ParseXml(body);
-  const xmlNode* root = doc ? xmlDocGetRootElement(doc.get()) : nullptr;
-  if (root == nullptr || !NameIs(root, "ListBucketResult")) {
-    return IOError(t.what + ": the answer (" + std::to_string(body.size()) +
-                   " bytes) is not a ListBucketResult document");
-  }
-  const bool url_encoded = Text(Child(root, "EncodingType")) == "url";
-  for (const xmlNode* c = root->children; c != nullptr; c = c->next) {
-    if (!NameIs(c, "Contents")) continue;
-    const xmlNode* key = Child(c, "Key");
-    const xmlNode* size = Child(c, "Size");
-    ObjectInfo info;
-    const std::string raw_key = Text(key);
-    if (key == nullptr || size == nullptr || !ParseU64(Text(size), &info.size)) {
-      return IOError(t.what + ": an entry without a Key or a valid Size (key '" +
-                     Printable(raw_key) + "')");
-    }
-    if (!url_encoded) {
-      info.key = raw_key;
-    } else if (!UrlDecodeKey(raw_key, &info.key)) {
-      return IOError(t.what + ": a badly URL-encoded key '" + Printable(raw_key) + "'");
-    }
-    info.etag = StripQuotes(Text(Child(c, "ETag")));
-    if (out->size() >= kMaxListedObjects) {
-      return ResourceExhaustedError(t.what + ": more than " + std::to_string(kMaxListedObjects) +
-                                    " objects");
-    }
-    out->push_back(std::move(info));
-  }
-  if (Text(Child(root, "IsTruncated")) != "true") return false;
-  std::string next = Text(Child(root, "NextContinuationToken"));
-  if (next.empty() || next.size() > 4096 || next == *token) {
+  auto page = ParseListPage(body, out->size());
+  if (!page.ok()) return page.status().WithContext(t.what);
+  for (auto& info : page->objects) out->push_back(std::move(info));
+  if (!page->truncated) return false;
+  if (page->next_token == *token) {
     return IOError(t.what + ": a truncated listing without a new NextContinuationToken");
   }
-  *token = std::move(next);
+  *token = std::move(page->next_token);
   return true;
 }
 

@@ -240,6 +240,50 @@ bool ParseEntry(simdjson::dom::parser& parser, std::string_view digest, std::str
   return true;
 }
 
+}  // namespace
+
+Result<RangePage> ParseRangePage(std::string_view reply, std::string_view key_digest, size_t limit,
+                                 std::string last_key) {
+  TL_RETURN_IF_ERROR(ValidateDigest(key_digest));
+  const std::string prefix = DigestPrefix(key_digest);
+  simdjson::dom::parser reply_parser, value_parser;
+  simdjson::dom::element root;
+  if (reply.size() > kMaxRangeResponseBytes ||
+      reply_parser.parse(reply.data(), reply.size(), /*realloc_if_needed=*/true).get(root) !=
+          simdjson::SUCCESS ||
+      !root.is_object()) {
+    return CorruptionError("reply is not a JSON object: '" + Printable(reply) + "'");
+  }
+  RangePage page;
+  page.last_key = std::move(last_key);
+  bool more_flag = false;
+  page.more = root["more"].get(more_flag) == simdjson::SUCCESS && more_flag;
+  simdjson::dom::array kvs;
+  if (root["kvs"].get(kvs) != simdjson::SUCCESS) return page;  // Absent: no entries.
+  std::string key, value;
+  for (simdjson::dom::element kv : kvs) {
+    if (++page.entries > limit) return CorruptionError("more entries than the limit asked for");
+    std::string_view key_b64, value_b64;
+    if (kv["key"].get(key_b64) != simdjson::SUCCESS || !Base64Decode(key_b64, &key) ||
+        key.compare(0, prefix.size(), prefix) != 0 || key <= page.last_key) {
+      return CorruptionError("reply holds a key outside the range asked for");
+    }
+    page.last_key = key;
+    SeedInfo seed;
+    if (kv["value"].get(value_b64) != simdjson::SUCCESS ||
+        value_b64.size() > (kMaxValueBytes + 2) / 3 * 4 || !Base64Decode(value_b64, &value) ||
+        !ParseEntry(value_parser, key_digest, std::string_view(key).substr(prefix.size()), value,
+                    &seed)) {
+      ++page.skipped;
+      continue;  // Invalid entries are skipped.
+    }
+    page.seeds.push_back(std::move(seed));
+  }
+  return page;
+}
+
+namespace {
+
 std::string DescribeError(httplib::Error error, std::chrono::milliseconds timeout,
                           size_t max_bytes) {
   const std::string ms = std::to_string(timeout.count()) + " ms";
@@ -544,42 +588,25 @@ class EtcdRegistry final : public Registry {
     range_end.back() = static_cast<char>(range_end.back() + 1);  // '/' + 1 == '0'.
     const std::string range_end_b64 = Base64Encode(range_end);
 
-    simdjson::dom::parser reply_parser, value_parser;
     std::vector<SeedInfo> seeds;
-    std::string start = prefix, last_key, key, value;
+    std::string start = prefix, last_key;
     size_t considered = 0;
     bool more = true;
     while (more && considered < kMaxEntriesConsidered) {
       const size_t limit = std::min(kRangePageEntries, kMaxEntriesConsidered - considered);
       const std::string body = "{\"key\":\"" + Base64Encode(start) + "\",\"range_end\":\"" +
                                range_end_b64 + "\",\"limit\":\"" + std::to_string(limit) + "\"}";
-      TL_ASSIGN_OR_RETURN(simdjson::dom::element root,
-                          etcd_.Call(kPath, body, reply_parser, kMaxRangeResponseBytes));
-      bool more_flag = false;
-      more = root["more"].get(more_flag) == simdjson::SUCCESS && more_flag;
-      simdjson::dom::array kvs;
-      if (root["kvs"].get(kvs) != simdjson::SUCCESS) break;  // Absent: no entries.
-      size_t page = 0;
-      for (simdjson::dom::element kv : kvs) {
-        if (++page > limit) return etcd_.Fail(kPath, "more entries than the limit asked for");
-        ++considered;
-        std::string_view key_b64, value_b64;
-        if (kv["key"].get(key_b64) != simdjson::SUCCESS || !Base64Decode(key_b64, &key) ||
-            key.compare(0, prefix.size(), prefix) != 0 || (considered > 1 && key <= last_key)) {
-          return etcd_.Fail(kPath, "reply holds a key outside the range asked for");
-        }
-        last_key = key;
-        start = key + '\0';  // The next page starts after this key.
-        SeedInfo seed;
-        if (kv["value"].get(value_b64) != simdjson::SUCCESS ||
-            value_b64.size() > (kMaxValueBytes + 2) / 3 * 4 || !Base64Decode(value_b64, &value) ||
-            !ParseEntry(value_parser, key_digest, std::string_view(key).substr(prefix.size()),
-                        value, &seed)) {
-          continue;  // Invalid entries are skipped.
-        }
-        seeds.push_back(std::move(seed));
-      }
-      if (page == 0) break;
+      TL_ASSIGN_OR_RETURN(EtcdGateway::Reply reply,
+                          etcd_.Send(kPath, body, kMaxRangeResponseBytes));
+      if (reply.http_status != 200) return etcd_.Fail(kPath, EtcdGateway::HttpProblem(reply));
+      auto page = ParseRangePage(reply.body, key_digest, limit, last_key);
+      if (!page.ok()) return etcd_.Fail(kPath, page.status().message());
+      considered += page->entries;
+      more = page->more;
+      for (auto& seed : page->seeds) seeds.push_back(std::move(seed));
+      if (page->entries == 0) break;
+      last_key = std::move(page->last_key);
+      start = last_key + '\0';  // The next page starts after this key.
     }
     std::sort(seeds.begin(), seeds.end(), [](const SeedInfo& a, const SeedInfo& b) {
       if (a.load != b.load) return a.load < b.load;

@@ -1,6 +1,7 @@
 # remote: loading from a running peer (include/tensorlift/remote.h).
 #   key.cc           PeerKey
 #   manifest.cc      the per-rank manifest (untrusted input: ParseManifest)
+#   frame.cc         the frame around UCX's wire blobs (untrusted input: Unframe)
 #   auth.cc          HMAC-SHA256 request signing (OpenSSL's libcrypto)
 #   layout.cc        tensor-parallel layouts and slice arithmetic
 #   slice.cc         a rank's slices of a loaded checkpoint (PeerAccess)
@@ -20,6 +21,7 @@ pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET GLOBAL cpp-httplib)
 add_library(tl_remote STATIC
   remote/key.cc
   remote/manifest.cc
+  remote/frame.cc
   remote/auth.cc
   remote/layout.cc
   remote/slice.cc

@@ -1,11 +1,9 @@
 // The UCX data plane (see ucx_transport.h). Built when UCX is found.
 //
 // Wire blobs. WorkerAddress() and PackedRkey() return UCX's bytes inside a
-// small frame: "TLUX", a kind byte ('A' address, 'K' remote key), three zero
-// bytes, the payload length (u64 little endian), the payload's XXH3-64 and the
-// payload. UCX parses addresses and keys without a length, so Connect and
-// AddRegion check the frame before UCX sees a byte: garbage is an
-// InvalidArgument error, never a read past the end.
+// small frame (remote/frame.h). UCX parses addresses and keys without a
+// length, so Connect and AddRegion check the frame before UCX sees a byte:
+// garbage is an InvalidArgument error, never a read past the end.
 //
 // Failure handling. Endpoints use UCP_ERR_HANDLING_MODE_PEER with an error
 // handler, so a dead peer fails requests instead of hanging them. UCX cannot
@@ -43,8 +41,8 @@
 
 #include "common/checked_math.h"
 #include "common/posix_file.h"
+#include "remote/frame.h"
 #include "remote/ucx_api.h"
-#include "tensorlift/checksum.h"
 
 namespace tensorlift::remote {
 namespace {
@@ -56,63 +54,6 @@ Status UnavailableError(std::string message) {
 }
 
 std::string UcsText(const UcxApi* api, ucs_status_t status) { return api->status_string(status); }
-
-// --- Frames -----------------------------------------------------------------
-
-constexpr char kFrameMagic[4] = {'T', 'L', 'U', 'X'};
-constexpr size_t kFrameHeader = 24;
-constexpr uint64_t kMaxFramePayload = 1ull << 20;  // UCX's blobs are a few KiB.
-
-void PutU64(char* p, uint64_t v) {
-  for (int i = 0; i < 8; ++i) p[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-
-uint64_t GetU64(const char* p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; ++i)
-    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-
-std::string Frame(char kind, const void* payload, size_t size) {
-  std::string out(kFrameHeader + size, '\0');
-  std::memcpy(out.data(), kFrameMagic, 4);
-  out[4] = kind;
-  PutU64(out.data() + 8, size);
-  PutU64(out.data() + 16, Xxh3_64(payload, size));
-  if (size > 0) std::memcpy(out.data() + kFrameHeader, payload, size);
-  return out;
-}
-
-// Returns a copy of the payload (UCX may read it unaligned; the copy also
-// outlives the caller's view while UCX parses it).
-Result<std::string> Unframe(std::string_view blob, char kind, std::string_view what) {
-  if (blob.size() < kFrameHeader) {
-    return InvalidArgumentError(std::string(what) + ": " + std::to_string(blob.size()) +
-                                " bytes is shorter than the " + std::to_string(kFrameHeader) +
-                                "-byte frame header");
-  }
-  if (std::memcmp(blob.data(), kFrameMagic, 4) != 0 || blob[4] != kind || blob[5] != 0 ||
-      blob[6] != 0 || blob[7] != 0) {
-    return InvalidArgumentError(std::string(what) + ": not a tensorlift UCX " +
-                                (kind == 'A' ? "worker address" : "remote key") +
-                                " (bad magic or kind)");
-  }
-  const uint64_t size = GetU64(blob.data() + 8);
-  if (size == 0 || size > kMaxFramePayload || size != blob.size() - kFrameHeader) {
-    return InvalidArgumentError(
-        std::string(what) + ": payload length " + std::to_string(size) + " does not match the " +
-        std::to_string(blob.size() - kFrameHeader) + " bytes after the header");
-  }
-  std::string payload(blob.substr(kFrameHeader));
-  const uint64_t want = GetU64(blob.data() + 16);
-  const uint64_t got = Xxh3_64(payload.data(), payload.size());
-  if (want != got) {
-    return InvalidArgumentError(std::string(what) + ": checksum " + HexU64(got) +
-                                " does not match the frame's " + HexU64(want));
-  }
-  return payload;
-}
 
 // --- Context and worker -------------------------------------------------------
 

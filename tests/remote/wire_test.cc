@@ -1,0 +1,147 @@
+// The peer wire decoders on their own, without a peer (the fuzz targets
+// tests/fuzz/peer_wire_fuzz.cc and registry_fuzz.cc run the same functions on
+// generated input): GET /v1/key's answer, the frames around UCX's blobs, and
+// etcd's range replies. Every fuzz finding is replayed here from its input in
+// tests/fuzz/seeds-*/regress-*.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "../common/assert_ok.h"
+#include "remote/control.h"
+#include "remote/frame.h"
+#include "remote/registry.h"
+
+namespace tensorlift::remote {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ReadSeed(const std::string& name) {
+  std::ifstream in(std::string(TENSORLIFT_SOURCE_DIR) + "/tests/fuzz/" + name, std::ios::binary);
+  EXPECT_TRUE(in.good()) << name;
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+constexpr const char* kKey =
+    R"({"protocol":1,"key":{"model":"m","revision":"r","dtype":"as-stored","quantization":"none",)"
+    R"("layout":"","protocol":1},"digest":"0123456789abcdef","parallel":{"size":2,"rank":1},)"
+    R"("tensors":3,"total_bytes":100,"sessions":4})";
+
+TEST(KeyJsonTest, AValidAnswer) {
+  auto info_or = ParseKeyJson("http://h:1", kKey);
+  ASSERT_OK(info_or);
+  PeerInfo info = *std::move(info_or);
+  EXPECT_EQ(info.key.model, "m");
+  EXPECT_EQ(info.key.protocol, 1);
+  EXPECT_EQ(info.parallel.size, 2);
+  EXPECT_EQ(info.parallel.rank, 1);
+  EXPECT_EQ(info.load, 4);
+}
+
+TEST(KeyJsonTest, FieldsInAnyOrder) {
+  const std::string reordered =
+      R"({"parallel":{"rank":0,"size":1},"sessions":0,"key":{"protocol":1,"layout":"",)"
+      R"("quantization":"none","dtype":"x","revision":"r","model":"m"}})";
+  auto info_or = ParseKeyJson("http://h:1", reordered);
+  ASSERT_OK(info_or);
+  PeerInfo info = *std::move(info_or);
+  EXPECT_EQ(info.parallel.size, 1);
+}
+
+TEST(KeyJsonTest, MalformedAnswersAreCorruptionNamingThePeer) {
+  for (const std::string& bad :
+       {std::string(""), std::string("[]"), std::string(R"({"key":1})"),
+        std::string(kKey).substr(0, 60),
+        std::string(R"({"key":{"model":"m","revision":"r","dtype":"d","quantization":"q",)"
+                    R"("layout":"","protocol":1},"parallel":{"size":2,"rank":2}})")}) {
+    auto info = ParseKeyJson("http://h:1", bad);
+    ASSERT_FALSE(info.ok()) << bad;
+    EXPECT_EQ(info.status().code(), StatusCode::kCorruption) << bad;
+    EXPECT_THAT(info.status().message(), HasSubstr("http://h:1: GET /v1/key: ")) << bad;
+  }
+}
+
+TEST(FrameTest, RoundTripAndEveryRejection) {
+  const std::string payload = "ucx worker address bytes";
+  const std::string blob = Frame('A', payload.data(), payload.size());
+  auto back_or = Unframe(blob, 'A', "address");
+  ASSERT_OK(back_or);
+  std::string back = *std::move(back_or);
+  EXPECT_EQ(back, payload);
+  EXPECT_THAT(Unframe(blob, 'K', "rkey").status().message(), HasSubstr("bad magic or kind"));
+  EXPECT_THAT(Unframe(blob.substr(0, 10), 'A', "address").status().message(),
+              HasSubstr("shorter than the 24-byte frame header"));
+  EXPECT_THAT(Unframe(blob + "x", 'A', "address").status().message(),
+              HasSubstr("does not match the"));
+  std::string flipped = blob;
+  flipped.back() ^= 1;
+  EXPECT_THAT(Unframe(flipped, 'A', "address").status().message(), HasSubstr("checksum"));
+  EXPECT_EQ(Unframe(Frame('A', "", 0), 'A', "address").status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+std::string B64(const std::string& in) {
+  static constexpr char k[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t v = uint8_t(in[i]) << 16;
+    if (i + 1 < in.size()) v |= uint8_t(in[i + 1]) << 8;
+    if (i + 2 < in.size()) v |= uint8_t(in[i + 2]);
+    out += k[v >> 18];
+    out += k[(v >> 12) & 63];
+    out += i + 1 < in.size() ? k[(v >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? k[v & 63] : '=';
+  }
+  return out;
+}
+
+std::string Kv(const std::string& suffix, const std::string& value) {
+  return R"({"key":")" + B64("/tensorlift/seeds/0123456789abcdef/" + suffix) + R"(","value":")" +
+         B64(value) + R"("})";
+}
+
+TEST(RangePageTest, ValidEntriesAreKeptAndBadOnesSkipped) {
+  const std::string good =
+      R"({"url":"http://127.0.0.1:8470","rank":0,"world":2,"load":1,"id":"ab"})";
+  const std::string reply =
+      R"({"kvs":[)" + Kv("0/ab", good) + "," +
+      Kv("1/ab", good) +  // The key's rank disagrees with the value's.
+      "," + Kv("1/cd", R"({"url":"ftp://x","rank":1,"world":2,"load":0,"id":"cd"})") +
+      R"(],"more":true})";
+  auto page_or = ParseRangePage(reply, "0123456789abcdef", 500);
+  ASSERT_OK(page_or);
+  RangePage page = *std::move(page_or);
+  ASSERT_EQ(page.seeds.size(), 1u);
+  EXPECT_EQ(page.seeds[0].url, "http://127.0.0.1:8470");
+  EXPECT_EQ(page.entries, 3u);
+  EXPECT_EQ(page.skipped, 2u);
+  EXPECT_TRUE(page.more);
+  EXPECT_EQ(page.last_key, "/tensorlift/seeds/0123456789abcdef/1/cd");
+}
+
+TEST(RangePageTest, KeysOutsideTheRangeOrOutOfOrderOrTooManyAreCorruption) {
+  const std::string v = R"({"url":"http://h:1","rank":0,"world":1,"load":0,"id":"ab"})";
+  const std::string other = R"({"key":")" + B64("/tensorlift/seeds/fedcba9876543210/0/ab") +
+                            R"(","value":")" + B64(v) + R"("})";
+  for (const std::string& reply :
+       {R"({"kvs":[)" + other + "]}", R"({"kvs":[)" + Kv("1/ab", v) + "," + Kv("0/ab", v) + "]}",
+        std::string("not json"), std::string("[1]")}) {
+    auto page = ParseRangePage(reply, "0123456789abcdef", 500);
+    ASSERT_FALSE(page.ok()) << reply;
+    EXPECT_EQ(page.status().code(), StatusCode::kCorruption) << reply;
+  }
+  auto page = ParseRangePage(R"({"kvs":[)" + Kv("0/ab", v) + "," + Kv("0/cd", v) + "]}",
+                             "0123456789abcdef", 1);
+  EXPECT_THAT(page.status().message(), HasSubstr("more entries than the limit"));
+  // A key not after the previous page's last key.
+  page = ParseRangePage(R"({"kvs":[)" + Kv("0/ab", v) + "]}", "0123456789abcdef", 500,
+                        "/tensorlift/seeds/0123456789abcdef/0/ab");
+  EXPECT_FALSE(page.ok());
+}
+
+}  // namespace
+}  // namespace tensorlift::remote
