@@ -65,6 +65,18 @@ TEST(KeyJsonTest, MalformedAnswersAreCorruptionNamingThePeer) {
   }
 }
 
+// Fuzz finding (2026-11-27): malformed JSON whose fields were looked up out of
+// order ran simdjson's On-Demand parser into an "unreachable" assumption
+// (undefined behaviour; UBSan aborted). Now the DOM parser checks the whole
+// document first: a Corruption error.
+TEST(KeyJsonTest, FuzzFindingMalformedJsonLookedUpOutOfOrder) {
+  const std::string seed = ReadSeed("seeds-peer-wire/regress-key-ondemand-unreachable.bin");
+  ASSERT_GT(seed.size(), 1u);
+  auto info = ParseKeyJson("http://h:1", seed.substr(1));  // The first byte picks the decoder.
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), StatusCode::kCorruption);
+}
+
 TEST(FrameTest, RoundTripAndEveryRejection) {
   const std::string payload = "ucx worker address bytes";
   const std::string blob = Frame('A', payload.data(), payload.size());
