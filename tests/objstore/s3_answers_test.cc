@@ -78,6 +78,20 @@ TEST(S3AnswersTest, ErrorBodies) {
   EXPECT_EQ(message, "");
 }
 
+// Fuzz finding (2026-11-27): an <Error> body that declares entities made its
+// Code and Message grow by expansion (xmlNodeGetContent expands references):
+// with libxml2 2.9.14, 977 bytes gave a 1 MB code and a 64 KiB body 60 MB.
+// S3 never sends a document type declaration; one is now refused.
+TEST(S3AnswersTest, FuzzFindingEntitiesInAnErrorBodyAreRefused) {
+  std::string code = "x", message = "x";
+  const std::string body = ReadSeed("error-entity.bin");
+  ASSERT_THAT(body, HasSubstr("<!ENTITY"));
+  ParseS3Error(body, &code, &message);
+  EXPECT_EQ(code, "");
+  EXPECT_EQ(message, "");
+  EXPECT_FALSE(ParseListPage("<!DOCTYPE ListBucketResult []><ListBucketResult/>").ok());
+}
+
 TEST(S3AnswersTest, ContentRange) {
   ContentRange cr;
   ASSERT_TRUE(ParseContentRange("bytes 0-1023/4096", &cr));
