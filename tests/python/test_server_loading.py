@@ -282,3 +282,12 @@ def test_striped_pieces_come_from_the_files_and_a_peer_serving_them(shards, tmp_
     assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
     assert len(lines) == 1 and lines[0].startswith("tensorlift: weights striped over 2 sources: "), lines
     assert f"{url} " in lines[0] and "disk " in lines[0]
+
+
+def test_a_bucket_model_refuses_a_local_read_mode():
+    """iterate_bucket (vLLM's and SGLang's s3:// models): mode is for local files, refused before
+    any request (the loads themselves: tests/vllm, tests/sglang against rclone)."""
+    logged = []
+    with pytest.raises(ValueError, match="mode applies to local files; s3://models/llama/ is in object storage"):
+        next(tlv.iterate_bucket("s3://models/llama/", "cpu", {"mode": "direct"}, lambda *a: logged.append(a)))
+    assert not logged

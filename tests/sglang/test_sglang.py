@@ -81,6 +81,20 @@ def test_a_striped_load_reads_from_the_files_and_a_peer_at_once(llama, llama_ref
     assert f"{url} " in got["output"]
 
 
+bucket = pytest.fixture(scope="module", name="bucket")(servers.llama_bucket)
+
+
+def test_a_model_in_a_bucket_loads_with_the_tensorlift_format(bucket, llama_reference, tmp_path):
+    """model_path s3://bucket/model with load_format tensorlift: SGLang pulls the config (its
+    runai-model-streamer step), its load format stays tensorlift (not runai_streamer), and
+    tensorlift streams the weights from the bucket; the same greedy tokens as a local load."""
+    env = dict(ENV, **servers.s3_env(bucket), SGLANG_CACHE_DIR=str(tmp_path / "cache"))
+    got = servers.run_engine(engine_command("s3://models/llama/", "tensorlift"), env)
+    assert got["tokens"] == llama_reference
+    assert "tensorlift: weights from s3://models/llama/" in got["output"], got["output"][-3000:]
+    assert "tensorlift: loading weights took" in got["output"]
+
+
 def test_qwen2_with_tied_embeddings_and_options(tmp_path):
     model = make_model("qwen2", tmp_path / "qwen2")
     ref = run_engine(model, "safetensors")["tokens"]

@@ -1,5 +1,7 @@
 """What the vLLM and SGLang end-to-end tests share (tests/vllm, tests/sglang): running one
-engine script, a corrupt copy of a model, waiting for a server and stopping it."""
+engine script, a corrupt copy of a model, waiting for a server and stopping it, a model in a
+bucket (rclone serve s3)."""
+import contextlib
 import json
 import os
 import pathlib
@@ -7,11 +9,14 @@ import signal
 import socket
 import subprocess
 import sys
+import shutil
 import time
 import urllib.error
 import urllib.request
 
 MAKE_MODEL = pathlib.Path(__file__).resolve().parent / "make_model.py"
+RCLONE = pathlib.Path(__file__).resolve().parents[2] / ".venv-s3" / "bin" / "rclone"
+S3_KEY, S3_SECRET = "TLVLLMACCESSKEY01", "tl-vllm-test-secret-0123456789"
 
 
 def make_model(arch, out, env):
@@ -63,6 +68,52 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def s3_bucket(model, root, key):
+    """`model` copied to bucket/key under `root` and served by rclone serve s3 (.venv-s3) on
+    loopback, checking SigV4 signatures (S3_KEY, S3_SECRET); yields the endpoint URL. Started
+    here, waited for with a deadline, stopped by PID. The caller skips when RCLONE is missing."""
+    root = pathlib.Path(root)
+    shutil.copytree(model, root / key)  # before rclone starts: it lists a folder once
+    port = free_port()
+    with open(root / "rclone.log", "wb") as log:
+        proc = subprocess.Popen([str(RCLONE), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key",
+                                 f"{S3_KEY},{S3_SECRET}", "--config", "/dev/null", str(root)],
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, (root / "rclone.log").read_text()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "rclone did not answer within 20 s"
+                time.sleep(0.02)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def llama_bucket(llama, tmp_path_factory):
+    """A module fixture's body (tests/vllm and tests/sglang): the llama checkpoint in a bucket
+    (models/llama) behind rclone serve s3; yields its endpoint. Skips without rclone."""
+    import pytest
+    if not RCLONE.exists():
+        pytest.skip("rclone is not installed (.venv-s3; scripts/setup.sh)")
+    with s3_bucket(llama, tmp_path_factory.mktemp("s3"), "models/llama") as endpoint:
+        yield endpoint
+
+
+def s3_env(endpoint):
+    """The variables that point tensorlift (and runai-model-streamer, which the servers use to
+    pull an s3:// model's config and tokenizer) at the bucket."""
+    return dict(AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_ENDPOINT_URL=endpoint,
+                AWS_REGION="us-east-1", RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0",
+                AWS_EC2_METADATA_DISABLED="true")
 
 
 def wait_healthy(proc, url, log_path, timeout=400):

@@ -92,49 +92,14 @@ def test_two_tensor_parallel_ranks_read_their_slices(llama, llama_reference_tp2)
     assert got["output"].count("tensorlift: 2 ranks: views of the files on the CPU") == 2, got["output"][-3000:]
 
 
-S3_KEY, S3_SECRET = "TLVLLMACCESSKEY01", "tl-vllm-test-secret-0123456789"
-
-
-@pytest.fixture(scope="module")
-def bucket(llama, tmp_path_factory):
-    """The llama checkpoint in a bucket: rclone serve s3 (.venv-s3) on loopback, checking SigV4
-    signatures, started here and stopped by PID; yields its endpoint."""
-    import shutil
-    import socket
-    import time
-    rclone = HERE.parents[1] / ".venv-s3" / "bin" / "rclone"
-    if not rclone.exists():
-        pytest.skip("rclone is not installed (.venv-s3; scripts/setup.sh)")
-    root = tmp_path_factory.mktemp("s3")
-    shutil.copytree(llama, root / "models" / "llama")  # before rclone starts: it lists a folder once
-    port = servers.free_port()
-    with open(root / "rclone.log", "wb") as log:
-        proc = subprocess.Popen([str(rclone), "serve", "s3", "--addr", f"127.0.0.1:{port}", "--auth-key",
-                                 f"{S3_KEY},{S3_SECRET}", "--config", "/dev/null", str(root)],
-                                stdout=log, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            assert proc.poll() is None, (root / "rclone.log").read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "rclone did not answer within 20 s"
-                time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.kill()
-        proc.wait()
+bucket = pytest.fixture(scope="module", name="bucket")(servers.llama_bucket)
 
 
 def test_a_model_in_a_bucket_loads_with_the_tensorlift_format(bucket, llama_reference, tmp_path):
     """vllm with s3://bucket/model and --load-format tensorlift: vLLM pulls the config (its
     runai-model-streamer step, as for runai_streamer), tensorlift streams the weights from the
     bucket; the same greedy tokens as the local safetensors load."""
-    env = dict(engine_env(inproc=False), AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET,
-               AWS_ENDPOINT_URL=bucket, AWS_REGION="us-east-1", RUNAI_STREAMER_S3_USE_VIRTUAL_ADDRESSING="0",
-               AWS_EC2_METADATA_DISABLED="true", VLLM_CACHE_ROOT=str(tmp_path / "cache"))
+    env = dict(engine_env(inproc=False), **servers.s3_env(bucket), VLLM_CACHE_ROOT=str(tmp_path / "cache"))
     got = servers.run_engine([sys.executable, str(HERE / "run_llm.py"), "s3://models/llama/", "tensorlift"], env)
     assert got["tokens"] == llama_reference
     assert "tensorlift: weights from s3://models/llama/" in got["output"], got["output"][-3000:]
@@ -146,8 +111,7 @@ def test_a_striped_load_reads_from_the_files_a_peer_and_a_bucket_at_once(llama, 
     and the bucket's copy at once; the same greedy tokens as the local safetensors load."""
     from tensorlift import remote
     with remote.serve(llama, chunk_bytes=256 << 10) as server:
-        env = dict(engine_env(), AWS_ACCESS_KEY_ID=S3_KEY, AWS_SECRET_ACCESS_KEY=S3_SECRET, AWS_ENDPOINT_URL=bucket,
-                   AWS_REGION="us-east-1")
+        env = dict(engine_env(), **servers.s3_env(bucket))
         extra = {"stripe": {"peer": server.url, "bucket": "s3://models/llama/", "page_cache": False}}
         cmd = [sys.executable, str(HERE / "run_llm.py"), str(llama), "tensorlift", json.dumps(extra)]
         got = servers.run_engine(cmd, env)

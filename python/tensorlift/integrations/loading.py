@@ -151,6 +151,19 @@ def iterate_weights(files: List[str], device: str, options: Dict[str, Any],
                       piece_bytes=GROUP_BYTES)
 
 
+def iterate_bucket(url: str, device: str, options: Dict[str, Any], log) -> Iterator[Tuple[str, Any]]:
+    """(name, tensor) for every tensor of the checkpoint at an s3:// or gs:// URL (a prefix with its
+    shards and index), streamed from the bucket in ~256 MiB pieces one ahead onto `device`. The
+    server pulled the config and tokenizer to a local directory; every rank fetches the whole
+    checkpoint (the model's weight loaders cut their slices). `mode` is for local files."""
+    from .._stream import shard_files, stream
+    if options.get("mode", "auto") != "auto":
+        raise ValueError(f"{FORMAT}: mode applies to local files; {url} is in object storage")
+    log("tensorlift: weights from %s", url)
+    yield from stream(shard_files(url), device=device, filter=options.get("filter"), threads=options.get("threads"),
+                      progress=options.get("progress", False), piece_bytes=GROUP_BYTES)
+
+
 def iterate_striped(files: List[str], model_dir: str, device: str, options: Dict[str, Any],
                     log) -> Iterator[Tuple[str, Any]]:
     """(name, tensor) for every tensor of `files` (the checkpoint's local shards, or its shards in a

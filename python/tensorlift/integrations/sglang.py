@@ -25,6 +25,12 @@ before SGLang's post-processing, and rank r of a new instance pulls rank r's,
 under a key naming SGLang's version and the tensor parallel size); any other
 key is refused. Tensor parallelism: unless a mode is set, every rank gets views
 of the files on the CPU and the model's weight loaders take their slices.
+
+An s3:// or gs:// model path (`--model-path s3://bucket/model/`): SGLang pulls
+the config and tokenizer to a local directory and keeps the URL in
+ModelConfig.model_weights; `register()` keeps the load format "tensorlift"
+(SGLang's handle_load_format turns it into runai_streamer otherwise) and the
+loader streams the shards from the bucket (docs/object-storage.md).
 """
 from __future__ import annotations
 
@@ -33,8 +39,8 @@ import os
 import time
 from typing import Any, Optional
 
-from .loading import (FORMAT, describe_plan, iterate_striped, iterate_weights, model_device, parse_options, peer_layout,
-                      pull_parameters, serve_parameters)
+from .loading import (FORMAT, describe_plan, iterate_bucket, iterate_striped, iterate_weights, model_device,
+                      parse_options, peer_layout, pull_parameters, serve_parameters)
 
 NAME = "tensorlift"
 _loader_class: Optional[type] = None
@@ -62,10 +68,25 @@ def _make_loader_class() -> type:
             self.options = parse_options(load_config.model_loader_extra_config)
             self.from_peer = bool(self.options.get("peer") or self.options.get("registry"))
             self._device = "cpu"
+            # An s3:// or gs:// model: SGLang pulled its config and tokenizer to a local directory
+            # (ModelConfig.model_path) and keeps the URL in model_weights; local directory -> URL.
+            self._buckets = {}
+
+        def _note(self, model_config) -> None:
+            from .._core import is_object_url
+            self._model_config = model_config
+            url = getattr(model_config, "model_weights", None) or ""
+            if is_object_url(url):
+                self._buckets[model_config.model_path] = url
 
         def _prepare_weights(self, model_name_or_path, revision, fall_back_to_pt, allow_patterns_overrides=None):
             # SGLang's own discovery (local directory or the Hub, the index filtering
             # duplicate shards, its file order), as its "safetensors" format runs it.
+            # An s3:// or gs:// model: its shards, from the bucket's listing and index.
+            url = self._buckets.get(model_name_or_path)
+            if url:
+                from .._stream import shard_files
+                return url, shard_files(url), True
             from sglang.srt.configs.load_config import LoadFormat
             ours, self.load_config.load_format = self.load_config.load_format, LoadFormat.SAFETENSORS
             try:
@@ -82,9 +103,12 @@ def _make_loader_class() -> type:
             if not use_safetensors:
                 raise ValueError(f"{FORMAT}: {source.model_or_path} has no .safetensors weights "
                                  f"(found {[os.path.basename(f) for f in files][:4]})")
+            url = self._buckets.get(source.model_or_path)
             if "stripe" in self.options:  # every source of the checkpoint at once
-                weights = iterate_striped(list(files), os.path.dirname(files[0]), self._device, self.options,
+                weights = iterate_striped(list(files), url or os.path.dirname(files[0]), self._device, self.options,
                                           logger.info)
+            elif url:  # an s3:// or gs:// model
+                weights = iterate_bucket(url, self._device, self.options, logger.info)
             else:
                 weights = iterate_weights(list(files), self._device, self.options, self._ranks())  # SGLang's order
             if self.load_config.draft_model_idx is not None:
@@ -134,12 +158,20 @@ def _make_loader_class() -> type:
             DefaultModelLoader.postprocess_weights(model, target_device)
             logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)
 
+        def download_model(self, model_config):
+            self._note(model_config)
+            return super().download_model(model_config)
+
+        def resolve_model_weights(self, model_config, model):
+            self._note(model_config)
+            return super().resolve_model_weights(model_config, model)
+
         def load_model(self, *, model_config, device_config):
-            self._model_config = model_config
+            self._note(model_config)
             return super().load_model(model_config=model_config, device_config=device_config)
 
         def commit_model_weights(self, *, model, model_config, **kwargs):
-            self._model_config = model_config
+            self._note(model_config)
             return super().commit_model_weights(model=model, model_config=model_config, **kwargs)
 
     return TensorliftSGLangLoader
@@ -151,6 +183,21 @@ def _verify_load_format(original, config, *args, **kwargs):
         config.load_format = loader_class()
         return None
     return original(config, *args, **kwargs)
+
+
+def _keep_format_for_object_storage(server_args, previous) -> None:
+    """Around SGLang's handle_load_format (a resolution hook): for an s3:// or gs:// model path it
+    turns every load format into runai_streamer; tensorlift reads object storage itself, so
+    "tensorlift" stays. SGLang still pulls the config and tokenizer to a local directory (its
+    handle_model_source_paths, with runai-model-streamer) and ModelConfig keeps the URL in
+    model_weights, where the loader finds it."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from .._core import is_object_url
+    cfg = resolving_view(server_args)
+    ours = isinstance(cfg.load_format, str) and cfg.load_format.lower() == NAME
+    previous(server_args)
+    if ours and is_object_url(str(cfg.model_path or "")) and cfg.load_format != NAME:
+        declare_resolution(server_args, "tensorlift", load_format=NAME)
 
 
 _registered = False
@@ -167,4 +214,10 @@ def register() -> None:
         add_load_format_choices([NAME])
     HookRegistry.register("sglang.srt.configs.load_config.LoadConfig._verify_load_format",
                           _verify_load_format, HookType.AROUND)
+    try:  # s3:// and gs:// models (SGLang's resolution hooks, 0.5.23)
+        from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+    except ImportError:
+        pass
+    else:
+        register_resolution_hook("handle_load_format")(_keep_format_for_object_storage)
     _registered = True

@@ -72,7 +72,8 @@ import time
 from typing import List, Optional
 
 from .loading import (ALLOWED_OPTIONS, FORMAT, GROUP_BYTES, MODES, SERVE_OPTIONS, describe_plan,  # noqa: F401
-                      iterate_striped, iterate_weights, model_device, natural_key, parameter_key, parse_options, plan_groups,
+                      iterate_bucket, iterate_striped, iterate_weights, model_device, natural_key, parameter_key,
+                      parse_options, plan_groups,
                       peer_layout, pull_parameters, serve_parameters)
 
 
@@ -125,15 +126,8 @@ def _make_loader_class():
                 return
             if url:
                 # An s3:// or gs:// model: vLLM pulled its config and tokenizer into a local
-                # directory (model_config.model); the weights stream from the bucket, each rank
-                # fetching the whole checkpoint onto its device.
-                from .._stream import shard_files, stream
-                if "mode" in self.options and self.options["mode"] != "auto":
-                    raise ValueError(f"{FORMAT}: mode applies to local files; {url} is in object storage")
-                logger.info("tensorlift: weights from %s", url)
-                yield from stream(shard_files(url), device=device, filter=self.options.get("filter"),
-                                  threads=self.options.get("threads"), progress=self.options.get("progress", False),
-                                  piece_bytes=GROUP_BYTES)
+                # directory (model_config.model); the weights stream from the bucket.
+                yield from iterate_bucket(url, device, self.options, logger.info)
                 return
             sources = [("", model_config.model, model_config.revision, None,
                         getattr(model, "allow_patterns_overrides", None))]
