@@ -11,7 +11,8 @@ if [ ! -f "$dir/CMakeCache.txt" ] || [ $# -gt 0 ]; then
 fi
 # Show warnings and errors, not progress lines; fail when the build fails.
 set +e
-cmake --build "$dir" -j "$(nproc)" > "$dir.build.log" 2>&1
+# TL_BUILD_TARGETS (space-separated): build only those targets (and what they need).
+cmake --build "$dir" -j "$(nproc)" ${TL_BUILD_TARGETS:+--target $TL_BUILD_TARGETS} > "$dir.build.log" 2>&1
 rc=$?
 set -e
 grep -vE '^\[ *[0-9]+%\]|^g?make|Consolidate compiler generated dependencies' "$dir.build.log" || true

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make test: build, then run every test: C++ (ctest), the format tests again
-# under ASan+UBSan, Python (pytest, against the reference safetensors
+# under ASan+UBSan, the concurrent ones under TSan, Python (pytest, against the reference safetensors
 # package; the framework modules in .venv-frameworks), a bounded libFuzzer run over the header parser, and vLLM and SGLang (CPU)
 # serving with --load-format tensorlift from its own environment.
 set -euo pipefail
@@ -31,6 +31,17 @@ bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BEN
 # CI hit it twice on 2026-11-26. Fixed upstream by LLVM's D147459; blocks
 # glibc allocates with malloc are still scanned as heap.
 ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load|device|dist|sparse|remote|objstore|sources'
+
+echo "== concurrency tests under ThreadSanitizer (loader engines and streaming, the device pipeline on the emulated device, in-process multi-rank loading, peer serve and fetch over tcp and shared memory, the S3 client, striped loads)"
+# Only the test programs with threads (and the CLI the striped test runs) are built. MPI's
+# multi-process runs are not (OpenMPI is not instrumented; tests/CMakeLists.txt leaves them out
+# of sanitizer builds). No suppressions: a report fails its test (TSan's exit code 66).
+TL_BUILD_TARGETS="loader_test streamer_test sparse_load_test planner_test emulated_device_test device_pipeline_test
+  in_process_communicator_test distributed_loader_test communicator_test peer_test ucx_transport_test registry_test
+  wire_test striped_load_test s3_client_test s3_load_test s3_faults_test tensorlift_cli" \
+  bash scripts/build.sh build-tsan -DTENSORLIFT_SANITIZE=thread -DTENSORLIFT_BUILD_BENCH=OFF
+TSAN_OPTIONS="second_deadlock_stack=1" ctest --test-dir build-tsan --output-on-failure -j "$(nproc)" \
+  -L 'load|device|dist|remote|sources|objstore' -E '_NOT_BUILT$'
 
 echo "== fuzz (bounded)"
 # The header parser for FUZZ_SECONDS (60), every other decoder 20 s (make fuzz: all for FUZZ_SECONDS).
