@@ -118,6 +118,7 @@ struct FetchArgs {
   std::string out;             // Directory to write model.safetensors into.
   bool checksum = false;
   int timeout_ms = 10000;
+  double min_rate_mbps = 1;  // PeerLoadOptions::min_rate, in MB/s.
   // Then serve what was pulled (become a seed) until SIGINT/SIGTERM.
   bool seed = false;
   std::string seed_host = "127.0.0.1";

@@ -223,6 +223,12 @@ int main(int argc, char** argv) {
                    "Each request, connection and stalled pull")
       ->check(CLI::Range(100, 3600000))
       ->capture_default_str();
+  fetch
+      ->add_option("--min-rate", fetch_args.min_rate_mbps,
+                   "MB/s a peer must grant and send; one below it is dropped once a pull is "
+                   "--timeout-ms old (0: no floor)")
+      ->check(CLI::Range(0.0, 1e6))
+      ->capture_default_str();
   fetch->add_flag("--seed", fetch_args.seed,
                   "Then serve what was pulled (registered with --registry) until interrupted");
   fetch

@@ -131,6 +131,7 @@ Result<PeerLoad> FetchStriped(const FetchArgs& args, const PeerKey& key, const s
   o.key = key;
   o.transports = args.peer.transports;
   o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = args.timeout_ms;
+  o.min_rate = static_cast<uint64_t>(args.min_rate_mbps * 1e6);
   o.load.device = args.device;
   o.use_page_cache = !args.stripe_cached;
   StripeReport report;
@@ -185,6 +186,7 @@ int RunFetch(const FetchArgs& args) {
   opts.request_timeout_ms = args.timeout_ms;
   opts.connect_timeout_ms = args.timeout_ms;
   opts.stall_timeout_ms = args.timeout_ms;
+  opts.min_rate = static_cast<uint64_t>(args.min_rate_mbps * 1e6);
   opts.device = args.device;
   if (!args.out.empty() && args.device != "cpu") {
     return Fail(InvalidArgumentError("fetch: --out writes a host fetch: leave --device at cpu"),

@@ -196,9 +196,16 @@ struct PeerLoadOptions {
   std::string device = "cpu";
   // Time-outs: each control request, connecting the data plane, and the
   // longest a pull may go without finishing a get.
+  // Each control request must complete within request_timeout_ms (a peer
+  // that dribbles its answer is dropped then, whatever it has sent).
   int request_timeout_ms = 5000;
   int connect_timeout_ms = 5000;
   int stall_timeout_ms = 10000;
+  // Bytes per second a source must give this client: one whose manifest
+  // grants less (its rate limit's share) is skipped, and a pull that has
+  // averaged less once it is stall_timeout_ms old fails over, like a stall
+  // (a peer that lets a get finish just often enough never stalls). 0: any.
+  uint64_t min_rate = 1000000;
   uint64_t batch_bytes = 8ull << 20;  // The largest single get.
   int max_in_flight = 16;             // Gets outstanding per source rank.
   std::string transports;             // As ServeOptions::transports.

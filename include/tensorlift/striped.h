@@ -66,10 +66,11 @@ struct StripeOptions {
   // alone (views of the page cache, as Load's auto mode: nothing is faster);
   // false: stripe anyway (for measuring the sources, and tests).
   bool use_page_cache = true;
-  // Peer time-outs and transports, as in PeerLoadOptions.
+  // Peer time-outs, minimum rate and transports, as in PeerLoadOptions.
   int request_timeout_ms = 5000;
   int connect_timeout_ms = 5000;
   int stall_timeout_ms = 10000;
+  uint64_t min_rate = 1000000;
   std::string transports;
   // Called as each range lands and checks out: the source's name (as in the
   // report) and the range's bytes.

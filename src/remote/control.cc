@@ -8,6 +8,7 @@
 #include <cctype>
 
 #include "remote/auth.h"
+#include "remote/http_deadline.h"
 #include "remote/server.h"
 
 namespace tensorlift::remote {
@@ -24,6 +25,7 @@ Result<Control> Control::Make(const std::string& url, const std::string& token, 
 Result<std::string> Control::Send(const std::string& method, const std::string& path,
                                   const std::string& body, uint64_t max_body,
                                   std::string* session) const {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms_);
   httplib::Client cli(host_, port_);
   const time_t s = timeout_ms_ / 1000;
   const time_t us = (timeout_ms_ % 1000) * 1000;
@@ -49,10 +51,15 @@ Result<std::string> Control::Send(const std::string& method, const std::string& 
   };
   httplib::Response res;
   httplib::Error err = httplib::Error::Success;
-  const bool ok = cli.send(req, res, err);
+  bool expired = false;
+  const bool ok = SendBefore(cli, req, res, err, deadline, &expired);
   if (too_big) {
     return CorruptionError(url_ + ": " + method + " " + path + ": response larger than " +
                            std::to_string(max_body) + " bytes");
+  }
+  if (expired) {
+    return UnavailableError(url_ + ": " + method + " " + path + ": no complete answer within " +
+                            std::to_string(timeout_ms_) + " ms (the request time-out)");
   }
   if (!ok) {
     return UnavailableError(url_ + ": " + method + " " + path + ": " + httplib::to_string(err));
@@ -119,10 +126,37 @@ Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json) {
     return bad("parallel size/rank missing or out of range");
   }
   info.parallel = {static_cast<int>(size), static_cast<int>(rank)};
+  // What the manifest must then list (OpenSessions checks it).
+  uint64_t tensors = 0, total_bytes = 0;
+  if (root["tensors"].get_uint64().get(tensors) ||
+      root["total_bytes"].get_uint64().get(total_bytes)) {
+    return bad("tensors or total_bytes missing or not an unsigned integer");
+  }
+  info.tensors = tensors;
+  info.total_bytes = total_bytes;
   int64_t sessions = 0;
   if (!root["sessions"].get_int64().get(sessions) && sessions >= 0)
     info.load = static_cast<double>(sessions);
   return info;
+}
+
+Status ManifestAgreesWithKey(const PeerInfo& info, const Manifest& manifest) {
+  if (manifest.tensors.size() == info.tensors && manifest.total_bytes == info.total_bytes) {
+    return Status::Ok();
+  }
+  return CorruptionError(info.url + ": the manifest lists " +
+                         std::to_string(manifest.tensors.size()) + " tensors of " +
+                         std::to_string(manifest.total_bytes) + " bytes, GET /v1/key said " +
+                         std::to_string(info.tensors) + " of " + std::to_string(info.total_bytes));
+}
+
+Status RateIsEnough(const std::string& url, const Manifest& manifest, uint64_t min_rate) {
+  if (min_rate == 0 || manifest.rate_limit == 0 || manifest.rate_limit >= min_rate) {
+    return Status::Ok();
+  }
+  return UnavailableError(url + ": grants " + std::to_string(manifest.rate_limit) +
+                          " bytes/s, below the minimum of " + std::to_string(min_rate) +
+                          " (min_rate)");
 }
 
 }  // namespace tensorlift::remote

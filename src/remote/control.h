@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "remote/manifest.h"
 #include "tensorlift/remote.h"
 #include "tensorlift/status.h"
 
@@ -35,8 +36,19 @@ struct PeerInfo {
   std::string url;
   PeerKey key;
   TensorParallel parallel;
+  // The tensors this rank serves and their bytes: its manifest must agree.
+  uint64_t tensors = 0;
+  uint64_t total_bytes = 0;
   double load = 0;
 };
+
+// A manifest must list what its GET /v1/key answer said: as many tensors and
+// bytes (kCorruption naming both otherwise).
+Status ManifestAgreesWithKey(const PeerInfo& info, const Manifest& manifest);
+
+// kUnavailable when the manifest grants this client less than `min_rate`
+// bytes per second (PeerLoadOptions::min_rate; 0 accepts any rate).
+Status RateIsEnough(const std::string& url, const Manifest& manifest, uint64_t min_rate);
 
 // Parses GET /v1/key's answer from `url` (untrusted: every field checked).
 Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json);

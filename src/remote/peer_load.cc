@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "common/checked_math.h"
@@ -25,6 +26,7 @@
 #include "remote/ucx_transport.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/checksum.h"
+#include "tensorlift/sparse.h"
 
 namespace tensorlift {
 namespace remote {
@@ -35,6 +37,7 @@ using Clock = std::chrono::steady_clock;
 // A source rank's pull: its endpoint, session and manifest.
 struct Source {
   const Control* control = nullptr;
+  const PeerInfo* info = nullptr;  // What its GET /v1/key said.
   std::string session;
   Manifest manifest;
   std::unique_ptr<UcxClient> ucx;
@@ -42,6 +45,49 @@ struct Source {
   uint64_t pulled = 0;
   std::string transports;  // What UCX used, for the report.
 };
+
+// A tensor as the fallback checkpoint's headers give it (what a disk load
+// would hand out: sparse groups by their dense names).
+struct Expected {
+  std::string name;
+  Dtype dtype;
+  std::vector<int64_t> shape;
+};
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// The fallback checkpoint's tensors in name order; nullopt when they cannot be
+// read here (not a local checkpoint, or it does not open: its load reports that).
+std::optional<std::vector<Expected>> FallbackTensors(const PeerLoadOptions& options) {
+  if (options.fallback_path.empty() || options.fallback_loader) return std::nullopt;
+  auto ckpt = Checkpoint::Open(options.fallback_path);
+  if (!ckpt.ok()) return std::nullopt;
+  std::vector<Expected> out;
+  auto add = [&](const std::string& name, Dtype dtype, const std::vector<uint64_t>& shape) {
+    out.push_back({name, dtype, std::vector<int64_t>(shape.begin(), shape.end())});
+  };
+  if (options.fallback_load.decode_sparse) {
+    auto catalog = sparse::FindSparse(*ckpt);
+    if (!catalog.ok()) return std::nullopt;
+    for (const auto& t : catalog->sparse) add(t.name, t.dtype, t.dense_shape);
+    for (const auto& loc : catalog->dense) {
+      const TensorInfo& info = ckpt->info(loc);
+      add(info.name, info.dtype, info.shape);
+    }
+  } else {
+    for (const auto& loc : ckpt->tensors()) {
+      const TensorInfo& info = ckpt->info(loc);
+      add(info.name, info.dtype, info.shape);
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Expected& a, const Expected& b) { return a.name < b.name; });
+  return out;
+}
 
 // One destination tensor.
 struct Wanted {
@@ -234,11 +280,15 @@ Status CopyStaged(const std::vector<RankPlan::Staged>& staged, Landing& landing)
 class Puller {
  public:
   Puller(const PeerKey& key, const PeerLoadOptions& options, std::shared_ptr<Device> device)
-      : key_(key), options_(options), device_(std::move(device)) {}
+      : key_(key),
+        options_(options),
+        device_(std::move(device)),
+        expected_(FallbackTensors(options)) {}
 
   // Pulls from `group` (one endpoint per source rank, index = rank). On
   // failure `failed_url` names the endpoint to blame (empty: the first).
   Result<LoadedCheckpoint> Pull(const std::vector<const Control*>& group,
+                                const std::vector<const PeerInfo*>& infos,
                                 std::vector<ShardOf>* shards, PeerLoadReport* report,
                                 std::string* failed_url) {
     const auto t0 = Clock::now();
@@ -249,6 +299,7 @@ class Puller {
     // map it) are closed before the buffer is freed.
     Landing landing;
     SessionCloser closer{&sources};
+    for (int r = 0; r < n; ++r) sources[r].info = infos[r];
     TL_RETURN_IF_ERROR(OpenSessions(group, &sources, failed_url));
 
     *failed_url = group[0]->url();
@@ -312,6 +363,8 @@ class Puller {
                                std::to_string(mf.parallel.size) + ", its key said rank " +
                                std::to_string(r) + " of " + std::to_string(n));
       }
+      TL_RETURN_IF_ERROR(ManifestAgreesWithKey(*src.info, mf));
+      TL_RETURN_IF_ERROR(RateIsEnough(group[r]->url(), mf, options_.min_rate));
     }
     return Status::Ok();
   }
@@ -336,7 +389,44 @@ class Puller {
                                " tensors, rank 0 serves " + std::to_string(m0.tensors.size()));
       }
     }
+    *failed_url = group[0]->url();
+    TL_RETURN_IF_ERROR(MatchesFallback(group[0]->url(), wanted));
     return wanted;
+  }
+
+  // A peer whose tensors (names, full shapes, and dtypes unless the key
+  // converts them) are not the fallback checkpoint's serves another model
+  // under this key: its checksums only say that its bytes are its own.
+  Status MatchesFallback(const std::string& url, const std::vector<Wanted>& wanted) const {
+    if (!expected_) return Status::Ok();
+    const std::vector<Expected>& want = *expected_;
+    const bool same_dtypes = key_.dtype == "as-stored";
+    const std::string there = "the fallback checkpoint " + options_.fallback_path;
+    if (wanted.size() != want.size()) {
+      return CorruptionError(url + ": serves " + std::to_string(wanted.size()) + " tensors, " +
+                             std::to_string(want.size()) + " in " + there);
+    }
+    size_t i = 0;
+    for (const Wanted& w : wanted) {  // Both in name order.
+      if (i == want.size() || w.name < want[i].name) {
+        return CorruptionError(url + ": serves tensor '" + w.name + "', which " + there +
+                               " does not have");
+      }
+      if (want[i].name < w.name) {
+        return CorruptionError(url + ": does not serve tensor '" + want[i].name + "' of " + there);
+      }
+      if (w.full_shape != want[i].shape || (same_dtypes && w.dtype != want[i].dtype)) {
+        return CorruptionError(url + ": tensor '" + w.name + "' is " +
+                               std::string(DtypeName(w.dtype)) + " " + ShapeText(w.full_shape) +
+                               " there, " + std::string(DtypeName(want[i].dtype)) + " " +
+                               ShapeText(want[i].shape) + " in " + there);
+      }
+      ++i;
+    }
+    if (i < want.size()) {
+      return CorruptionError(url + ": does not serve tensor '" + want[i].name + "' of " + there);
+    }
+    return Status::Ok();
   }
 
   // Rank 0's tensor `t` as the destination wants it: split as the layout
@@ -449,6 +539,7 @@ class Puller {
     go.max_get_bytes = options_.batch_bytes;
     go.rate_limit = mf.rate_limit;
     go.stall_timeout = std::chrono::milliseconds(options_.stall_timeout_ms);
+    go.min_rate = options_.min_rate;
     Status bad = Status::Ok();
     std::vector<size_t> on_device;  // Gets landed in device memory: checked after.
     go.on_done = [&](size_t i) {
@@ -461,8 +552,11 @@ class Puller {
       }
       bad = CheckChunk(url, mf, c, gets[i].bytes, Xxh3_64(c.dst, gets[i].bytes));
     };
-    TL_RETURN_IF_ERROR(src->ucx->GetAll(gets, go).WithContext(url));
+    // A chunk that failed its check ends the pull: the rest is not worth pulling.
+    go.cancelled = [&] { return !bad.ok(); };
+    Status got = src->ucx->GetAll(gets, go).WithContext(url);
     TL_RETURN_IF_ERROR(bad);
+    TL_RETURN_IF_ERROR(got);
     return CheckStaged(url, mf, plan, on_device, landing);
   }
 
@@ -605,6 +699,8 @@ class Puller {
   const PeerKey& key_;
   const PeerLoadOptions& options_;
   std::shared_ptr<Device> device_;  // The destination's; null: host memory.
+  // The fallback checkpoint's tensors, which a peer's must be (MatchesFallback).
+  std::optional<std::vector<Expected>> expected_;
 };
 
 }  // namespace
@@ -693,6 +789,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
   }
   std::set<size_t> failed;
   Puller puller(key, options, device);
+  std::vector<const PeerInfo*> pick_infos;
   for (int size : sizes) {
     auto& g = groups[size];
     for (auto& endpoints : g) {
@@ -701,6 +798,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
     }
     for (;;) {
       std::vector<const Control*> pick;
+      pick_infos.clear();
       std::string missing;
       for (int r = 0; r < size; ++r) {
         auto it =
@@ -710,6 +808,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
           break;
         }
         pick.push_back(&controls[*it]);
+        pick_infos.push_back(&infos[*it]);
       }
       if (!missing.empty()) {
         report->failures.push_back("sources of size " + std::to_string(size) +
@@ -717,7 +816,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
         break;
       }
       std::string failed_url;
-      auto loaded = place(puller.Pull(pick, shards, report, &failed_url));
+      auto loaded = place(puller.Pull(pick, pick_infos, shards, report, &failed_url));
       if (loaded.ok()) {
         std::string used;
         for (const Control* c : pick) used += (used.empty() ? "" : ",") + c->url();

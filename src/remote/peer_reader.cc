@@ -87,6 +87,8 @@ Result<std::unique_ptr<PeerReader>> PeerReader::Open(const std::string& url, con
     return InvalidArgumentError(url + ": manifest key differs: " + key.Mismatch(st.manifest.key));
   }
   TL_RETURN_IF_ERROR(whole_only(st.manifest.parallel));
+  TL_RETURN_IF_ERROR(ManifestAgreesWithKey(info, st.manifest));
+  TL_RETURN_IF_ERROR(RateIsEnough(url, st.manifest, options.min_rate));
   UcxOptions uo;
   uo.transports = options.transports;
   auto ucx = UcxClient::Connect(st.manifest.worker_address, uo,
@@ -129,6 +131,7 @@ Status PeerReader::Read(const std::vector<Piece>& pieces) {
   go.max_get_bytes = s_->options.batch_bytes;
   go.rate_limit = s_->manifest.rate_limit;
   go.stall_timeout = std::chrono::milliseconds(s_->options.stall_timeout_ms);
+  go.min_rate = s_->options.min_rate;
   go.on_done = [&](size_t i) { s_->read += gets[i].bytes; };
   return s_->ucx->GetAll(gets, go).WithContext(url());
 }

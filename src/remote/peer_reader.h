@@ -22,6 +22,7 @@ struct PeerReaderOptions {
   int request_timeout_ms = 5000;
   int connect_timeout_ms = 5000;
   int stall_timeout_ms = 10000;
+  uint64_t min_rate = 1000000;        // As PeerLoadOptions::min_rate.
   uint64_t batch_bytes = 8ull << 20;  // The largest single get.
   int max_in_flight = 16;
   std::string transports;  // UCX_TLS syntax; empty: UCX's defaults.

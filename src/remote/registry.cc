@@ -29,6 +29,7 @@
 #include <thread>
 #include <utility>
 
+#include "remote/http_deadline.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::remote {
@@ -319,6 +320,7 @@ class EtcdGateway {
 
   // Sends the request; an error only when no complete reply came back.
   Result<Reply> Send(std::string_view path, const std::string& body, size_t max_bytes) const {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
     httplib::Client client(host_, port_);
     client.set_connection_timeout(timeout_);
     client.set_read_timeout(timeout_);
@@ -342,7 +344,17 @@ class EtcdGateway {
     };
     httplib::Response res;
     httplib::Error error = httplib::Error::Success;
-    if (client.send(req, res, error) && error == httplib::Error::Success) return reply;
+    bool expired = false;
+    if (SendBefore(client, req, res, error, deadline, &expired) &&
+        error == httplib::Error::Success) {
+      return reply;
+    }
+    // A reply that did not complete within the time-out (say, one that
+    // dribbles in a byte at a time) is no reply.
+    if (expired) {
+      return Fail(path, "no complete response within " + std::to_string(timeout_.count()) +
+                            " ms (the request time-out)");
+    }
     // etcd's error replies are chunked and end in a trailer
     // (Grpc-Trailer-Content-Type), which cpp-httplib before 0.12 cannot read
     // (yhirose/cpp-httplib#1486): the whole body has arrived when the read

@@ -32,7 +32,7 @@ add_library(tl_remote STATIC
   remote/peer_reader.cc
 )
 target_link_libraries(tl_remote PUBLIC tl_load tl_format tl_common
-                      PRIVATE PkgConfig::HTTPLIB OpenSSL::Crypto simdjson::simdjson Threads::Threads PkgConfig::XXHASH)
+                      PRIVATE tl_sparse PkgConfig::HTTPLIB OpenSSL::Crypto simdjson::simdjson Threads::Threads PkgConfig::XXHASH)
 tl_backend_option(UCX "the UCX data plane")
 if(NOT TENSORLIFT_WITH_UCX STREQUAL "OFF")
   pkg_check_modules(UCX IMPORTED_TARGET ucx)

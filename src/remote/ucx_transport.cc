@@ -518,6 +518,10 @@ class UcxClientImpl final : public UcxClient {
     GetRun run(gets, options);
     run.SkipEmpty();
     while ((run.next_get < gets.size() || !run.in_flight.empty()) && run.failure == UCS_OK) {
+      if (options.cancelled && options.cancelled()) {
+        run.failure = UCS_ERR_CANCELED;
+        break;
+      }
       const Clock::time_point rate_wait = IssueGets(&run);
       if (run.failure != UCS_OK) break;
       if (!ProgressGets(&run, rate_wait)) break;
@@ -560,6 +564,7 @@ class UcxClientImpl final : public UcxClient {
 
     // Counts a landed piece; reports its get once all of it has landed.
     void FinishPiece(size_t get, uint64_t bytes) {
+      landed_bytes += bytes;
       remaining[get] -= bytes;
       if (remaining[get] == 0 && options.on_done) options.on_done(get);
     }
@@ -579,10 +584,12 @@ class UcxClientImpl final : public UcxClient {
     size_t next_get = 0;              // The get being split and issued.
     uint64_t next_offset = 0;         // Within it.
     uint64_t issued_bytes = 0;        // For the rate limit.
+    uint64_t landed_bytes = 0;        // For the minimum rate.
     Clock::time_point start;
     Clock::time_point last_event;  // Last completion, or first issue after idle.
     ucs_status_t failure = UCS_OK;
     bool stalled = false;
+    bool too_slow = false;  // Below min_rate (counts as stalled).
   };
 
   // GetAll's arguments: positive limits, a connection, and every get inside
@@ -690,6 +697,10 @@ class UcxClientImpl final : public UcxClient {
       return false;
     }
     const auto now = Clock::now();
+    if (TooSlow(*run, now)) {
+      run->stalled = run->too_slow = true;
+      return false;
+    }
     if (completed) {
       run->last_event = now;
       return true;
@@ -705,6 +716,17 @@ class UcxClientImpl final : public UcxClient {
     if (rate_wait != Clock::time_point::max()) deadline = std::min(deadline, rate_wait);
     WaitForWorker(api_, core_.worker(), efd_, deadline);
     return true;
+  }
+
+  // Once a run is stall_timeout old, it must have averaged min_rate: a peer
+  // that lets a get finish just often enough never stalls (a slowloris).
+  static bool TooSlow(const GetRun& run, Clock::time_point now) {
+    const uint64_t min_rate = run.options.min_rate;
+    const auto elapsed = now - run.start;
+    if (min_rate == 0 || elapsed < run.options.stall_timeout) return false;
+    const long double seconds = std::chrono::duration<long double>(elapsed).count();
+    return static_cast<long double>(run.landed_bytes) <
+           static_cast<long double>(min_rate) * seconds;
   }
 
   // Releases the requests that have finished, counting the pieces that landed
@@ -738,16 +760,24 @@ class UcxClientImpl final : public UcxClient {
   Status FailGets(GetRun* run) {
     const bool stalled = run->stalled;
     const ucs_status_t failure = run->failure;
-    const std::string stall_ms = std::to_string(run->options.stall_timeout.count());
+    const std::string stall_why =
+        run->too_slow
+            ? "too slow: " + std::to_string(run->landed_bytes) + " bytes landed in " +
+                  std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     Clock::now() - run->start)
+                                     .count()) +
+                  " ms, below the minimum of " + std::to_string(run->options.min_rate) + " bytes/s"
+            : "no get finished within " + std::to_string(run->options.stall_timeout.count()) +
+                  " ms";
     const size_t outstanding = run->in_flight.size();
     if (!detects_failures_) {
       Abandon();  // Never progressed again: its gets cannot land.
-      return UnavailableError("UCX GetAll: " +
-                              std::string(stalled ? "no get finished within " + stall_ms + " ms"
-                                                  : "get failed: " + UcsText(api_, failure)) +
-                              " (" + std::to_string(outstanding) +
-                              " outstanding gets abandoned with the connection: shared memory "
-                              "has no peer-failure detection)");
+      return UnavailableError(
+          "UCX GetAll: " +
+          std::string(stalled ? stall_why : "get failed: " + UcsText(api_, failure)) + " (" +
+          std::to_string(outstanding) +
+          " outstanding gets abandoned with the connection: shared memory "
+          "has no peer-failure detection)");
     }
     const ucs_status_t ep_status = ep_status_;
     CloseEndpoint(/*force=*/true, std::chrono::hours(24));  // Forced close always completes.
@@ -758,7 +788,7 @@ class UcxClientImpl final : public UcxClient {
     const std::string cancelled =
         " (" + std::to_string(outstanding) + " outstanding gets cancelled)";
     if (stalled) {
-      return UnavailableError("UCX GetAll: no get finished within " + stall_ms + " ms" + cancelled);
+      return UnavailableError("UCX GetAll: " + stall_why + cancelled);
     }
     const ucs_status_t shown = ep_status != UCS_OK ? ep_status : failure;
     return UnavailableError("UCX GetAll: get failed: " + UcsText(api_, shown) + cancelled);

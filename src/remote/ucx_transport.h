@@ -97,8 +97,15 @@ class UcxClient {
     uint64_t max_get_bytes = 8ull << 20;  // Larger gets are split.
     uint64_t rate_limit = 0;              // Bytes/s this client paces itself to (0: none).
     std::chrono::milliseconds stall_timeout{10000};  // Longest wait with no get finishing.
+    // Bytes/s the run must average once it is stall_timeout old (0: no floor);
+    // below it the run ends as a stall would.
+    uint64_t min_rate = 0;
     // Called (on this thread) as each Get of `gets` has fully landed.
     std::function<void(size_t index)> on_done;
+    // Asked between progress rounds: true ends the run at once, its
+    // outstanding gets cancelled (kUnavailable, "cancelled"), e.g. once a
+    // landed chunk failed its check and the rest are not worth pulling.
+    std::function<bool()> cancelled;
   };
   // Reads every get; bounds-checked against its region (kOutOfRange) before
   // any is issued. kUnavailable when a get fails (peer gone) or stalls; the

@@ -661,6 +661,7 @@ Result<LoadedCheckpoint> LoadStriped(const StripeOptions& options, StripeReport*
   ro.request_timeout_ms = options.request_timeout_ms;
   ro.connect_timeout_ms = options.connect_timeout_ms;
   ro.stall_timeout_ms = options.stall_timeout_ms;
+  ro.min_rate = options.min_rate;
   ro.transports = options.transports;
   const PeerSource* reference = nullptr;
   for (const std::string& url : remote::PeerUrlsFor(

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -524,6 +525,85 @@ TEST_F(PeerTest, RateLimitPacesThePull) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_OK(got);
   EXPECT_GT(s, 0.25);
+}
+
+// A peer that dribbles its answer a byte at a time (a slowloris) never trips
+// a per-read time-out: the whole request has a deadline.
+TEST_F(PeerTest, ASlowlorisPeerIsDroppedAtTheRequestTimeOut) {
+  httplib::Server fake;
+  std::atomic<bool> stopping{false};
+  fake.Get("/v1/key", [&](const httplib::Request&, httplib::Response& res) {
+    res.set_chunked_content_provider("application/json", [&](size_t, httplib::DataSink& sink) {
+      if (stopping) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      return sink.write("{", 1);  // Never a whole answer.
+    });
+  });
+  const int port = fake.bind_to_any_port("127.0.0.1");
+  std::thread t([&] { fake.listen_after_bind(); });
+  auto opts = Pull({"http://127.0.0.1:" + std::to_string(port)});
+  opts.request_timeout_ms = 1000;
+  opts.fallback_path = path_;
+  PeerLoadReport report;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto got = LoadFromPeer(key_, opts, &report);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  stopping = true;
+  fake.stop();
+  t.join();
+  ASSERT_OK(got);
+  EXPECT_LT(took, std::chrono::seconds(5));
+  EXPECT_EQ(report.source, "disk:" + path_);
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("no complete answer within 1000 ms"));
+  ExpectRank(*got, 1, 0);
+}
+
+// A source whose rate limit grants this client less than min_rate would make
+// the pull last as long as it likes: it is skipped before any byte moves.
+TEST_F(PeerTest, ARateGrantBelowTheMinimumIsSkipped) {
+  auto o = Serve();
+  o.rate_limit = 100000;  // 100 KB/s: 30 s for the 3 MB tensor.
+  auto server = Start(o);
+  ASSERT_NE(server, nullptr);
+  auto opts = Pull({server->url()});
+  opts.fallback_path = path_;
+  ASSERT_EQ(opts.min_rate, 1000000u);  // The default: 1 MB/s.
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, opts, &report);
+  ASSERT_OK(got);
+  EXPECT_EQ(report.source, "disk:" + path_);
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("grants 100000 bytes/s, below the minimum"));
+  EXPECT_EQ(server->served_bytes(), 0u);
+  ExpectRank(*got, 1, 0);
+}
+
+// A peer whose bytes check out against its own manifest, but whose tensors
+// are not the fallback checkpoint's (another model under the same key), is
+// not used: the checksums only vouch for its bytes being its own.
+TEST_F(PeerTest, APeerServingOtherShapesThanTheFallbackIsNotUsed) {
+  ScratchDir other_dir;
+  const std::string other = other_dir.File("model.safetensors");
+  auto tensors = Tensors();
+  tensors[4] = Random("big", Dtype::kU8, {2 << 20}, 5);  // 2 MiB where the fallback has 3.
+  WriteRaw(other, tensors);
+  auto s = PeerServer::ServeCheckpoint(other, key_, Serve());
+  ASSERT_OK(s);
+  auto opts = Pull({(*s)->url()});
+  opts.fallback_path = path_;
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, opts, &report);
+  ASSERT_OK(got);
+  EXPECT_EQ(report.source, "disk:" + path_);
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' is U8 [2097152] there, U8 [3145728]"));
+  ExpectRank(*got, 1, 0);
+  // Without a fallback to compare with, its tensors are what it serves.
+  opts.fallback_path.clear();
+  auto alone = LoadFromPeer(key_, opts, &report);
+  ASSERT_OK(alone);
+  EXPECT_EQ(alone->Find("big")->nbytes, 2u << 20);
 }
 
 TEST_F(PeerTest, MaxSessionsRefusesExtraClients) {

@@ -44,12 +44,37 @@ TEST(KeyJsonTest, AValidAnswer) {
 
 TEST(KeyJsonTest, FieldsInAnyOrder) {
   const std::string reordered =
-      R"({"parallel":{"rank":0,"size":1},"sessions":0,"key":{"protocol":1,"layout":"",)"
-      R"("quantization":"none","dtype":"x","revision":"r","model":"m"}})";
+      R"({"total_bytes":7,"parallel":{"rank":0,"size":1},"sessions":0,"key":{"protocol":1,)"
+      R"("layout":"","quantization":"none","dtype":"x","revision":"r","model":"m"},"tensors":2})";
   auto info_or = ParseKeyJson("http://h:1", reordered);
   ASSERT_OK(info_or);
   PeerInfo info = *std::move(info_or);
   EXPECT_EQ(info.parallel.size, 1);
+  EXPECT_EQ(info.tensors, 2u);
+  EXPECT_EQ(info.total_bytes, 7u);
+}
+
+// What the manifest must then list (a million tensors where the key said 3 is a lie).
+TEST(KeyJsonTest, TheTensorCountAndBytesAreRequired) {
+  std::string no_count = kKey;
+  no_count.replace(no_count.find(R"("tensors":3,)"), 12, "");
+  for (const std::string& bad :
+       {no_count, std::string(kKey).replace(std::string(kKey).find("100"), 3, "-1")}) {
+    auto info = ParseKeyJson("http://h:1", bad);
+    ASSERT_FALSE(info.ok()) << bad;
+    EXPECT_THAT(info.status().message(), HasSubstr("tensors or total_bytes")) << bad;
+  }
+  auto info = ParseKeyJson("http://h:1", kKey);
+  ASSERT_OK(info);
+  Manifest m;
+  m.total_bytes = 100;
+  m.tensors.resize(3);
+  EXPECT_OK(ManifestAgreesWithKey(*info, m));
+  m.tensors.resize(1000000);
+  Status lie = ManifestAgreesWithKey(*info, m);
+  EXPECT_EQ(lie.code(), StatusCode::kCorruption);
+  EXPECT_THAT(lie.message(), HasSubstr("the manifest lists 1000000 tensors of 100 bytes, GET "
+                                       "/v1/key said 3 of 100"));
 }
 
 TEST(KeyJsonTest, MalformedAnswersAreCorruptionNamingThePeer) {
