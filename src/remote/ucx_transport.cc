@@ -527,6 +527,12 @@ class UcxClientImpl final : public UcxClient {
       if (!ProgressGets(&run, rate_wait)) break;
     }
     if (run.failure == UCS_OK && !run.stalled) return Status::Ok();
+    // Ended by this side (cancelled, or too slow) while the peer still answers:
+    // let the gets in flight land (in the staging they were aimed at) before the
+    // endpoint is closed. A reply that UCX 1.13's software RMA sends into a
+    // connection closed under it aborts the *source* ("ucp_request.inl:346
+    // Fatal: unexpected error: Endpoint timeout" in ucp_get_req_handler).
+    if (run.failure == UCS_ERR_CANCELED || run.too_slow) Drain(&run);
     return FailGets(&run);
   }
 
@@ -716,6 +722,23 @@ class UcxClientImpl final : public UcxClient {
     if (rate_wait != Clock::time_point::max()) deadline = std::min(deadline, rate_wait);
     WaitForWorker(api_, core_.worker(), efd_, deadline);
     return true;
+  }
+
+  // Progresses the worker until the run's gets in flight have all finished (or
+  // failed), for at most stall_timeout; issues nothing new.
+  void Drain(GetRun* run) {
+    const auto deadline = Clock::now() + run->options.stall_timeout;
+    const ucs_status_t ended = run->failure;
+    while (!run->in_flight.empty() && Clock::now() < deadline && ep_status_ == UCS_OK) {
+      for (int i = 0; i < 64 && api_->worker_progress(core_.worker()) > 0; ++i) {
+      }
+      ReapCompleted(run);
+      if (!run->in_flight.empty()) {
+        WaitForWorker(api_, core_.worker(), efd_,
+                      std::min(deadline, Clock::now() + std::chrono::milliseconds(50)));
+      }
+    }
+    run->failure = ended;  // Why the run ended, not how a drained get did.
   }
 
   // Once a run is stall_timeout old, it must have averaged min_rate: a peer

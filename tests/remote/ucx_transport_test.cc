@@ -6,6 +6,7 @@
 // (TENSORLIFT_TEST_UCX_LIB names its libucp.so.0; skipped when it is unset).
 #include "remote/ucx_transport.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
@@ -31,6 +32,8 @@
 
 namespace tensorlift::remote {
 namespace {
+
+using ::testing::HasSubstr;
 
 using Clock = std::chrono::steady_clock;
 
@@ -479,6 +482,58 @@ TEST_P(UcxTransportTest, RateLimitIsRespected) {
   EXPECT_GE(secs, 0.4);  // A loose lower bound only.
   for (uint64_t i = 0; i < kBytes; ++i) ASSERT_EQ(dst[i], Pattern(12345 + i)) << i;
   std::printf("[ %s ] 8 MiB at 16 MiB/s took %.3f s\n", GetParam().c_str(), secs);
+}
+
+// Bytes that land too slowly end the run once it is stall_timeout old, though
+// a get finishes every few milliseconds (no stall): here the client paces
+// itself to 1 MiB/s, which is what it sees of a peer that sends at that rate.
+TEST_P(UcxTransportTest, ARunBelowTheMinimumRateEndsLikeAStall) {
+  Child child;
+  std::unique_ptr<UcxClient> client;
+  uint32_t region = 0;
+  StartAndConnect(&child, &client, &region);
+  if (IsSkipped() || HasFailure()) return;
+
+  constexpr uint64_t kBytes = 8ull << 20;
+  std::vector<uint8_t> dst(kBytes, 0);
+  std::vector<UcxClient::Get> gets = {{region, 0, kBytes, dst.data()}};
+  UcxClient::GetOptions options;
+  options.max_get_bytes = 64 << 10;
+  options.rate_limit = 1 << 20;  // 8 s for the 8 MiB.
+  options.min_rate = 4 << 20;
+  options.stall_timeout = std::chrono::milliseconds(500);
+  const auto t0 = Clock::now();
+  Status st = client->GetAll(gets, options);
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_THAT(st.message(), HasSubstr("too slow"));
+  EXPECT_THAT(st.message(), HasSubstr("below the minimum of 4194304 bytes/s"));
+  EXPECT_GE(secs, 0.45);
+  EXPECT_LT(secs, 5.0);
+}
+
+// cancelled() ends a run between progress rounds, its gets cancelled.
+TEST_P(UcxTransportTest, ACancelledRunEndsAtOnce) {
+  Child child;
+  std::unique_ptr<UcxClient> client;
+  uint32_t region = 0;
+  StartAndConnect(&child, &client, &region);
+  if (IsSkipped() || HasFailure()) return;
+
+  std::vector<uint8_t> dst(kRegionBytes, 0);
+  std::vector<UcxClient::Get> gets = {{region, 0, kRegionBytes, dst.data()}};
+  UcxClient::GetOptions options;
+  options.max_get_bytes = 64 << 10;
+  options.rate_limit = 1 << 20;
+  int landed = 0;
+  options.on_done = [&](size_t) { ++landed; };
+  int asked = 0;
+  options.cancelled = [&] { return ++asked > 3; };
+  const auto t0 = Clock::now();
+  Status st = client->GetAll(gets, options);
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(landed, 0);  // The one get (the whole region) never finished.
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, UcxTransportTest, ::testing::Values("tcp", "sm"),
