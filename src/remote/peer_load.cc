@@ -350,7 +350,7 @@ class Puller {
           std::string json,
           group[r]->Send("POST", "/v1/session", "", ManifestLimits().max_json_bytes, &src.session));
       auto m = ParseManifest(json);
-      if (!m.ok()) return m.status().WithContext(group[r]->url() + ": manifest");
+      if (!m.ok()) return m.status().WithContext(group[r]->url());
       src.manifest = std::move(m).value();
       const Manifest& mf = src.manifest;
       if (!mf.key.Mismatch(key_).empty()) {

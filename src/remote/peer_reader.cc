@@ -81,7 +81,7 @@ Result<std::unique_ptr<PeerReader>> PeerReader::Open(const std::string& url, con
       std::string json,
       st.control.Send("POST", "/v1/session", "", ManifestLimits().max_json_bytes, &st.session));
   auto m = ParseManifest(json);
-  if (!m.ok()) return m.status().WithContext(url + ": manifest");
+  if (!m.ok()) return m.status().WithContext(url);
   st.manifest = std::move(m).value();
   if (!st.manifest.key.Mismatch(key).empty()) {
     return InvalidArgumentError(url + ": manifest key differs: " + key.Mismatch(st.manifest.key));
