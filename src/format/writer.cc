@@ -11,6 +11,7 @@
 
 #include "common/checked_math.h"
 #include "common/posix_file.h"
+#include "io/faults.h"
 #include "tensorlift/safetensors.h"
 #include "tensorlift/text.h"
 
@@ -142,7 +143,7 @@ namespace {
 Status WriteAll(int fd, const void* data, size_t n) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    ssize_t w = io::Write(fd, p, std::min<size_t>(n, size_t{1} << 30));
     if (w < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return PosixError("write", errno);

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/posix_file.h"
+#include "io/faults.h"
 #include "io/read_op.h"
 
 namespace tensorlift {
@@ -14,7 +15,7 @@ Status ReadExactlyAt(int fd, uint64_t offset, void* buf, size_t n) {
   auto* p = static_cast<char*>(buf);
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    ssize_t r = io::Pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return PosixError("read at offset " + std::to_string(offset + done), errno);
@@ -32,7 +33,7 @@ Status ReadExactlyAt(int fd, uint64_t offset, void* buf, size_t n) {
 Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, uint64_t min_read) {
   uint64_t got = 0;
   while (got < length) {
-    const ssize_t n = ::pread(fd, dest + got, length - got, static_cast<off_t>(offset + got));
+    const ssize_t n = io::Pread(fd, dest + got, length - got, static_cast<off_t>(offset + got));
     if (n < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return PosixError(
@@ -68,7 +69,7 @@ Status OpReader::Read(const ReadOp& op) {
   const uint64_t need = op.offset + op.length - a0;  // Bytes of the span we must get.
   uint64_t done = 0;
   while (done < need) {
-    ssize_t r = ::pread(op.fd, scratch_ + done, span - done, static_cast<off_t>(a0 + done));
+    ssize_t r = io::Pread(op.fd, scratch_ + done, span - done, static_cast<off_t>(a0 + done));
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return PosixError("read at offset " + std::to_string(a0 + done), errno);

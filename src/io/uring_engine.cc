@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/posix_file.h"
+#include "io/faults.h"
 #include "io/read_op.h"
 
 namespace tensorlift {
@@ -97,10 +98,11 @@ class UringEngine final : public ReadEngine {
         return PosixError("io_uring_wait_cqe", -r);
       }
       const int s = static_cast<int>(io_uring_cqe_get_data64(cqe));
-      const int res = cqe->res;
+      const ReadOp& op = ops[slots[s].op];
+      const int res =
+          io::ReadResult(op.fd, cqe->res, std::min(op.length - slots[s].done, kMaxSqeRead));
       io_uring_cqe_seen(&ring_, cqe);
       --in_flight;
-      const ReadOp& op = ops[slots[s].op];
       if (res == -EAGAIN || res == -EINTR) {
         if (error.ok()) {
           Status st = submit(s);

@@ -21,6 +21,7 @@
 #include "device/device.h"
 #include "device/host_buffer.h"
 #include "device/populate.h"
+#include "io/faults.h"
 #include "io/page_cache.h"
 #include "load/checkpoint_builder.h"
 #include "load/file_job.h"
@@ -137,7 +138,7 @@ class DiskSource final : public Source {
     uint64_t done = 0;
     while (begin + done < end) {
       const ssize_t n =
-          ::pread(file.fd(), dst + done, end - begin - done, static_cast<off_t>(begin + done));
+          io::Pread(file.fd(), dst + done, end - begin - done, static_cast<off_t>(begin + done));
       if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
       if (n < 0) return PosixError(paths_[shard] + ": read", errno);
       if (n == 0) {

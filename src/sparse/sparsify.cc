@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
+#include "io/faults.h"
 #include "io/read_op.h"
 #include "kernels/convert.h"
 #include "sparse/shard_files.h"
@@ -64,7 +65,7 @@ uint64_t MagnitudeKey(const std::byte* row, Dtype d, uint64_t i) {
 Status PwriteFully(int fd, const void* data, size_t n, uint64_t offset) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    ssize_t w = ::pwrite(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
+    ssize_t w = io::Pwrite(fd, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
     if (w < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return PosixError("write", errno);
@@ -76,13 +77,18 @@ Status PwriteFully(int fd, const void* data, size_t n, uint64_t offset) {
   return Status::Ok();
 }
 
-// The files this run made, removed again unless Commit() is called, so that
-// a failed run leaves no half-written checkpoint behind.
+// The files this run makes. Each is written as ".NAME.partial" and renamed to
+// NAME by Commit(), once every file is whole, so that no checkpoint file is
+// ever half-written, even if the process dies; without Commit() they are
+// removed again.
 class OutputDir {
  public:
   ~OutputDir() {
     if (committed_) return;
-    for (auto it = created_.rbegin(); it != created_.rend(); ++it) ::unlink(it->c_str());
+    for (auto it = created_.rbegin(); it != created_.rend(); ++it) {
+      ::unlink(it->first.c_str());
+      ::unlink(it->second.c_str());  // Renamed already, when a later rename failed.
+    }
     if (made_dir_) ::rmdir(path_.c_str());
   }
 
@@ -107,12 +113,16 @@ class OutputDir {
 
   std::string Path(std::string_view name) const { return path_ + "/" + std::string(name); }
 
-  // Creates `name` (which must not exist) and records it for removal.
+  // Creates `name`'s partial file (neither may exist) and records it.
   Result<int> Create(std::string_view name) {
     const std::string path = Path(name);
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0) return PosixError("cannot create", errno).WithContext(path);
-    created_.push_back(path);
+    const std::string partial = Path("." + std::string(name) + ".partial");
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0)
+      return PosixError("cannot create", EEXIST).WithContext(path);
+    int fd = ::open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0) return PosixError("cannot create", errno).WithContext(partial);
+    created_.emplace_back(partial, path);
     return fd;
   }
 
@@ -123,13 +133,23 @@ class OutputDir {
     return st.ok() ? st : st.WithContext(Path(name));
   }
 
-  void Commit() { committed_ = true; }
+  // Renames every partial file to its name (the index and configuration,
+  // written last, last).
+  Status Commit() {
+    for (const auto& [partial, path] : created_) {
+      if (::rename(partial.c_str(), path.c_str()) != 0) {
+        return PosixError("cannot rename " + partial + " to", errno).WithContext(path);
+      }
+    }
+    committed_ = true;
+    return Status::Ok();
+  }
 
  private:
   std::string path_;
   bool made_dir_ = false;
   bool committed_ = false;
-  std::vector<std::string> created_;
+  std::vector<std::pair<std::string, std::string>> created_;  // (partial, name).
 };
 
 struct OutTensor {
@@ -653,7 +673,7 @@ Result<SparsifyReport> Sparsify(const std::string& input, const std::string& out
     }
     TL_RETURN_IF_ERROR(CopyCompanions(dir, opts, sparsity_config, &out, &report));
   }
-  out.Commit();
+  TL_RETURN_IF_ERROR(out.Commit());
   return report;
 }
 
