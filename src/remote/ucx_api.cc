@@ -55,6 +55,10 @@ Result<UcxApi> Load() {
   if (std::getenv("UCX_MEM_MMAP_HOOK_MODE") == nullptr) {
     ::setenv("UCX_MEM_MMAP_HOOK_MODE", "none", 0);
   }
+  // UCX logs to stdout by default: a peer that dies mid-connect put UCX's
+  // "connect() failed" lines into `tensorlift fetch --checksum`'s output.
+  // Diagnostics go to stderr unless the environment says otherwise.
+  if (std::getenv("UCX_LOG_FILE") == nullptr) ::setenv("UCX_LOG_FILE", "stderr", 0);
   const char* env = std::getenv(kUcxLibEnv);
   const bool named = env != nullptr && env[0] != '\0';
   const std::string path = named ? env : kDefaultLib;
