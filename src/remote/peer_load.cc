@@ -514,16 +514,17 @@ class Puller {
   Status ConnectSource(const std::string& url, Source* src) const {
     UcxOptions uo;
     uo.transports = options_.transports;
-    TL_ASSIGN_OR_RETURN(src->ucx,
-                        UcxClient::Connect(src->manifest.worker_address, uo,
-                                           std::chrono::milliseconds(options_.connect_timeout_ms)));
+    auto ucx = UcxClient::Connect(src->manifest.worker_address, uo,
+                                  std::chrono::milliseconds(options_.connect_timeout_ms));
+    if (!ucx.ok()) return ucx.status().WithContext(url);  // Name the source.
+    src->ucx = std::move(ucx).value();
     for (const Region& region : src->manifest.regions) {
       if (region.rkey.empty()) {
         return PermissionDeniedError(url + ": the manifest has no remote keys");
       }
-      TL_ASSIGN_OR_RETURN(uint32_t idx,
-                          src->ucx->AddRegion(region.rkey, region.address, region.bytes));
-      src->regions.push_back(idx);
+      auto idx = src->ucx->AddRegion(region.rkey, region.address, region.bytes);
+      if (!idx.ok()) return idx.status().WithContext(url);
+      src->regions.push_back(*idx);
     }
     return Status::Ok();
   }
