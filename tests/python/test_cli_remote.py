@@ -3,6 +3,8 @@
 mid-transfer, a wrong key, a wrong token, the registry (etcd) and etcd down,
 each ending in the documented fallback or error, never in corrupt tensors; and
 two network namespaces joined by veth acting as two hosts."""
+import base64
+import json
 import os
 import pathlib
 import re
@@ -12,6 +14,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -97,6 +100,32 @@ def serving(cli):
     yield start
     for s in started:
         s.stop()
+
+
+def wait_for_session(url, timeout=60):
+    """Polls the seed's GET /v1/key until it has a session open (a fetch is under way)."""
+    deadline = time.monotonic() + timeout
+    while json.loads(urllib.request.urlopen(url + "/v1/key", timeout=10).read())["sessions"] < 1:
+        assert time.monotonic() < deadline, f"no session opened on {url} in {timeout} s"
+        time.sleep(0.02)
+
+
+def etcd_keys(url, prefix):
+    """The keys under `prefix` in etcd (its v3 JSON gateway)."""
+    end = prefix[:-1].encode() + bytes([ord(prefix[-1]) + 1])
+    body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
+                       "range_end": base64.b64encode(end).decode(), "keys_only": True}).encode()
+    reply = json.loads(urllib.request.urlopen(urllib.request.Request(url + "/v3/kv/range", data=body),
+                                              timeout=10).read())
+    return [base64.b64decode(kv["key"]).decode() for kv in reply.get("kvs", [])]
+
+
+def wait_for_seeds(etcd_url, count, timeout=60):
+    """Polls etcd until `count` seed entries are left (a dead seed's lease expires after its TTL)."""
+    deadline = time.monotonic() + timeout
+    while len(etcd_keys(etcd_url, "/tensorlift/seeds/")) != count:
+        assert time.monotonic() < deadline, etcd_keys(etcd_url, "/tensorlift/seeds/")
+        time.sleep(0.1)
 
 
 def load_checksums(cli, path):
@@ -193,7 +222,7 @@ def test_seed_killed_mid_transfer_falls_back_to_disk(cli, ckpt, serving):
     s = serving(ckpt, *MODEL, "--rate-limit", "4")  # 4 MB/s: about 6 s for the 24 MB.
     fetch = subprocess.Popen([str(cli), "fetch", s.url, *MODEL, "--fallback", str(ckpt), "--checksum",
                               "--timeout-ms", "2000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    wait_for_session(s.url)
     s.kill()
     out, err = fetch.communicate(timeout=60)
     assert fetch.returncode == 0, err
@@ -206,7 +235,7 @@ def test_seed_killed_without_fallback_is_an_error_and_no_tensors(cli, ckpt, serv
     s = serving(ckpt, *MODEL, "--rate-limit", "4")
     fetch = subprocess.Popen([str(cli), "fetch", s.url, *MODEL, "--checksum", "--timeout-ms", "2000"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)
+    wait_for_session(s.url)
     s.kill()
     out, err = fetch.communicate(timeout=60)
     assert fetch.returncode == 1, err
@@ -307,7 +336,7 @@ def test_registry_finds_the_seed_and_forgets_a_dead_one(cli, ckpt, serving, etcd
     assert f"from {s.url}" in r.stderr
     assert r.stdout == load_checksums(cli, ckpt)
     s.kill()  # Its lease is not renewed any more: the entry goes after the TTL.
-    time.sleep(4)
+    wait_for_seeds(etcd, 0)
     r = run(cli, "fetch", "--registry", etcd, *MODEL, "--fallback", ckpt, "--checksum")
     assert r.returncode == 0, r.stderr
     assert "no live seed" in r.stderr, r.stderr
@@ -388,7 +417,7 @@ def test_fetched_instance_becomes_a_seed(cli, ckpt, serving, etcd, tmp_path):
         seed_url = ready.read_text().strip()
         assert seed_url != a.url
         a.kill()  # The original seed goes; its lease expires.
-        time.sleep(4)
+        wait_for_seeds(etcd, 1)
         r = run(cli, "fetch", "--registry", etcd, *MODEL, "--checksum")
         assert r.returncode == 0, r.stderr
         assert f"from {seed_url}" in r.stderr, r.stderr

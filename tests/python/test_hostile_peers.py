@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from tensorlift._tensorlift import ucx_version
-from test_cli_remote import MODEL, Serving, etcd, load_checksums, run, serving  # noqa: F401 (fixtures)
+from test_cli_remote import MODEL, Serving, etcd, etcd_keys, load_checksums, run, serving  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.skipif(ucx_version() is None, reason="tensorlift was built without UCX (Debian libucx-dev)")
 
@@ -339,15 +339,6 @@ def etcd_put(url, key, value):
     body = json.dumps({"key": base64.b64encode(key.encode()).decode(),
                        "value": base64.b64encode(value.encode()).decode()}).encode()
     urllib.request.urlopen(urllib.request.Request(url + "/v3/kv/put", data=body), timeout=10).read()
-
-
-def etcd_keys(url, prefix):
-    body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
-                       "range_end": base64.b64encode(prefix[:-1].encode() + bytes([ord(prefix[-1]) + 1])).decode(),
-                       "keys_only": True}).encode()
-    reply = json.loads(urllib.request.urlopen(urllib.request.Request(url + "/v3/kv/range", data=body),
-                                              timeout=10).read())
-    return [base64.b64decode(kv["key"]).decode() for kv in reply.get("kvs", [])]
 
 
 def test_a_registry_entry_that_points_at_the_registry(cli, ckpt, etcd, disk_checksums):
