@@ -1,6 +1,6 @@
 # tensorlift: every target installs what it needs first (scripts/setup.sh is
 # idempotent and quiet when all is present).
-.PHONY: all setup build test demo bench fuzz format clean gpu-check
+.PHONY: all setup build test demo bench fuzz format clean gpu-check soak
 
 all: build
 
@@ -33,3 +33,8 @@ format:
 
 clean:
 	rm -rf build build-asan build-fuzz
+
+# 30 minutes of loads, fetches from a seed and abandoned streams; RSS, fds, threads and
+# io_uring instances must stay flat (docs/security.md, "Soak"). SOAK_SECONDS overrides.
+soak: build
+	@TENSORLIFT_CLI=build/tensorlift .venv/bin/python tests/soak/soak.py --seconds $${SOAK_SECONDS:-1800} --out build/soak.md
