@@ -35,6 +35,16 @@
 #include "tensorlift/text.h"
 
 namespace tensorlift::remote {
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
 namespace {
 
 using json::As;
@@ -186,15 +196,6 @@ Status GetChecksum(element el, const Where& w, size_t index, uint64_t* out) {
   }
   *out = v;
   return Status::Ok();
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
 }
 
 // A shape: at most max_dims entries, each in [0, 2^63).

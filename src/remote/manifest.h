@@ -80,6 +80,9 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
 // Chunk checksums of `nbytes` bytes at `data` (what the source publishes).
 std::vector<uint64_t> ChunkChecksums(const void* data, uint64_t nbytes, uint64_t chunk_bytes);
 
+// "[2, 3]": a shape as the manifest's and the peer loader's messages print it.
+std::string ShapeText(const std::vector<int64_t>& shape);
+
 }  // namespace tensorlift::remote
 
 #endif  // TENSORLIFT_REMOTE_MANIFEST_H_
