@@ -52,6 +52,10 @@ struct ObjectStoreOptions {
   uint64_t request_bytes = 16ull << 20;
   uint64_t max_in_flight_bytes = 256ull << 20;
   int retries = 5;  // Per range, on transient errors.
+  // The slowest a connection may deliver, in bytes/s: a transfer under it for 30 s is a
+  // time-out (and retried), so an attempt at a range ends within request_bytes / min_rate
+  // + 30 s (16 MiB: under 5 minutes), however a server trickles. 0: no floor but 1 byte/s.
+  uint64_t min_rate = 64 << 10;
   // Tensor-parallel ranks: with parallel.size > 1, the tensors that `layout`
   // splits (the syntax of PeerKey::layout: "REGEX=DIM;...") come back as
   // this rank's slice along their dim (ShardRange's rule), and only the bytes

@@ -628,7 +628,8 @@ Status CurlS3Client::Configure(CURL* e, Transfer& t) {
   TL_CURL_SET(e, CURLOPT_TCP_NODELAY, 1L);
   TL_CURL_SET(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(settings_.connect_timeout_ms));
   if (settings_.low_speed_timeout_s > 0) {
-    TL_CURL_SET(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
+    TL_CURL_SET(e, CURLOPT_LOW_SPEED_LIMIT,
+                static_cast<long>(std::max<uint64_t>(1, settings_.min_rate)));
     TL_CURL_SET(e, CURLOPT_LOW_SPEED_TIME, static_cast<long>(settings_.low_speed_timeout_s));
   }
   TL_CURL_SET(e, CURLOPT_ERRORBUFFER, t.errbuf);
@@ -940,6 +941,10 @@ Result<std::unique_ptr<S3Client>> S3Client::Create(const S3Settings& settings) {
   }
   if (settings.low_speed_timeout_s < 0 || settings.low_speed_timeout_s > 3600) {
     return out_of("low_speed_timeout_s", settings.low_speed_timeout_s, 0, 3600);
+  }
+  if (settings.min_rate > (uint64_t{1} << 40)) {
+    return InvalidArgumentError("S3 settings: min_rate " + std::to_string(settings.min_rate) +
+                                " bytes/s is over 1 TiB/s");
   }
   if (settings.retry_base_ms < 0 || settings.retry_base_ms > 60000) {
     return out_of("retry_base_ms", settings.retry_base_ms, 0, 60000);

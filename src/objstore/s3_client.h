@@ -93,7 +93,10 @@ struct S3Settings {
   int max_connections = 16;  // Requests in flight at once.
   int retries = 5;           // Per request, on 5xx, throttling, timeouts, resets.
   int connect_timeout_ms = 10000;
-  int low_speed_timeout_s = 30;  // A transfer under 1 KiB/s this long is retried.
+  // A transfer slower than min_rate bytes/s for low_speed_timeout_s is a time-out (retried);
+  // 0 s: none.
+  int low_speed_timeout_s = 30;
+  uint64_t min_rate = 64 << 10;  // 0: 1 byte/s.
   int retry_base_ms = 100;       // Backoff: base * 2^attempt, with jitter, capped at 5 s.
 };
 Result<S3Settings> ResolveS3Settings(std::string_view scheme, const S3Overrides& overrides);

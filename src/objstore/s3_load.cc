@@ -271,6 +271,7 @@ Result<std::unique_ptr<S3Client>> ClientFor(const ObjectUrl& url, const ObjectSt
   settings.max_connections =
       static_cast<int>(std::max<uint64_t>(1, std::min<uint64_t>(o.connections, by_memory)));
   settings.retries = o.retries;
+  settings.min_rate = o.min_rate;
   return S3Client::Create(settings);
 }
 

@@ -1,7 +1,7 @@
 """A real S3 server (moto's, in this process) that injects faults into ranged GETs.
 
     .venv-s3/bin/python tests/objstore/moto_faults.py --port P --plan PLAN \
-        --root-objects DIR [--stats FILE] [--slow-seconds S]
+        --root-objects DIR [--stats FILE] [--slow-seconds S] [--trickle-rate B]
 
 Starts moto's S3 server (werkzeug, threaded) on 127.0.0.1:P (0: a free port),
 creates a bucket for every top-level folder of DIR and uploads every file
@@ -23,6 +23,10 @@ of KIND:COUNT steps; once it is used up every ranged GET is served normally.
                  connection is reset (RST: SO_LINGER 0, closed without shutdown)
     slow:N       the first 1000 bytes of the body, a stall of --slow-seconds,
                  then the rest (slow enough for a low-speed limit of 1 KiB/s)
+    trickle:N    a slowloris body: the right status and headers, then the body at
+                 --trickle-rate bytes/s (2048), a tenth of that every 100 ms
+    slowheaders:N  a slowloris head: the status line and headers a byte every
+                 100 ms, for at most --slow-seconds, then a reset
 
 Stats ("name value" lines: ranged_gets, served, faults, and one count per
 kind) are rewritten atomically to --stats FILE after each ranged GET's fault
@@ -48,7 +52,7 @@ from moto.moto_server.werkzeug_app import (
 from moto.s3.responses import S3Response
 from werkzeug.serving import ThreadedWSGIServer
 
-KINDS = ("ok", "503", "500", "short", "reset", "slow")
+KINDS = ("ok", "503", "500", "short", "reset", "slow", "trickle", "slowheaders")
 ERRORS = {
     "503": ("503 Service Unavailable", "SlowDown", "Please reduce your request rate."),
     "500": ("500 Internal Server Error", "InternalError",
@@ -73,8 +77,9 @@ def parse_plan(text):
 class Faults:
     """The plan and the counts, shared by the request threads."""
 
-    def __init__(self, stats_path, slow_seconds):
+    def __init__(self, stats_path, slow_seconds, trickle_rate=2048):
         self.lock = threading.Lock()
+        self.trickle_rate = trickle_rate
         self.steps = []
         self.armed = False
         self.stats_path = stats_path
@@ -184,6 +189,28 @@ class FaultMiddleware:
             yield body[:cut]
             time.sleep(FAULTS.slow_seconds)
             yield body[cut:]
+        elif kind == "trickle":  # werkzeug writes each piece as it is yielded.
+            piece = max(1, FAULTS.trickle_rate // 10)
+            for at in range(0, len(body), piece):
+                yield body[at:at + piece]
+                time.sleep(0.1)
+        elif kind == "slowheaders":  # Before werkzeug writes its own head: a byte at a time.
+            sock = environ.get("werkzeug.socket")
+            head = (b"HTTP/1.1 206 Partial Content\r\nContent-Type: binary/octet-stream\r\n"
+                    b"x-amz-request-id: " + b"0" * 4096 + b"\r\n")
+            deadline = time.monotonic() + FAULTS.slow_seconds
+            try:
+                for b in head:
+                    if time.monotonic() > deadline:
+                        break
+                    sock.sendall(bytes([b]))
+                    time.sleep(0.1)
+            except OSError:
+                pass  # The client gave up.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            with RESET_LOCK:
+                RESET.add(id(sock))
+            raise ConnectionResetError("slowheaders: done")  # werkzeug drops the response.
         else:
             yield body
 
@@ -225,9 +252,10 @@ def main():
     p.add_argument("--root-objects", required=True)
     p.add_argument("--stats", default="")
     p.add_argument("--slow-seconds", type=float, default=5.0)
+    p.add_argument("--trickle-rate", type=int, default=2048)
     args = p.parse_args()
     steps = parse_plan(args.plan)
-    FAULTS = Faults(args.stats, args.slow_seconds)
+    FAULTS = Faults(args.stats, args.slow_seconds, args.trickle_rate)
     S3Response.get_object = faulty_get_object
 
     # What moto.server.ThreadedMotoServer runs, built here in the main thread

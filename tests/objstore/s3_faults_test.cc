@@ -79,7 +79,8 @@ class S3FaultsTest : public ::testing::Test {
 
   // A raw client of the server: quick retries.
   std::unique_ptr<S3Client> Client(int retries, int max_connections = 4,
-                                   int low_speed_timeout_s = 30) {
+                                   int low_speed_timeout_s = 30,
+                                   uint64_t min_rate = objstore::S3Settings{}.min_rate) {
     objstore::S3Overrides o;
     o.endpoint = server_->endpoint();
     o.region = "us-east-1";
@@ -92,9 +93,26 @@ class S3FaultsTest : public ::testing::Test {
     settings->retry_base_ms = 1;
     settings->max_connections = max_connections;
     settings->low_speed_timeout_s = low_speed_timeout_s;
+    settings->min_rate = min_rate;
     auto client = S3Client::Create(*settings);
     EXPECT_OK(client);
     return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // One ranged GET of mixed/model.safetensors, timed.
+  struct TimedGet {
+    Status status;
+    std::string bytes;
+    double seconds;
+  };
+  static TimedGet Get(S3Client& client, uint64_t offset, size_t size) {
+    TimedGet got{Status::Ok(), std::string(size, '\0'), 0};
+    RangeRequest r{"models", "mixed/model.safetensors", offset, size,
+                   reinterpret_cast<std::byte*>(got.bytes.data())};
+    const auto start = Clock::now();
+    got.status = client.GetRanges({&r, 1});
+    got.seconds = SecondsSince(start);
+    return got;
   }
 
   // Loads kModel and checks it byte for byte against the local file.
@@ -221,6 +239,54 @@ TEST_F(S3FaultsTest, AStalledTransferTimesOutAndIsRetried) {
   EXPECT_EQ(server_->Stat("fault_slow"), 1u);
   EXPECT_LT(seconds, 6.0);  // The stall was cut short, not waited out.
   std::printf("[ info ] stalled transfer retried after %.2f s\n", seconds);
+}
+
+// A slowloris body (2 KiB/s, over curl's old floor of 1 KiB/s) is cut off by the minimum
+// rate (64 KiB/s by default) instead of holding the range for as long as it trickles: 100 KB
+// would take 50 s. Below a floor of 1 KiB/s the same trickle is waited out, which shows that
+// the bytes really come a piece at a time.
+TEST_F(S3FaultsTest, ASlowlorisBodyIsCutOffAtTheMinimumRate) {
+  Serve("trickle:2");
+  EXPECT_EQ(objstore::S3Settings{}.min_rate, 64u << 10);
+  EXPECT_EQ(ObjectStoreOptions{}.min_rate, 64u << 10);
+  const std::string bytes = ReadFile(root_.File("s3/models/mixed/model.safetensors"));
+  {
+    auto client = Client(/*retries=*/0, 1, /*low_speed_timeout_s=*/1, /*min_rate=*/1024);
+    ASSERT_NE(client, nullptr);
+    const TimedGet got = Get(*client, 1000, 6000);
+    ASSERT_OK(got.status);
+    EXPECT_EQ(got.bytes, bytes.substr(1000, 6000));
+    EXPECT_GT(got.seconds, 2.0);  // 6,000 bytes at 2 KiB/s.
+    std::printf("[ info ] 6000 bytes trickled in %.2f s\n", got.seconds);
+  }
+  auto client = Client(/*retries=*/0, 1, /*low_speed_timeout_s=*/1);
+  ASSERT_NE(client, nullptr);
+  const TimedGet got = Get(*client, 1000, 100000);
+  ASSERT_FALSE(got.status.ok());
+  EXPECT_EQ(got.status.code(), StatusCode::kUnavailable) << got.status.ToString();
+  EXPECT_THAT(got.status.message(),
+              AllOf(HasSubstr("Operation too slow"), HasSubstr("65536 bytes/sec")));
+  EXPECT_LT(got.seconds, 5.0);
+  EXPECT_EQ(server_->Stat("fault_trickle"), 2u);
+  std::printf("[ info ] a 2 KiB/s slowloris cut off after %.2f s: %s\n", got.seconds,
+              got.status.ToString().c_str());
+}
+
+// A slowloris head (a byte of the status line and headers every 100 ms) is cut off after
+// the low-speed window, then retried, and a clear error once the retries are spent.
+TEST_F(S3FaultsTest, ASlowlorisHeadIsCutOffAndRetried) {
+  Serve("slowheaders:2", /*slow_seconds=*/20);
+  auto client = Client(/*retries=*/1, 1, /*low_speed_timeout_s=*/1);
+  ASSERT_NE(client, nullptr);
+  const TimedGet got = Get(*client, 1000, 100000);
+  ASSERT_FALSE(got.status.ok());
+  EXPECT_EQ(got.status.code(), StatusCode::kUnavailable) << got.status.ToString();
+  EXPECT_THAT(got.status.message(), HasSubstr("Operation too slow"));
+  EXPECT_EQ(client->retries(), 1u);
+  EXPECT_EQ(server_->Stat("fault_slowheaders"), 2u);
+  EXPECT_LT(got.seconds, 8.0);  // Two 1 s windows and a backoff, not 2 x 20 s.
+  std::printf("[ info ] a slowloris head cut off twice in %.2f s: %s\n", got.seconds,
+              got.status.ToString().c_str());
 }
 
 // With no retries, each fault is the error itself, naming the object, the
