@@ -99,6 +99,7 @@ struct ServeArgs {
   std::string token_file;
   double rate_limit_mbps = 0;  // MB/s for all clients; 0: none.
   int max_sessions = 16;
+  uint64_t clients_per_worker = 1024;
   std::string ready_file;      // Written with the URL once serving.
   std::string device = "cpu";  // Where the served tensors live.
 };

@@ -188,6 +188,13 @@ int main(int argc, char** argv) {
   serve->add_option("--max-sessions", serve_args.max_sessions, "Concurrent clients")
       ->check(CLI::Range(1, 4096))
       ->capture_default_str();
+  serve
+      ->add_option("--clients-per-worker", serve_args.clients_per_worker,
+                   "Sessions one UCX worker takes before new ones get a fresh worker, the old "
+                   "one going with its last session; UCX keeps ~85 bytes per client a worker "
+                   "has met (0: one worker for good)")
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
+      ->capture_default_str();
   serve->add_option("--ready-file", serve_args.ready_file,
                     "Write the URL to this file once serving");
 

@@ -86,6 +86,7 @@ int RunServe(const ServeArgs& args) {
   opts.token = *token;
   opts.rate_limit = static_cast<uint64_t>(args.rate_limit_mbps * 1e6);
   opts.max_sessions = args.max_sessions;
+  opts.clients_per_worker = args.clients_per_worker;
   opts.parallel = {args.peer.tp_size, args.peer.tp_rank};
   opts.registry = args.registry;
   opts.registry_ttl_s = args.registry_ttl_s;

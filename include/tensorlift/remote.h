@@ -107,6 +107,11 @@ struct ServeOptions {
   // UCX transports (UCX_TLS syntax, e.g. "tcp" or "sm,self"); empty: UCX's
   // defaults (or UCX_TLS from the environment).
   std::string transports;
+  // Sessions one UCX worker takes before new sessions get a fresh worker
+  // (the old one goes when its last session closes). UCX remembers every
+  // peer a worker has met, about 85 bytes each, until the worker goes; this
+  // keeps a long-running seed's memory flat. 0: one worker for good.
+  uint64_t clients_per_worker = 1024;
 };
 
 // Serves tensors to peers until destroyed.
@@ -161,6 +166,9 @@ class PeerServer {
   virtual uint64_t served_bytes()
       const = 0;  // Bytes of tensors served so far (as reported by clients' sessions).
   virtual int active_sessions() const = 0;
+  // UCX workers alive now: the one new sessions get, and older ones that
+  // open sessions still use (ServeOptions::clients_per_worker).
+  virtual int live_workers() const = 0;
   // Test hook: flips one bit of the served copy of `tensor`'s bytes at
   // `offset` so that its chunk no longer matches the manifest. Only for
   // fault-injection tests; the manifest keeps the original checksum.

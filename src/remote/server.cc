@@ -172,6 +172,7 @@ class PeerServerImpl final : public PeerServer {
 
     UcxOptions uo;
     uo.transports = options_.transports;
+    uo.clients_per_worker = options_.clients_per_worker;
     TL_ASSIGN_OR_RETURN(ucx_, UcxServer::Create(uo));
     manifest_.key = key_;
     manifest_.parallel = options_.parallel;
@@ -246,6 +247,7 @@ class PeerServerImpl final : public PeerServer {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int>(sessions_.size());
   }
+  int live_workers() const override { return ucx_ ? ucx_->LiveWorkers() : 0; }
 
   Status CorruptForTesting(const std::string& tensor, uint64_t offset) override {
     for (Served& t : tensors_) {
@@ -374,6 +376,7 @@ class PeerServerImpl final : public PeerServer {
   void OpenSession(httplib::Response& res) {
     std::string id;
     uint64_t share = 0;
+    UcxServer::WorkerLease lease;
     {
       std::lock_guard<std::mutex> lock(mu_);
       ExpireSessionsLocked();
@@ -386,13 +389,15 @@ class PeerServerImpl final : public PeerServer {
         return;
       }
       id = RandomNonce().substr(0, 16);
-      sessions_[id] = std::chrono::steady_clock::now();
+      lease = ucx_->Lease();
+      sessions_[id] = Session{std::chrono::steady_clock::now(), lease.worker};
       if (options_.rate_limit)
         share = std::max<uint64_t>(1, options_.rate_limit / sessions_.size());
     }
     UpdateLoad();
-    Manifest m = manifest_;  // Copy: the rate share differs per session.
+    Manifest m = manifest_;  // Copy: the rate share and the worker differ per session.
     m.rate_limit = share;
+    m.worker_address = std::move(lease.address);
     res.set_header("X-Tensorlift-Session", id);
     res.set_content(m.ToJson(), "application/json");
   }
@@ -400,11 +405,14 @@ class PeerServerImpl final : public PeerServer {
   void CloseSession(const std::string& id, const std::string& body, httplib::Response& res) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (sessions_.erase(id) == 0) {
+      auto it = sessions_.find(id);
+      if (it == sessions_.end()) {
         res.status = 404;
         res.set_content("no session " + id, "text/plain");
         return;
       }
+      ucx_->Unlease(it->second.worker);
+      sessions_.erase(it);
     }
     if (!body.empty() && body.size() <= 20 && std::all_of(body.begin(), body.end(), ::isdigit)) {
       served_bytes_ += std::min<uint64_t>(std::stoull(body), manifest_.total_bytes);
@@ -417,7 +425,12 @@ class PeerServerImpl final : public PeerServer {
   void ExpireSessionsLocked() {
     const auto now = std::chrono::steady_clock::now();
     for (auto it = sessions_.begin(); it != sessions_.end();) {
-      it = now - it->second > std::chrono::hours(1) ? sessions_.erase(it) : std::next(it);
+      if (now - it->second.opened > std::chrono::hours(1)) {
+        ucx_->Unlease(it->second.worker);
+        it = sessions_.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
 
@@ -438,7 +451,11 @@ class PeerServerImpl final : public PeerServer {
   std::thread http_thread_;
   int port_ = 0;
   mutable std::mutex mu_;
-  std::map<std::string, std::chrono::steady_clock::time_point> sessions_;
+  struct Session {
+    std::chrono::steady_clock::time_point opened;
+    uint64_t worker;  // Its UCX worker lease.
+  };
+  std::map<std::string, Session> sessions_;
   std::atomic<uint64_t> served_bytes_{0};
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<Registration> registration_;

@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <list>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -135,6 +136,8 @@ class UcxCore {
   const UcxApi* api() const { return api_; }
   ucp_context_h context() const { return context_; }
   ucp_worker_h worker() const { return worker_; }
+  // Hands the worker to the caller, who destroys it before the context goes.
+  ucp_worker_h TakeWorker() { return std::exchange(worker_, nullptr); }
 
  private:
   void Reset() {
@@ -235,31 +238,71 @@ Status CheckMapsCuda(const UcxApi* api, ucp_context_h context, const char* what)
                             "(docs/remote.md, \"Devices\")");
 }
 
+// One of a server's workers: its clients connect to its address.
+struct ServerWorker {
+  uint64_t id = 0;
+  ucp_worker_h handle = nullptr;
+  int efd = -1;         // The worker's event fd (UCX owns it).
+  std::string address;  // Framed.
+  int leases = 0;       // Clients holding it now.
+  uint64_t clients = 0; // Leases ever taken.
+};
+
+// Describes `handle` (its event fd and framed address) as a server worker;
+// destroys it on failure.
+Result<ServerWorker> AdoptServerWorker(const UcxApi* api, ucp_worker_h handle) {
+  ServerWorker w;
+  w.handle = handle;
+  ucs_status_t st = api->worker_get_efd(w.handle, &w.efd);
+  if (st == UCS_OK) {
+    ucp_address_t* addr = nullptr;
+    size_t addr_len = 0;
+    st = api->worker_get_address(w.handle, &addr, &addr_len);
+    if (st == UCS_OK) {
+      w.address = Frame('A', addr, addr_len);
+      api->worker_release_address(w.handle, addr);
+      return w;
+    }
+  }
+  api->worker_destroy(w.handle);
+  return InternalError("UCX server worker (event fd, address): " + UcsText(api, st));
+}
+
+// A further worker on `context`, made as UcxCore makes the first.
+Result<ServerWorker> MakeServerWorker(const UcxApi* api, ucp_context_h context) {
+  ucp_worker_params_t wparams{};
+  wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wparams.thread_mode = UCS_THREAD_MODE_MULTI;
+  ucp_worker_h handle = nullptr;
+  const ucs_status_t st = api->worker_create(context, &wparams, &handle);
+  if (st != UCS_OK) return InternalError("ucp_worker_create: " + UcsText(api, st));
+  return AdoptServerWorker(api, handle);
+}
+
 class UcxServerImpl final : public UcxServer {
  public:
-  UcxServerImpl(UcxCore core, PosixFile stop_fd, int worker_efd, std::string address,
-                std::string transports)
+  UcxServerImpl(UcxCore core, ServerWorker first, PosixFile wake_fd, std::string transports,
+                uint64_t clients_per_worker)
       : api_(core.api()),
         core_(std::move(core)),
-        stop_fd_(std::move(stop_fd)),
-        worker_efd_(worker_efd),
-        address_(std::move(address)),
-        transports_(std::move(transports)) {
+        wake_fd_(std::move(wake_fd)),
+        transports_(std::move(transports)),
+        clients_per_worker_(clients_per_worker) {
+    first.id = next_id_++;
+    current_ = first.id;
+    workers_.push_back(std::move(first));
     thread_ = std::thread([this] { ProgressLoop(); });
   }
 
   ~UcxServerImpl() override {
     stop_.store(true, std::memory_order_release);
-    const uint64_t one = 1;
-    ssize_t n;
-    do {
-      n = ::write(stop_fd_.fd(), &one, sizeof(one));
-    } while (n < 0 && errno == EINTR);
-    (void)api_->worker_signal(core_.worker());
+    Wake();
     thread_.join();
     for (Region& r : regions_) api_->mem_unmap(core_.context(), r.memh);
     regions_.clear();
-    // core_ destroys the worker, then the context.
+    for (ServerWorker& w : workers_) api_->worker_destroy(w.handle);
+    workers_.clear();
+    // core_ destroys the context.
   }
 
   bool MapsCudaMemory() const override { return ContextMapsCuda(api_, core_.context()); }
@@ -293,6 +336,7 @@ class UcxServerImpl final : public UcxServer {
       return ResourceExhaustedError("UCX Register: ucp_mem_map of " + std::to_string(bytes) +
                                     " bytes: " + UcsText(api_, st));
     }
+    // The key is the context's: it stays good for every worker of it.
     void* rkey_buf = nullptr;
     size_t rkey_size = 0;
     const ucs_status_t pst = api_->rkey_pack(core_.context(), memh, &rkey_buf, &rkey_size);
@@ -306,7 +350,50 @@ class UcxServerImpl final : public UcxServer {
     return static_cast<uint32_t>(regions_.size() - 1);
   }
 
-  std::string WorkerAddress() const override { return address_; }
+  std::string WorkerAddress() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return FindLocked(current_)->address;
+  }
+
+  WorkerLease Lease() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ServerWorker* w = FindLocked(current_);
+    if (clients_per_worker_ != 0 && w->clients >= clients_per_worker_) {
+      // Retire it: new clients go to a fresh worker. If one cannot be made
+      // (out of memory, file descriptors), the old one serves on.
+      Result<ServerWorker> fresh = MakeServerWorker(api_, core_.context());
+      if (fresh.ok()) {
+        fresh->id = next_id_++;
+        current_ = fresh->id;
+        workers_.push_back(std::move(*fresh));
+        ++made_;
+        w = &workers_.back();
+        Wake();  // The progress thread polls the new worker's fd.
+      } else {
+        w->clients = 0;  // Try again after as many clients.
+      }
+    }
+    ++w->leases;
+    ++w->clients;
+    return WorkerLease{w->id, w->address};
+  }
+
+  void Unlease(uint64_t worker) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ServerWorker* w = FindLocked(worker);
+    if (w == nullptr || w->leases == 0) return;
+    if (--w->leases == 0 && w->id != current_) Wake();  // Destroyed by the progress thread.
+  }
+
+  int LiveWorkers() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(workers_.size());
+  }
+
+  uint64_t WorkersMade() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return made_;
+  }
 
   Result<std::string> PackedRkey(uint32_t region) const override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -337,36 +424,85 @@ class UcxServerImpl final : public UcxServer {
     std::string rkey;  // Framed.
   };
 
-  // Answers emulated gets and wireup; sleeps in poll() on the worker's event
-  // fd and the stop eventfd between events.
+  ServerWorker* FindLocked(uint64_t id) {
+    for (ServerWorker& w : workers_)
+      if (w.id == id) return &w;
+    return nullptr;
+  }
+  const ServerWorker* FindLocked(uint64_t id) const {
+    return const_cast<UcxServerImpl*>(this)->FindLocked(id);
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    ssize_t n;
+    do {
+      n = ::write(wake_fd_.fd(), &one, sizeof(one));
+    } while (n < 0 && errno == EINTR);
+  }
+
+  // Answers emulated gets and wireup on every worker; sleeps in poll() on
+  // the workers' event fds and the wake eventfd between events. Only this
+  // thread progresses and destroys workers: a retired worker without
+  // leases is taken out of workers_ under mu_ and destroyed here.
   void ProgressLoop() {
-    const ucp_worker_h worker = core_.worker();
+    std::vector<std::pair<ucp_worker_h, int>> live;  // Handle and event fd.
+    std::vector<pollfd> fds;
     while (!stop_.load(std::memory_order_acquire)) {
-      while (api_->worker_progress(worker) != 0) {
+      std::vector<ucp_worker_h> done;
+      live.clear();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto it = workers_.begin(); it != workers_.end();) {
+          if (it->id != current_ && it->leases == 0) {
+            done.push_back(it->handle);
+            it = workers_.erase(it);
+          } else {
+            live.emplace_back(it->handle, it->efd);
+            ++it;
+          }
+        }
       }
-      const ucs_status_t st = api_->worker_arm(worker);
-      if (st == UCS_ERR_BUSY) continue;
-      pollfd fds[2] = {{worker_efd_, POLLIN, 0}, {stop_fd_.fd(), POLLIN, 0}};
-      // If the worker cannot be armed, poll it every millisecond instead.
-      // Armed, it is still progressed every 10 ms: UCX 1.13 can miss a wakeup
-      // (seen with two clients wiring up to two servers of one host over tcp
-      // and shared memory at once), and a server asleep with a wireup pending
-      // left its client spinning inside ucp_ep_rkey_unpack for good.
-      const int timeout_ms = st == UCS_OK ? 10 : 1;
-      const int n = ::poll(fds, 2, timeout_ms);
+      for (ucp_worker_h w : done) api_->worker_destroy(w);
+      bool busy = false;
+      bool armed = true;
+      fds.clear();
+      for (const auto& [worker, efd] : live) {
+        while (api_->worker_progress(worker) != 0) {
+        }
+        const ucs_status_t st = api_->worker_arm(worker);
+        if (st == UCS_ERR_BUSY) busy = true;
+        if (st != UCS_OK && st != UCS_ERR_BUSY) armed = false;
+        fds.push_back({efd, POLLIN, 0});
+      }
+      if (busy) continue;
+      fds.push_back({wake_fd_.fd(), POLLIN, 0});
+      // If a worker cannot be armed, poll every millisecond instead.
+      // Armed, they are still progressed every 10 ms: UCX 1.13 can miss a
+      // wakeup (seen with two clients wiring up to two servers of one host
+      // over tcp and shared memory at once), and a server asleep with a
+      // wireup pending left its client spinning inside ucp_ep_rkey_unpack.
+      const int n = ::poll(fds.data(), fds.size(), armed ? 10 : 1);
       if (n < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (n > 0 && (fds.back().revents & POLLIN)) {
+        uint64_t v;
+        (void)::read(wake_fd_.fd(), &v, sizeof(v));  // Non-blocking.
+      }
     }
   }
 
   const UcxApi* const api_;
-  UcxCore core_;
-  PosixFile stop_fd_;
-  int worker_efd_;
-  const std::string address_;  // Framed.
+  UcxCore core_;  // The context (its first worker moved into workers_).
+  PosixFile wake_fd_;
   const std::string transports_;
+  const uint64_t clients_per_worker_;
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
-  std::vector<Region> regions_;  // Guarded by mu_.
+  std::vector<Region> regions_;        // Guarded by mu_.
+  std::list<ServerWorker> workers_;    // Guarded by mu_; stable addresses.
+  uint64_t current_ = 0;               // Guarded by mu_.
+  uint64_t next_id_ = 1;               // Guarded by mu_.
+  uint64_t made_ = 1;                  // Guarded by mu_.
   std::thread thread_;
 };
 
@@ -945,23 +1081,21 @@ std::string UcxVersion() {
 Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& options) {
   TL_ASSIGN_OR_RETURN(UcxCore core, UcxCore::Create(options, UCS_THREAD_MODE_MULTI,
                                                     /*shared_context=*/true, "tensorlift-server"));
-  TL_ASSIGN_OR_RETURN(int efd, WorkerEventFd(core));
-  const int stop = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (stop < 0) return PosixError("eventfd", errno);
-  PosixFile stop_fd = PosixFile::Adopt(stop);
-  ucp_address_t* addr = nullptr;
-  size_t addr_len = 0;
   const UcxApi* api = core.api();
-  const ucs_status_t st = api->worker_get_address(core.worker(), &addr, &addr_len);
-  if (st != UCS_OK) return InternalError("ucp_worker_get_address: " + UcsText(api, st));
-  std::string address = Frame('A', addr, addr_len);
-  api->worker_release_address(core.worker(), addr);
+  TL_ASSIGN_OR_RETURN(ServerWorker first, AdoptServerWorker(api, core.TakeWorker()));
+  const int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    api->worker_destroy(first.handle);
+    return PosixError("eventfd", errno);
+  }
+  PosixFile wake_fd = PosixFile::Adopt(wake);
   std::string transports =
       ParseTransports(CaptureUcxPrint([&](FILE* f) { api->context_print_info(core.context(), f); }),
                       /*lanes=*/false);
   if (transports.empty()) transports = options.transports.empty() ? "default" : options.transports;
-  return std::unique_ptr<UcxServer>(new UcxServerImpl(std::move(core), std::move(stop_fd), efd,
-                                                      std::move(address), std::move(transports)));
+  return std::unique_ptr<UcxServer>(new UcxServerImpl(std::move(core), std::move(first),
+                                                      std::move(wake_fd), std::move(transports),
+                                                      options.clients_per_worker));
 }
 
 Result<std::unique_ptr<UcxClient>> UcxClient::Connect(std::string_view worker_address,

@@ -42,6 +42,13 @@ struct UcxOptions {
   // or the UCX_TLS environment variable. Applied through ucp_config_modify,
   // not the environment.
   std::string transports;
+  // Servers only: how many clients (leases, below) a worker takes before new
+  // clients go to a fresh worker; the old one is destroyed once its last
+  // lease ends. UCX keeps a few dozen bytes for every peer a worker has met
+  // until the worker is destroyed (its connection-matching table), so a
+  // source that serves for days needs this to stay flat. 0: one worker for
+  // the server's life.
+  uint64_t clients_per_worker = 1024;
 };
 
 // Where a region's bytes live: host memory, or a CUDA device's memory
@@ -63,7 +70,21 @@ class UcxServer {
   // Whether the loaded UCX can map CUDA memory (its context reports
   // UCS_MEMORY_TYPE_CUDA among its memory types).
   virtual bool MapsCudaMemory() const = 0;
-  virtual std::string WorkerAddress() const = 0;                      // Raw bytes.
+  // The address of the worker new clients are given (Lease). Framed bytes.
+  virtual std::string WorkerAddress() const = 0;
+  // A client's hold on a worker: its address stays served until Unlease.
+  // Every client connects through a lease (one per session), so that a
+  // worker is destroyed only when no client can still be using it.
+  struct WorkerLease {
+    uint64_t worker = 0;  // The worker's id, for Unlease.
+    std::string address;  // Framed, as WorkerAddress().
+  };
+  virtual WorkerLease Lease() = 0;
+  virtual void Unlease(uint64_t worker) = 0;
+  // Workers alive now (the current one and retired ones with leases), and
+  // workers made over the server's life; for reports and tests.
+  virtual int LiveWorkers() const = 0;
+  virtual uint64_t WorkersMade() const = 0;
   virtual Result<std::string> PackedRkey(uint32_t region) const = 0;  // Raw bytes.
   virtual uint64_t RegionAddress(uint32_t region) const = 0;
   virtual uint64_t RegionBytes(uint32_t region) const = 0;

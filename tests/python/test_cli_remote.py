@@ -427,3 +427,29 @@ def test_fetched_instance_becomes_a_seed(cli, ckpt, serving, etcd, tmp_path):
         out, err = b.communicate(timeout=30)
     assert b.returncode == 0, err
     assert f"seeding at {seed_url}" in out
+
+
+def test_sessions_move_to_a_fresh_worker_every_clients_per_worker(cli, ckpt, serving):
+    """UCX remembers every client a worker has met until the worker goes: the seed hands each
+    worker --clients-per-worker sessions, then a fresh one (the manifest names it), and every
+    fetch still gets the checkpoint."""
+    s = serving(ckpt, *MODEL, "--clients-per-worker", "2")
+
+    def session():
+        req = urllib.request.Request(s.url + "/v1/session", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.headers["X-Tensorlift-Session"], json.loads(r.read())["worker_address"]
+
+    opened = [session() for _ in range(3)]
+    assert opened[0][1] == opened[1][1] != opened[2][1]
+    for sid, _ in opened:
+        req = urllib.request.Request(f"{s.url}/v1/session/{sid}", data=b"0", method="DELETE")
+        urllib.request.urlopen(req, timeout=10).read()
+    want = load_checksums(cli, ckpt)
+    for _ in range(3):
+        r = run(cli, "fetch", s.url, *MODEL, "--checksum")
+        assert r.returncode == 0, r.stderr
+        assert "fallback:" not in r.stderr
+        assert r.stdout == want
+    r = run(cli, "serve", ckpt, *MODEL, "--clients-per-worker", "-1")
+    assert r.returncode != 0 and "--clients-per-worker" in r.stderr, r.stderr

@@ -16,6 +16,7 @@
 #include "../load/test_files.h"
 #include "device/device.h"
 #include "remote/layout.h"
+#include "remote/peer_reader.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/remote.h"
@@ -621,6 +622,61 @@ TEST_F(PeerTest, MaxSessionsRefusesExtraClients) {
   ASSERT_FALSE(second.ok());
   ASSERT_FALSE(report.failures.empty());
   EXPECT_THAT(report.failures[0], HasSubstr("HTTP 503"));
+}
+
+// UCX keeps an entry for every peer a worker has met until the worker goes,
+// so a seed moves new sessions to a fresh worker every clients_per_worker
+// sessions and destroys the old one once its last session closes.
+TEST_F(PeerTest, SessionsMoveToAFreshWorkerAndTheOldOneGoesWithItsLastSession) {
+  auto o = Serve();
+  o.clients_per_worker = 2;
+  auto server = Start(o);
+  ASSERT_NE(server, nullptr);
+  const RawTensor& big = tensors_[4];
+  ASSERT_EQ(big.name, "big");
+  auto open = [&] { return remote::PeerReader::Open(server->url(), key_, {}); };
+  auto read_big = [&](remote::PeerReader& r) {
+    const remote::ManifestTensor* t = r.manifest().Find("big");
+    ASSERT_NE(t, nullptr);
+    std::vector<uint8_t> got(big.bytes.size());
+    ASSERT_OK(r.Read({{t, 0, got.size(), got.data()}}));
+    EXPECT_TRUE(got == big.bytes);
+  };
+  auto wait_for_workers = [&](int n) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (server->live_workers() != n && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return server->live_workers();
+  };
+  auto a = open();
+  auto b = open();
+  ASSERT_OK(a);
+  ASSERT_OK(b);
+  EXPECT_EQ((*a)->manifest().worker_address, (*b)->manifest().worker_address);
+  EXPECT_EQ(server->live_workers(), 1);
+  auto c = open();  // The third session gets a fresh worker.
+  ASSERT_OK(c);
+  EXPECT_NE((*c)->manifest().worker_address, (*a)->manifest().worker_address);
+  EXPECT_EQ(server->live_workers(), 2);
+  read_big(**a);  // The old worker serves its sessions on,
+  read_big(**c);  // the new one its own.
+  a->reset();
+  EXPECT_EQ(server->live_workers(), 2);  // b still uses the old one.
+  read_big(**b);
+  b->reset();
+  EXPECT_EQ(wait_for_workers(1), 1);
+  read_big(**c);
+  c->reset();
+  // Whole pulls, one session each: never more than two workers, every pull right.
+  for (int i = 0; i < 7; ++i) {
+    PeerLoadReport report;
+    auto got = LoadFromPeer(key_, Pull({server->url()}), &report);
+    ASSERT_OK(got);
+    EXPECT_EQ(report.source, server->url());
+    ExpectRank(*got, 1, 0);
+    EXPECT_LE(server->live_workers(), 2);
+  }
+  EXPECT_EQ(wait_for_workers(1), 1);
 }
 
 TEST_F(PeerTest, ALoadedInstanceBecomesASeed) {

@@ -121,6 +121,11 @@ def main():
     ap.add_argument("--seconds", type=float, default=float(os.environ.get("SOAK_SECONDS", 1800)))
     ap.add_argument("--out", default=None)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the counts (a quick check: 0.01)")
+    ap.add_argument("--only", action="append", choices=("load", "stream", "serve"),
+                    help="run only this workload (repeatable); default: all three")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="an argument for the seed's `tensorlift serve` (repeatable), e.g. "
+                         "--serve-arg=--clients-per-worker=0")
     args = ap.parse_args()
     counts = {k: max(CLIENTS, int(v * args.scale)) for k, v in COUNTS.items()}
     cli = os.environ.get("TENSORLIFT_CLI", str(ROOT / "build" / "tensorlift"))
@@ -131,7 +136,7 @@ def main():
         small = make_checkpoint(pathlib.Path(tmp) / "small", rows=16)
         ready = pathlib.Path(tmp) / "url"
         seed = subprocess.Popen([cli, "serve", str(small), "--model", "soak", "--revision", "r1",
-                                 "--max-sessions", str(2 * CLIENTS), "--ready-file", str(ready)],
+                                 "--max-sessions", str(2 * CLIENTS), "--ready-file", str(ready), *args.serve_arg],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
         while not ready.exists():
@@ -146,7 +151,7 @@ def main():
             round_no += 1
             if round_no == 2:  # The counts once; then shorter rounds until the time is up.
                 counts = {k: max(CLIENTS, v // 10) for k, v in counts.items()}
-            for kind in ("load", "stream", "serve"):
+            for kind in args.only or ("load", "stream", "serve"):
                 if round_no > 1 and time.monotonic() - start >= args.seconds:
                     break
                 t0 = time.monotonic()
