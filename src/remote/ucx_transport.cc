@@ -24,6 +24,9 @@
 #include "remote/ucx_transport.h"
 
 #include <poll.h>
+#ifdef __GLIBC__
+#include <malloc.h>  // malloc_trim
+#endif
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -464,6 +467,12 @@ class UcxServerImpl final : public UcxServer {
         }
       }
       for (ucp_worker_h w : done) api_->worker_destroy(w);
+#ifdef __GLIBC__
+      // What a destroyed worker frees is mostly small blocks whose pages
+      // glibc would keep (about 1 KB of RSS per worker without a client,
+      // hundreds with a thousand); give them back (docs/security.md, "Soak").
+      if (!done.empty()) malloc_trim(0);
+#endif
       bool busy = false;
       bool armed = true;
       fds.clear();
@@ -486,7 +495,8 @@ class UcxServerImpl final : public UcxServer {
       if (n < 0 && errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       if (n > 0 && (fds.back().revents & POLLIN)) {
         uint64_t v;
-        (void)::read(wake_fd_.fd(), &v, sizeof(v));  // Non-blocking.
+        const ssize_t r = ::read(wake_fd_.fd(), &v, sizeof(v));  // Non-blocking: resets it.
+        (void)r;
       }
     }
   }
