@@ -245,10 +245,10 @@ Status CheckMapsCuda(const UcxApi* api, ucp_context_h context, const char* what)
 struct ServerWorker {
   uint64_t id = 0;
   ucp_worker_h handle = nullptr;
-  int efd = -1;         // The worker's event fd (UCX owns it).
-  std::string address;  // Framed.
-  int leases = 0;       // Clients holding it now.
-  uint64_t clients = 0; // Leases ever taken.
+  int efd = -1;          // The worker's event fd (UCX owns it).
+  std::string address;   // Framed.
+  int leases = 0;        // Clients holding it now.
+  uint64_t clients = 0;  // Leases ever taken.
 };
 
 // Describes `handle` (its event fd and framed address) as a server worker;
@@ -508,11 +508,11 @@ class UcxServerImpl final : public UcxServer {
   const uint64_t clients_per_worker_;
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
-  std::vector<Region> regions_;        // Guarded by mu_.
-  std::list<ServerWorker> workers_;    // Guarded by mu_; stable addresses.
-  uint64_t current_ = 0;               // Guarded by mu_.
-  uint64_t next_id_ = 1;               // Guarded by mu_.
-  uint64_t made_ = 1;                  // Guarded by mu_.
+  std::vector<Region> regions_;      // Guarded by mu_.
+  std::list<ServerWorker> workers_;  // Guarded by mu_; stable addresses.
+  uint64_t current_ = 0;             // Guarded by mu_.
+  uint64_t next_id_ = 1;             // Guarded by mu_.
+  uint64_t made_ = 1;                // Guarded by mu_.
   std::thread thread_;
 };
 
