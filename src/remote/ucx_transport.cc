@@ -369,7 +369,6 @@ class UcxServerImpl final : public UcxServer {
         fresh->id = next_id_++;
         current_ = fresh->id;
         workers_.push_back(std::move(*fresh));
-        ++made_;
         w = &workers_.back();
         Wake();  // The progress thread polls the new worker's fd.
       } else {
@@ -391,11 +390,6 @@ class UcxServerImpl final : public UcxServer {
   int LiveWorkers() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int>(workers_.size());
-  }
-
-  uint64_t WorkersMade() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return made_;
   }
 
   Result<std::string> PackedRkey(uint32_t region) const override {
@@ -512,7 +506,6 @@ class UcxServerImpl final : public UcxServer {
   std::list<ServerWorker> workers_;  // Guarded by mu_; stable addresses.
   uint64_t current_ = 0;             // Guarded by mu_.
   uint64_t next_id_ = 1;             // Guarded by mu_.
-  uint64_t made_ = 1;                // Guarded by mu_.
   std::thread thread_;
 };
 

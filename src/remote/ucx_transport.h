@@ -81,10 +81,8 @@ class UcxServer {
   };
   virtual WorkerLease Lease() = 0;
   virtual void Unlease(uint64_t worker) = 0;
-  // Workers alive now (the current one and retired ones with leases), and
-  // workers made over the server's life; for reports and tests.
+  // Workers alive now (the current one and retired ones with leases).
   virtual int LiveWorkers() const = 0;
-  virtual uint64_t WorkersMade() const = 0;
   virtual Result<std::string> PackedRkey(uint32_t region) const = 0;  // Raw bytes.
   virtual uint64_t RegionAddress(uint32_t region) const = 0;
   virtual uint64_t RegionBytes(uint32_t region) const = 0;
