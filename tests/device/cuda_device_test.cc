@@ -365,6 +365,19 @@ TEST_F(CudaDeviceTest, BadOrdinalIsInvalidArgument) {
   EXPECT_EQ(OpenCudaDevice(1 << 20).status().code(), StatusCode::kInvalidArgument);
 }
 
+// OpenDevice gives the one Device of a GPU while a holder keeps it: a seed
+// matches its tensors to its registered regions by device (remote/server.cc),
+// which failed on a GPU ("tensor ... is in no registered region") while each
+// call made a Device of its own.
+TEST_F(CudaDeviceTest, OpenDeviceGivesTheSameDeviceWhileOneIsHeld) {
+  auto a = OpenDevice(DeviceType::kCuda, 0);
+  auto b = OpenDevice(DeviceType::kCuda, 0);
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_EQ(OpenDevice(DeviceType::kCuda, 1 << 20).status().code(), StatusCode::kInvalidArgument);
+}
+
 // ---------------------------------------------------------------------------
 // Tests that run everywhere.
 
