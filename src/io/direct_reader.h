@@ -29,8 +29,12 @@ class DirectReader {
 
 // A DirectReader through cuFile (CuFileDriver) for files numbered 0 to
 // `files` - 1. Fails as CuFileDriver::Open does: Unimplemented when GDS
-// support was not built, Unavailable when cuFile cannot be used here.
-Result<std::unique_ptr<DirectReader>> OpenCuFileReader(size_t files);
+// support was not built, Unavailable when cuFile cannot be used here, and
+// Unavailable when the nvidia-fs module is not loaded (`nvidia_fs`, its
+// /proc directory, is missing), where cuFile would fall back to its slow
+// compatibility mode.
+Result<std::unique_ptr<DirectReader>> OpenCuFileReader(
+    size_t files, const char* nvidia_fs = "/proc/driver/nvidia-fs");
 
 }  // namespace tensorlift
 
