@@ -5,7 +5,7 @@
 # (headers and libraries, unpacked there without overwriting anything) and
 # the wheels of the Python packages the GPU image lacks, for its Python
 # (GPU_PY_VERSION, default 3.12). It stays under GPU_BUNDLE_MAX_MIB (default
-# 48) so that it travels with the checkout; MPI and etcd are left out and
+# 56) so that it travels with the checkout; MPI and etcd are left out and
 # those tests skip there. UCX travels as Debian's headers (tensorlift is built
 # with them and does not link UCX) and the libraries of PyPI's libucx-cu12
 # (UCX with CUDA), in .gpu-bundle/ucx/lib, which gpu_check.sh names in
@@ -15,20 +15,29 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bundle=$root/.gpu-bundle
 pyver=${GPU_PY_VERSION:-3.12}
-max_mib=${GPU_BUNDLE_MAX_MIB:-48}
+max_mib=${GPU_BUNDLE_MAX_MIB:-56}
 grep -q "^/\.gpu-bundle/$" .gitignore \
   || { echo "gpu-bundle: .gpu-bundle/ must be ignored by git (.gitignore)" >&2; exit 1; }
 rm -rf "$bundle"
 mkdir -p "$bundle/debs" "$bundle/wheels"
 
 # Debian: the -dev packages of the required libraries, their runtime
-# libraries, and the test frameworks (the static GoogleTest libraries).
+# libraries, and the test frameworks (the static GoogleTest libraries). libxml2
+# (the S3 answers' parser) comes with its ICU, in case the image has no libxml2.
 debs=(libsimdjson-dev libsimdjson14 libcli11-dev libxxhash-dev libxxhash0 liburing-dev liburing2
       libgtest-dev libgmock-dev libbenchmark-dev libbenchmark1debian libcpp-httplib-dev libcpp-httplib0.11
-      libssl-dev zlib1g-dev libbrotli-dev libbrotli1 pkgconf pkgconf-bin libpkgconf3 libucx-dev)
+      libssl-dev zlib1g-dev libbrotli-dev libbrotli1 pkgconf pkgconf-bin libpkgconf3 libucx-dev
+      libxml2-dev libxml2 libicu72)
 sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
 $sudo apt-get update -qq
 (cd "$bundle/debs" && apt-get download -qq "${debs[@]}")
+# ICU's headers alone (libxml2's headers include unicode/ucnv.h), not libicu-dev's
+# 10 MB of static libraries: unpacked into root/, which setup copies onto /.
+icu_tmp=$(mktemp -d)
+(cd "$icu_tmp" && apt-get download -qq libicu-dev && dpkg-deb -x libicu-dev_*.deb x)
+mkdir -p "$bundle/root/usr/include"
+cp -r "$icu_tmp/x/usr/include/unicode" "$bundle/root/usr/include/"
+rm -rf "$icu_tmp"
 
 # PyPI: what the GPU image lacks (it has torch, safetensors, nanobind,
 # scikit-build-core, pytest, xxhash, ml-dtypes, psutil, tqdm, nvidia-cufile).

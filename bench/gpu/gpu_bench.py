@@ -50,7 +50,10 @@ MODULES = {"tensorlift": "tensorlift", "tensorlift_pinned": "tensorlift", "st_lo
 
 
 def run_json(cmd, timeout=900):
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, [f"no answer in {timeout} s"]
     if p.returncode != 0:
         return None, (p.stderr or p.stdout).strip().splitlines()[-1:] or [f"exit {p.returncode}"]
     for line in reversed(p.stdout.splitlines()):
@@ -158,6 +161,7 @@ def measure(args):
         kcmd += ["--mib", str(args.kernel_mib)]
     kernels, err = run_json(kcmd)
     data["kernels"] = kernels if kernels else {"error": err}
+    save(args, data)
 
     # O_DIRECT read of the same bytes, cold (tl_limits, as the host load bench does).
     ranges_file = os.path.join(args.out, "ranges.txt")
@@ -170,8 +174,7 @@ def measure(args):
     odirect, err = run_json([os.path.join(args.build, "tl_limits"), "read", ranges_file, "--queue-depth", "32",
                              "--block-mib", "8", "--prefault", "1"])
     data["limits"]["odirect_read"] = odirect if odirect else {"error": err}
-
-    data["peer_pull"] = peer_pull(args, shards_dir)
+    save(args, data)
 
     contenders = [c for c in (args.contenders.split(",") if args.contenders else CONTENDERS) if c]
     runnable = []
@@ -193,10 +196,16 @@ def measure(args):
                     evict(shards)
                 elif state == "warm":
                     read_through(shards)
-                res, err = run_json([sys.executable, os.path.join(HERE, "contender.py"), c, args.device] + shards)
+                res, err = run_json([sys.executable, os.path.join(HERE, "contender.py"), c, args.device] + shards,
+                                    timeout=args.load_timeout)
                 data["loads"].setdefault(c, {}).setdefault(state, []).append(res if res else {"error": err})
                 print(f"gpu-bench: {state} run {r + 1}/{args.runs} {c}: "
                       + (f"{res['load_s']:.3f} s" if res else f"failed: {err}"), flush=True)
+                save(args, data)
+
+    # Last: the pull needs UCX with CUDA, the loads above need nothing more.
+    data["peer_pull"] = peer_pull(args, shards_dir)
+    save(args, data)
     return data
 
 
@@ -279,6 +288,17 @@ def peer_lines(peer, d2d_gbps):
             f"| {runs[0]['bytes']} | {m:.3f} | {gbps:.2f} | {vs} | {landing} memory | {same} |"]
 
 
+def save(args, data):
+    """Writes results.json and results.md as they stand, so that a run cut short (a lease's
+    time limit) leaves what it measured; the last call, at the end, writes the whole."""
+    md = summarize(data)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(data, f, indent=1)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(md)
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", required=True, help="build directory with tensorlift, tl_gpu_kernels_bench, tl_limits")
@@ -289,15 +309,12 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--states", default="cold,warm")
     ap.add_argument("--contenders", default="", help="comma-separated subset of " + ",".join(CONTENDERS))
+    ap.add_argument("--load-timeout", type=int, default=300, help="seconds a contender's load may take")
     ap.add_argument("--kernel-mib", type=int, default=0, help="kernel buffer size (default: the bench's own)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     data = measure(args)
-    md = summarize(data)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(data, f, indent=1)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(md)
+    save(args, data)
     failed = [c for c, states in data["loads"].items() if any("error" in r for runs in states.values() for r in runs)]
     if "tensorlift" in failed:
         print("gpu-bench: tensorlift's own load failed", file=sys.stderr)

@@ -11,8 +11,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # What the completeness check looks at (relative to the checkout).
-CHECKED = ["scripts/gpu_check.sh", "scripts/gpu_bundle.sh", "bench/gpu/gpu_bench.py", "bench/gpu/contender.py",
-           "tests/device/kernels_bench.cc", "bench/load/gen_checkpoint.py", "docs/gpu.md", "tests/CMakeLists.txt"]
+CHECKED = ["scripts/gpu_check.sh", "scripts/gpu_bundle.sh", "scripts/gpu_lease.sh", "bench/gpu/gpu_bench.py",
+           "bench/gpu/contender.py", "tests/device/kernels_bench.cc", "bench/load/gen_checkpoint.py", "docs/gpu.md",
+           "tests/CMakeLists.txt"]
 
 
 def has_gpu():
@@ -36,11 +37,12 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-check: no GPU here ("), p.stdout
-    assert "checked its 7 files" in lines[0]
+    assert "checked its 8 files" in lines[0]
 
 
 @pytest.mark.skipif(has_gpu(), reason="this machine has a GPU: gpu-check would run for real")
-@pytest.mark.parametrize("missing", ["bench/gpu/contender.py", "scripts/gpu_bundle.sh", "docs/gpu.md"])
+@pytest.mark.parametrize("missing", ["bench/gpu/contender.py", "scripts/gpu_bundle.sh", "scripts/gpu_lease.sh",
+                                     "docs/gpu.md"])
 def test_the_dry_run_fails_when_a_file_is_missing(tmp_path, missing):
     for rel in CHECKED:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# One short lease of a lent GPU machine (docs/gpu.md, "A lent machine"): make
+# gpu-check's steps in one command of at most LEASE_SECONDS (default 560), in
+# the order that keeps the most when time runs out: set-up and build; the C++
+# tests of the device and of peer loading (ctest labels
+# device|sparse|load|dist|remote) and the Python tests that use the GPU; the
+# GPU benchmark (GPU_BENCH_ARGS, default one run of each contender cold and
+# warm); then compute-sanitizer over the CUDA device tests and a whole load
+# while time is left. Every step has its own time limit, so the packing
+# at the end always runs.
+#
+# The device tool brings back at most 8 files from $OUT: the logs of every step
+# travel as $OUT/gpu-check.tgz, beside results.md, results.json and
+# summary.txt (each step's exit status and seconds).
+#
+#   run(command="bash scripts/gpu_lease.sh", carry=[".gpu-bundle"], timeout_s=600)
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+budget=${LEASE_SECONDS:-560}
+start=$(date +%s)
+dest=${OUT:-$root/bench/out/gpu-lease}
+work=$(mktemp -d /tmp/gpu-lease.XXXXXX)
+mkdir -p "$dest"
+left() { echo $((budget - ($(date +%s) - start))); }
+
+pack() {
+  cp "$root"/build-gpu.cmake.log "$root"/build-gpu.build.log "$work"/ 2>/dev/null
+  tar czf "$dest/gpu-check.tgz" -C "$work" . 2>/dev/null
+  cp "$work/summary.txt" "$dest/" 2>/dev/null
+  cp "$work/bench/results.md" "$work/bench/results.json" "$dest/" 2>/dev/null
+  true
+}
+trap pack EXIT
+
+# step NAME SECONDS [VAR=VALUE...]: one gpu-check call under `timeout`, its
+# output in NAME.out, a line in summary.txt.
+step() {
+  local name=$1 secs=$2 t rc
+  shift 2
+  if [ "$secs" -lt 20 ]; then
+    echo "$name: not run (${secs} s left)" | tee -a "$work/summary.txt"
+    return 1
+  fi
+  t=$(date +%s)
+  mkdir -p "$work/$name"
+  timeout --kill-after=10 "$secs" env "$@" OUT="$work/$name" bash scripts/gpu_check.sh > "$work/$name.out" 2>&1
+  rc=$?
+  echo "$name: rc $rc in $(($(date +%s) - t)) s (limit $secs s)" | tee -a "$work/summary.txt"
+  tail -n 5 "$work/$name.out"
+  return $rc
+}
+
+{
+  date -u
+  nvidia-smi
+  nvidia-smi --query-gpu=name,compute_cap,driver_version,memory.total --format=csv
+  nproc; free -g; df -h "$root" /tmp
+  command -v python3 g++ nvcc cmake compute-sanitizer
+  python3 -c 'import sys, torch; print(sys.version, torch.__version__, torch.version.cuda)'
+} > "$work/machine.txt" 2>&1
+head -n 12 "$work/machine.txt"
+
+# A build that does not finish leaves nothing to test.
+limit() { local l; l=$(($(left) - $2)); echo $((l < $1 ? l : $1)); }  # min(CAP, left - RESERVE)
+step setup "$(limit 330 230)" STEP=setup || exit 1
+step test "$(limit 110 150)" STEP=test \
+  GPU_CHECK_CTEST_LABELS="${LEASE_CTEST_LABELS:-device|sparse|load|dist|remote}" GPU_CHECK_SANITIZE=none \
+  GPU_CHECK_PYTEST_ARGS="${LEASE_PYTEST_ARGS--n 8}" \
+  GPU_CHECK_PYTESTS="${LEASE_PYTESTS:-tests/python/test_device.py tests/python/test_cli_device.py tests/python/test_doctor.py tests/python/test_safetensors_api.py tests/python/test_fastsafetensors_compat.py tests/python/test_remote.py tests/python/test_server_loading.py tests/python/test_transformers.py}"
+step bench $(($(left) - 40)) STEP=bench GPU_BENCH_ARGS="${GPU_BENCH_ARGS:---runs 1 --load-timeout 60}"
+step sanitize $(($(left) - 5)) STEP=test GPU_CHECK_CTEST_LABELS=none GPU_CHECK_PYTESTS=none \
+  GPU_CHECK_SANITIZE="${LEASE_SANITIZE:-cuda_device_test load}"
+cat "$work/summary.txt"
