@@ -92,8 +92,9 @@ void PrintText(const CapabilityReport& r) {
                                               ? ("built, " + rc.ucx_version).c_str()
                                               : ("not built (" + rc.ucx_reason + ")").c_str());
   std::printf("S3 client (object storage): %s\n",
-              rc.s3_built ? ("built, " + rc.s3_version).c_str()
-                          : ("not built (" + rc.s3_reason + ")").c_str());
+              !rc.s3_built            ? ("not built (" + rc.s3_reason + ")").c_str()
+              : rc.s3_version.empty() ? ("built, not usable here: " + rc.s3_reason).c_str()
+                                      : ("built, " + rc.s3_version).c_str());
   std::printf("etcd (registry tests): %s\n", rc.etcd.empty() ? "not on PATH" : rc.etcd.c_str());
 }
 

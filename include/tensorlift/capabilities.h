@@ -90,8 +90,8 @@ struct RemoteCapabilities {
   std::string ucx_version;  // "1.13.1", when built.
   std::string ucx_reason;   // Why not built.
   bool s3_built = false;    // The S3 client (object storage) was compiled in.
-  std::string s3_version;   // "libcurl 7.88.1, OpenSSL/3.0.19", when built.
-  std::string s3_reason;    // Why not built.
+  std::string s3_version;   // "libcurl 7.88.1, OpenSSL/3.0.19 (libcurl.so.4)", when usable.
+  std::string s3_reason;    // Why not built, or (built) why libcurl was not found at run time.
   std::string etcd;         // The etcd binary on PATH (for tests), or empty.
 };
 

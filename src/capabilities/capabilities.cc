@@ -182,6 +182,8 @@ RemoteCapabilities QueryRemoteCapabilities() {
     c.s3_built = true;
     c.s3_version = *s3;
   } else {
+    // Unimplemented: compiled without curl.h; else built, libcurl not found at run time.
+    c.s3_built = s3.status().code() != StatusCode::kUnimplemented;
     c.s3_reason = s3.status().message();
   }
   const char* path = std::getenv("PATH");

@@ -2,7 +2,9 @@
 #   s3_settings.cc  URLs, credentials and endpoints, found as AWS's tools find them
 #   s3_answers.cc   parsers for S3's answers (listings, <Error> bodies, Content-Range), fuzzed
 #   s3_client.cc    the S3 client over libcurl's multi interface (TENSORLIFT_WITH_CURL =
-#                   AUTO | ON | OFF), else s3_none.cc says "built without libcurl" at run time
+#                   AUTO | ON | OFF: whether curl.h is there at build time), else s3_none.cc
+#                   says "built without libcurl" at run time
+#   curl_api.cc     libcurl by dlopen at run time: the system's, or pycurl's (tensorlift[s3])
 #   s3_load.cc      checkpoints in a bucket (Checkpoint::Open through the client) and
 #                   LoadFromObjectStore: runs of wanted bytes, ranged GETs into the final buffers
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
@@ -22,5 +24,9 @@ endif()
 set(TENSORLIFT_HAVE_CURL ${TENSORLIFT_HAVE_CURL} PARENT_SCOPE)
 tl_backend_sources(CURL tl_objstore objstore/s3_client.cc objstore/s3_none.cc TENSORLIFT_NO_CURL_REASON)
 if(TENSORLIFT_HAVE_CURL)
-  target_link_libraries(tl_objstore PRIVATE PkgConfig::CURL)
+  # curl.h only: libcurl itself is opened at run time (objstore/curl_api.h), so
+  # that nothing but S3 needs it.
+  target_sources(tl_objstore PRIVATE objstore/curl_api.cc)
+  target_include_directories(tl_objstore PRIVATE ${CURL_INCLUDE_DIRS})
+  target_link_libraries(tl_objstore PRIVATE ${CMAKE_DL_LIBS})
 endif()

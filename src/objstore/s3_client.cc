@@ -20,6 +20,9 @@
 // (libxml2, no network, no entity expansion) with size limits.
 #include "objstore/s3_client.h"
 
+// libcurl is opened at run time (curl_api.h): every curl_* call below goes
+// through the table LoadCurl fills.
+#define CURL_DISABLE_TYPECHECK
 #include <curl/curl.h>
 
 #include <algorithm>
@@ -36,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "objstore/curl_api.h"
 #include "objstore/s3_answers.h"
 #include "tensorlift/text.h"
 
@@ -949,17 +953,19 @@ Result<std::unique_ptr<S3Client>> S3Client::Create(const S3Settings& settings) {
   if (settings.retry_base_ms < 0 || settings.retry_base_ms > 60000) {
     return out_of("retry_base_ms", settings.retry_base_ms, 0, 60000);
   }
+  TL_RETURN_IF_ERROR(LoadCurl().status());
   auto client = std::make_unique<CurlS3Client>(settings);
   TL_RETURN_IF_ERROR(client->Init());
   return std::unique_ptr<S3Client>(std::move(client));
 }
 
 Result<std::string> S3ClientVersion() {
+  TL_ASSIGN_OR_RETURN(const CurlApi* api, LoadCurl());
   const curl_version_info_data* info = curl_version_info(CURLVERSION_NOW);
   if (info == nullptr) return InternalError("curl_version_info failed");
   std::string v = std::string("libcurl ") + (info->version ? info->version : "?");
   v += info->ssl_version ? std::string(", ") + info->ssl_version : std::string(", no TLS");
-  return v;
+  return v + " (" + api->path + ")";
 }
 
 }  // namespace tensorlift::objstore
