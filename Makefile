@@ -1,6 +1,6 @@
 # tensorlift: every target installs what it needs first (scripts/setup.sh is
 # idempotent and quiet when all is present).
-.PHONY: all setup build test demo bench fuzz format clean gpu-check soak
+.PHONY: all setup build test demo bench fuzz format clean gpu-check soak wheel
 
 all: build
 
@@ -22,6 +22,10 @@ bench: build
 
 # The GPU validation (docs/gpu.md): STEP=setup|test|bench|all|bundle, OUT=DIR.
 # Without a GPU it checks its scripts and says so in one line.
+# The manylinux wheel users install, in dist/ (scripts/wheel.sh, docs/install.md).
+wheel: setup
+	@bash scripts/wheel.sh
+
 gpu-check:
 	@STEP=$${STEP:-all} bash scripts/gpu_check.sh
 
@@ -32,7 +36,7 @@ format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-tsan build-wheel dist
 
 # 30 minutes of loads, fetches from a seed and abandoned streams; RSS, fds, threads and
 # io_uring instances must stay flat (docs/security.md, "Soak"). SOAK_SECONDS overrides.

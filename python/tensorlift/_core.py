@@ -6,7 +6,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _dtypes
 from ._tensorlift import Checkpoint
-from ._tensors import device_name, tensor_from
+from ._tensors import device_name, require_framework, tensor_from
 
 
 def is_object_url(path) -> bool:
@@ -68,6 +68,7 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
     tensors `layout` splits ("REGEX=DIM;...", docs/remote.md) come back as this rank's slice, and
     only the slice's bytes are fetched.
     """
+    require_framework(framework, "tensorlift.load")
     from .remote import Peer, load_peer
     if isinstance(paths, Peer):
         if device_name(device) != "cpu" or dtype is not None:

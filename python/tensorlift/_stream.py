@@ -92,6 +92,8 @@ def stream(paths, device="cpu", framework: str = "pt",
     """
     from ._core import is_object_url, load
     from ._tensorlift import ArenaPool
+    from ._tensors import require_framework
+    require_framework(framework, "tensorlift.stream")
     files = shard_files(paths)
     pieces = plan_pieces(files, filter, piece_bytes)
     if not pieces:

@@ -35,10 +35,27 @@ class _DLPackBytes:
 _TORCH_TYPED = frozenset({"F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"})
 
 
+TORCH_NAMES = ("pt", "torch", "pytorch")
+
+
+def require_framework(framework: str, caller: str) -> None:
+    """Before any read: torch is importable when `framework` asks for torch tensors, else one error
+    that names both ways out (tensorlift never hands back another type in their place)."""
+    if framework not in TORCH_NAMES:
+        return
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            f"{caller} returns torch tensors by default (framework=\"pt\"), but torch is not installed: "
+            f"pass framework=\"numpy\" for numpy arrays, or install torch with "
+            f"`pip install tensorlift[torch]`", name="torch") from e
+
+
 def tensor_from(loaded: Loaded, name: str, framework: str):
     """A zero-copy tensor over `name`'s bytes in `loaded`, for "pt" or "np"."""
     dtype, shape, _ = loaded.info(name)
-    if framework in ("pt", "torch", "pytorch"):
+    if framework in TORCH_NAMES:
         import torch
         if dtype in _TORCH_TYPED:
             _dtypes.check_dims(shape)
