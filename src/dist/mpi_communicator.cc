@@ -1,4 +1,6 @@
-// The MPI communicator (built when MPI is found; mpi_none.cc otherwise).
+// The MPI communicator (built when mpi.h is found; mpi_none.cc otherwise). MPI
+// itself is opened at run time (dist/mpi_api.h): every MPI call below goes
+// through the table LoadMpi fills.
 #include <mpi.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <mutex>
 #include <string>
 
+#include "dist/mpi_api.h"
 #include "tensorlift/communicator.h"
 
 namespace tensorlift {
@@ -156,6 +159,7 @@ class MpiCommunicator final : public Communicator {
 bool MpiBuiltIn() { return true; }
 
 Result<std::string> MpiLibraryVersion() {
+  TL_ASSIGN_OR_RETURN(const MpiApi* api, LoadMpi());
   // One of the few MPI calls allowed before MPI_Init.
   char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
   int len = 0;
@@ -166,7 +170,7 @@ Result<std::string> MpiLibraryVersion() {
   // Open MPI's is "Open MPI v4.1.4, package: ..., ident: ..., repo rev: ...".
   if (const size_t comma = v.find(','); comma != std::string::npos) v.resize(comma);
   while (!v.empty() && (v.back() == '\n' || v.back() == ' ')) v.pop_back();
-  return v;
+  return v + " (" + api->path + ")";
 }
 
 Result<std::unique_ptr<Communicator>> MakeMpiCommunicator(uint64_t max_chunk_bytes) {
@@ -174,6 +178,7 @@ Result<std::unique_ptr<Communicator>> MakeMpiCommunicator(uint64_t max_chunk_byt
     return InvalidArgumentError("MPI chunk size " + std::to_string(max_chunk_bytes) +
                                 " is not in [1, INT_MAX]");
   }
+  TL_RETURN_IF_ERROR(LoadMpi().status());
   TL_RETURN_IF_ERROR(EnsureMpiInitialized());
   MPI_Comm comm = MPI_COMM_NULL;
   TL_MPI_RETURN_IF_ERROR(MPI_Comm_dup(MPI_COMM_WORLD, &comm));

@@ -100,6 +100,14 @@ def test_communicators_are_reported(monkeypatch):
         assert f"NCCL: built ({missing['nccl_reason']})" in doctor()
     else:
         assert "built without" in comm["nccl_reason"]
+    if comm["mpi_built"]:
+        # MPI is opened at run time too: a missing one is reported with dlopen's reason, and the
+        # MPI communicator says the same.
+        monkeypatch.setenv("TENSORLIFT_MPI_LIB", "/nonexistent/libmpi.so.40")
+        missing = json.loads(doctor("--json"))["comm"]
+        assert not missing["mpi_library"]
+        assert "MPI not found: dlopen(/nonexistent/libmpi.so.40)" in missing["mpi_reason"]
+        assert f"MPI: built ({missing['mpi_reason']})" in doctor()
 
 
 def test_peer_loading_is_reported():
