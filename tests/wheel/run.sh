@@ -9,8 +9,8 @@
 #   3. the first venv again in a container-like root: a mount namespace (unshare) in
 #      which /usr/include, the compilers' folders and CUDA are empty and the
 #      system's copies of the libraries the wheel grafts (simdjson, xxHash,
-#      liburing, cpp-httplib, libxml2) and libcurl are /dev/null, so the wheel
-#      runs on what it carries, and S3 says what to install. Where unshare is not
+#      liburing, cpp-httplib, libxml2), libcurl and libmpi are /dev/null, so the
+#      wheel runs on what it carries, and S3 and MPI say what to install. Where unshare is not
 #      allowed, it says so and runs the check without the namespace.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -49,14 +49,14 @@ set -e
 for d in /usr/include /usr/lib/gcc /usr/libexec/gcc /usr/local/cuda; do
   [ -d "$d" ] && mount -t tmpfs -o ro,size=1m none "$d"
 done
-for f in /usr/lib/x86_64-linux-gnu/lib{simdjson,xxhash,uring,cpp-httplib,xml2,curl}.so*; do
+for f in /usr/lib/x86_64-linux-gnu/lib{simdjson,xxhash,uring,cpp-httplib,xml2,curl,mpi}.so*; do
   [ -f "$f" ] && mount --bind /dev/null "$f"
 done
-echo "container-like root: a mount namespace (unshare) with no headers, compilers or CUDA, and /dev/null for the system copies of the grafted libraries and libcurl"
+echo "container-like root: a mount namespace (unshare) with no headers, compilers or CUDA, and /dev/null for the system copies of the grafted libraries, libcurl and MPI"
 '
 if unshare --mount --propagation private true 2>/dev/null; then
   unshare --mount --propagation private bash -c "$hide"'
-    cd "$1/run" && env -i HOME="$HOME" LANG=C.UTF-8 PATH="$1/env/plain/bin" "$1/env/plain/bin/python" smoke.py --torch no --no-libcurl
+    cd "$1/run" && env -i HOME="$HOME" LANG=C.UTF-8 PATH="$1/env/plain/bin" "$1/env/plain/bin/python" smoke.py --torch no --no-libcurl --no-mpi
   ' bash "$work"
 else
   echo "container-like root: unshare is not allowed here; the clean venv (PATH without build tools) of step 1 only"

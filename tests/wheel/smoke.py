@@ -35,6 +35,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--torch", choices=["yes", "no"], required=True)
     ap.add_argument("--no-libcurl", action="store_true", help="libcurl is hidden: S3 must say so")
+    ap.add_argument("--no-mpi", action="store_true", help="MPI is hidden: doctor must say what to install")
     args = ap.parse_args()
 
     import tensorlift
@@ -117,6 +118,12 @@ def main():
         s3 = run("tensorlift", "inspect", "s3://bucket/model.safetensors")
         check("an s3:// path says libcurl is missing", s3.returncode != 0 and "libcurl" in s3.stderr,
               s3.stdout + s3.stderr)
+    if args.no_mpi:
+        line = next((ln for ln in d.stdout.splitlines() if ln.startswith("MPI:")), "")
+        check("doctor says MPI is missing and what to install", "MPI not found" in line and "install" in line, line)
+    else:
+        line = next((ln for ln in d.stdout.splitlines() if ln.startswith("MPI:")), "")
+        check("doctor finds MPI", line.startswith("MPI: built, "), line)
     print(d.stdout, end="")
 
     shutil.rmtree(tmp)
