@@ -81,7 +81,7 @@ struct CommCapabilities {
   std::string mpi_reason;    // Why not built, or why the version is unknown.
   bool nccl_built = false;   // The NCCL communicator was compiled in (CUDA + nccl.h).
   bool nccl_loaded = false;  // libnccl.so.2 loads and has every symbol.
-  std::string nccl_version;  // "2.27.3", when loaded.
+  std::string nccl_version;  // "2.27.3 (/path/to/libnccl.so.2)", when loaded.
   std::string nccl_reason;   // Why not built or not loaded.
 };
 

@@ -44,6 +44,12 @@ DynamicLibrary::~DynamicLibrary() {
   if (handle_ != nullptr && !keep_) dlclose(handle_);
 }
 
+std::string DynamicLibrary::Where(const void* symbol) {
+  Dl_info info{};
+  if (symbol == nullptr || dladdr(symbol, &info) == 0 || info.dli_fname == nullptr) return "";
+  return info.dli_fname;
+}
+
 Status DynamicLibrary::Find(const char* symbol, void** out) const {
   dlerror();
   void* p = dlsym(handle_, symbol);

@@ -38,6 +38,9 @@ class DynamicLibrary {
   void Keep() { keep_ = true; }
   // The name it was opened by.
   const std::string& name() const { return name_; }
+  // The file that holds `symbol` (an address in a loaded library), or "" if
+  // dladdr cannot say: where a library opened by soname was found.
+  static std::string Where(const void* symbol);
 
  private:
   DynamicLibrary(void* handle, std::string name, std::string what)

@@ -8,6 +8,8 @@
 #include <string>
 #include <utility>
 
+#include "common/dynamic_library.h"
+
 namespace tensorlift {
 namespace {
 
@@ -81,7 +83,9 @@ Result<MpiApi> Load() {
   TL_RETURN_IF_ERROR(find("ompi_mpi_errors_return", &api.errors_return));
 #endif
 #undef TL_MPI_SYMBOL
-  api.path = name;  // Never closed: MPI stays in use until the process exits.
+  // Never closed: MPI stays in use until the process exits.
+  api.path = DynamicLibrary::Where(reinterpret_cast<const void*>(api.get_library_version));
+  if (api.path.empty()) api.path = name;
   return api;
 }
 

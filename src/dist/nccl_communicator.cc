@@ -30,6 +30,7 @@ struct NcclApi {
   decltype(&ncclGroupStart) group_start = nullptr;
   decltype(&ncclGroupEnd) group_end = nullptr;
   decltype(&ncclGetVersion) get_version = nullptr;
+  std::string path;  // Where the library was found.
 };
 
 Status Unavailable(std::string message) {
@@ -66,6 +67,8 @@ Result<const NcclApi*> LoadNccl() {
   sym(a.get_version, "ncclGetVersion");
   if (!st.ok()) return st.WithContext(lib.name());  // (dlclose'd as lib goes)
   lib.Keep();  // The library stays loaded for the life of the process.
+  a.path = DynamicLibrary::Where(reinterpret_cast<const void*>(a.get_version));
+  if (a.path.empty()) a.path = lib.name();
   api = a;
   loaded = true;  // The library stays loaded for the life of the process.
   return &api;
@@ -183,7 +186,7 @@ Result<std::string> NcclLibraryVersion() {
   if (r != ncclSuccess) return Unavailable(std::string("ncclGetVersion: ") + api->error_string(r));
   // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
-         std::to_string(v % 100);
+         std::to_string(v % 100) + " (" + api->path + ")";
 }
 
 Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstrap,

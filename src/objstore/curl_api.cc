@@ -90,7 +90,8 @@ Result<CurlApi> Load() {
   TL_CURL_SYMBOL(multi_info_read, curl_multi_info_read);
   TL_CURL_SYMBOL(multi_strerror, curl_multi_strerror);
 #undef TL_CURL_SYMBOL
-  api.path = lib.name();
+  api.path = DynamicLibrary::Where(reinterpret_cast<const void*>(api.version_info));
+  if (api.path.empty()) api.path = lib.name();
   lib.Keep();  // Its functions are in use for the life of the process.
   return api;
 }

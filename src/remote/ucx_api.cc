@@ -107,7 +107,8 @@ Result<UcxApi> Load() {
 #undef TL_UCX_SYMBOL
   unsigned major = 0, minor = 0, release = 0;
   api.get_version(&major, &minor, &release);
-  api.path = path;
+  api.path = DynamicLibrary::Where(reinterpret_cast<const void*>(api.get_version));
+  if (api.path.empty()) api.path = path;
   api.version = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
   // The structs and flags come from the headers tensorlift was built with;
   // an older library may not know all of them.
