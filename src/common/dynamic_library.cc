@@ -8,12 +8,13 @@
 namespace tensorlift {
 
 Result<DynamicLibrary> DynamicLibrary::Open(const char* env_var, const std::string& default_name,
-                                            std::string_view what, std::string_view hint) {
+                                            std::string_view what, std::string_view hint,
+                                            bool global) {
   const char* env = env_var != nullptr ? std::getenv(env_var) : nullptr;
   const bool named = env != nullptr && env[0] != '\0';
   const std::string name = named ? env : default_name;
   dlerror();
-  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
+  void* handle = dlopen(name.c_str(), RTLD_NOW | (global ? RTLD_GLOBAL : RTLD_LOCAL));
   if (handle == nullptr) {
     const char* err = dlerror();
     return UnavailableError(std::string(what) + " not found: dlopen(" + name +

@@ -16,9 +16,11 @@ class DynamicLibrary {
   // dlopen of $env_var when set (and not empty), else of default_name.
   // Unavailable("<what> not found: dlopen(<name>): <dlerror>" + hint) on
   // failure; the hint (how to install it, or to set env_var) is left out
-  // when the caller named the library through env_var.
+  // when the caller named the library through env_var. `global`: RTLD_GLOBAL
+  // (for libraries whose own plugins look up their symbols, as Open MPI's).
   static Result<DynamicLibrary> Open(const char* env_var, const std::string& default_name,
-                                     std::string_view what, std::string_view hint);
+                                     std::string_view what, std::string_view hint,
+                                     bool global = false);
   DynamicLibrary(DynamicLibrary&& other) noexcept;
   DynamicLibrary& operator=(DynamicLibrary&& other) noexcept;
   DynamicLibrary(const DynamicLibrary&) = delete;

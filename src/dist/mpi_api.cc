@@ -1,9 +1,6 @@
 // MPI by dlopen (mpi_api.h).
 #include "dist/mpi_api.h"
 
-#include <dlfcn.h>
-
-#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -27,35 +24,12 @@ constexpr const char* kHint =
 #endif
 
 Result<MpiApi> Load() {
-  const char* env = std::getenv(kMpiLibEnv);
-  const bool named = env != nullptr && env[0] != '\0';
-  const std::string name = named ? env : kDefaultLib;
-  dlerror();
   // RTLD_GLOBAL: Open MPI's components (opened by path at MPI_Init) resolve
   // their references to libmpi's symbols in the global scope.
-  void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_GLOBAL);
-  if (handle == nullptr) {
-    const char* err = dlerror();
-    return UnavailableError("MPI not found: dlopen(" + name +
-                            "): " + (err ? err : "unknown error") + (named ? "" : kHint));
-  }
+  TL_ASSIGN_OR_RETURN(DynamicLibrary lib,
+                      DynamicLibrary::Open(kMpiLibEnv, kDefaultLib, "MPI", kHint, /*global=*/true));
   MpiApi api{};
-  auto find = [&](const char* symbol, void** out) -> Status {
-    dlerror();
-    *out = dlsym(handle, symbol);
-    if (*out == nullptr) {
-      const char* err = dlerror();
-      return UnavailableError("MPI (" + name + ") lacks symbol " + symbol +
-                              (err ? std::string(": ") + err : std::string()));
-    }
-    return Status::Ok();
-  };
-#define TL_MPI_SYMBOL(field, symbol)                      \
-  do {                                                    \
-    void* p = nullptr;                                    \
-    TL_RETURN_IF_ERROR(find(#symbol, &p));                \
-    api.field = reinterpret_cast<decltype(api.field)>(p); \
-  } while (false)
+#define TL_MPI_SYMBOL(field, symbol) TL_RETURN_IF_ERROR(lib.Symbol(#symbol, &api.field))
   TL_MPI_SYMBOL(error_string, MPI_Error_string);
   TL_MPI_SYMBOL(type_free, MPI_Type_free);
   TL_MPI_SYMBOL(type_contiguous, MPI_Type_contiguous);
@@ -76,16 +50,16 @@ Result<MpiApi> Load() {
   TL_MPI_SYMBOL(barrier, MPI_Barrier);
   TL_MPI_SYMBOL(get_library_version, MPI_Get_library_version);
 #ifdef OPEN_MPI
-  TL_RETURN_IF_ERROR(find("ompi_mpi_comm_world", &api.comm_world));
-  TL_RETURN_IF_ERROR(find("ompi_mpi_comm_null", &api.comm_null));
-  TL_RETURN_IF_ERROR(find("ompi_mpi_datatype_null", &api.datatype_null));
-  TL_RETURN_IF_ERROR(find("ompi_mpi_byte", &api.byte));
-  TL_RETURN_IF_ERROR(find("ompi_mpi_errors_return", &api.errors_return));
+  TL_MPI_SYMBOL(comm_world, ompi_mpi_comm_world);
+  TL_MPI_SYMBOL(comm_null, ompi_mpi_comm_null);
+  TL_MPI_SYMBOL(datatype_null, ompi_mpi_datatype_null);
+  TL_MPI_SYMBOL(byte, ompi_mpi_byte);
+  TL_MPI_SYMBOL(errors_return, ompi_mpi_errors_return);
 #endif
 #undef TL_MPI_SYMBOL
-  // Never closed: MPI stays in use until the process exits.
   api.path = DynamicLibrary::Where(reinterpret_cast<const void*>(api.get_library_version));
-  if (api.path.empty()) api.path = name;
+  if (api.path.empty()) api.path = lib.name();
+  lib.Keep();  // MPI stays in use until the process exits.
   return api;
 }
 
