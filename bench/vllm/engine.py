@@ -8,7 +8,8 @@ loader class's load_weights (reading the checkpoint and copying it into the
 model's parameters) is timed here, whatever the format logs. Prints one JSON
 line: ready_s (LLM() constructed: config, model init, weights, warm-up, KV
 cache), weights_s, the first greedy tokens (to check every format gave the
-same model), peak RSS. With TL_HOLD=1 it stays up until stdin closes (a seed).
+same model), peak RSS. With TL_HOLD=1 it stays up until stdin closes (a seed). TL_DTYPE is the
+model's dtype (bfloat16 when unset; vllm_bench.py sets the probe's choice).
 """
 import json
 import os
@@ -45,7 +46,8 @@ def main():
             timed(cls)
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format=load_format, model_loader_extra_config=extra, skip_tokenizer_init=True,
-              dtype="bfloat16", enforce_eager=True, max_model_len=128, distributed_executor_backend="uni",
+              dtype=os.environ.get("TL_DTYPE") or "bfloat16", enforce_eager=True, max_model_len=128,
+              distributed_executor_backend="uni",
               # On the CPU this is the share of host memory for weights + KV cache: room for
               # a 2 GB model beside a seed holding two copies of its own.
               gpu_memory_utilization=float(os.environ.get("TL_BENCH_MEMORY_SHARE", "0.35")))

@@ -22,6 +22,12 @@ run. Warm: every shard read once before each run. Medians of --runs, the
 formats in a seeded shuffled order each round. Every run's greedy tokens must
 equal the safetensors format's.
 
+The dtype: before the runs, one bf16 engine start (the safetensors format, not timed) says
+whether vLLM's bf16 CPU path runs on this machine (tests/vllm/cpu_probe.py, as the tests ask);
+where a process of it dies with SIGILL (vLLM's AMX attention on some Intel VMs, issue 39) every
+engine runs in float32 instead. The verdict is printed and kept in the results; TL_E2E_DTYPE
+chooses instead.
+
 Writes DIR/vllm.json and DIR/vllm.md (the table docs/inference-servers.md shows).
 """
 import argparse
@@ -40,6 +46,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "load"))
 import gen_checkpoint  # noqa: E402
 from load_bench import evict, read_through  # noqa: E402
+sys.path.insert(0, os.path.join(ROOT, "tests", "vllm"))
+import cpu_probe  # noqa: E402
 
 VLLM_PY = os.path.join(ROOT, ".venv-vllm", "bin", "python")
 FORMATS = ["safetensors", "runai_streamer", "tensorlift", "tensorlift-peer"]
@@ -107,6 +115,11 @@ def measure(args):
     data = {"date": datetime.date.today().isoformat(), "host": platform.node(), "cpus": os.cpu_count(),
             "checkpoint": {"dir": d, "bytes": meta["bytes"], "shape": meta["shape"], "layers": meta["layers"],
                            "shards": len(shards)}, "runs": args.runs, "results": {}, "not_run": dict(CUDA_ONLY)}
+    verdict = cpu_probe.choose("vLLM", [VLLM_PY, os.path.join(HERE, "engine.py"), d, "safetensors"], ENV,
+                               timeout=1800, marker='{"format"')
+    print(f"vllm bench: {verdict.line()}", flush=True)
+    ENV["TL_DTYPE"] = data["dtype"] = verdict.dtype
+    data["bf16_probe"] = verdict.line()
     formats = args.formats.split(",")
     seed = None
     if "tensorlift-peer" in formats:
@@ -150,7 +163,8 @@ def summarize(data):
     base = {s: med(data["results"].get("safetensors", {}).get(s, []), "weights_s") for s in ("cold", "warm")}
     lines = [f"vLLM {data.get('vllm', '')} on the CPU, {data['date']}: {data['checkpoint']['shape']} shapes, "
              f"{data['checkpoint']['layers']} layers, {gb:.2f} GB bf16 in {data['checkpoint']['shards']} shards; "
-             f"medians of {data['runs']} runs; {data['cpus']} CPUs", "",
+             f"the engines in {data.get('dtype', 'bfloat16')}; medians of {data['runs']} runs; {data['cpus']} CPUs",
+             *([f"({data['bf16_probe']})"] if "bf16_probe" in data else []), "",
              "| format | cold: weights s | cold: ready s | warm: weights s | warm: ready s | weights vs safetensors (cold / warm) | peak RSS GiB |",
              "|---|---|---|---|---|---|---|"]
     for fmt, states in data["results"].items():

@@ -8,7 +8,8 @@ prompts (token ids) and prints one JSON line: {"tokens": [[...], ...],
 "ready_s": ...}. Exits non-zero if the engine cannot start (the error is in
 the output). With TL_HOLD=1 it then stays up until its standard input closes
 (a seed serving its weights). The loader runs in SGLang's scheduler process,
-which finds the plugin through tensorlift's sglang.srt.plugins entry point.
+which finds the plugin through tensorlift's sglang.srt.plugins entry point. TL_DTYPE is the
+model's dtype (bfloat16 when unset; the tests' is cpu_probe's choice).
 """
 import json
 import os
@@ -25,7 +26,7 @@ def main():
     t0 = time.perf_counter()
     engine = sglang.Engine(model_path=model, load_format=load_format, model_loader_extra_config=extra or "{}",
                            device="cpu", attention_backend="torch_native", skip_tokenizer_init=True,
-                           dtype="bfloat16", mem_fraction_static=0.1, context_length=128,
+                           dtype=os.environ.get("TL_DTYPE") or "bfloat16", mem_fraction_static=0.1, context_length=128,
                            disable_cuda_graph=True, log_level="info")
     ready = time.perf_counter() - t0
     try:

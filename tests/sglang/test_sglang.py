@@ -5,7 +5,9 @@ tests. Each engine runs in its own process (tests/sglang/run_sglang.py, or
 SGLang's OpenAI server); the loader runs in SGLang's scheduler process, which
 finds the plugin through tensorlift's installed `sglang.srt.plugins` entry
 point: nothing here registers it by hand. Models are the small random-weight
-checkpoints of tests/vllm/make_model.py.
+checkpoints of tests/vllm/make_model.py. Every engine runs in the dtype chosen once per session
+(the sglang_dtype fixture, tests/vllm/cpu_probe.py): bf16 where a bf16 engine runs on this CPU,
+float32 where one dies with SIGILL; the verdict is printed as one line.
 """
 import json
 import os
@@ -23,8 +25,17 @@ ENV = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), H
            TOKENIZERS_PARALLELISM="false")
 
 
+STATE = {}  # "dtype": what every engine here runs in (the sglang_dtype fixture sets it first)
+
+
 def make_model(arch, out):
     return servers.make_model(arch, out, ENV)
+
+
+def engine_env(**extra):
+    """The environment of one engine: ENV, this session's dtype (TL_DTYPE, read by run_sglang.py)
+    and extra."""
+    return dict(ENV, TL_DTYPE=STATE.get("dtype", ""), **extra)
 
 
 def engine_command(model, load_format, extra=None):
@@ -33,7 +44,7 @@ def engine_command(model, load_format, extra=None):
 
 
 def run_engine(model, load_format, extra=None, expect_ok=True):
-    return servers.run_engine(engine_command(model, load_format, extra), ENV, expect_ok)
+    return servers.run_engine(engine_command(model, load_format, extra), engine_env(), expect_ok)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +52,20 @@ def llama(tmp_path_factory):
     return make_model("llama", tmp_path_factory.mktemp("llama"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def sglang_dtype(llama, request):
+    """The dtype of every engine here: the verdict of a bf16 engine (the safetensors format) on
+    this CPU, once per session."""
+    verdict = servers.e2e_verdict(request.config, "SGLang", engine_command(llama, "safetensors"), engine_env())
+    STATE["dtype"] = verdict.dtype
+    yield verdict
+    STATE.clear()
+
+
 @pytest.fixture(scope="module")
-def llama_reference(llama):
+def llama_reference(llama, sglang_dtype):
+    if sglang_dtype.runs and sglang_dtype.command[2] == str(llama):
+        return sglang_dtype.result()["tokens"]  # the probe was this very run, in this dtype
     return run_engine(llama, "safetensors")["tokens"]
 
 
@@ -88,7 +111,7 @@ def test_a_model_in_a_bucket_loads_with_the_tensorlift_format(bucket, llama_refe
     """model_path s3://bucket/model with load_format tensorlift: SGLang pulls the config (its
     runai-model-streamer step), its load format stays tensorlift (not runai_streamer), and
     tensorlift streams the weights from the bucket; the same greedy tokens as a local load."""
-    env = dict(ENV, **servers.s3_env(bucket), SGLANG_CACHE_DIR=str(tmp_path / "cache"))
+    env = engine_env(**servers.s3_env(bucket), SGLANG_CACHE_DIR=str(tmp_path / "cache"))
     got = servers.run_engine(engine_command("s3://models/llama/", "tensorlift"), env)
     assert got["tokens"] == llama_reference
     assert "tensorlift: weights from s3://models/llama/" in got["output"], got["output"][-3000:]
@@ -116,7 +139,7 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
     port = servers.free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(llama), "--load-format", "tensorlift",
            "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--attention-backend", "torch_native",
-           "--skip-tokenizer-init", "--dtype", "bfloat16", "--mem-fraction-static", "0.1",
+           "--skip-tokenizer-init", "--dtype", STATE["dtype"], "--mem-fraction-static", "0.1",
            "--context-length", "128", "--disable-cuda-graph"]
     log = open(tmp_path / "server.log", "w+")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
@@ -132,7 +155,7 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
 
 
 def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):
-    with servers.Seed(lambda opts: engine_command(llama, "tensorlift", opts), ENV, tmp_path) as seed:
+    with servers.Seed(lambda opts: engine_command(llama, "tensorlift", opts), engine_env(), tmp_path) as seed:
         assert seed.tokens == llama_reference
         # No fallback: the weights can only come from the seed.
         got = run_engine(llama, "tensorlift", {"peer": seed.url, "fallback": False})

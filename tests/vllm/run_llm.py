@@ -11,7 +11,8 @@ TL_INPROC=1 vLLM runs in this one process (no engine-core or worker
 processes): the same loader and load, a start several times faster. TL_TP=N
 runs it with tensor_parallel_size N (a worker process per rank). TL_CORRUPT=NAME
 (with TL_INPROC=1 and a seed) flips a bit of the served parameter NAME, making
-a lying seed.
+a lying seed. TL_DTYPE is the model's dtype (bfloat16 when unset; the tests' is cpu_probe's
+choice).
 """
 import json
 import os
@@ -31,7 +32,7 @@ def main():
     tp = int(os.environ.get("TL_TP", "1"))
     t0 = time.perf_counter()
     llm = LLM(tensor_parallel_size=tp, model=model, load_format=load_format, model_loader_extra_config=extra, skip_tokenizer_init=True,
-              dtype="bfloat16", enforce_eager=True, gpu_memory_utilization=0.1, max_model_len=128,
+              dtype=os.environ.get("TL_DTYPE") or "bfloat16", enforce_eager=True, gpu_memory_utilization=0.1, max_model_len=128,
               **({"distributed_executor_backend": "uni"} if inproc else {}))
     ready = time.perf_counter() - t0
     if os.environ.get("TL_CORRUPT"):  # a lying seed (tests): one served parameter's bytes flipped

@@ -1,6 +1,6 @@
 """What the vLLM and SGLang end-to-end tests share (tests/vllm, tests/sglang): running one
 engine script, a corrupt copy of a model, waiting for a server and stopping it, a model in a
-bucket (rclone serve s3)."""
+bucket (rclone serve s3), and the dtype each engine's runs use on this CPU (cpu_probe)."""
 import contextlib
 import json
 import os
@@ -13,6 +13,8 @@ import shutil
 import time
 import urllib.error
 import urllib.request
+
+import cpu_probe
 
 MAKE_MODEL = pathlib.Path(__file__).resolve().parent / "make_model.py"
 RCLONE = pathlib.Path(__file__).resolve().parents[2] / ".venv-s3" / "bin" / "rclone"
@@ -195,3 +197,23 @@ def weights_line(output):
     lines = [x for x in output.splitlines() if "tensorlift: weights from" in x]
     assert lines, output[-4000:]
     return lines[-1]
+
+
+VERDICTS = {}  # engine name -> cpu_probe.Verdict: decided once per test session
+
+
+def e2e_verdict(config, engine, command, env):
+    """The engine's cpu_probe verdict (the dtype its end-to-end runs use here), decided once per
+    test session: TL_E2E_DTYPE's choice, or a bf16 run of command. Said at once on the terminal and
+    again in the summary (report_verdict, from each conftest.py)."""
+    if engine not in VERDICTS:
+        VERDICTS[engine] = verdict = cpu_probe.choose(engine, command, env)
+        with config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+            print(f"\n{verdict.line()}", flush=True)
+    return VERDICTS[engine]
+
+
+def report_verdict(terminalreporter, engine):
+    """The engine's verdict line in pytest's summary, when this session decided one."""
+    if engine in VERDICTS:
+        terminalreporter.write_line(VERDICTS[engine].line())

