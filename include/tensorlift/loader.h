@@ -201,8 +201,10 @@ struct LoadOptions {
   // others keep their dtype. Supported targets: F32, F16, BF16.
   std::optional<Dtype> dtype;
   // GPU loads (and conversions): pinned staging buffers, count and bytes each
-  // (rounded up to 4 KiB). The device needs the tensors' bytes plus, when
-  // converting, one device slot of this size per staging buffer.
+  // (rounded up to 4 KiB): one read in flight per buffer, whatever order the
+  // reads complete in. The device needs the tensors' bytes plus, when
+  // converting, one device slot of this size per staging buffer. Pinned
+  // memory is kept for the next load (ReleasePinnedStaging).
   int staging_buffers = 4;
   uint64_t staging_bytes = 16ull << 20;
   // GPUDirect Storage for GPU loads: auto uses it when ready (cuFile, the
@@ -306,6 +308,13 @@ class LoadedCheckpoint {
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options = {});
 // Opens `path` (file, index or directory) and loads it.
 Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options = {});
+
+// GPU loads keep their pinned staging memory for the next load onto the same
+// device (at most two buffers a device, the smallest large enough taken), so
+// that a second load pays no pinned allocation. This frees what is kept now
+// (a load running keeps its own until it ends); the bytes freed. The process's
+// end frees the rest. Thread-safe.
+uint64_t ReleasePinnedStaging();
 
 }  // namespace tensorlift
 

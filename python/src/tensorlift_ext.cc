@@ -978,7 +978,7 @@ void BindMultiRank(nb::module_& m) {
       "(blocks of ceil(extent / world), the last ones clipped; ValueError for bad arguments).");
 }
 
-// ucx_version, dtype_bits and convert.
+// ucx_version, release_pinned_staging, dtype_bits and convert.
 void BindUtilities(nb::module_& m) {
   m.def(
       "ucx_version",
@@ -989,6 +989,9 @@ void BindUtilities(nb::module_& m) {
       "The UCX peer loading uses, loaded at run time (Debian's libucp.so.0, or the build "
       "TENSORLIFT_UCX_LIB names): '1.13.1 (libucp.so.0)', or 'not loadable: <why>'; None when "
       "tensorlift was built without UCX (then serving and pulling raise).");
+  m.def("release_pinned_staging", &ReleasePinnedStaging,
+        "Frees the pinned staging memory GPU loads keep for the next load onto the same device; "
+        "the bytes freed (a load running keeps its own until it ends).");
   m.def("dtype_bits", [](const std::string& d) {
     auto dt = DtypeFromName(d);
     if (!dt) Raise(InvalidArgumentError("unknown dtype '" + d + "'"));

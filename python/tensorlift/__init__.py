@@ -8,13 +8,14 @@ pairs as their bytes land, the rest read meanwhile). Errors: tensorlift.FormatEr
 break the format, FileNotFoundError / PermissionError / OSError for I/O,
 KeyError for a missing tensor. tensorlift.SafetensorError is the common base
 of FormatError, the missing-tensor KeyError and safe_open's usage errors
-(like safetensors.SafetensorError). See docs/python.md.
+(like safetensors.SafetensorError). GPU loads keep their pinned staging memory
+for the next load; tensorlift.release_pinned_staging() frees it. See docs/python.md.
 """
-from ._tensorlift import FormatError, SafetensorError, __version__
+from ._tensorlift import FormatError, SafetensorError, __version__, release_pinned_staging
 from ._core import load
 from ._stream import stream
 from ._safe_open import _safe_open_handle, safe_open
 from ._serialize import TensorSpec, deserialize, serialize, serialize_file
 
 __all__ = ["FormatError", "SafetensorError", "TensorSpec", "deserialize", "load", "safe_open", "serialize",
-           "serialize_file", "stream", "__version__"]
+           "serialize_file", "stream", "release_pinned_staging", "__version__"]

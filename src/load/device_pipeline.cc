@@ -1,14 +1,19 @@
 // The staged pipeline: GPU loads (and loads that convert dtypes). Per file:
-// choose the mode, plan (device_plan.h), then, for all files' blocks in
-// order, N reader threads read block k into pinned slot k mod N while the
-// loading thread enqueues the copies (and conversions) of the blocks already
-// read on one stream and records the slot's event; a reader waits for that
-// event before it reads into the slot again. Device memory is planned and
-// checked against the free memory before anything is allocated or read.
+// choose the mode, plan (device_plan.h); then one pipeline over all files'
+// blocks: N - 1 reader threads (N slots) each take the next block in load
+// order and any free pinned slot, so that N - 1 reads are in flight whatever
+// order they finish in; the loading thread enqueues each block's copies (and conversions) on
+// the stream as soon as its read completes (out of order) and records the
+// slot's event; a slot goes back to the readers when its event is done
+// (queried, or waited for only when no slot is free). Device memory is
+// planned and checked against the free memory before anything is allocated
+// or read. Pinned slots come from a per-process pool (PinnedPool), so that a
+// second load pays no pinned allocation.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -56,7 +61,93 @@ Status CheckOptions(const LoadOptions& options) {
   return Status::Ok();
 }
 
+// Pinned staging memory kept from one load to the next (ReleasePinnedStaging,
+// loader.h). Never destroyed: at exit the process's end frees it, while a
+// static destructor could run after the CUDA runtime is gone.
+class PinnedPool {
+ public:
+  static PinnedPool& Get() {
+    static PinnedPool* const pool = new PinnedPool;
+    return *pool;
+  }
+
+  // The smallest kept buffer of `device` of at least `bytes`, else a new one.
+  Result<std::shared_ptr<Buffer>> Take(const std::shared_ptr<Device>& device, uint64_t bytes) {
+    std::vector<Entry> dropped;  // Freed outside the lock.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      DropExpired(dropped);
+      auto best = entries_.end();
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->device.lock() == device && it->buffer->size() >= bytes &&
+            (best == entries_.end() || it->buffer->size() < best->buffer->size())) {
+          best = it;
+        }
+      }
+      if (best != entries_.end()) {
+        std::shared_ptr<Buffer> buffer = std::move(best->buffer);
+        entries_.erase(best);
+        return buffer;
+      }
+    }
+    return device->AllocatePinned(bytes);
+  }
+
+  // Keeps `buffer` for `device`'s next load; frees the smallest beyond kKept.
+  void Give(const std::shared_ptr<Device>& device, std::shared_ptr<Buffer> buffer) {
+    std::vector<Entry> dropped;
+    std::lock_guard<std::mutex> lock(mu_);
+    DropExpired(dropped);
+    entries_.push_back({device, std::move(buffer)});
+    for (;;) {
+      auto smallest = entries_.end();
+      int kept = 0;
+      for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+        if (it->device.lock() != device) continue;
+        ++kept;
+        if (smallest == entries_.end() || it->buffer->size() < smallest->buffer->size()) {
+          smallest = it;
+        }
+      }
+      if (kept <= kKept) break;
+      dropped.push_back(std::move(*smallest));
+      entries_.erase(smallest);
+    }
+  }
+
+  uint64_t Release() {
+    std::vector<Entry> dropped;
+    std::lock_guard<std::mutex> lock(mu_);
+    dropped.swap(entries_);
+    uint64_t bytes = 0;
+    for (const Entry& e : dropped) bytes += e.buffer->size();
+    return bytes;
+  }
+
+ private:
+  static constexpr int kKept = 2;  // Buffers kept a device.
+  struct Entry {
+    std::weak_ptr<Device> device;
+    std::shared_ptr<Buffer> buffer;
+  };
+  // Moves the buffers of devices that are gone to `dropped`.
+  void DropExpired(std::vector<Entry>& dropped) {
+    for (auto it = entries_.begin(); it != entries_.end();) {
+      if (it->device.expired()) {
+        dropped.push_back(std::move(*it));
+        it = entries_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+
 }  // namespace
+
+uint64_t ReleasePinnedStaging() { return PinnedPool::Get().Release(); }
 
 // One load through the pipeline: Run makes one and takes it through the steps
 // below, in order. The members are declared in the order the steps make them,
@@ -81,6 +172,12 @@ class DevicePipeline {
         type_(type),
         trace_(trace),
         slots_(options.staging_buffers) {}
+  // The pinned slots go back to the pool: every copy from them is done by now
+  // (Transfer finishes the stream on every path).
+  ~DevicePipeline() {
+    // A host load's device is made for that load alone: nothing to keep.
+    if (pinned_ && type_ != DeviceType::kCpu) PinnedPool::Get().Give(device_, std::move(pinned_));
+  }
 
   // The steps of Run.
   // Selects the tensors, opens and plans every file (device_plan.h), and sums
@@ -103,19 +200,21 @@ class DevicePipeline {
   // The tensors, each owned by its file's device buffer.
   Result<LoadedCheckpoint> BuildResult(Clock::time_point t0);
 
-  // Transfer's reader thread for `slot`: reads blocks slot, slot + slots_, ...
-  // into it, each once the copies of the block before it there have completed.
-  void ReadSlot(int slot);
-  // Waits until the copies of block `k` out of `slot` have completed; false
-  // when the load failed.
-  bool WaitUntilCopied(int slot, int64_t k);
+  // Transfer's reader threads: each takes the next block in load order and a
+  // free slot, reads it and hands it to the loading thread, until every
+  // block was taken or the load failed.
+  void ReadBlocks();
+  // The loading thread's: gives back to the readers the slots whose copies
+  // completed (in stream order); with `wait`, first waits for the oldest.
+  // False when a copy failed (the load has failed then).
+  bool Recycle(bool wait);
   // Block `k` into the staging slot `slot`, or straight to the device.
   Status ReadBlock(int64_t k, int slot);
   // The bytes of `block`'s copies straight to their place on the device (the
   // file's buffer, or the conversion slot `slot`); a failure sets gds_failed_.
   Status ReadDirect(uint32_t file, const DeviceBlock& block, int slot);
-  // Transfer's loading thread: enqueues each block's copies once it is read,
-  // in order; returns the bytes they copy.
+  // Transfer's loading thread: enqueues each block's copies as soon as it is
+  // read, in the order the reads complete; returns the bytes they copy.
   uint64_t CopyBlocks(ProgressReporter& reporter);
   // Enqueues the copies (and conversions) of block `k` out of `slot` and
   // records the slot's event; adds the bytes they copy to *bytes.
@@ -151,13 +250,22 @@ class DevicePipeline {
   // deregisters them before they are freed.
   std::unique_ptr<DirectReader> gds_;
 
-  // Transfer: between the reader threads and the loading thread.
+  // Transfer: between the reader threads and the loading thread, guarded by
+  // mu_ (cv_ wakes both: a slot freed, a block read, a failure).
+  struct SlotBlock {
+    int64_t block;
+    int slot;
+  };
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int64_t> ready_;     // Block read into the slot.
-  std::vector<int64_t> enqueued_;  // Block whose copies were enqueued from it.
-  Status error_;                   // The first error; guarded by mu_.
-  bool failed_ = false;            // Guarded by mu_.
+  std::vector<int> free_slots_;  // Neither read into nor copied from.
+  int64_t next_block_ = 0;       // The next block a reader takes.
+  std::vector<SlotBlock> read_;  // Read, copies not yet enqueued.
+  Status error_;                 // The first error.
+  bool failed_ = false;
+  // The loading thread's own: blocks whose copies were enqueued and whose
+  // slot's event is not yet seen done, in stream order.
+  std::deque<SlotBlock> copying_;
 };
 
 Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadOptions& options,
@@ -262,7 +370,9 @@ Status DevicePipeline::Allocate() {
     TL_ASSIGN_OR_RETURN(scratch_, device_->Allocate(mem_.scratch_bytes));
   }
   if (mem_.pinned_bytes > 0) {
-    TL_ASSIGN_OR_RETURN(pinned_, device_->AllocatePinned(mem_.pinned_bytes));
+    TL_ASSIGN_OR_RETURN(pinned_, type_ == DeviceType::kCpu
+                                     ? device_->AllocatePinned(mem_.pinned_bytes)
+                                     : PinnedPool::Get().Take(device_, mem_.pinned_bytes));
   }
   if (gds_) {
     // Registration only makes the reads faster; they work without it.
@@ -282,11 +392,14 @@ Status DevicePipeline::Allocate() {
 
 Result<uint64_t> DevicePipeline::Transfer(ProgressReporter& reporter, std::string* gds_failure) {
   const int64_t nblocks = static_cast<int64_t>(blocks_.size());
-  ready_.assign(slots_, -1);
-  enqueued_.assign(slots_, -1);
+  free_slots_.clear();
+  for (int slot = slots_ - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   std::vector<std::thread> readers;
-  const int nreaders = static_cast<int>(std::min<int64_t>(slots_, nblocks));
-  for (int r = 0; r < nreaders; ++r) readers.emplace_back(&DevicePipeline::ReadSlot, this, r);
+  // One reader less than slots (when there are two or more): a read that
+  // completes finds the spare slot free while its own is copied from, so the
+  // readers wait for copies only when two or more are running.
+  const int nreaders = static_cast<int>(std::min<int64_t>(std::max(1, slots_ - 1), nblocks));
+  for (int r = 0; r < nreaders; ++r) readers.emplace_back(&DevicePipeline::ReadBlocks, this);
   const uint64_t bytes_done = CopyBlocks(reporter);
   for (auto& t : readers) t.join();
   // The stream may still use the buffers: finish it before they can go.
@@ -297,37 +410,66 @@ Result<uint64_t> DevicePipeline::Transfer(ProgressReporter& reporter, std::strin
   }
   if (!synced.ok()) return synced;
   if (trace_) {
-    for (int64_t k = std::max<int64_t>(0, nblocks - slots_); k < nblocks; ++k) {
-      trace_->blocks[k].copied_us = events_[k % slots_]->CompletedAtMicros();
+    for (const SlotBlock& c : copying_) {
+      trace_->blocks[c.block].copied_us = events_[c.slot]->CompletedAtMicros();
     }
   }
   return bytes_done;
 }
 
-void DevicePipeline::ReadSlot(int slot) {
+void DevicePipeline::ReadBlocks() {
   const int64_t nblocks = static_cast<int64_t>(blocks_.size());
-  for (int64_t k = slot; k < nblocks; k += slots_) {
-    if (k >= slots_ && !WaitUntilCopied(slot, k - slots_)) return;
-    Status st = ReadBlock(k, slot);
-    if (!st.ok()) return Fail(st.WithContext(jobs_[blocks_[k].file].shard->path));
-    std::lock_guard<std::mutex> lock(mu_);
-    ready_[slot] = k;
+  for (;;) {
+    SlotBlock b;
+    bool took_the_last = false;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return failed_ || next_block_ >= nblocks || !free_slots_.empty(); });
+      if (failed_ || next_block_ >= nblocks) return;
+      b = {next_block_++, free_slots_.back()};
+      free_slots_.pop_back();
+      took_the_last = free_slots_.empty();
+    }
+    // The loading thread waits for copies to free slots only when none is
+    // free: tell it when that happens.
+    if (took_the_last) cv_.notify_all();
+    Status st = ReadBlock(b.block, b.slot);
+    if (!st.ok()) return Fail(st.WithContext(jobs_[blocks_[b.block].file].shard->path));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      read_.push_back(b);
+    }
     cv_.notify_all();
   }
 }
 
-bool DevicePipeline::WaitUntilCopied(int slot, int64_t k) {
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return failed_ || enqueued_[slot] == k; });
-    if (failed_) return false;
+bool DevicePipeline::Recycle(bool wait) {
+  if (wait && !copying_.empty()) {
+    Status st = events_[copying_.front().slot]->Synchronize();
+    if (!st.ok()) {
+      Fail(std::move(st));
+      return false;
+    }
   }
-  Status st = events_[slot]->Synchronize();
-  if (!st.ok()) {
-    Fail(std::move(st));
-    return false;
+  std::vector<int> freed;
+  while (!copying_.empty() && events_[copying_.front().slot]->Done()) {
+    const SlotBlock c = copying_.front();
+    Status st = events_[c.slot]->Synchronize();  // Done: returns at once, with its error.
+    if (!st.ok()) {
+      Fail(std::move(st));
+      return false;
+    }
+    if (trace_) trace_->blocks[c.block].copied_us = events_[c.slot]->CompletedAtMicros();
+    freed.push_back(c.slot);
+    copying_.pop_front();
   }
-  if (trace_) trace_->blocks[k].copied_us = events_[slot]->CompletedAtMicros();
+  if (!freed.empty()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      free_slots_.insert(free_slots_.end(), freed.begin(), freed.end());
+    }
+    cv_.notify_all();
+  }
   return true;
 }
 
@@ -346,6 +488,7 @@ Status DevicePipeline::ReadBlock(int64_t k, int slot) {
   if (trace_) {
     trace_->blocks[k].read_start_us = start;
     trace_->blocks[k].read_end_us = NowMicros();
+    trace_->blocks[k].slot = slot;
   }
   return Status::Ok();
 }
@@ -366,25 +509,33 @@ Status DevicePipeline::ReadDirect(uint32_t file, const DeviceBlock& block, int s
 uint64_t DevicePipeline::CopyBlocks(ProgressReporter& reporter) {
   uint64_t bytes_done = 0;
   const int64_t nblocks = static_cast<int64_t>(blocks_.size());
-  for (int64_t k = 0; k < nblocks; ++k) {
-    const int slot = static_cast<int>(k % slots_);
+  int64_t enqueued = 0;
+  std::vector<SlotBlock> batch;
+  while (enqueued < nblocks) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return failed_ || ready_[slot] == k; });
+      // A block read, or every slot taken while some copy may free one.
+      cv_.wait(lock, [&] {
+        return failed_ || !read_.empty() || (free_slots_.empty() && !copying_.empty());
+      });
       if (failed_) break;
+      batch.swap(read_);
     }
-    uint64_t done = 0;
-    Status st = EnqueueCopies(k, slot, &done);
-    if (!st.ok()) {
-      Fail(st.WithContext(jobs_[blocks_[k].file].shard->path));
-      break;
+    for (const SlotBlock& b : batch) {
+      uint64_t done = 0;
+      Status st = EnqueueCopies(b.block, b.slot, &done);
+      if (!st.ok()) {
+        Fail(st.WithContext(jobs_[blocks_[b.block].file].shard->path));
+        return bytes_done;
+      }
+      if (trace_) trace_->blocks[b.block].enqueued = enqueued;
+      ++enqueued;
+      bytes_done += done;
+      copying_.push_back(b);
     }
-    bytes_done += done;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      enqueued_[slot] = k;
-      cv_.notify_all();
-    }
+    const bool waited_for_a_slot = batch.empty();
+    batch.clear();
+    if (!Recycle(waited_for_a_slot)) break;
     reporter.Report(bytes_done, false);
   }
   return bytes_done;

@@ -95,7 +95,9 @@ struct PipelineTrace {
   struct Block {
     double read_start_us = 0;
     double read_end_us = 0;
-    double copied_us = 0;  // Its copies (and conversions) completed.
+    double copied_us = 0;   // Its copies (and conversions) completed.
+    int slot = -1;          // The staging (and conversion) slot it went through.
+    int64_t enqueued = -1;  // Its copies were the enqueued-th block's on the stream.
   };
   std::vector<Block> blocks;  // In load order.
   // Called by a reader thread before it reads block k (fault injection).

@@ -1,20 +1,26 @@
 // The staged pipeline to a device, on the emulated device (separate memory,
 // asynchronous copies): every mode gives the file's bytes (odd header sizes,
 // misaligned and zero-size tensors, filters, shards, tiny and large staging
-// buffers); conversions give convert.h's bits; reads overlap copies; the
-// device-memory plan is computed first and respected; errors free everything.
+// buffers); conversions give convert.h's bits; reads overlap copies and stay
+// in flight when they complete out of order; pinned slots are kept for the
+// next load; the device-memory plan is computed first and respected; errors
+// free everything.
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <map>
+#include <thread>
 
 #include "../common/assert_ok.h"
 #include "../load/test_files.h"
 #include "device/device.h"
+#include "device/emulated_device.h"
 #include "io/direct_reader.h"
 #include "load/device_plan.h"
 #include "load/loader_internal.h"
@@ -240,6 +246,36 @@ TEST(DevicePipelineTest, ShardsAndFilters) {
   EXPECT_EQ(got->files().size(), 3u);
 }
 
+// The trace's promises, whatever the timing: every block copied after it was
+// read, copies completing in the order they were enqueued (one stream), and a
+// slot never read into again before the copies out of it completed.
+void ExpectTraceConsistent(const PipelineTrace& trace, int slots) {
+  std::vector<const PipelineTrace::Block*> by_enqueue(trace.blocks.size());
+  std::map<int, std::vector<const PipelineTrace::Block*>> by_slot;
+  for (size_t k = 0; k < trace.blocks.size(); ++k) {
+    const auto& b = trace.blocks[k];
+    EXPECT_GT(b.copied_us, 0) << k;
+    EXPECT_LE(b.read_end_us, b.copied_us) << "copied before it was read: " << k;
+    ASSERT_GE(b.slot, 0) << k;
+    ASSERT_LT(b.slot, slots) << k;
+    ASSERT_GE(b.enqueued, 0) << k;
+    ASSERT_LT(b.enqueued, static_cast<int64_t>(trace.blocks.size())) << k;
+    EXPECT_EQ(by_enqueue[b.enqueued], nullptr) << "enqueued twice: " << b.enqueued;
+    by_enqueue[b.enqueued] = &b;
+    by_slot[b.slot].push_back(&b);
+  }
+  for (size_t i = 0; i + 1 < by_enqueue.size(); ++i) {
+    EXPECT_LE(by_enqueue[i]->copied_us, by_enqueue[i + 1]->copied_us) << "stream order " << i;
+  }
+  for (auto& [slot, uses] : by_slot) {
+    std::sort(uses.begin(), uses.end(),
+              [](auto* a, auto* b) { return a->read_start_us < b->read_start_us; });
+    for (size_t i = 0; i + 1 < uses.size(); ++i) {
+      EXPECT_GE(uses[i + 1]->read_start_us, uses[i]->copied_us) << "slot " << slot << " refilled";
+    }
+  }
+}
+
 TEST(DevicePipelineTest, ReadsOverlapCopies) {
   ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
@@ -258,20 +294,119 @@ TEST(DevicePipelineTest, ReadsOverlapCopies) {
   auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
   ASSERT_OK(got);
   ASSERT_EQ(trace.blocks.size(), 32u);
+  ExpectTraceConsistent(trace, 4);
   int overlapped = 0;
   for (size_t k = 0; k + 1 < trace.blocks.size(); ++k) {
-    EXPECT_GT(trace.blocks[k].copied_us, 0) << k;
-    EXPECT_LE(trace.blocks[k].read_end_us, trace.blocks[k].copied_us)
-        << "copied before it was read: " << k;
-    EXPECT_LE(trace.blocks[k].copied_us, trace.blocks[k + 1].copied_us)
-        << "copies complete in order";
     if (trace.blocks[k + 1].read_end_us < trace.blocks[k].copied_us) ++overlapped;
   }
   EXPECT_GT(overlapped, 16) << "the next block's read should finish while this block copies";
-  // A slot is never refilled before its copy is done.
-  for (size_t k = 4; k < trace.blocks.size(); ++k) {
-    EXPECT_GE(trace.blocks[k].read_start_us, trace.blocks[k - 4].copied_us) << k;
+}
+
+// Reads that take uneven times (every fourth 120 ms, the others 20 ms) and
+// fast copies: the readers never wait for a slow read's neighbours, so
+// through the load's steady state a read is in flight on every slot but the
+// spare one (readers = slots - 1), blocks are copied in the order their reads
+// complete, and the bytes are the file's. (Slots tied to blocks k mod slots,
+// copied in load order, had fewer than half of them reading for most of each
+// slow read.)
+TEST(DevicePipelineTest, ReadsStayInFlightWhenTheyCompleteOutOfOrder) {
+  ScratchDir dir;
+  const std::string path = dir.File("m.safetensors");
+  const RawTensor w = Random("w", Dtype::kBF16, {2048, 1024}, 5);  // 4 MiB: 64 blocks.
+  WriteRaw(path, {w}, 3);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  constexpr int kSlots = 7, kReaders = kSlots - 1;
+  auto device = Emulated(1ull << 30, 1e9);
+  LoadOptions opts;
+  opts.mode = IoMode::kBuffered;
+  opts.staging_bytes = 64 << 10;
+  opts.staging_buffers = kSlots;
+  PipelineTrace trace;
+  trace.before_read = [](int64_t k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(k % 4 == 1 ? 120 : 20));
+    return Status::Ok();
+  };
+  auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+  ASSERT_OK(got);
+  ExpectLoaded(*device, {{"w", w}}, *got, std::nullopt, "uneven reads");
+  ASSERT_GE(trace.blocks.size(), 64u);
+  ExpectTraceConsistent(trace, kSlots);
+  int out_of_order = 0;
+  for (size_t k = 0; k < trace.blocks.size(); ++k) {
+    if (trace.blocks[k].enqueued != static_cast<int64_t>(k)) ++out_of_order;
   }
+  EXPECT_GT(out_of_order, 16) << "copies wait for the reads before them";
+  // Reads in flight (started, not ended) at 200 points of the steady state:
+  // from the end of the first slow read to the start of the last block's read.
+  const double from = trace.blocks[1].read_end_us, to = trace.blocks.back().read_start_us;
+  ASSERT_LT(from, to);
+  int below = 0, most = 0;
+  for (int i = 0; i < 200; ++i) {
+    const double t = from + (to - from) * (i + 0.5) / 200;
+    int in_flight = 0;
+    for (const auto& b : trace.blocks) in_flight += b.read_start_us <= t && t < b.read_end_us;
+    if (in_flight < kReaders) ++below;
+    most = std::max(most, in_flight);
+  }
+  EXPECT_EQ(most, kReaders) << "one read a reader";
+  // Between two reads a reader takes a lock, and waits for a copy (64 us)
+  // only when two copies run at once: little against reads of 20 ms or more,
+  // even on a loaded machine.
+  EXPECT_LE(below, 20) << "points of the steady state (of 200) with fewer than " << kReaders
+                       << " reads in flight";
+}
+
+// The pinned slots of a load are kept for the next load onto the same device
+// (no second allocation), also after a failed load, until released.
+TEST(DevicePipelineTest, PinnedStagingIsKeptForTheNextLoad) {
+  ReleasePinnedStaging();
+  ScratchDir dir;
+  const std::string path = dir.File("m.safetensors");
+  const RawTensor w = Random("w", Dtype::kBF16, {512, 1024}, 9);
+  WriteRaw(path, {w}, 0);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  auto device = Emulated();
+  LoadOptions opts;
+  opts.mode = IoMode::kBuffered;
+  opts.staging_bytes = 64 << 10;
+  opts.staging_buffers = 3;
+  auto pinned = [&] { return GetEmulatedDeviceCounts(*device)->pinned_allocations; };
+  for (int round = 0; round < 3; ++round) {
+    auto got = LoadThroughDevice(*ckpt, opts, device, nullptr);
+    ASSERT_OK(got);
+    ExpectLoaded(*device, {{"w", w}}, *got, std::nullopt, "round " + std::to_string(round));
+    EXPECT_EQ(pinned(), 1u) << "round " << round << ": the same pinned buffer, kept";
+  }
+  // A failed load gives its slots back too.
+  PipelineTrace trace;
+  trace.before_read = [](int64_t k) {
+    return k == 3 ? IOError("read: Input/output error") : Status::Ok();
+  };
+  EXPECT_FALSE(LoadThroughDevice(*ckpt, opts, device, &trace).ok());
+  EXPECT_EQ(pinned(), 1u);
+  // Fewer, smaller slots fit in the kept buffer; more need a larger one, and
+  // two buffers are kept at most.
+  opts.staging_buffers = 2;
+  ASSERT_OK(LoadThroughDevice(*ckpt, opts, device, nullptr));
+  EXPECT_EQ(pinned(), 1u);
+  for (int slots : {5, 7, 9}) {
+    opts.staging_buffers = slots;
+    ASSERT_OK(LoadThroughDevice(*ckpt, opts, device, nullptr));
+  }
+  EXPECT_EQ(pinned(), 2u);
+  EXPECT_GE(ReleasePinnedStaging(), 16u * StagingSlotBytes(64 << 10));
+  EXPECT_EQ(pinned(), 0u);
+  // Another device's load never takes this device's buffers.
+  ASSERT_OK(LoadThroughDevice(*ckpt, opts, device, nullptr));
+  auto other = Emulated();
+  ASSERT_OK(LoadThroughDevice(*ckpt, opts, other, nullptr));
+  EXPECT_EQ(pinned(), 1u);
+  EXPECT_EQ(GetEmulatedDeviceCounts(*other)->pinned_allocations, 1u);
+  ReleasePinnedStaging();
+  EXPECT_EQ(pinned(), 0u);
+  EXPECT_EQ(GetEmulatedDeviceCounts(*other)->pinned_allocations, 0u);
 }
 
 TEST(DevicePipelineTest, DeviceMemoryPlanIsComputedFirstAndRespected) {

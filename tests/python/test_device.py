@@ -66,6 +66,15 @@ def test_emulated_device_through_the_core(ckpt):
         tensorlift._tensors.tensor_from(loaded, "w.bf16", "np")
 
 
+def test_pinned_staging_is_kept_for_the_next_load_until_released(ckpt):
+    tensorlift.release_pinned_staging()
+    for _ in range(2):
+        Checkpoint.open(str(ckpt)).load(device="emulated", staging_bytes=64 << 10, staging_buffers=3)
+    # One buffer of three slots of 64 KiB (plus their 8 KiB of alignment room) kept, not two.
+    assert tensorlift.release_pinned_staging() == 3 * ((64 + 8) << 10)
+    assert tensorlift.release_pinned_staging() == 0
+
+
 @pytest.mark.skipif(HAVE_GPU, reason="checks the error on a machine without a GPU")
 def test_cuda_without_a_gpu_is_a_clear_error(ckpt):
     def fastsafetensors_to_cuda():
