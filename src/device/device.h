@@ -130,14 +130,32 @@ struct EmulatedDeviceOptions {
   // ResourceExhausted, as a full GPU would.
   uint64_t memory_bytes = 1ull << 32;
   // Bandwidth of CopyToDevice in bytes/s, 0 for as fast as memcpy: lets
-  // tests see reads and copies overlap.
+  // tests see reads and copies overlap, and models a GPU's host-to-device
+  // bandwidth (a copy takes at least its bytes at this rate).
   double copy_bytes_per_second = 0;
+  // What each CopyToDevice costs besides its bytes, in seconds (a GPU's
+  // per-copy latency).
+  double copy_latency_seconds = 0;
+  // Host memory faulted in when the device is made, that allocations are
+  // carved from (as far as it goes): a GPU's memory costs no page faults, and
+  // fresh host memory's faults and zeroing would dominate a load here.
+  uint64_t prefault_bytes = 0;
 };
 std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options = {});
 
+// The options of the emulated device a load names ("emulated:0"): the
+// defaults, with a GPU's host-to-device copy model (docs/loading.md, "The
+// emulated device"): TENSORLIFT_EMULATED_H2D_GBPS (GB/s, default 54.8, the
+// pinned H2D rate measured on an H200; 0: as fast as memcpy),
+// TENSORLIFT_EMULATED_COPY_LATENCY_US (default 0) and
+// TENSORLIFT_EMULATED_PREFAULT_GB (default 0: device memory faulted in when
+// the device is made; benchmarks set it). InvalidArgument for a value that is
+// not a non-negative number.
+Result<EmulatedDeviceOptions> EmulatedDeviceOptionsFromEnvironment();
+
 // The device a load names (LoadOptions::device, parsed by ParseDevice):
 // the host device for kCpu, the CUDA device `index`, or THE emulated device
-// (one per process, created at the first call, with the default options), so
+// (one per process, created at the first call, with the options above), so
 // that a load onto "emulated:0" and a communicator built for it share one
 // device memory. NotFound for an emulated index other than 0.
 Result<std::shared_ptr<Device>> OpenDevice(DeviceType type, int index);

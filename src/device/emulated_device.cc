@@ -10,6 +10,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
@@ -37,6 +39,8 @@ namespace tensorlift {
 namespace {
 
 constexpr uint64_t kDeviceAlign = 256;
+constexpr uint64_t kHugePage = 2ull << 20;
+
 constexpr int kDlpackExtDev = 12;  // kDLExtDev.
 
 uint64_t RoundUp(uint64_t x, uint64_t align) { return (x + align - 1) / align * align; }
@@ -58,34 +62,106 @@ double NowMicros() {
       .count();
 }
 
-// One allocation: a memfd mapped PROT_NONE at the device address and
-// read/write for the workers. Both mappings are unmapped on destruction.
+// Worker memory faulted in once, when the device is made
+// (EmulatedDeviceOptions::prefault_bytes), that allocations are carved from
+// (best fit, page granular, neighbours merged when given back): a GPU's
+// memory exists before a load, while fresh host memory costs a page fault
+// and the zeroing of every page (in a VM, the host's first touch too), which
+// would dominate a load here. Allocations that do not fit get fresh memory.
+class Arena {
+ public:
+  static Result<std::shared_ptr<Arena>> Create(uint64_t bytes) {
+    bytes = RoundUp(bytes, kHugePage);
+    std::shared_ptr<Arena> arena(new (std::nothrow) Arena());
+    if (!arena) return ResourceExhaustedError("out of memory");
+    TL_ASSIGN_OR_RETURN(arena->base_, MapHugePageMemory(bytes));
+    arena->size_ = bytes;
+    std::memset(arena->base_, 0, bytes);  // Faulted in now, not during a load.
+    arena->free_[0] = bytes;
+    return arena;
+  }
+  ~Arena() {
+    if (base_ != nullptr) ::munmap(base_, size_);
+  }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // `bytes` (page aligned) of the arena, or null when no free range fits.
+  std::byte* Take(uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second >= bytes && (best == free_.end() || it->second < best->second)) best = it;
+    }
+    if (best == free_.end()) return nullptr;
+    const uint64_t offset = best->first, length = best->second;
+    free_.erase(best);
+    if (length > bytes) free_[offset + bytes] = length - bytes;
+    return base_ + offset;
+  }
+  void Give(std::byte* p, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t offset = static_cast<uint64_t>(p - base_);
+    auto next = free_.lower_bound(offset);
+    if (next != free_.end() && offset + bytes == next->first) {
+      bytes += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == offset) {
+        offset = prev->first;
+        bytes += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[offset] = bytes;
+  }
+
+ private:
+  Arena() = default;
+  std::byte* base_ = nullptr;
+  uint64_t size_ = 0;
+  std::mutex mu_;
+  std::map<uint64_t, uint64_t> free_;  // Offset -> length of each free range.
+};
+
+// One allocation: an address range reserved PROT_NONE (the device address: a
+// host access faults) and anonymous read/write memory of the same size for
+// the workers, in transparent huge pages where the kernel allows (2 MiB
+// aligned, MADV_HUGEPAGE): a GPU's fresh memory costs no page faults, and
+// 4 KiB faults on this memory would cost as much as the copies into it. Both
+// mappings are unmapped on destruction.
 class Region {
  public:
-  static Result<std::shared_ptr<Region>> Create(uint64_t bytes) {
+  // From `arena` when it has room (may be null).
+  static Result<std::shared_ptr<Region>> Create(uint64_t bytes, std::shared_ptr<Arena> arena) {
     const uint64_t mapped = RoundUp(bytes == 0 ? 1 : bytes, kPageAlign);
     if (mapped < bytes) return ResourceExhaustedError("size overflows");
-    const int raw_fd = ::memfd_create("tensorlift-emulated-device", MFD_CLOEXEC);
-    if (raw_fd < 0) return PosixError("memfd_create", errno);
-    PosixFile fd = PosixFile::Adopt(raw_fd);  // The mappings keep the file.
-    if (::ftruncate(fd.fd(), static_cast<off_t>(mapped)) != 0)
-      return PosixError("ftruncate", errno);
     std::shared_ptr<Region> region(new (std::nothrow) Region());
     if (!region) return ResourceExhaustedError("out of memory");
     region->size_ = bytes;
     region->mapped_ = mapped;
-    void* device = ::mmap(nullptr, mapped, PROT_NONE, MAP_SHARED, fd.fd(), 0);
+    void* device =
+        ::mmap(nullptr, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (device == MAP_FAILED) return PosixError("mmap", errno);
     region->device_ = static_cast<std::byte*>(device);
-    void* worker = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd(), 0);
-    if (worker == MAP_FAILED) return PosixError("mmap", errno);
-    region->worker_ = static_cast<std::byte*>(worker);
+    if (arena) region->worker_ = arena->Take(mapped);
+    if (region->worker_ != nullptr) {
+      region->arena_ = std::move(arena);
+    } else {
+      TL_ASSIGN_OR_RETURN(region->worker_, MapHugePageMemory(mapped));
+    }
     return region;
   }
 
   ~Region() {
     if (device_ != nullptr) ::munmap(device_, mapped_);
-    if (worker_ != nullptr) ::munmap(worker_, mapped_);
+    if (worker_ != nullptr && arena_) {
+      arena_->Give(worker_, mapped_);
+    } else if (worker_ != nullptr) {
+      ::munmap(worker_, mapped_);
+    }
   }
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -101,6 +177,7 @@ class Region {
   Region() = default;
   std::byte* device_ = nullptr;
   std::byte* worker_ = nullptr;
+  std::shared_ptr<Arena> arena_;  // Where worker_ came from, if not fresh.
   uint64_t size_ = 0;
   uint64_t mapped_ = 0;
 };
@@ -118,9 +195,14 @@ class DeviceState {
   DeviceState(const EmulatedDeviceOptions& options, uint64_t quarantine_bytes)
       : memory_bytes_(options.memory_bytes),
         quarantine_limit_(quarantine_bytes),
-        copy_bytes_per_second_(options.copy_bytes_per_second) {}
+        copy_bytes_per_second_(options.copy_bytes_per_second),
+        copy_latency_seconds_(options.copy_latency_seconds) {}
 
   double copy_bytes_per_second() const { return copy_bytes_per_second_; }
+  // Pre-faulted worker memory (null when none was asked for or it failed).
+  const std::shared_ptr<Arena>& arena() const { return arena_; }
+  void set_arena(std::shared_ptr<Arena> arena) { arena_ = std::move(arena); }
+  double copy_latency_seconds() const { return copy_latency_seconds_; }
   uint64_t memory_bytes() const { return memory_bytes_; }
 
   // Reserves `accounted` bytes of device memory.
@@ -269,6 +351,8 @@ class DeviceState {
   const uint64_t memory_bytes_;
   const uint64_t quarantine_limit_;
   const double copy_bytes_per_second_;
+  const double copy_latency_seconds_;
+  std::shared_ptr<Arena> arena_;  // Set once, before the device is handed out.
 
   std::mutex mu_;
   std::map<uintptr_t, Entry> regions_;              // Live and quarantined, by device address.
@@ -307,16 +391,16 @@ class PinnedBuffer final : public Buffer {
                                                   uint64_t bytes) {
     const uint64_t mapped = RoundUp(bytes == 0 ? 1 : bytes, kPageAlign);
     if (mapped < bytes) return ResourceExhaustedError("size overflows");
-    void* p = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      return ResourceExhaustedError(
-          "cannot allocate " + std::to_string(bytes) +
-          " bytes of pinned memory: " + PosixError("mmap", errno).message());
+    // In transparent huge pages, as the CUDA device's pinned memory is: an
+    // O_DIRECT read into them moves in fewer, larger pieces.
+    Result<std::byte*> p = MapHugePageMemory(mapped);
+    if (!p.ok()) {
+      return ResourceExhaustedError("cannot allocate " + std::to_string(bytes) +
+                                    " bytes of pinned memory: " + p.status().message());
     }
-    std::shared_ptr<Buffer> buffer(
-        new (std::nothrow) PinnedBuffer(state, static_cast<std::byte*>(p), bytes, mapped));
+    std::shared_ptr<Buffer> buffer(new (std::nothrow) PinnedBuffer(state, *p, bytes, mapped));
     if (!buffer) {
-      ::munmap(p, mapped);
+      ::munmap(*p, mapped);
       return ResourceExhaustedError("out of memory");
     }
     state->AddPinned(bytes);
@@ -574,10 +658,14 @@ class EmulatedStream final : public DeviceStream {
         TL_ASSIGN_OR_RETURN(Translated dst,
                             device_->Translate(op.dst, op.dst_bytes, "CopyToDevice destination"));
         std::memcpy(dst.ptr, op.src, op.dst_bytes);
+        // The GPU's copy model: at least the latency plus the bytes at the
+        // bandwidth (the memcpy above counts toward it).
+        double seconds = device_->copy_latency_seconds();
         if (device_->copy_bytes_per_second() > 0) {
-          std::this_thread::sleep_until(
-              start + std::chrono::duration<double>(static_cast<double>(op.dst_bytes) /
-                                                    device_->copy_bytes_per_second()));
+          seconds += static_cast<double>(op.dst_bytes) / device_->copy_bytes_per_second();
+        }
+        if (seconds > 0) {
+          std::this_thread::sleep_until(start + std::chrono::duration<double>(seconds));
         }
         return Status::Ok();
       }
@@ -692,7 +780,7 @@ class EmulatedDevice final : public Device {
     }
     const uint64_t accounted = RoundUp(bytes, kDeviceAlign);
     TL_RETURN_IF_ERROR(state_->Reserve(bytes, accounted));
-    Result<std::shared_ptr<Region>> region = Region::Create(bytes);
+    Result<std::shared_ptr<Region>> region = Region::Create(bytes, state_->arena());
     if (!region.ok()) {
       state_->Unreserve(accounted);
       return ResourceExhaustedError("emulated:0: cannot allocate " + std::to_string(bytes) +
@@ -741,7 +829,14 @@ class EmulatedDevice final : public Device {
 
 std::shared_ptr<Device> MakeEmulatedDeviceWithQuarantine(const EmulatedDeviceOptions& options,
                                                          uint64_t quarantine_bytes) {
-  return std::make_shared<EmulatedDevice>(std::make_shared<DeviceState>(options, quarantine_bytes));
+  auto state = std::make_shared<DeviceState>(options, quarantine_bytes);
+  if (options.prefault_bytes > 0) {
+    // Without it, allocations get fresh memory: slower, not wrong.
+    Result<std::shared_ptr<Arena>> arena =
+        Arena::Create(std::min(options.prefault_bytes, options.memory_bytes));
+    if (arena.ok()) state->set_arena(std::move(arena).value());
+  }
+  return std::make_shared<EmulatedDevice>(std::move(state));
 }
 
 std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options) {

@@ -17,6 +17,16 @@ namespace tensorlift {
 
 inline constexpr uint64_t kPageAlign = 4096;
 
+// `bytes` (a multiple of 4 KiB) of anonymous read/write memory, not yet
+// faulted in; from 2 MiB up, 2 MiB aligned and advised into transparent huge
+// pages (MADV_HUGEPAGE; 4 KiB pages where the kernel has them off). What
+// staging memory is made of: an O_DIRECT read into huge pages moves in a few
+// large pieces, into 4 KiB pages in many small ones (measured on this
+// project's VM: a cold read of 2.14 GB took 0.91 s into 4 KiB pages against
+// 0.70 s into huge pages, 3 reads of 16 MiB in flight). Freed with
+// munmap(p, bytes).
+Result<std::byte*> MapHugePageMemory(uint64_t bytes);
+
 class Buffer {
  public:
   virtual ~Buffer() = default;

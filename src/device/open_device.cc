@@ -1,6 +1,10 @@
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "device/device.h"
 
@@ -8,6 +12,38 @@ namespace tensorlift {
 
 Result<std::byte*> Device::HostMapping(const std::byte*, uint64_t) {
   return UnimplementedError("the memory of " + name() + " has no host mapping");
+}
+
+namespace {
+
+// The environment variable `name` as a non-negative number, or `fallback`
+// when it is unset or empty.
+Result<double> NonNegativeFromEnvironment(const char* name, double fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text, &end);
+  if (errno != 0 || *end != '\0' || !std::isfinite(v) || v < 0) {
+    return InvalidArgumentError(std::string(name) + "=" + text + ": expected a number >= 0");
+  }
+  return v;
+}
+
+}  // namespace
+
+Result<EmulatedDeviceOptions> EmulatedDeviceOptionsFromEnvironment() {
+  EmulatedDeviceOptions o;
+  TL_ASSIGN_OR_RETURN(const double gbps,
+                      NonNegativeFromEnvironment("TENSORLIFT_EMULATED_H2D_GBPS", 54.8));
+  TL_ASSIGN_OR_RETURN(const double latency_us,
+                      NonNegativeFromEnvironment("TENSORLIFT_EMULATED_COPY_LATENCY_US", 0));
+  TL_ASSIGN_OR_RETURN(const double prefault_gb,
+                      NonNegativeFromEnvironment("TENSORLIFT_EMULATED_PREFAULT_GB", 0));
+  o.copy_bytes_per_second = gbps * 1e9;
+  o.copy_latency_seconds = latency_us * 1e-6;
+  o.prefault_bytes = static_cast<uint64_t>(prefault_gb * 1e9);
+  return o;
 }
 
 Result<std::shared_ptr<Device>> OpenDevice(DeviceType type, int index) {
@@ -32,8 +68,15 @@ Result<std::shared_ptr<Device>> OpenDevice(DeviceType type, int index) {
     }
     case DeviceType::kEmulated: {
       if (index != 0) return NotFoundError("there is only one emulated device, emulated:0");
-      static const std::shared_ptr<Device> emulated = MakeEmulatedDevice();
-      return emulated;
+      // Made at the first call that finds valid options in the environment.
+      static auto* mu = new std::mutex;
+      static auto* emulated = new std::shared_ptr<Device>;
+      std::lock_guard<std::mutex> lock(*mu);
+      if (!*emulated) {
+        TL_ASSIGN_OR_RETURN(EmulatedDeviceOptions options, EmulatedDeviceOptionsFromEnvironment());
+        *emulated = MakeEmulatedDevice(options);
+      }
+      return *emulated;
     }
   }
   return InvalidArgumentError("unknown device type " + std::to_string(static_cast<int>(type)));

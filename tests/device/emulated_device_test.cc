@@ -9,7 +9,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <memory>
@@ -461,6 +463,90 @@ TEST(EmulatedDeviceTest, ManyStreamsConcurrently) {
   EXPECT_EQ(counts.live_bytes, 0u);
   EXPECT_EQ(counts.pinned_allocations, 0u);
   EXPECT_EQ(counts.quarantined_allocations, 2u * kThreads);
+}
+
+// EmulatedDeviceOptions::prefault_bytes: allocations are carved from memory
+// faulted in when the device is made (best fit), given back when freed
+// (neighbours merged), and those that do not fit get fresh memory.
+TEST(EmulatedDeviceTest, PrefaultedMemoryIsCarvedAndGivenBack) {
+  constexpr uint64_t kMiB = 1ull << 20;
+  EmulatedDeviceOptions o;
+  o.memory_bytes = 64 * kMiB;
+  o.prefault_bytes = 8 * kMiB;
+  auto device = MakeEmulatedDeviceWithQuarantine(o, 0);  // Freed memory goes back at once.
+  auto where = [&](const std::shared_ptr<Buffer>& b) {
+    return Take(device->HostMapping(b->data(), b->size()));
+  };
+  auto a = Take(device->Allocate(3 * kMiB));
+  auto b = Take(device->Allocate(3 * kMiB));
+  std::byte* const base = where(a);
+  EXPECT_EQ(where(b), base + 3 * kMiB) << "carved one after the other";
+  std::byte* const a_at = where(a);
+  a.reset();
+  auto c = Take(device->Allocate(3 * kMiB));
+  EXPECT_EQ(where(c), a_at) << "the freed range is taken again";
+  auto d = Take(device->Allocate(6 * kMiB));  // 2 MiB left in the arena: fresh memory.
+  EXPECT_TRUE(where(d) < base || where(d) >= base + 8 * kMiB);
+  // The bytes are the device's, wherever its memory came from.
+  auto stream = Take(device->CreateStream());
+  auto host = Take(device->AllocatePinned(6 * kMiB));
+  std::vector<std::byte> back(6 * kMiB);
+  for (const auto& buf : {c, d}) {
+    Fill(host->data(), buf->size(), 5);
+    ASSERT_OK(stream->CopyToDevice(buf->data(), host->data(), buf->size()));
+    ASSERT_OK(stream->CopyToHost(back.data(), buf->data(), buf->size()));
+    ASSERT_OK(stream->Synchronize());
+    EXPECT_EQ(std::memcmp(back.data(), host->data(), buf->size()), 0);
+  }
+  b.reset();
+  c.reset();
+  auto whole = Take(device->Allocate(8 * kMiB));
+  EXPECT_EQ(where(whole), base) << "the given-back ranges merged into the whole arena";
+  EXPECT_EQ(Counts(*device).live_bytes, 14 * kMiB);
+}
+
+// EmulatedDeviceOptions::copy_latency_seconds: each copy to the device takes
+// at least that long, on top of its bytes at copy_bytes_per_second.
+TEST(EmulatedDeviceTest, CopiesTakeTheirLatencyAndBandwidth) {
+  EmulatedDeviceOptions o;
+  o.copy_latency_seconds = 0.004;
+  o.copy_bytes_per_second = 1e9;
+  auto device = MakeEmulatedDevice(o);
+  auto stream = Take(device->CreateStream());
+  auto host = Take(device->AllocatePinned(1 << 20));
+  auto dev = Take(device->Allocate(1 << 20));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10; ++i) ASSERT_OK(stream->CopyToDevice(dev->data(), host->data(), 1 << 20));
+  ASSERT_OK(stream->Synchronize());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(s, 10 * (0.004 + (1 << 20) / 1e9));  // 50.5 ms at least; no upper bound.
+}
+
+// The process's emulated device ("emulated:0") takes its copy model from the
+// environment; values that are not numbers >= 0 are refused by name.
+TEST(EmulatedDeviceTest, OptionsFromTheEnvironment) {
+  const char* names[] = {"TENSORLIFT_EMULATED_H2D_GBPS", "TENSORLIFT_EMULATED_COPY_LATENCY_US",
+                         "TENSORLIFT_EMULATED_PREFAULT_GB"};
+  for (const char* n : names) ::unsetenv(n);
+  EmulatedDeviceOptions o = Take(EmulatedDeviceOptionsFromEnvironment());
+  EXPECT_DOUBLE_EQ(o.copy_bytes_per_second, 54.8e9);
+  EXPECT_EQ(o.copy_latency_seconds, 0);
+  EXPECT_EQ(o.prefault_bytes, 0u);
+  ::setenv(names[0], "12.5", 1);
+  ::setenv(names[1], "8", 1);
+  ::setenv(names[2], "0.5", 1);
+  o = Take(EmulatedDeviceOptionsFromEnvironment());
+  EXPECT_DOUBLE_EQ(o.copy_bytes_per_second, 12.5e9);
+  EXPECT_DOUBLE_EQ(o.copy_latency_seconds, 8e-6);
+  EXPECT_EQ(o.prefault_bytes, 500000000u);
+  for (const char* bad : {"fast", "-1", "1e999", "3 GB", "nan"}) {
+    ::setenv(names[1], bad, 1);
+    Result<EmulatedDeviceOptions> r = EmulatedDeviceOptionsFromEnvironment();
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(), HasSubstr(std::string(names[1]) + "=" + bad));
+  }
+  for (const char* n : names) ::unsetenv(n);
 }
 
 }  // namespace

@@ -11,9 +11,11 @@
 // - Event times are measured from a reference event recorded when the
 //   device is opened, so the times of all streams of one device compare.
 #include <cuda_runtime_api.h>
+#include <sys/mman.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <new>
 #include <string>
@@ -24,6 +26,7 @@
 #include "device/cuda/kernels.h"
 #include "device/cuda_info.h"
 #include "device/device.h"
+#include "device/host_buffer.h"
 #include "device/stream_checks.h"
 #include "kernels/convert.h"
 
@@ -166,10 +169,18 @@ class CudaBuffer final : public Buffer {
 
 // Page-locked host memory from cudaHostAlloc (portable: pinned for every
 // device's streams).
+// Page-locked host memory: huge pages registered with CUDA
+// (cudaHostRegister) from 2 MiB up, so that O_DIRECT reads into staging move
+// in large pieces (MapHugePageMemory); cudaHostAlloc's memory when smaller,
+// or when registering fails.
 class PinnedBuffer final : public Buffer {
  public:
   static Result<std::shared_ptr<Buffer>> Allocate(int ordinal, uint64_t bytes) {
     TL_RETURN_IF_ERROR(SetDevice(ordinal));
+    if (bytes >= (2ull << 20)) {
+      Result<std::shared_ptr<Buffer>> registered = AllocateRegistered(bytes);
+      if (registered.ok()) return registered;
+    }
     void* p = nullptr;
     TL_RETURN_IF_ERROR(
         CudaStatus(cudaHostAlloc(&p, bytes == 0 ? 1 : bytes, cudaHostAllocPortable),
@@ -179,22 +190,50 @@ class PinnedBuffer final : public Buffer {
       return InternalError("cudaHostAlloc returned an address that is not 4 KiB aligned");
     }
     std::shared_ptr<Buffer> buffer(new (std::nothrow)
-                                       PinnedBuffer(static_cast<std::byte*>(p), bytes));
+                                       PinnedBuffer(static_cast<std::byte*>(p), bytes, 0));
     if (!buffer) {
       cudaFreeHost(p);
       return ResourceExhaustedError("out of host memory");
     }
     return buffer;
   }
-  ~PinnedBuffer() override { cudaFreeHost(data_); }
+  ~PinnedBuffer() override {
+    if (mapped_ == 0) {
+      cudaFreeHost(data_);
+      return;
+    }
+    cudaHostUnregister(data_);
+    ::munmap(data_, mapped_);
+  }
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
 
  private:
-  PinnedBuffer(std::byte* data, uint64_t bytes) {
+  // Huge pages, faulted in, then registered (pinned) with CUDA.
+  static Result<std::shared_ptr<Buffer>> AllocateRegistered(uint64_t bytes) {
+    const uint64_t mapped = (bytes + kPageAlign - 1) / kPageAlign * kPageAlign;
+    TL_ASSIGN_OR_RETURN(std::byte * p, MapHugePageMemory(mapped));
+    std::memset(p, 0, mapped);  // Faulted in now, in huge pages where there are any.
+    Status st = CudaStatus(cudaHostRegister(p, mapped, cudaHostRegisterPortable),
+                           ("cudaHostRegister of " + std::to_string(mapped) + " bytes").c_str());
+    if (!st.ok()) {
+      ::munmap(p, mapped);
+      return st;
+    }
+    std::shared_ptr<Buffer> buffer(new (std::nothrow) PinnedBuffer(p, bytes, mapped));
+    if (!buffer) {
+      cudaHostUnregister(p);
+      ::munmap(p, mapped);
+      return ResourceExhaustedError("out of host memory");
+    }
+    return buffer;
+  }
+  // mapped: the bytes of a registered mapping; 0 for cudaHostAlloc's memory.
+  PinnedBuffer(std::byte* data, uint64_t bytes, uint64_t mapped) : mapped_(mapped) {
     data_ = data;
     size_ = bytes;
   }
+  uint64_t mapped_;
 };
 
 class CudaEvent final : public DeviceEvent {
