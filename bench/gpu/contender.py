@@ -52,19 +52,18 @@ def run_tensorlift(files, device):
 
 
 def run_tensorlift_checkpoint(files, device, gds, torch_tensors):
-    """Each file's Checkpoint.load (tensorlift.load has no GDS switch). With
-    torch_tensors False (the emulated device, which torch cannot touch) the
-    results are the Loaded objects, {file: Loaded}."""
+    """Every file in one Checkpoint.load, one pipeline over all of them, as tensorlift.load does
+    (tensorlift.load has no GDS switch). With torch_tensors False (the emulated device, which torch
+    cannot touch) the result is the Loaded object, {"all": Loaded}; the emulated device is opened
+    before the clock starts (with TENSORLIFT_EMULATED_PREFAULT_GB its memory is faulted in then, as a
+    GPU's exists before a load)."""
     from tensorlift._core import tensor_from
     from tensorlift._tensorlift import Checkpoint
+    if device == "emulated":
+        Checkpoint.open(files[0]).load(device=device, names=[])  # opens the device, loads nothing
     t0 = time.perf_counter()
-    out = {}
-    for f in files:
-        loaded = Checkpoint.open(f).load(device=device, gds=gds)
-        if torch_tensors:
-            out.update({n: tensor_from(loaded, n, "pt") for n in loaded.names()})
-        else:
-            out[f] = loaded
+    loaded = Checkpoint.open_files(list(files)).load(device=device, gds=gds)
+    out = {n: tensor_from(loaded, n, "pt") for n in loaded.names()} if torch_tensors else {"all": loaded}
     sync(device)
     return t0, out
 
