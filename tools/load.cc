@@ -137,15 +137,19 @@ int RunLoad(const LoadArgs& args) {
         static_cast<unsigned long long>(p.pinned_bytes));
   }
   const double secs = loaded->seconds();
-  uint64_t mapped = 0;
+  uint64_t mapped = 0, realigned = 0;
   for (const FileReport& f : loaded->files()) {
-    if (f.mode == IoMode::kMmap) mapped += f.bytes;
+    realigned += f.realigned_bytes;
+    if (f.mode == IoMode::kMmap) mapped += f.bytes - f.realigned_bytes;
   }
-  const std::string views = mapped == 0
-                                ? ""
-                                : " (" + std::to_string(mapped) +
-                                      " of those bytes are views of the page cache: not copied, "
-                                      "read on first touch)";
+  std::string views = mapped == 0 ? ""
+                                  : " (" + std::to_string(mapped) +
+                                        " of those bytes are views of the page cache: not copied, "
+                                        "read on first touch)";
+  if (realigned > 0) {
+    views += " (" + std::to_string(realigned) +
+             " bytes of tensors misaligned in their files copied to aligned memory)";
+  }
   std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s%s\n",
                loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
                secs, secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0, views.c_str());

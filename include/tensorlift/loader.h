@@ -253,10 +253,11 @@ struct FileReport {
   std::string reason;  // Why this mode, e.g. "92% in page cache".
   uint64_t bytes = 0;  // Bytes of tensors loaded from it.
   uint32_t tensors = 0;
-  uint32_t realigned = 0;  // Tensors read or copied on their own to align them.
-  uint32_t converted = 0;  // Tensors converted to LoadOptions::dtype.
-  uint32_t decoded = 0;    // Sparse tensors decoded whose values are in it.
-  bool gds = false;        // Read straight to the GPU (GPUDirect Storage).
+  uint32_t realigned = 0;        // Tensors read or copied on their own to align them,
+  uint64_t realigned_bytes = 0;  // and their bytes (never views of the page cache).
+  uint32_t converted = 0;        // Tensors converted to LoadOptions::dtype.
+  uint32_t decoded = 0;          // Sparse tensors decoded whose values are in it.
+  bool gds = false;              // Read straight to the GPU (GPUDirect Storage).
 };
 
 class Device;

@@ -478,6 +478,7 @@ nb::list FileReports(const PyLoaded& s) {
     d["bytes"] = f.bytes;
     d["tensors"] = f.tensors;
     d["realigned"] = f.realigned;
+    d["realigned_bytes"] = f.realigned_bytes;
     d["converted"] = f.converted;
     d["gds"] = f.gds;
     out.append(d);

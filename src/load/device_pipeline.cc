@@ -303,6 +303,7 @@ Status DevicePipeline::PlanFiles() {
     job.report.bytes = job.plan.tensor_bytes;
     job.report.tensors = static_cast<uint32_t>(job.wanted.size());
     job.report.realigned = job.plan.realigned;
+    job.report.realigned_bytes = job.plan.realigned_bytes;
     job.report.converted = job.plan.converted;
     mem_.device_bytes += job.plan.device_bytes;
     scratch_slot_ = std::max(scratch_slot_, job.plan.scratch_bytes);

@@ -81,6 +81,7 @@ DeviceFilePlan PlanDeviceFile(const Header& header, std::span<const uint32_t> wa
         ++plan.converted;
       } else {
         ++plan.realigned;
+        plan.realigned_bytes += t.nbytes();
       }
     } else {
       if (in_run && t.begin == run_end) {

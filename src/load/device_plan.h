@@ -66,6 +66,7 @@ struct DeviceFilePlan {
   uint64_t device_bytes = 0;
   uint64_t tensor_bytes = 0;  // In the file.
   uint32_t realigned = 0;
+  uint64_t realigned_bytes = 0;
   uint32_t converted = 0;
   uint64_t scratch_bytes = 0;             // Device slot bytes the largest converting block needs.
   std::vector<DeviceTensorPlan> tensors;  // In file order.

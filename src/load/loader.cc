@@ -161,6 +161,7 @@ Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
   job.report.bytes = job.plan.tensor_bytes;
   job.report.tensors = static_cast<uint32_t>(job.wanted.size());
   job.report.realigned = job.plan.realigned;
+  job.report.realigned_bytes = job.plan.realigned_bytes;
 
   TL_ASSIGN_OR_RETURN(auto arena, TakeArena(options.arena_pool, job.plan.arena_bytes));
   job.arena = std::move(arena);
@@ -256,6 +257,30 @@ Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views) {
                                              : IoMode::kBuffered;
     job.report.reason =
         std::string(pct) + " in page cache" + (mode == IoMode::kMmap ? ": views of it" : "");
+    // A tensor misaligned for its dtype in the file (a header length that is
+    // not a multiple of 8 shifts them all) is never a view: it is copied to an
+    // aligned place. When that is a tenth of the bytes or more, plain reads
+    // into aligned memory do it in one pass; views would also keep the mapped
+    // pages resident beside the copies (twice the file).
+    if (mode == IoMode::kMmap) {
+      uint64_t wanted = 0, misaligned = 0;
+      uint32_t count = 0;
+      for (uint32_t idx : job.wanted) {
+        const TensorInfo& t = h.tensors()[idx];
+        wanted += t.nbytes();
+        if (t.nbytes() > 0 && (h.data_offset() + t.begin) % ElementAlignment(t.dtype) != 0) {
+          misaligned += t.nbytes();
+          ++count;
+        }
+      }
+      if (misaligned > 0 && misaligned >= wanted / 10) {
+        mode = IoMode::kBuffered;
+        job.report.reason = std::string(pct) + " in page cache; " + std::to_string(count) +
+                            " of its tensors are misaligned for their dtype (a header of " +
+                            std::to_string(h.data_offset() - 8) +
+                            " bytes): read into aligned memory, not views";
+      }
+    }
   }
   if (mode == IoMode::kDirect) {
     int fd;

@@ -74,6 +74,7 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode
     AddChunks(&plan.reads, data_offset + t.begin, t.nbytes(), cur, block_size, false, false);
     cur += t.nbytes();
     ++plan.realigned;
+    plan.realigned_bytes += t.nbytes();
   };
 
   for (uint32_t idx : wanted) {

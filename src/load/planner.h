@@ -47,6 +47,7 @@ struct FilePlan {
   uint64_t arena_bytes = 0;
   uint64_t tensor_bytes = 0;
   uint32_t realigned = 0;
+  uint64_t realigned_bytes = 0;
   std::vector<PlannedTensor> tensors;  // In file order.
   std::vector<PlannedRead> reads;      // In file order.
 };

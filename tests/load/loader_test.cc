@@ -266,7 +266,7 @@ TEST(LoaderTest, AutoViewsACachedFileOrCopiesItWhenAsked) {
   ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
   auto tensors = MixedTensors(6);
-  WriteRaw(path, tensors, 3);
+  WriteRaw(path, tensors, 0);
   ReadWholeFile(path);
   auto views = Load(path);
   ASSERT_OK(views);
@@ -289,6 +289,52 @@ TEST(LoaderTest, AutoViewsACachedFileOrCopiesItWhenAsked) {
   ExpectSameAsFile(ByName(tensors), *owned, "copy");
   // Views and copies are different memory.
   EXPECT_NE(views->tensors()[0].data, owned->tensors()[0].data);
+}
+
+// A header length that is not a multiple of 8 shifts every tensor off its
+// alignment: auto reads such a cached file into aligned memory (no views,
+// whose pages would stay resident beside the copies), and says why; an
+// explicit mode=mmap still views what it can and counts the bytes it copied.
+TEST(LoaderTest, AutoCopiesACachedFileWhoseTensorsAreMisaligned) {
+  ScratchDir dir;
+  const std::string path = dir.File("m.safetensors");
+  auto tensors = MixedTensors(6);
+  WriteRaw(path, tensors, 3);
+  ReadWholeFile(path);
+  auto got = Load(path);
+  ASSERT_OK(got);
+  ASSERT_EQ(got->files().size(), 1u);
+  const FileReport& f = got->files()[0];
+  EXPECT_EQ(f.mode, IoMode::kBuffered);
+  EXPECT_THAT(f.reason, HasSubstr("of its tensors are misaligned for their dtype"));
+  EXPECT_THAT(f.reason, HasSubstr("read into aligned memory, not views"));
+  ExpectSameAsFile(ByName(tensors), *got, "auto");
+  for (const LoadedTensor& t : got->tensors()) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % ElementAlignment(t.dtype), 0u) << t.name;
+  }
+  LoadOptions mmap;
+  mmap.mode = IoMode::kMmap;
+  auto mapped = Load(path, mmap);
+  ASSERT_OK(mapped);
+  const FileReport& m = mapped->files()[0];
+  EXPECT_EQ(m.mode, IoMode::kMmap);
+  uint64_t misaligned = 0;
+  uint32_t count = 0;
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  const Header& header = ckpt->shards()[0].header;
+  for (const RawTensor& t : tensors) {
+    const TensorInfo* info = header.Find(t.name);
+    ASSERT_NE(info, nullptr);
+    if (!t.bytes.empty() && (header.data_offset() + info->begin) % ElementAlignment(t.dtype) != 0) {
+      misaligned += t.bytes.size();
+      ++count;
+    }
+  }
+  EXPECT_GT(count, 0u);
+  EXPECT_EQ(m.realigned, count);
+  EXPECT_EQ(m.realigned_bytes, misaligned);
+  ExpectSameAsFile(ByName(tensors), *mapped, "mmap");
 }
 
 TEST(LoaderTest, AutoReadsAFileOutOfThePageCacheDirect) {
