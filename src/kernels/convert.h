@@ -341,6 +341,49 @@ TL_HD_INLINE void ConvertElement(std::byte* dst, Dtype to, const std::byte* src,
   StoreFromF32Bits(dst, to, i, LoadAsF32Bits(src, from, i), from);
 }
 
+// Elements a thread of the vectorised kernel converts: 8, so that a group of
+// 2-byte elements is one 16-byte load or store (4-byte: two; 1-byte: 8 bytes).
+inline constexpr uint32_t kGroupElements = 8;
+
+// Converts group `g` (elements 8g to 8g + 7) of `src` (dtype From) into `dst`
+// (dtype To), with ConvertElement's bits: the group is loaded whole into
+// registers, converted element by element there, and stored whole. From and
+// To are compile-time, so no per-element switch is left. On the device, src
+// and dst must be 16-byte aligned when a group spans 16 bytes or more (the
+// launcher checks), and the loads and stores are 8- or 16-byte words.
+// Requires ConversionSupported(From, To) and From != To.
+template <Dtype From, Dtype To>
+TL_HD_INLINE void ConvertGroup(std::byte* dst, const std::byte* src, uint64_t g) {
+  constexpr uint32_t kIn = From == Dtype::kF32                           ? 4
+                           : From == Dtype::kF16 || From == Dtype::kBF16 ? 2
+                                                                         : 1;
+  constexpr uint32_t kOut = To == Dtype::kF32 ? 4 : 2;
+  constexpr uint32_t kInBytes = kGroupElements * kIn, kOutBytes = kGroupElements * kOut;
+  alignas(16) std::byte in[kInBytes];
+  alignas(16) std::byte out[kOutBytes];
+  const std::byte* from = src + g * kInBytes;
+  std::byte* to = dst + g * kOutBytes;
+#ifdef __CUDA_ARCH__
+  if constexpr (kInBytes % 16 == 0) {
+    for (uint32_t w = 0; w < kInBytes / 16; ++w)
+      reinterpret_cast<uint4*>(in)[w] = reinterpret_cast<const uint4*>(from)[w];
+  } else {
+    reinterpret_cast<uint2*>(in)[0] = reinterpret_cast<const uint2*>(from)[0];
+  }
+#else
+  memcpy(in, from, kInBytes);
+#endif
+  for (uint32_t k = 0; k < kGroupElements; ++k) {
+    StoreFromF32Bits(out, To, k, LoadAsF32Bits(in, From, k), From);
+  }
+#ifdef __CUDA_ARCH__
+  for (uint32_t w = 0; w < kOutBytes / 16; ++w)
+    reinterpret_cast<uint4*>(to)[w] = reinterpret_cast<const uint4*>(out)[w];
+#else
+  memcpy(to, out, kOutBytes);
+#endif
+}
+
 }  // namespace tensorlift::convert
 
 #endif  // TENSORLIFT_DEVICE_CONVERT_H_

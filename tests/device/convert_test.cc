@@ -453,5 +453,46 @@ TEST(ConvertOnHostTest, Bf16NanDependsOnTheSource) {
   EXPECT_EQ(out, 0x7E08);
 }
 
+// ConvertGroup (the vectorised GPU kernel's element logic, on the host here)
+// gives ConvertElement's bits for every pair it serves, over patterns that
+// include NaNs, infinities, subnormals and values that round.
+template <Dtype From, Dtype To>
+void ExpectGroupsMatchElements() {
+  constexpr uint64_t kGroups = 4096;
+  const uint32_t in = DtypeBits(From) / 8, out = DtypeBits(To) / 8;
+  std::vector<std::byte> src(kGroups * convert::kGroupElements * in);
+  uint64_t x = 0x9E3779B97F4A7C15ull * (static_cast<int>(From) + 1) + static_cast<int>(To);
+  for (auto& b : src) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = static_cast<std::byte>(x);
+  }
+  // Some special patterns at known places: all ones, sign bits, zero.
+  for (uint64_t i = 0; i < 64 && i < src.size(); ++i) src[i] = std::byte{0xFF};
+  for (uint64_t i = 64; i < 128 && i < src.size(); ++i) src[i] = std::byte{0x80};
+  for (uint64_t i = 128; i < 192 && i < src.size(); ++i) src[i] = std::byte{0x00};
+  std::vector<std::byte> want(kGroups * convert::kGroupElements * out), got(want.size());
+  for (uint64_t i = 0; i < kGroups * convert::kGroupElements; ++i) {
+    convert::ConvertElement(want.data(), To, src.data(), From, i);
+  }
+  for (uint64_t g = 0; g < kGroups; ++g) convert::ConvertGroup<From, To>(got.data(), src.data(), g);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0)
+      << DtypeName(From) << " -> " << DtypeName(To);
+}
+
+TEST(ConvertTest, GroupsMatchElementsForEveryVectorisedPair) {
+  ExpectGroupsMatchElements<Dtype::kBF16, Dtype::kF16>();
+  ExpectGroupsMatchElements<Dtype::kBF16, Dtype::kF32>();
+  ExpectGroupsMatchElements<Dtype::kF16, Dtype::kBF16>();
+  ExpectGroupsMatchElements<Dtype::kF16, Dtype::kF32>();
+  ExpectGroupsMatchElements<Dtype::kF32, Dtype::kBF16>();
+  ExpectGroupsMatchElements<Dtype::kF32, Dtype::kF16>();
+  ExpectGroupsMatchElements<Dtype::kF8_E4M3, Dtype::kF16>();
+  ExpectGroupsMatchElements<Dtype::kF8_E4M3, Dtype::kBF16>();
+  ExpectGroupsMatchElements<Dtype::kF8_E4M3, Dtype::kF32>();
+  ExpectGroupsMatchElements<Dtype::kF8_E5M2, Dtype::kF16>();
+  ExpectGroupsMatchElements<Dtype::kF8_E5M2, Dtype::kBF16>();
+  ExpectGroupsMatchElements<Dtype::kF8_E5M2, Dtype::kF32>();
+}
+
 }  // namespace
 }  // namespace tensorlift
