@@ -39,8 +39,6 @@ namespace tensorlift {
 namespace {
 
 constexpr uint64_t kDeviceAlign = 256;
-constexpr uint64_t kHugePage = 2ull << 20;
-
 constexpr int kDlpackExtDev = 12;  // kDLExtDev.
 
 uint64_t RoundUp(uint64_t x, uint64_t align) { return (x + align - 1) / align * align; }
@@ -71,7 +69,7 @@ double NowMicros() {
 class Arena {
  public:
   static Result<std::shared_ptr<Arena>> Create(uint64_t bytes) {
-    bytes = RoundUp(bytes, kHugePage);
+    bytes = RoundUp(bytes, kHugePageAlign);
     std::shared_ptr<Arena> arena(new (std::nothrow) Arena());
     if (!arena) return ResourceExhaustedError("out of memory");
     TL_ASSIGN_OR_RETURN(arena->base_, MapHugePageMemory(bytes));
@@ -192,8 +190,11 @@ struct Translated {
 // Thread safety: every member function may be called from any thread.
 class DeviceState {
  public:
-  DeviceState(const EmulatedDeviceOptions& options, uint64_t quarantine_bytes)
-      : memory_bytes_(options.memory_bytes),
+  // `arena`: pre-faulted worker memory, or null.
+  DeviceState(const EmulatedDeviceOptions& options, uint64_t quarantine_bytes,
+              std::shared_ptr<Arena> arena)
+      : arena_(std::move(arena)),
+        memory_bytes_(options.memory_bytes),
         quarantine_limit_(quarantine_bytes),
         copy_bytes_per_second_(options.copy_bytes_per_second),
         copy_latency_seconds_(options.copy_latency_seconds) {}
@@ -201,7 +202,6 @@ class DeviceState {
   double copy_bytes_per_second() const { return copy_bytes_per_second_; }
   // Pre-faulted worker memory (null when none was asked for or it failed).
   const std::shared_ptr<Arena>& arena() const { return arena_; }
-  void set_arena(std::shared_ptr<Arena> arena) { arena_ = std::move(arena); }
   double copy_latency_seconds() const { return copy_latency_seconds_; }
   uint64_t memory_bytes() const { return memory_bytes_; }
 
@@ -348,11 +348,11 @@ class DeviceState {
     return &it->second;
   }
 
+  const std::shared_ptr<Arena> arena_;
   const uint64_t memory_bytes_;
   const uint64_t quarantine_limit_;
   const double copy_bytes_per_second_;
   const double copy_latency_seconds_;
-  std::shared_ptr<Arena> arena_;  // Set once, before the device is handed out.
 
   std::mutex mu_;
   std::map<uintptr_t, Entry> regions_;              // Live and quarantined, by device address.
@@ -829,14 +829,15 @@ class EmulatedDevice final : public Device {
 
 std::shared_ptr<Device> MakeEmulatedDeviceWithQuarantine(const EmulatedDeviceOptions& options,
                                                          uint64_t quarantine_bytes) {
-  auto state = std::make_shared<DeviceState>(options, quarantine_bytes);
+  std::shared_ptr<Arena> arena;
   if (options.prefault_bytes > 0) {
     // Without it, allocations get fresh memory: slower, not wrong.
-    Result<std::shared_ptr<Arena>> arena =
+    Result<std::shared_ptr<Arena>> made =
         Arena::Create(std::min(options.prefault_bytes, options.memory_bytes));
-    if (arena.ok()) state->set_arena(std::move(arena).value());
+    if (made.ok()) arena = std::move(made).value();
   }
-  return std::make_shared<EmulatedDevice>(std::move(state));
+  return std::make_shared<EmulatedDevice>(
+      std::make_shared<DeviceState>(options, quarantine_bytes, std::move(arena)));
 }
 
 std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options) {

@@ -15,20 +15,19 @@ constexpr uint64_t kMmapThreshold = 1ull << 20;
 }  // namespace
 
 Result<std::byte*> MapHugePageMemory(uint64_t bytes) {
-  constexpr uint64_t kHugePage = 2ull << 20;
   const int flags = MAP_PRIVATE | MAP_ANONYMOUS;
-  if (bytes < kHugePage) {
+  if (bytes < kHugePageAlign) {
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED) return PosixError("mmap", errno);
     return static_cast<std::byte*>(p);
   }
   // Over-map by a huge page, then trim both ends to the aligned range.
-  void* raw = ::mmap(nullptr, bytes + kHugePage, PROT_READ | PROT_WRITE, flags, -1, 0);
+  void* raw = ::mmap(nullptr, bytes + kHugePageAlign, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (raw == MAP_FAILED) return PosixError("mmap", errno);
   const auto start = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+  const uintptr_t aligned = (start + kHugePageAlign - 1) / kHugePageAlign * kHugePageAlign;
   if (aligned > start) ::munmap(raw, aligned - start);
-  const uintptr_t end = start + bytes + kHugePage;
+  const uintptr_t end = start + bytes + kHugePageAlign;
   if (end > aligned + bytes) {
     ::munmap(reinterpret_cast<void*>(aligned + bytes), end - aligned - bytes);
   }

@@ -16,6 +16,7 @@
 namespace tensorlift {
 
 inline constexpr uint64_t kPageAlign = 4096;
+inline constexpr uint64_t kHugePageAlign = 2ull << 20;  // A transparent huge page.
 
 // `bytes` (a multiple of 4 KiB) of anonymous read/write memory, not yet
 // faulted in; from 2 MiB up, 2 MiB aligned and advised into transparent huge

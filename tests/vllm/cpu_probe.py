@@ -59,17 +59,15 @@ class Verdict:
 def cpu_summary():
     """The CPU's model name and whether it has AMX tiles, from /proc/cpuinfo (what decides the
     kernel vLLM picks for bf16)."""
-    model, flags = platform.processor() or platform.machine(), set()
+    model, flags = platform.processor() or platform.machine(), []
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
+            for line in f:  # the first CPU's: its model name comes before its flags
                 key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                if key.strip() == "model name":
                     model = value.strip()
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
-                if flags and key == "model name":
+                elif key.strip() == "flags":
+                    flags = value.split()
                     break
     except OSError:
         pass

@@ -177,7 +177,7 @@ class PinnedBuffer final : public Buffer {
  public:
   static Result<std::shared_ptr<Buffer>> Allocate(int ordinal, uint64_t bytes) {
     TL_RETURN_IF_ERROR(SetDevice(ordinal));
-    if (bytes >= (2ull << 20)) {
+    if (bytes >= kHugePageAlign) {
       Result<std::shared_ptr<Buffer>> registered = AllocateRegistered(bytes);
       if (registered.ok()) return registered;
     }
