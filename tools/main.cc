@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
       "--dtype", load_args.dtype,
       "Convert floating-point tensors (F32/F16/BF16/F8) to F32, F16 or BF16 while loading");
   load->add_option("--staging-buffers", load_args.staging_buffers,
-                   "GPU loads: pinned staging buffers")
-      ->check(CLI::Range(1, 64))
+                   "GPU loads: pinned staging buffers (0: one per CPU, 3 to 16, and a spare)")
+      ->check(CLI::Range(0, 64))
       ->capture_default_str();
   load->add_option("--staging-size", load_args.staging_mib,
                    "GPU loads: bytes per staging buffer, in MiB")

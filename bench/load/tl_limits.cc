@@ -1,14 +1,17 @@
 // tl_limits: the machine's limits for the load benchmark (bench/load/),
 // measured without any tensorlift code in the timed path.
 //
-//   tl_limits read RANGES [--queue-depth 32] [--block-mib 8] [--pages thp|4k]
-//                         [--prefault 0|1] [--populate-ahead N]
+//   tl_limits read RANGES [--queue-depth 32] [--block-mib 8 | --block-kib N] [--pages thp|4k]
+//                         [--prefault 0|1] [--populate-ahead N] [--buffered 0|1]
 //       O_DIRECT reads, through one io_uring, of every file's span of tensor
 //       bytes into one 4 KiB-aligned fresh buffer (its page faults timed), then
 //       XXH3-64 over each tensor's bytes (the pass every contender makes).
 //       --prefault 1 faults the buffer in before the clock starts (the device
 //       alone); --populate-ahead N faults it in on N more threads, in 32 MiB
-//       steps taken in turn (MADV_POPULATE_WRITE), while the reads run. RANGES is a text file:
+//       steps taken in turn (MADV_POPULATE_WRITE), while the reads run.
+//       --buffered 1 reads through the page cache instead, on queue-depth
+//       threads each taking the next block (pread; io_uring would copy cached
+//       pages on one thread): the warm limit, page cache to memory. RANGES is a text file:
 //         file PATH
 //         range OFFSET LENGTH      (absolute file offsets; one per tensor)
 //       Prints {"read_s", "hash_s", "total_s", "bytes_read", "tensor_bytes",
@@ -73,6 +76,7 @@ uint64_t PeakRss() {
 bool g_thp = true;         // --pages
 bool g_prefault = false;   // --prefault
 int g_populate_ahead = 0;  // --populate-ahead: threads
+bool g_buffered = false;   // --buffered
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14.
@@ -134,8 +138,8 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
     f.span_end = (hi + kAlign - 1) / kAlign * kAlign;
     f.buffer_offset = total;
     total += f.span_end - f.span_begin;
-    f.fd = ::open(f.path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (f.fd < 0) Die("open O_DIRECT " + f.path + ": " + std::strerror(errno));
+    f.fd = ::open(f.path.c_str(), O_RDONLY | O_CLOEXEC | (g_buffered ? 0 : O_DIRECT));
+    if (f.fd < 0) Die("open " + f.path + ": " + std::strerror(errno));
   }
   std::byte* buf = MapAnon(total);
   if (g_prefault) {
@@ -165,11 +169,34 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
                        buf + f.buffer_offset + (off - f.span_begin)});
     }
   }
+  uint64_t bytes_read = 0;
+  if (g_buffered) {
+    std::atomic<size_t> next_read{0};
+    std::atomic<uint64_t> read_total{0};
+    std::vector<std::thread> readers;
+    for (int t = 0; t < depth; ++t) {
+      readers.emplace_back([&] {
+        for (size_t i; (i = next_read.fetch_add(1)) < reads.size();) {
+          Read& rd = reads[i];
+          while (rd.done < rd.length) {
+            const ssize_t n =
+                ::pread(rd.fd, rd.dest + rd.done, rd.length - rd.done, rd.offset + rd.done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) Die("pread at " + std::to_string(rd.offset) + ": " + std::strerror(errno));
+            if (n == 0) break;  // End of file (the last block is rounded up).
+            rd.done += static_cast<uint64_t>(n);
+          }
+          read_total += rd.done;
+        }
+      });
+    }
+    for (auto& t : readers) t.join();
+    bytes_read = read_total;
+  }
   io_uring ring;
   int r = io_uring_queue_init(static_cast<unsigned>(depth), &ring, 0);
   if (r < 0) Die(std::string("io_uring_queue_init: ") + std::strerror(-r));
-  size_t next = 0, in_flight = 0;
-  uint64_t bytes_read = 0;
+  size_t next = g_buffered ? reads.size() : 0, in_flight = 0;
   auto submit = [&](size_t i) {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring);
     if (sqe == nullptr) Die("submission queue full");
@@ -235,12 +262,12 @@ int CmdRead(const std::string& ranges_path, int depth, uint64_t block) {
       "{\"read_s\":%.6f,\"hash_s\":%.6f,\"total_s\":%.6f,\"bytes_read\":%llu,\"tensor_bytes\":%llu,"
       "\"tensors\":%llu,\"xor\":\"%016llx\",\"peak_rss_bytes\":%llu,\"queue_depth\":%d,\"block_"
       "size\":%llu,"
-      "\"pages\":\"%s\",\"prefault\":%s,\"populate_ahead\":%d}\n",
+      "\"pages\":\"%s\",\"prefault\":%s,\"populate_ahead\":%d,\"buffered\":%s}\n",
       read_s, hash_s, total_s, static_cast<unsigned long long>(bytes_read),
       static_cast<unsigned long long>(tensor_bytes), static_cast<unsigned long long>(tensors),
       static_cast<unsigned long long>(x), static_cast<unsigned long long>(PeakRss()), depth,
       static_cast<unsigned long long>(block), g_thp ? "thp" : "4k", g_prefault ? "true" : "false",
-      g_populate_ahead);
+      g_populate_ahead, g_buffered ? "true" : "false");
   ::munmap(buf, total);
   return 0;
 }
@@ -337,8 +364,8 @@ int CmdResident(int argc, char** argv) {
 
 int Usage() {
   std::fprintf(stderr,
-               "usage: tl_limits read RANGES [--queue-depth N] [--block-mib N] [--pages thp|4k] "
-               "[--prefault 0|1] [--populate-ahead N]\n"
+               "usage: tl_limits read RANGES [--queue-depth N] [--block-mib N | --block-kib N] "
+               "[--pages thp|4k] [--prefault 0|1] [--populate-ahead N] [--buffered 0|1]\n"
                "       tl_limits memcpy BYTES [--threads N] [--pages thp|4k] [--settle-ms MS]\n"
                "       tl_limits resident FILE...\n");
   return 2;
@@ -360,6 +387,8 @@ int main(int argc, char** argv) {
       g_thp = val == "thp";
     else if (opt == "--prefault" && (val == "0" || val == "1"))
       g_prefault = val == "1";
+    else if (opt == "--buffered" && (val == "0" || val == "1"))
+      g_buffered = val == "1";
     else if (opt == "--populate-ahead" && v >= 0 && v <= 64)
       g_populate_ahead = static_cast<int>(v);
     else if (opt == "--settle-ms" && v >= 0)
@@ -370,6 +399,8 @@ int main(int argc, char** argv) {
       depth = static_cast<int>(v);
     else if (opt == "--block-mib")
       block = static_cast<uint64_t>(v) << 20;
+    else if (opt == "--block-kib" && v % 4 == 0)
+      block = static_cast<uint64_t>(v) << 10;
     else if (opt == "--threads")
       threads = static_cast<int>(v);
     else

@@ -201,11 +201,13 @@ struct LoadOptions {
   // others keep their dtype. Supported targets: F32, F16, BF16.
   std::optional<Dtype> dtype;
   // GPU loads (and conversions): pinned staging buffers, count and bytes each
-  // (rounded up to 4 KiB): one read in flight per buffer, whatever order the
-  // reads complete in. The device needs the tensors' bytes plus, when
-  // converting, one device slot of this size per staging buffer. Pinned
-  // memory is kept for the next load (ReleasePinnedStaging).
-  int staging_buffers = 4;
+  // (rounded up to 4 KiB): a read in flight per buffer but one, whatever order
+  // the reads complete in. 0: one buffer per CPU (at least 3, at most 16) and
+  // a spare, enough parallel reads to feed the copies from the page cache.
+  // The device needs the tensors' bytes plus, when converting, one device
+  // slot of this size per staging buffer. Pinned memory is kept for the next
+  // load (ReleasePinnedStaging).
+  int staging_buffers = 0;
   uint64_t staging_bytes = 16ull << 20;
   // GPUDirect Storage for GPU loads: auto uses it when ready (cuFile, the
   // nvidia-fs driver, a supported filesystem) and falls back to the pinned

@@ -131,7 +131,8 @@ struct EmulatedDeviceOptions {
   uint64_t memory_bytes = 1ull << 32;
   // Bandwidth of CopyToDevice in bytes/s, 0 for as fast as memcpy: lets
   // tests see reads and copies overlap, and models a GPU's host-to-device
-  // bandwidth (a copy takes at least its bytes at this rate).
+  // bandwidth (a copy takes at least its bytes at this rate). The device's
+  // copies share it, whichever stream they are on, as they share a GPU's bus.
   double copy_bytes_per_second = 0;
   // What each CopyToDevice costs besides its bytes, in seconds (a GPU's
   // per-copy latency).

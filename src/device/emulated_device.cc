@@ -205,6 +205,24 @@ class DeviceState {
   double copy_latency_seconds() const { return copy_latency_seconds_; }
   uint64_t memory_bytes() const { return memory_bytes_; }
 
+  // When a host-to-device copy of `bytes` that started at `start` completes
+  // in the GPU's copy model: after the per-copy latency, its bytes take the
+  // bus at the bandwidth once the copies before it (from any stream) are
+  // through. The bus is the device's: two streams overlap their latencies,
+  // not their bandwidth.
+  std::chrono::steady_clock::time_point CopyDone(std::chrono::steady_clock::time_point start,
+                                                 uint64_t bytes) {
+    using Duration = std::chrono::steady_clock::duration;
+    const auto ready = start + std::chrono::duration_cast<Duration>(
+                                   std::chrono::duration<double>(copy_latency_seconds_));
+    if (copy_bytes_per_second_ <= 0) return ready;
+    std::lock_guard lock(bus_mu_);
+    const auto begin = std::max(ready, bus_free_);
+    bus_free_ = begin + std::chrono::duration_cast<Duration>(std::chrono::duration<double>(
+                            static_cast<double>(bytes) / copy_bytes_per_second_));
+    return bus_free_;
+  }
+
   // Reserves `accounted` bytes of device memory.
   Status Reserve(uint64_t bytes, uint64_t accounted) {
     std::lock_guard lock(mu_);
@@ -352,6 +370,8 @@ class DeviceState {
   const uint64_t memory_bytes_;
   const uint64_t quarantine_limit_;
   const double copy_bytes_per_second_;
+  std::mutex bus_mu_;
+  std::chrono::steady_clock::time_point bus_free_;  // Guarded by bus_mu_.
   const double copy_latency_seconds_;
 
   std::mutex mu_;
@@ -658,15 +678,8 @@ class EmulatedStream final : public DeviceStream {
         TL_ASSIGN_OR_RETURN(Translated dst,
                             device_->Translate(op.dst, op.dst_bytes, "CopyToDevice destination"));
         std::memcpy(dst.ptr, op.src, op.dst_bytes);
-        // The GPU's copy model: at least the latency plus the bytes at the
-        // bandwidth (the memcpy above counts toward it).
-        double seconds = device_->copy_latency_seconds();
-        if (device_->copy_bytes_per_second() > 0) {
-          seconds += static_cast<double>(op.dst_bytes) / device_->copy_bytes_per_second();
-        }
-        if (seconds > 0) {
-          std::this_thread::sleep_until(start + std::chrono::duration<double>(seconds));
-        }
+        // The GPU's copy model (CopyDone; the memcpy above counts toward it).
+        std::this_thread::sleep_until(device_->CopyDone(start, op.dst_bytes));
         return Status::Ok();
       }
       case Op::Kind::kOnDevice: {

@@ -3,12 +3,14 @@
 // blocks: N - 1 reader threads (N slots) each take the next block in load
 // order and any free pinned slot, so that N - 1 reads are in flight whatever
 // order they finish in; the loading thread enqueues each block's copies (and conversions) on
-// the stream as soon as its read completes (out of order) and records the
-// slot's event; a slot goes back to the readers when its event is done
+// one of two streams as soon as its read completes (out of order) and records
+// the slot's event; a slot goes back to the readers when its event is done
 // (queried, or waited for only when no slot is free). Device memory is
 // planned and checked against the free memory before anything is allocated
 // or read. Pinned slots come from a per-process pool (PinnedPool), so that a
 // second load pays no pinned allocation.
+#include <fcntl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -19,6 +21,7 @@
 
 #include "device/device.h"
 #include "io/direct_reader.h"
+#include "io/page_cache.h"
 #include "io/read_op.h"
 #include "load/checkpoint_builder.h"
 #include "load/device_plan.h"
@@ -39,7 +42,16 @@ double NowMicros() {
 struct DeviceFileJob : OpenedFile {
   DeviceFilePlan plan;
   std::shared_ptr<Buffer> buffer;  // On the device.
+  // Partly in the page cache (auto): each block is read through the page
+  // cache when it is cached, with O_DIRECT otherwise (ReadBlock decides).
+  bool per_block = false;
 };
+
+// Auto's per-block reads (DeviceFileJob::per_block) for a file with between
+// these fractions of its wanted bytes in the page cache; below, every block is
+// read with O_DIRECT; above, through the page cache.
+constexpr double kPerBlockBelow = 0.02;
+constexpr double kPerBlockAbove = 0.98;
 
 struct BlockRef {
   uint32_t file = 0;
@@ -47,11 +59,12 @@ struct BlockRef {
 };
 
 // Fails for options the pipeline does not take: staging_buffers outside
-// [1, 64], or a dtype it does not convert to.
+// [0, 64], or a dtype it does not convert to.
 Status CheckOptions(const LoadOptions& options) {
-  if (options.staging_buffers < 1 || options.staging_buffers > 64) {
-    return InvalidArgumentError("staging_buffers must be between 1 and 64, not " +
-                                std::to_string(options.staging_buffers));
+  if (options.staging_buffers < 0 || options.staging_buffers > 64) {
+    return InvalidArgumentError(
+        "staging_buffers must be between 1 and 64 (or 0: by CPU count), not " +
+        std::to_string(options.staging_buffers));
   }
   if (options.dtype && *options.dtype != Dtype::kF32 && *options.dtype != Dtype::kF16 &&
       *options.dtype != Dtype::kBF16) {
@@ -147,6 +160,12 @@ class PinnedPool {
 
 }  // namespace
 
+int StagingSlots(const LoadOptions& options) {
+  if (options.staging_buffers > 0) return options.staging_buffers;
+  const unsigned cpus = std::thread::hardware_concurrency();
+  return 1 + static_cast<int>(std::clamp<unsigned>(cpus == 0 ? 3 : cpus, 3, 16));
+}
+
 uint64_t ReleasePinnedStaging() { return PinnedPool::Get().Release(); }
 
 // One load through the pipeline: Run makes one and takes it through the steps
@@ -171,7 +190,7 @@ class DevicePipeline {
         device_(device),
         type_(type),
         trace_(trace),
-        slots_(options.staging_buffers) {}
+        slots_(StagingSlots(options)) {}
   // The pinned slots go back to the pool: every copy from them is done by now
   // (Transfer finishes the stream on every path).
   ~DevicePipeline() {
@@ -205,7 +224,8 @@ class DevicePipeline {
   // block was taken or the load failed.
   void ReadBlocks();
   // The loading thread's: gives back to the readers the slots whose copies
-  // completed (in stream order); with `wait`, first waits for the oldest.
+  // completed (on either stream, in any order); with `wait`, first waits for
+  // the oldest.
   // False when a copy failed (the load has failed then).
   bool Recycle(bool wait);
   // Block `k` into the staging slot `slot`, or straight to the device.
@@ -240,10 +260,15 @@ class DevicePipeline {
 
   // Allocate.
   std::vector<BlockRef> blocks_;  // Every file's blocks, in load order.
+  // By block: read through the page cache (written by the block's reader,
+  // read once the readers are joined).
+  std::vector<uint8_t> read_cached_;
   std::shared_ptr<Buffer> scratch_;
   std::shared_ptr<Buffer> pinned_;
   std::atomic<bool> gds_failed_{false};
-  std::unique_ptr<DeviceStream> stream_;
+  // Two streams when there are three slots or more: slot s copies on
+  // streams_[s % 2], so that one copy's start-up overlaps another's bytes.
+  std::vector<std::unique_ptr<DeviceStream>> streams_;
   std::vector<std::unique_ptr<DeviceEvent>> events_;  // By slot.
   // Set by OpenDirectReader (null: through pinned staging). Declared after
   // the buffers it registers so that it is destroyed first: cuFile
@@ -264,7 +289,7 @@ class DevicePipeline {
   Status error_;                 // The first error.
   bool failed_ = false;
   // The loading thread's own: blocks whose copies were enqueued and whose
-  // slot's event is not yet seen done, in stream order.
+  // slot's event is not yet seen done, in the order they were enqueued.
   std::deque<SlotBlock> copying_;
 };
 
@@ -297,6 +322,25 @@ Status DevicePipeline::PlanFiles() {
     if (!st.ok()) return st.WithContext(job.shard->path);
     if (options_.mode == IoMode::kMmap) {
       job.report.reason = "mmap: read through the page cache into staging buffers";
+    }
+    if (options_.mode == IoMode::kAuto && job.resident > kPerBlockBelow &&
+        job.resident < kPerBlockAbove) {
+      // Partly cached: the cached blocks through the page cache, the others
+      // with O_DIRECT, planned for O_DIRECT (aligned reads suit both).
+      bool direct = job.direct.fd() >= 0;
+      if (!direct) {
+        Result<bool> opened = OpenDirect(job);
+        if (!opened.ok()) return opened.status().WithContext(job.shard->path);
+        direct = *opened;
+      }
+      if (direct) {
+        job.per_block = true;
+        job.report.mode = IoMode::kDirect;
+        // The cached blocks' reads must not read ahead into the others: the
+        // kernel's readahead would fetch them a window at a time, slower than
+        // the O_DIRECT reads in flight (advice only: nothing fails without it).
+        (void)::posix_fadvise(job.buffered.fd(), 0, 0, POSIX_FADV_RANDOM);
+      }
     }
     job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype,
                               job.report.mode == IoMode::kDirect, options_.staging_bytes);
@@ -367,6 +411,7 @@ Status DevicePipeline::Allocate() {
     job.buffer = std::move(buf).value();
     for (uint32_t b = 0; b < job.plan.blocks.size(); ++b) blocks_.push_back({f, b});
   }
+  read_cached_.assign(blocks_.size(), 0);
   if (mem_.scratch_bytes > 0) {
     TL_ASSIGN_OR_RETURN(scratch_, device_->Allocate(mem_.scratch_bytes));
   }
@@ -382,7 +427,10 @@ Status DevicePipeline::Allocate() {
     }
     if (scratch_) gds_->AddBuffer(scratch_->data(), scratch_->size()).IgnoreError();
   }
-  TL_ASSIGN_OR_RETURN(stream_, device_->CreateStream());
+  streams_.resize(slots_ >= 3 ? 2 : 1);
+  for (auto& s : streams_) {
+    TL_ASSIGN_OR_RETURN(s, device_->CreateStream());
+  }
   events_.resize(slots_);
   for (auto& e : events_) {
     TL_ASSIGN_OR_RETURN(e, device_->CreateEvent());
@@ -403,8 +451,12 @@ Result<uint64_t> DevicePipeline::Transfer(ProgressReporter& reporter, std::strin
   for (int r = 0; r < nreaders; ++r) readers.emplace_back(&DevicePipeline::ReadBlocks, this);
   const uint64_t bytes_done = CopyBlocks(reporter);
   for (auto& t : readers) t.join();
-  // The stream may still use the buffers: finish it before they can go.
-  Status synced = stream_->Synchronize();
+  // The streams may still use the buffers: finish them before they can go.
+  Status synced = Status::Ok();
+  for (auto& s : streams_) {
+    Status st = s->Synchronize();
+    if (synced.ok()) synced = std::move(st);
+  }
   if (failed_) {
     if (gds_failed_ && gds_failure) *gds_failure = error_.message();
     return error_;
@@ -452,17 +504,21 @@ bool DevicePipeline::Recycle(bool wait) {
       return false;
     }
   }
+  // Every done slot, in whatever order the streams finished them.
   std::vector<int> freed;
-  while (!copying_.empty() && events_[copying_.front().slot]->Done()) {
-    const SlotBlock c = copying_.front();
-    Status st = events_[c.slot]->Synchronize();  // Done: returns at once, with its error.
+  for (auto it = copying_.begin(); it != copying_.end();) {
+    if (!events_[it->slot]->Done()) {
+      ++it;
+      continue;
+    }
+    Status st = events_[it->slot]->Synchronize();  // Done: returns at once, with its error.
     if (!st.ok()) {
       Fail(std::move(st));
       return false;
     }
-    if (trace_) trace_->blocks[c.block].copied_us = events_[c.slot]->CompletedAtMicros();
-    freed.push_back(c.slot);
-    copying_.pop_front();
+    if (trace_) trace_->blocks[it->block].copied_us = events_[it->slot]->CompletedAtMicros();
+    freed.push_back(it->slot);
+    it = copying_.erase(it);
   }
   if (!freed.empty()) {
     {
@@ -482,11 +538,19 @@ Status DevicePipeline::ReadBlock(int64_t k, int slot) {
   if (gds_) {
     TL_RETURN_IF_ERROR(ReadDirect(blocks_[k].file, b, slot));
   } else {
-    const int fd = job.report.mode == IoMode::kDirect ? job.direct.fd() : job.buffered.fd();
+    bool cached = job.report.mode != IoMode::kDirect;
+    if (job.per_block) {
+      // A failure to tell only costs the page cache's help.
+      Result<double> resident = ResidentFraction(job.buffered.fd(), b.read_offset, b.min_read);
+      cached = resident.ok() && *resident >= 0.5;
+    }
+    const int fd = cached ? job.buffered.fd() : job.direct.fd();
     TL_RETURN_IF_ERROR(ReadAtLeast(fd, pinned_->data() + slot * slot_bytes_, b.read_offset,
                                    b.read_length, b.min_read));
+    read_cached_[k] = cached;
   }
   if (trace_) {
+    trace_->blocks[k].cached = read_cached_[k];
     trace_->blocks[k].read_start_us = start;
     trace_->blocks[k].read_end_us = NowMicros();
     trace_->blocks[k].slot = slot;
@@ -529,7 +593,10 @@ uint64_t DevicePipeline::CopyBlocks(ProgressReporter& reporter) {
         Fail(st.WithContext(jobs_[blocks_[b.block].file].shard->path));
         return bytes_done;
       }
-      if (trace_) trace_->blocks[b.block].enqueued = enqueued;
+      if (trace_) {
+        trace_->blocks[b.block].enqueued = enqueued;
+        trace_->blocks[b.block].stream = static_cast<int>(b.slot % streams_.size());
+      }
       ++enqueued;
       bytes_done += done;
       copying_.push_back(b);
@@ -545,6 +612,7 @@ uint64_t DevicePipeline::CopyBlocks(ProgressReporter& reporter) {
 Status DevicePipeline::EnqueueCopies(int64_t k, int slot, uint64_t* bytes) {
   const DeviceFileJob& job = jobs_[blocks_[k].file];
   const DeviceBlock& b = job.plan.blocks[blocks_[k].block];
+  DeviceStream& stream = *streams_[slot % streams_.size()];
   const std::byte* src = pinned_ ? pinned_->data() + slot * slot_bytes_ : nullptr;
   std::byte* dst = job.buffer->data();
   std::byte* tmp = scratch_ ? scratch_->data() + slot * scratch_slot_ : nullptr;
@@ -552,15 +620,15 @@ Status DevicePipeline::EnqueueCopies(int64_t k, int slot, uint64_t* bytes) {
     // With GDS the bytes are already where they go (or in the conversion slot).
     if (!gds_) {
       std::byte* to = c.convert ? tmp + c.scratch_offset : dst + c.dst_offset;
-      TL_RETURN_IF_ERROR(stream_->CopyToDevice(to, src + c.slot_offset, c.bytes));
+      TL_RETURN_IF_ERROR(stream.CopyToDevice(to, src + c.slot_offset, c.bytes));
     }
     if (c.convert) {
       TL_RETURN_IF_ERROR(
-          stream_->Convert(dst + c.dst_offset, c.to, tmp + c.scratch_offset, c.from, c.count));
+          stream.Convert(dst + c.dst_offset, c.to, tmp + c.scratch_offset, c.from, c.count));
     }
     *bytes += c.bytes;
   }
-  return stream_->Record(*events_[slot]);
+  return stream.Record(*events_[slot]);
 }
 
 void DevicePipeline::Fail(Status st) {
@@ -601,9 +669,25 @@ Result<LoadedCheckpoint> DevicePipeline::BuildResult(Clock::time_point t0) {
     t.device_index = device_->ordinal();
     out.Add(std::move(t), job.buffer);
   }
-  for (auto& job : jobs_) {
+  // Per-block files: how many bytes each way.
+  std::vector<uint64_t> cached_bytes(jobs_.size(), 0);
+  for (size_t k = 0; k < blocks_.size(); ++k) {
+    if (read_cached_[k]) {
+      cached_bytes[blocks_[k].file] +=
+          jobs_[blocks_[k].file].plan.blocks[blocks_[k].block].min_read;
+    }
+  }
+  for (size_t f = 0; f < jobs_.size(); ++f) {
+    auto& job = jobs_[f];
     if (job.wanted.empty()) continue;
     job.report.engine = IoEngine::kThreads;
+    if (job.per_block) {
+      uint64_t total = 0;
+      for (const DeviceBlock& b : job.plan.blocks) total += b.min_read;
+      job.report.reason += ": per block, the cached ones through the page cache (" +
+                           std::to_string(cached_bytes[f]) + " of " + std::to_string(total) +
+                           " bytes), the rest with O_DIRECT";
+    }
     out.files().push_back(std::move(job.report));
   }
   return std::move(out).Finish(std::chrono::duration<double>(Clock::now() - t0).count());

@@ -21,7 +21,8 @@ struct OpenedFile {
   PosixFile buffered;
   PosixFile direct;  // Open when report.mode is kDirect.
   FileIdentity identity;
-  FileReport report;  // path, mode (never kAuto) and reason filled in.
+  double resident = -1;  // kAuto: the fraction of the wanted bytes in the page cache.
+  FileReport report;     // path, mode (never kAuto) and reason filled in.
 };
 
 // Opens the file for reading, checks it is the one whose header was read
@@ -31,6 +32,10 @@ struct OpenedFile {
 // when less is cached; direct falls back to buffered on filesystems without
 // O_DIRECT. kMmap is kept as is (the caller maps).
 Status OpenForLoad(OpenedFile& file, IoMode mode, bool cached_views = false);
+
+// Opens file.direct with O_DIRECT; false (and nothing open) when the
+// filesystem has no O_DIRECT (tmpfs, some FUSE).
+Result<bool> OpenDirect(OpenedFile& file);
 
 // Fails when the file changed (size, mtime, identity) since OpenForLoad.
 Status CheckUnchanged(const OpenedFile& file);

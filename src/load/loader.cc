@@ -249,6 +249,7 @@ Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views) {
     TL_ASSIGN_OR_RETURN(double resident,
                         ResidentFraction(job.buffered.fd(), h.data_offset() + first, last - first));
     char pct[32];
+    job.resident = resident;
     std::snprintf(pct, sizeof pct, "%.0f%%", resident * 100);
     // Views only of (nearly) fully cached files: the rest of a view's bytes would
     // come in by page faults, a small read each.
@@ -283,24 +284,29 @@ Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views) {
     }
   }
   if (mode == IoMode::kDirect) {
-    int fd;
-    do {
-      fd = ::open(job.shard->path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
-    } while (fd < 0 && errno == EINTR);
-    if (fd >= 0) {
-      job.direct = PosixFile::Adopt(fd);
-    } else if (errno == EINVAL) {
-      // The filesystem (tmpfs, some FUSE) has no O_DIRECT.
+    TL_ASSIGN_OR_RETURN(const bool opened, OpenDirect(job));
+    if (!opened) {
       mode = IoMode::kBuffered;
       job.report.reason += (job.report.reason.empty() ? "" : "; ") +
                            std::string("the filesystem refuses O_DIRECT, buffered instead");
-    } else {
-      return PosixError("cannot open with O_DIRECT", errno);
     }
   }
   job.report.mode = mode;
   job.report.path = job.shard->path;
   return Status::Ok();
+}
+
+Result<bool> OpenDirect(OpenedFile& job) {
+  int fd;
+  do {
+    fd = ::open(job.shard->path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+  } while (fd < 0 && errno == EINTR);
+  if (fd >= 0) {
+    job.direct = PosixFile::Adopt(fd);
+    return true;
+  }
+  if (errno == EINVAL) return false;  // The filesystem has no O_DIRECT.
+  return PosixError("cannot open with O_DIRECT", errno);
 }
 
 Status CheckUnchanged(const OpenedFile& job) {

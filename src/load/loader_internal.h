@@ -97,7 +97,9 @@ struct PipelineTrace {
     double read_end_us = 0;
     double copied_us = 0;   // Its copies (and conversions) completed.
     int slot = -1;          // The staging (and conversion) slot it went through.
-    int64_t enqueued = -1;  // Its copies were the enqueued-th block's on the stream.
+    int64_t enqueued = -1;  // Its copies were the enqueued-th block's enqueued.
+    int stream = -1;        // The stream they were enqueued on.
+    bool cached = false;    // Read through the page cache (not O_DIRECT, not GDS).
   };
   std::vector<Block> blocks;  // In load order.
   // Called by a reader thread before it reads block k (fault injection).
@@ -116,6 +118,10 @@ bool MayBeSparse(const Checkpoint& ckpt);
 Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& checkpoint,
                                                  const LoadOptions& options,
                                                  const std::shared_ptr<Device>& device);
+
+// The staging slots of a GPU load: LoadOptions::staging_buffers, or for 0
+// one per CPU (3 to 16) and a spare.
+int StagingSlots(const LoadOptions& options);
 
 // The staged pipeline (device_pipeline.cc) onto `device`, with a trace.
 Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "../common/assert_ok.h"
@@ -22,6 +23,7 @@
 #include "device/device.h"
 #include "device/emulated_device.h"
 #include "io/direct_reader.h"
+#include "io/page_cache.h"
 #include "load/device_plan.h"
 #include "load/loader_internal.h"
 #include "load/planner.h"
@@ -247,8 +249,9 @@ TEST(DevicePipelineTest, ShardsAndFilters) {
 }
 
 // The trace's promises, whatever the timing: every block copied after it was
-// read, copies completing in the order they were enqueued (one stream), and a
-// slot never read into again before the copies out of it completed.
+// read, the copies of each stream completing in the order they were enqueued
+// on it (two streams from three slots up, slot s on stream s % 2), and a slot
+// never read into again before the copies out of it completed.
 void ExpectTraceConsistent(const PipelineTrace& trace, int slots) {
   std::vector<const PipelineTrace::Block*> by_enqueue(trace.blocks.size());
   std::map<int, std::vector<const PipelineTrace::Block*>> by_slot;
@@ -264,8 +267,16 @@ void ExpectTraceConsistent(const PipelineTrace& trace, int slots) {
     by_enqueue[b.enqueued] = &b;
     by_slot[b.slot].push_back(&b);
   }
-  for (size_t i = 0; i + 1 < by_enqueue.size(); ++i) {
-    EXPECT_LE(by_enqueue[i]->copied_us, by_enqueue[i + 1]->copied_us) << "stream order " << i;
+  const int streams = slots >= 3 ? 2 : 1;
+  std::map<int, const PipelineTrace::Block*> last_on;  // By stream.
+  for (size_t i = 0; i < by_enqueue.size(); ++i) {
+    const auto* b = by_enqueue[i];
+    ASSERT_NE(b, nullptr) << i;
+    EXPECT_EQ(b->stream, b->slot % streams) << i;
+    if (const auto* prev = last_on[b->stream]) {
+      EXPECT_LE(prev->copied_us, b->copied_us) << "stream " << b->stream << " order " << i;
+    }
+    last_on[b->stream] = b;
   }
   for (auto& [slot, uses] : by_slot) {
     std::sort(uses.begin(), uses.end(),
@@ -355,6 +366,112 @@ TEST(DevicePipelineTest, ReadsStayInFlightWhenTheyCompleteOutOfOrder) {
   // even on a loaded machine.
   EXPECT_LE(below, 20) << "points of the steady state (of 200) with fewer than " << kReaders
                        << " reads in flight";
+}
+
+// Auto reads a partly cached file per block: the cached blocks through the
+// page cache, the others with O_DIRECT; the bytes are the file's either way.
+TEST(DevicePipelineTest, AutoReadsAPartlyCachedFilePerBlock) {
+  ScratchDir dir;
+  const std::string path = dir.File("m.safetensors");
+  const std::vector<RawTensor> tensors = {Random("w", Dtype::kBF16, {1024, 1024}, 5)};  // 2 MiB.
+  WriteRaw(path, tensors, 0);
+  auto ckpt = Checkpoint::Open(path);  // Reads the header (and what readahead takes).
+  ASSERT_OK(ckpt);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fsync(fd), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+  ASSERT_EQ(::posix_fadvise(fd, 0, 0, POSIX_FADV_RANDOM), 0);  // No readahead past the half.
+  const uint64_t data = ckpt->shards()[0].header.data_offset();
+  const uint64_t half = 1 << 20;
+  std::vector<char> buf(half);
+  ASSERT_EQ(::pread(fd, buf.data(), half, 0), static_cast<ssize_t>(half));  // The first MiB cached.
+  auto first = ResidentFraction(fd, data, half - data);
+  auto second = ResidentFraction(fd, half + 4096, half - 4096);
+  ::close(fd);
+  ASSERT_OK(first);
+  ASSERT_OK(second);
+  if (*first < 1 || *second > 0) {
+    GTEST_SKIP() << "this filesystem does not keep the page cache as asked (first half " << *first
+                 << ", second " << *second << " resident)";
+  }
+  auto device = Emulated();
+  LoadOptions opts;
+  opts.staging_bytes = 64 << 10;
+  opts.staging_buffers = 3;
+  PipelineTrace trace;
+  auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+  ASSERT_OK(got);
+  ExpectLoaded(*device, {{"w", tensors[0]}}, *got, std::nullopt, "partly cached");
+  const FileReport& f = got->files()[0];
+  if (f.mode == IoMode::kBuffered) {
+    EXPECT_THAT(f.reason, HasSubstr("refuses O_DIRECT"));
+    return;
+  }
+  EXPECT_EQ(f.mode, IoMode::kDirect) << f.reason;
+  EXPECT_THAT(f.reason, HasSubstr("per block, the cached ones through the page cache"));
+  ExpectTraceConsistent(trace, 3);
+  // Blocks wholly in the first MiB came from the page cache, those past it not.
+  const std::vector<uint32_t> wanted = {0};
+  const DeviceFilePlan plan =
+      PlanDeviceFile(ckpt->shards()[0].header, wanted, std::nullopt, true, opts.staging_bytes);
+  ASSERT_EQ(plan.blocks.size(), trace.blocks.size());
+  int cached = 0, direct = 0;
+  for (size_t k = 0; k < plan.blocks.size(); ++k) {
+    const DeviceBlock& b = plan.blocks[k];
+    if (b.read_offset + b.min_read <= half) {
+      EXPECT_TRUE(trace.blocks[k].cached) << "the block at " << b.read_offset;
+      ++cached;
+    } else if (b.read_offset >= half + 4096) {
+      EXPECT_FALSE(trace.blocks[k].cached) << "the block at " << b.read_offset;
+      ++direct;
+    }
+  }
+  EXPECT_GT(cached, 8);
+  EXPECT_GT(direct, 8);
+}
+
+// By default (staging_buffers 0) a load has a slot per CPU (3 to 16) and a
+// spare: enough reads in flight to feed the copies from the page cache.
+TEST(DevicePipelineTest, DefaultStagingFollowsTheCpuCount) {
+  LoadOptions opts;
+  EXPECT_EQ(opts.staging_buffers, 0);
+  const unsigned cpus = std::thread::hardware_concurrency();
+  const int slots = StagingSlots(opts);
+  EXPECT_EQ(slots, 1 + static_cast<int>(std::clamp<unsigned>(cpus == 0 ? 3 : cpus, 3, 16)));
+  opts.staging_buffers = 5;
+  EXPECT_EQ(StagingSlots(opts), 5);
+
+  ScratchDir dir;
+  const std::string path = dir.File("m.safetensors");
+  const RawTensor w = Random("w", Dtype::kBF16, {2048, 1024}, 9);  // 4 MiB: 64 blocks.
+  WriteRaw(path, {w}, 0);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  auto device = Emulated(1ull << 30, 1e9);
+  LoadOptions dflt;
+  dflt.mode = IoMode::kBuffered;
+  dflt.staging_bytes = 64 << 10;
+  PipelineTrace trace;
+  trace.before_read = [](int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    return Status::Ok();
+  };
+  auto got = LoadThroughDevice(*ckpt, dflt, device, &trace);
+  ASSERT_OK(got);
+  ExpectLoaded(*device, {{"w", w}}, *got, std::nullopt, "default staging");
+  ExpectTraceConsistent(trace, slots);
+  std::set<int> used;
+  for (const auto& b : trace.blocks) used.insert(b.slot);
+  // Each reader starts on a slot of its own (ExpectTraceConsistent: none beyond).
+  EXPECT_GE(static_cast<int>(used.size()), slots - 1) << "a reader a slot";
+
+  for (int refused : {-1, 65}) {
+    dflt.staging_buffers = refused;
+    auto bad = LoadThroughDevice(*ckpt, dflt, device, nullptr);
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument) << refused;
+    EXPECT_THAT(bad.status().message(), HasSubstr("staging_buffers")) << refused;
+  }
 }
 
 // The pinned slots of a load are kept for the next load onto the same device

@@ -522,6 +522,28 @@ TEST(EmulatedDeviceTest, CopiesTakeTheirLatencyAndBandwidth) {
   EXPECT_GE(s, 10 * (0.004 + (1 << 20) / 1e9));  // 50.5 ms at least; no upper bound.
 }
 
+// Two streams share the device's bandwidth, as a GPU's copies share its bus:
+// their copies together take at least all their bytes at the rate.
+TEST(EmulatedDeviceTest, StreamsShareTheBandwidth) {
+  EmulatedDeviceOptions o;
+  o.copy_latency_seconds = 0.001;
+  o.copy_bytes_per_second = 1e8;
+  auto device = MakeEmulatedDevice(o);
+  auto a = Take(device->CreateStream());
+  auto b = Take(device->CreateStream());
+  auto host = Take(device->AllocatePinned(1 << 20));
+  auto dev = Take(device->Allocate(2 << 20));
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_OK(a->CopyToDevice(dev->data(), host->data(), 1 << 20));
+    ASSERT_OK(b->CopyToDevice(dev->data() + (1 << 20), host->data(), 1 << 20));
+  }
+  ASSERT_OK(a->Synchronize());
+  ASSERT_OK(b->Synchronize());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(s, 10 * (1 << 20) / 1e8);  // 105 ms at least, not each stream's 5 copies' 57 ms.
+}
+
 // The process's emulated device ("emulated:0") takes its copy model from the
 // environment; values that are not numbers >= 0 are refused by name.
 TEST(EmulatedDeviceTest, OptionsFromTheEnvironment) {
