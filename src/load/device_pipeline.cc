@@ -53,6 +53,13 @@ struct DeviceFileJob : OpenedFile {
 constexpr double kPerBlockBelow = 0.02;
 constexpr double kPerBlockAbove = 0.98;
 
+// The most a block read through the page cache takes (staging_bytes is the
+// most for O_DIRECT reads): small enough that the block is still in the CPU's
+// cache when it is copied out of its slot. On this project's 2-CPU VM, 2.14 GB
+// from the page cache onto the emulated device: 0.22 s with 4 MiB (and 2 MiB)
+// blocks, 0.29 s with 16 MiB.
+constexpr uint64_t kCachedBlockBytes = 4ull << 20;
+
 struct BlockRef {
   uint32_t file = 0;
   uint32_t block = 0;
@@ -342,8 +349,12 @@ Status DevicePipeline::PlanFiles() {
         (void)::posix_fadvise(job.buffered.fd(), 0, 0, POSIX_FADV_RANDOM);
       }
     }
-    job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype,
-                              job.report.mode == IoMode::kDirect, options_.staging_bytes);
+    const bool direct = job.report.mode == IoMode::kDirect;
+    // Reads out of the page cache in smaller blocks: a block is still in the
+    // CPU's cache when it is copied out of its slot.
+    const uint64_t block =
+        direct ? options_.staging_bytes : std::min(options_.staging_bytes, kCachedBlockBytes);
+    job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype, direct, block);
     job.report.bytes = job.plan.tensor_bytes;
     job.report.tensors = static_cast<uint32_t>(job.wanted.size());
     job.report.realigned = job.plan.realigned;

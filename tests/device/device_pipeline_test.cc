@@ -474,6 +474,29 @@ TEST(DevicePipelineTest, DefaultStagingFollowsTheCpuCount) {
   }
 }
 
+// Reads out of the page cache take blocks of at most 4 MiB (still in the CPU's
+// cache when copied out of the slot); O_DIRECT reads take staging_bytes.
+TEST(DevicePipelineTest, CachedReadsTakeSmallerBlocks) {
+  ScratchDir dir;
+  const std::string path = dir.File("m.safetensors");
+  const RawTensor w = Random("w", Dtype::kBF16, {5, 1 << 20}, 4);  // 10 MiB.
+  WriteRaw(path, {w}, 0);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  auto device = Emulated();
+  for (IoMode mode : {IoMode::kBuffered, IoMode::kDirect}) {
+    LoadOptions opts;
+    opts.mode = mode;
+    opts.staging_bytes = 16 << 20;
+    PipelineTrace trace;
+    auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+    ASSERT_OK(got);
+    ExpectLoaded(*device, {{"w", w}}, *got, std::nullopt, std::string(IoModeName(mode)));
+    if (got->files()[0].mode != mode) continue;  // No O_DIRECT on this filesystem.
+    EXPECT_EQ(trace.blocks.size(), mode == IoMode::kBuffered ? 3u : 1u) << IoModeName(mode);
+  }
+}
+
 // The pinned slots of a load are kept for the next load onto the same device
 // (no second allocation), also after a failed load, until released.
 TEST(DevicePipelineTest, PinnedStagingIsKeptForTheNextLoad) {
