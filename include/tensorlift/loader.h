@@ -28,7 +28,8 @@
 // reference writer aligned stay aligned without copies whatever the header
 // size. A tensor that would still be misaligned is read on its own with a
 // buffered pread into its own aligned slot (no extra copy); in mmap mode it is
-// copied out of the mapping (one memcpy of its bytes).
+// copied out of the mapping (one memcpy of its bytes), unless
+// LoadOptions::misaligned_views.
 //
 // Ownership: a LoadedCheckpoint owns its buffers through reference counts.
 // Views are valid while the LoadedCheckpoint lives; DLPack tensors keep their
@@ -176,6 +177,13 @@ struct LoadOptions {
   // kAuto on the CPU: owned copies of page-cached files instead of views of
   // the page cache (a view sees the file: a later truncation of it faults).
   bool copy = false;
+  // Tensors misaligned for their dtype in a file (a header length that is not
+  // a multiple of 8 shifts them all): false reads them into aligned memory;
+  // true lets mmap mode, and auto's views of cached files, view them where
+  // they are, misaligned, as the reference safetensors does (no copy: their
+  // data pointer is then not a multiple of the element size). Python's
+  // tensorlift.load sets it: torch and numpy take such tensors.
+  bool misaligned_views = false;
   IoEngine engine = IoEngine::kAuto;
   int threads = 0;                   // pread threads; 0: a default from the CPU count.
   int queue_depth = 32;              // io_uring reads in flight.

@@ -168,11 +168,12 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
                 std::optional<nb::object> progress, const std::string& device,
                 std::optional<std::string> dtype, int staging_buffers, uint64_t staging_bytes,
                 bool gds, bool decode_sparse, bool copy,
-                std::optional<std::shared_ptr<ArenaPool>> arena_pool) {
+                std::optional<std::shared_ptr<ArenaPool>> arena_pool, bool misaligned_views) {
   LoadOptions opts;
   if (arena_pool) opts.arena_pool = *arena_pool;
   opts.decode_sparse = decode_sparse;
   opts.copy = copy;
+  opts.misaligned_views = misaligned_views;
   opts.device = device;
   Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
   if (dtype) {
@@ -431,10 +432,12 @@ void BindCheckpoint(nb::module_& m) {
           nb::arg("gds") = LoadOptions{}.gds,
           nb::arg("decode_sparse") = LoadOptions{}.decode_sparse, nb::arg("copy") = false,
           nb::arg("arena_pool") = nb::none(),
+          nb::arg("misaligned_views") = LoadOptions{}.misaligned_views,
           "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
           "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
           "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
-          "files unless copy is True; the GIL is released.");
+          "files unless copy is True (with misaligned_views, also of tensors misaligned for "
+          "their dtype, as the reference does); the GIL is released.");
 }
 
 void BindArenaPool(nb::module_& m) {

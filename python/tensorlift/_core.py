@@ -62,7 +62,9 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
     auto, per file: a file (nearly) all in the page cache comes back as views
     of the page cache (a private mapping, no copy, as safetensors does), or,
     with copy=True, read into memory of its own; a file mostly not cached is
-    read with O_DIRECT. dtype: convert floating-point tensors (F32/F16/BF16/F8) to this while
+    read with O_DIRECT. Views are views whatever the header's size: a tensor that an odd
+    header leaves misaligned for its dtype is viewed where it is, as safetensors does (its
+    data_ptr() is then not a multiple of its element size; copy=True gives aligned copies). dtype: convert floating-point tensors (F32/F16/BF16/F8) to this while
     loading (a torch dtype or "F32"/"F16"/"BF16"). progress: a tqdm bar. The
     GIL is released while reading. tp_size, tp_rank, layout (s3:// and gs:// paths): the
     tensors `layout` splits ("REGEX=DIM;...", docs/remote.md) come back as this rank's slice, and
@@ -98,9 +100,11 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
                 names = [n for n in ckpt.load_names() if filter(n)]
             elif filter is not None:
                 names = list(filter)
+            # Misaligned views as the reference hands out (odd header sizes): torch and numpy
+            # take tensors whose data is not a multiple of the element size.
             loaded = ckpt.load(names=names, regex=regex, mode=mode, threads=threads or 0,
                                progress=callback, device=device, dtype=target, copy=copy,
-                               arena_pool=_arena_pool)
+                               arena_pool=_arena_pool, misaligned_views=True)
             for name in loaded.names():
                 if name in out:
                     raise ValueError(f"tensorlift.load: tensor {name!r} is in more than one of the files")

@@ -177,7 +177,8 @@ class _OpenFile(_Tensors):
         if not self.order:
             return {}
         try:
-            loaded = self.ckpt.load(mode="auto", decode_sparse=False)
+            # Views as the reference gives, misaligned ones too (odd header sizes).
+            loaded = self.ckpt.load(mode="auto", decode_sparse=False, misaligned_views=True)
         except Exception as e:
             raise self._renamed(e) from None
         try:
@@ -262,7 +263,7 @@ class _ObjectFile(_Tensors):
 
     def read_tensor(self, name: str, framework: str):
         self.lookup(name)
-        loaded = self.ckpt.load(names=[name], decode_sparse=False)
+        loaded = self.ckpt.load(names=[name], decode_sparse=False, misaligned_views=True)
         try:
             return tensor_from(loaded, name, framework)
         finally:
@@ -271,7 +272,7 @@ class _ObjectFile(_Tensors):
     def read_all(self, framework: str) -> Dict[str, Any]:
         if not self.order:
             return {}
-        loaded = self.ckpt.load(decode_sparse=False)
+        loaded = self.ckpt.load(decode_sparse=False, misaligned_views=True)
         try:
             return {name: tensor_from(loaded, name, framework) for name in self.order}
         finally:

@@ -31,7 +31,10 @@ struct OpenedFile {
 // tensors view the page cache, no copy) and buffered otherwise, and direct
 // when less is cached; direct falls back to buffered on filesystems without
 // O_DIRECT. kMmap is kept as is (the caller maps).
-Status OpenForLoad(OpenedFile& file, IoMode mode, bool cached_views = false);
+// With `misaligned_views`, auto views a cached file whatever the alignment of
+// its tensors (else it reads one with many misaligned bytes instead).
+Status OpenForLoad(OpenedFile& file, IoMode mode, bool cached_views = false,
+                   bool misaligned_views = false);
 
 // Opens file.direct with O_DIRECT; false (and nothing open) when the
 // filesystem has no O_DIRECT (tmpfs, some FUSE).

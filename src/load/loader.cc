@@ -154,10 +154,17 @@ struct FileJob : OpenedFile {
 
 // cached_views: auto may hand out views of the page cache (docs/loading.md, "The auto rule").
 Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
-  TL_RETURN_IF_ERROR(OpenForLoad(job, options.mode, cached_views));
+  TL_RETURN_IF_ERROR(OpenForLoad(job, options.mode, cached_views, options.misaligned_views));
   const Header& h = job.shard->header;
   const IoMode mode = job.report.mode;
-  job.plan = PlanFile(h, job.wanted, mode, options.block_size);
+  job.plan = PlanFile(h, job.wanted, mode, options.block_size, options.misaligned_views);
+  if (job.plan.misaligned_views > 0) {
+    job.report.reason += (job.report.reason.empty() ? "" : "; ") +
+                         std::to_string(job.plan.misaligned_views) +
+                         " of its tensors are misaligned for their dtype (a header of " +
+                         std::to_string(h.data_offset() - 8) +
+                         " bytes): viewed where they are, as the reference does";
+  }
   job.report.bytes = job.plan.tensor_bytes;
   job.report.tensors = static_cast<uint32_t>(job.wanted.size());
   job.report.realigned = job.plan.realigned;
@@ -228,7 +235,7 @@ class Deliverer {
 
 }  // namespace
 
-Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views) {
+Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views, bool misaligned_views) {
   const Header& h = job.shard->header;
   TL_ASSIGN_OR_RETURN(job.buffered, PosixFile::OpenForRead(job.shard->path));
   TL_ASSIGN_OR_RETURN(job.identity, job.buffered.Identity());
@@ -263,7 +270,7 @@ Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views) {
     // aligned place. When that is a tenth of the bytes or more, plain reads
     // into aligned memory do it in one pass; views would also keep the mapped
     // pages resident beside the copies (twice the file).
-    if (mode == IoMode::kMmap) {
+    if (mode == IoMode::kMmap && !misaligned_views) {
       uint64_t wanted = 0, misaligned = 0;
       uint32_t count = 0;
       for (uint32_t idx : job.wanted) {

@@ -36,7 +36,7 @@ uint64_t ElementAlignment(Dtype dtype) {
 }
 
 FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode mode,
-                  uint64_t block_size) {
+                  uint64_t block_size, bool misaligned_views) {
   FilePlan plan;
   plan.mode = mode;
   block_size = AlignUp(std::max<uint64_t>(block_size, kDirectAlign), kDirectAlign);
@@ -87,6 +87,9 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode
         pt.arena_offset = 0;  // The arena's aligned base; nothing to read.
       } else if ((data_offset + t.begin) % ElementAlignment(t.dtype) == 0) {
         pt.in_arena = false;
+      } else if (misaligned_views) {
+        pt.in_arena = false;
+        ++plan.misaligned_views;
       } else {
         read_alone(t, pt);  // Misaligned in the mapping.
       }

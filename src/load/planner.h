@@ -48,6 +48,7 @@ struct FilePlan {
   uint64_t tensor_bytes = 0;
   uint32_t realigned = 0;
   uint64_t realigned_bytes = 0;
+  uint32_t misaligned_views = 0;       // Mmap, misaligned_views: viewed where they are.
   std::vector<PlannedTensor> tensors;  // In file order.
   std::vector<PlannedRead> reads;      // In file order.
 };
@@ -57,9 +58,10 @@ struct FilePlan {
 uint64_t ElementAlignment(Dtype dtype);
 
 // `wanted` are indices into header.tensors(), increasing (file order).
-// block_size is rounded up to a multiple of 4 KiB.
+// block_size is rounded up to a multiple of 4 KiB. With misaligned_views,
+// mmap mode views misaligned tensors in the mapping instead of reading them.
 FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode mode,
-                  uint64_t block_size);
+                  uint64_t block_size, bool misaligned_views = false);
 
 }  // namespace tensorlift
 
