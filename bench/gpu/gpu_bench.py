@@ -191,7 +191,7 @@ def measure(args):
 
     for key, points, buffered in (("odirect", args.limit_points, False),
                                   ("buffered", args.warm_limit_points, True)):
-        if key == "buffered" and "warm" not in args.states.split(","):
+        if ("warm" if key == "buffered" else "cold") not in args.states.split(","):
             continue
         sweep = {}
         for point in points.split(","):

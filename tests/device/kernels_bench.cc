@@ -93,7 +93,14 @@ int main(int argc, char** argv) {
   }
   std::shared_ptr<Device> dev;
   if (device_name == "emulated") {
-    dev = MakeEmulatedDevice();
+    // The copy model a load's emulated device has (TENSORLIFT_EMULATED_*).
+    Result<EmulatedDeviceOptions> options = EmulatedDeviceOptionsFromEnvironment();
+    if (!options.ok()) {
+      std::fprintf(stderr, "tl_gpu_kernels_bench: %s\n", options.status().ToString().c_str());
+      return 2;
+    }
+    options->prefault_bytes = 0;
+    dev = MakeEmulatedDevice(*options);
     if (mib == 0) mib = 16;
   } else {
     int ordinal = 0;
