@@ -334,13 +334,13 @@ Status DevicePipeline::PlanFiles() {
         job.resident < kPerBlockAbove) {
       // Partly cached: the cached blocks through the page cache, the others
       // with O_DIRECT, planned for O_DIRECT (aligned reads suit both).
-      bool direct = job.direct.fd() >= 0;
-      if (!direct) {
+      bool direct_open = job.direct.fd() >= 0;
+      if (!direct_open) {
         Result<bool> opened = OpenDirect(job);
         if (!opened.ok()) return opened.status().WithContext(job.shard->path);
-        direct = *opened;
+        direct_open = *opened;
       }
-      if (direct) {
+      if (direct_open) {
         job.per_block = true;
         job.report.mode = IoMode::kDirect;
         // The cached blocks' reads must not read ahead into the others: the
