@@ -94,8 +94,9 @@ int main(int argc, char** argv) {
   load->add_option(
       "--dtype", load_args.dtype,
       "Convert floating-point tensors (F32/F16/BF16/F8) to F32, F16 or BF16 while loading");
-  load->add_option("--staging-buffers", load_args.staging_buffers,
-                   "GPU loads: pinned staging buffers (0: one per CPU, 3 to 16, and a spare)")
+  load->add_option(
+          "--staging-buffers", load_args.staging_buffers,
+          "GPU loads: pinned staging buffers (0: a read per CPU, 4 to 16, with two buffers each)")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   load->add_option("--staging-size", load_args.staging_mib,

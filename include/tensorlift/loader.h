@@ -210,8 +210,11 @@ struct LoadOptions {
   std::optional<Dtype> dtype;
   // GPU loads (and conversions): pinned staging buffers, count and bytes each
   // (rounded up to 4 KiB): a read in flight per buffer but one, whatever order
-  // the reads complete in. 0: one buffer per CPU (at least 3, at most 16) and
-  // a spare, enough parallel reads to feed the copies from the page cache.
+  // the reads complete in. 0: a read in flight per CPU (at least 4, at most
+  // 16), enough parallel reads to feed the copies from the page cache, with
+  // two buffers each, so that reads that complete together never wait for
+  // the copies out of their buffers (8 buffers, 128 MiB, on 2 to 4 CPUs; 32,
+  // 512 MiB, on 16 or more).
   // The device needs the tensors' bytes plus, when converting, one device
   // slot of this size per staging buffer. Pinned memory is kept for the next
   // load (ReleasePinnedStaging).

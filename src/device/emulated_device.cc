@@ -418,6 +418,9 @@ class PinnedBuffer final : public Buffer {
       return ResourceExhaustedError("cannot allocate " + std::to_string(bytes) +
                                     " bytes of pinned memory: " + p.status().message());
     }
+    // Resident from the allocation, as cudaHostAlloc's page-locked memory is:
+    // its cost is the allocation's, not that of the first read into it.
+    std::memset(*p, 0, mapped);
     std::shared_ptr<Buffer> buffer(new (std::nothrow) PinnedBuffer(state, *p, bytes, mapped));
     if (!buffer) {
       ::munmap(*p, mapped);

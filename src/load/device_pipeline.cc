@@ -1,14 +1,16 @@
 // The staged pipeline: GPU loads (and loads that convert dtypes). Per file:
 // choose the mode, plan (device_plan.h); then one pipeline over all files'
-// blocks: N - 1 reader threads (N slots) each take the next block in load
-// order and any free pinned slot, so that N - 1 reads are in flight whatever
+// blocks: R reader threads (StagingReaders: by default one per CPU, 4 to 16,
+// with 2R slots; N - 1 for staging_buffers N) each take the next block in load
+// order and any free pinned slot, so that R reads are in flight whatever
 // order they finish in; the loading thread enqueues each block's copies (and conversions) on
 // one of two streams as soon as its read completes (out of order) and records
 // the slot's event; a slot goes back to the readers when its event is done
 // (queried, or waited for only when no slot is free). Device memory is
 // planned and checked against the free memory before anything is allocated
-// or read. Pinned slots come from a per-process pool (PinnedPool), so that a
-// second load pays no pinned allocation.
+// or read. Each pinned slot is taken by the reader that first reads into it,
+// from a per-process pool (PinnedPool), so that a second load pays no pinned
+// allocation, else allocated then (pinning overlaps the other reads).
 #include <fcntl.h>
 
 #include <algorithm>
@@ -91,7 +93,8 @@ class PinnedPool {
     return *pool;
   }
 
-  // The smallest kept buffer of `device` of at least `bytes`, else a new one.
+  // The smallest kept buffer of `device` of at least `bytes` (a slot's), else
+  // a new one.
   Result<std::shared_ptr<Buffer>> Take(const std::shared_ptr<Device>& device, uint64_t bytes) {
     std::vector<Entry> dropped;  // Freed outside the lock.
     {
@@ -113,7 +116,8 @@ class PinnedPool {
     return device->AllocatePinned(bytes);
   }
 
-  // Keeps `buffer` for `device`'s next load; frees the smallest beyond kKept.
+  // Keeps `buffer` (a slot) for `device`'s next load; frees the smallest
+  // beyond kKept.
   void Give(const std::shared_ptr<Device>& device, std::shared_ptr<Buffer> buffer) {
     std::vector<Entry> dropped;
     std::lock_guard<std::mutex> lock(mu_);
@@ -145,7 +149,7 @@ class PinnedPool {
   }
 
  private:
-  static constexpr int kKept = 2;  // Buffers kept a device.
+  static constexpr int kKept = 64;  // Buffers (slots) kept a device: as many as a load takes.
   struct Entry {
     std::weak_ptr<Device> device;
     std::shared_ptr<Buffer> buffer;
@@ -170,7 +174,12 @@ class PinnedPool {
 int StagingSlots(const LoadOptions& options) {
   if (options.staging_buffers > 0) return options.staging_buffers;
   const unsigned cpus = std::thread::hardware_concurrency();
-  return 1 + static_cast<int>(std::clamp<unsigned>(cpus == 0 ? 3 : cpus, 3, 16));
+  return 2 * static_cast<int>(std::clamp<unsigned>(cpus == 0 ? 4 : cpus, 4, 16));
+}
+
+int StagingReaders(const LoadOptions& options, int slots) {
+  if (options.staging_buffers > 0) return std::max(1, slots - 1);
+  return std::max(1, slots / 2);
 }
 
 uint64_t ReleasePinnedStaging() { return PinnedPool::Get().Release(); }
@@ -197,12 +206,16 @@ class DevicePipeline {
         device_(device),
         type_(type),
         trace_(trace),
-        slots_(StagingSlots(options)) {}
+        slots_(StagingSlots(options)),
+        readers_(StagingReaders(options, slots_)) {}
   // The pinned slots go back to the pool: every copy from them is done by now
   // (Transfer finishes the stream on every path).
   ~DevicePipeline() {
     // A host load's device is made for that load alone: nothing to keep.
-    if (pinned_ && type_ != DeviceType::kCpu) PinnedPool::Get().Give(device_, std::move(pinned_));
+    if (type_ == DeviceType::kCpu) return;
+    for (auto& slot : slot_memory_) {
+      if (slot) PinnedPool::Get().Give(device_, std::move(slot));
+    }
   }
 
   // The steps of Run.
@@ -237,6 +250,8 @@ class DevicePipeline {
   bool Recycle(bool wait);
   // Block `k` into the staging slot `slot`, or straight to the device.
   Status ReadBlock(int64_t k, int slot);
+  // The pinned memory of `slot` (a reader's: the one reading into it).
+  Result<std::byte*> SlotMemory(int slot);
   // The bytes of `block`'s copies straight to their place on the device (the
   // file's buffer, or the conversion slot `slot`); a failure sets gds_failed_.
   Status ReadDirect(uint32_t file, const DeviceBlock& block, int slot);
@@ -254,7 +269,8 @@ class DevicePipeline {
   const std::shared_ptr<Device>& device_;
   const DeviceType type_;
   PipelineTrace* const trace_;
-  const int slots_;  // Staging (and conversion) slots, one reader thread each.
+  const int slots_;    // Staging (and conversion) slots.
+  const int readers_;  // Reader threads (StagingReaders).
 
   // PlanFiles, OpenDirectReader, CheckFreeMemory.
   std::vector<DeviceFileJob> jobs_;  // By file number.
@@ -271,7 +287,10 @@ class DevicePipeline {
   // read once the readers are joined).
   std::vector<uint8_t> read_cached_;
   std::shared_ptr<Buffer> scratch_;
-  std::shared_ptr<Buffer> pinned_;
+  // Each slot's pinned memory, taken (from the pool, else allocated) by the
+  // reader that first reads into the slot: pinning it overlaps the other
+  // readers' reads, and a load uses only the slots it needs.
+  std::vector<std::shared_ptr<Buffer>> slot_memory_;
   std::atomic<bool> gds_failed_{false};
   // Two streams when there are three slots or more: slot s copies on
   // streams_[s % 2], so that one copy's start-up overlaps another's bytes.
@@ -426,11 +445,7 @@ Status DevicePipeline::Allocate() {
   if (mem_.scratch_bytes > 0) {
     TL_ASSIGN_OR_RETURN(scratch_, device_->Allocate(mem_.scratch_bytes));
   }
-  if (mem_.pinned_bytes > 0) {
-    TL_ASSIGN_OR_RETURN(pinned_, type_ == DeviceType::kCpu
-                                     ? device_->AllocatePinned(mem_.pinned_bytes)
-                                     : PinnedPool::Get().Take(device_, mem_.pinned_bytes));
-  }
+  if (mem_.pinned_bytes > 0) slot_memory_.resize(slots_);
   if (gds_) {
     // Registration only makes the reads faster; they work without it.
     for (auto& job : jobs_) {
@@ -455,10 +470,9 @@ Result<uint64_t> DevicePipeline::Transfer(ProgressReporter& reporter, std::strin
   free_slots_.clear();
   for (int slot = slots_ - 1; slot >= 0; --slot) free_slots_.push_back(slot);
   std::vector<std::thread> readers;
-  // One reader less than slots (when there are two or more): a read that
-  // completes finds the spare slot free while its own is copied from, so the
-  // readers wait for copies only when two or more are running.
-  const int nreaders = static_cast<int>(std::min<int64_t>(std::max(1, slots_ - 1), nblocks));
+  // Fewer readers than slots: a read that completes finds a spare slot free
+  // while its own is copied from (StagingReaders).
+  const int nreaders = static_cast<int>(std::min<int64_t>(readers_, nblocks));
   for (int r = 0; r < nreaders; ++r) readers.emplace_back(&DevicePipeline::ReadBlocks, this);
   const uint64_t bytes_done = CopyBlocks(reporter);
   for (auto& t : readers) t.join();
@@ -556,8 +570,8 @@ Status DevicePipeline::ReadBlock(int64_t k, int slot) {
       cached = resident.ok() && *resident >= 0.5;
     }
     const int fd = cached ? job.buffered.fd() : job.direct.fd();
-    TL_RETURN_IF_ERROR(ReadAtLeast(fd, pinned_->data() + slot * slot_bytes_, b.read_offset,
-                                   b.read_length, b.min_read));
+    TL_ASSIGN_OR_RETURN(std::byte* const into, SlotMemory(slot));
+    TL_RETURN_IF_ERROR(ReadAtLeast(fd, into, b.read_offset, b.read_length, b.min_read));
     read_cached_[k] = cached;
   }
   if (trace_) {
@@ -567,6 +581,16 @@ Status DevicePipeline::ReadBlock(int64_t k, int slot) {
     trace_->blocks[k].slot = slot;
   }
   return Status::Ok();
+}
+
+Result<std::byte*> DevicePipeline::SlotMemory(int slot) {
+  std::shared_ptr<Buffer>& mem = slot_memory_[slot];
+  if (!mem) {
+    TL_ASSIGN_OR_RETURN(mem, type_ == DeviceType::kCpu
+                                 ? device_->AllocatePinned(slot_bytes_)
+                                 : PinnedPool::Get().Take(device_, slot_bytes_));
+  }
+  return mem->data();
 }
 
 Status DevicePipeline::ReadDirect(uint32_t file, const DeviceBlock& block, int slot) {
@@ -624,7 +648,8 @@ Status DevicePipeline::EnqueueCopies(int64_t k, int slot, uint64_t* bytes) {
   const DeviceFileJob& job = jobs_[blocks_[k].file];
   const DeviceBlock& b = job.plan.blocks[blocks_[k].block];
   DeviceStream& stream = *streams_[slot % streams_.size()];
-  const std::byte* src = pinned_ ? pinned_->data() + slot * slot_bytes_ : nullptr;
+  // Read into by now (ReadBlock), unless the reads go straight to the device.
+  const std::byte* src = slot_memory_.empty() ? nullptr : slot_memory_[slot]->data();
   std::byte* dst = job.buffer->data();
   std::byte* tmp = scratch_ ? scratch_->data() + slot * scratch_slot_ : nullptr;
   for (const BlockCopy& c : b.copies) {

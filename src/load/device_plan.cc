@@ -101,7 +101,7 @@ DeviceFilePlan PlanDeviceFile(const Header& header, std::span<const uint32_t> wa
 
   // Blocks.
   bool open = false;
-  uint64_t b0 = 0, b_end = 0, scratch = 0;
+  uint64_t b0 = 0, b_end = 0, scratch = 0, limit = 0;
   auto close_block = [&] {
     if (!open) return;
     open = false;
@@ -118,14 +118,23 @@ DeviceFilePlan PlanDeviceFile(const Header& header, std::span<const uint32_t> wa
     const uint64_t esize = s.convert ? DtypeBits(s.from) / 8 : 1;
     const uint64_t dsize = s.convert ? DtypeBits(s.to) / 8 : 1;
     while (x < s.end) {
-      if (open && (x - b_end > kReadThroughGap || x - b0 >= slot_bytes)) close_block();
+      if (open && (x - b_end > kReadThroughGap || x >= limit)) close_block();
       if (!open) {
         open = true;
         b0 = x;
         scratch = 0;
         plan.blocks.emplace_back();
+        // A direct block ends on a page of the file, so that the next one's
+        // read starts where this one's ended: no page read twice, and every
+        // read is whole requests of the disk (16 MiB + 4 KiB was 5 requests
+        // of a disk that takes 4 MiB at most, the fifth a single page).
+        limit = b0 + slot_bytes;
+        if (direct) {
+          const uint64_t end = AlignDown(data_offset + limit, kDirectAlign);
+          if (end > data_offset + b0) limit = end - data_offset;
+        }
       }
-      uint64_t take = std::min(s.end - x, b0 + slot_bytes - x);
+      uint64_t take = std::min(s.end - x, limit - x);
       if (take < s.end - x) take = AlignDown(take, esize);
       if (take == 0) {
         close_block();

@@ -120,8 +120,15 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& checkpoint,
                                                  const std::shared_ptr<Device>& device);
 
 // The staging slots of a GPU load: LoadOptions::staging_buffers, or for 0
-// one per CPU (3 to 16) and a spare.
+// two per reader (StagingReaders).
 int StagingSlots(const LoadOptions& options);
+
+// The reader threads (reads in flight) of a GPU load with `slots` staging
+// slots: for staging_buffers N, N - 1 (a spare slot); for 0, one per CPU (4
+// to 16) with a spare slot each: reads that complete together (a virtual
+// disk completes them in batches) all find a slot free while theirs are copied
+// from, so the disk never waits for the copies.
+int StagingReaders(const LoadOptions& options, int slots);
 
 // The staged pipeline (device_pipeline.cc) onto `device`, with a trace.
 Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const LoadOptions& options,
