@@ -21,8 +21,12 @@ Contenders:
                         (its tensors live in a reused buffer, as its README says)
   runai                 runai-model-streamer's SafetensorsStreamer (to host),
                         each tensor then .to(DEVICE)
+  tensorlift_scheduling the emulated device only, a diagnostic: tensorlift with
+                        TENSORLIFT_EMULATED_DISCARD_COPIES=1 (copies take the
+                        copy model's time, move no bytes: its tensors are wrong)
 """
 import json
+import os
 import resource
 import sys
 import time
@@ -121,16 +125,21 @@ def sync(device):
 
 def main():
     name, device, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if name == "tensorlift_scheduling":
+        if device != "emulated":
+            sys.exit("contender tensorlift_scheduling: a diagnostic of the emulated device")
+        os.environ["TENSORLIFT_EMULATED_DISCARD_COPIES"] = "1"  # Before the device is opened.
     import torch  # before the clock, for every contender (tensorlift imports it lazily)
     if device.startswith("cuda"):
         torch.cuda.init()
         torch.empty(1, device=device)  # the CUDA context, before the clock (every contender needs one)
-    imports = {"tensorlift": "tensorlift", "tensorlift_pinned": "tensorlift", "st_load_file": "safetensors.torch",
+    imports = {"tensorlift": "tensorlift", "tensorlift_pinned": "tensorlift", "tensorlift_scheduling": "tensorlift",
+               "st_load_file": "safetensors.torch",
                "fastsafetensors_gds": "fastsafetensors", "fastsafetensors_nogds": "fastsafetensors",
                "instanttensor": "instanttensor", "runai": "runai_model_streamer"}
     __import__(imports[name])
     if device == "emulated":
-        if name != "tensorlift":
+        if name not in ("tensorlift", "tensorlift_scheduling"):
             sys.exit(f"contender {name}: needs a GPU (torch cannot use the emulated device)")
         t0, out = run_tensorlift_checkpoint(files, device, True, False)
     elif name == "tensorlift":

@@ -47,8 +47,9 @@ from load_bench import evict, read_through, tensor_ranges  # noqa: E402
 
 LIMIT = "the limit"  # A round's read of the limit's best point, among the contenders.
 CONTENDERS = ["tensorlift", "tensorlift_pinned", "st_load_file", "fastsafetensors_gds", "fastsafetensors_nogds",
-              "instanttensor", "runai"]
-MODULES = {"tensorlift": "tensorlift", "tensorlift_pinned": "tensorlift", "st_load_file": "safetensors",
+              "instanttensor", "runai", "tensorlift_scheduling"]
+MODULES = {"tensorlift": "tensorlift", "tensorlift_pinned": "tensorlift", "tensorlift_scheduling": "tensorlift",
+           "st_load_file": "safetensors",
            "fastsafetensors_gds": "fastsafetensors", "fastsafetensors_nogds": "fastsafetensors",
            "instanttensor": "instanttensor", "runai": "runai_model_streamer"}
 
@@ -81,8 +82,10 @@ def gds_state(build):
 
 
 def available(name, device):
-    if device == "emulated" and name != "tensorlift":
+    if device == "emulated" and name not in ("tensorlift", "tensorlift_scheduling"):
         return "needs a GPU (torch cannot use tensorlift's emulated device)"
+    if device != "emulated" and name == "tensorlift_scheduling":
+        return "a diagnostic of the emulated device"
     try:
         __import__(MODULES[name])
     except Exception as e:  # noqa: BLE001 - any import failure means "not installed here"
@@ -210,6 +213,8 @@ def measure(args):
     runnable = []
     for c in contenders:
         why = available(c, args.device)
+        if why and c == "tensorlift_scheduling" and not args.contenders:
+            continue  # The emulated device's diagnostic: no row on a GPU unless asked for.
         if why:
             data["skipped"][c] = why
         else:
@@ -341,6 +346,11 @@ def summarize(data):
     if data.get("emulated_model"):
         lines += ["", "The emulated device as a GPU's model: " + ", ".join(
             f"{k}={v}" for k, v in data["emulated_model"].items())]
+    if "tensorlift_scheduling" in data["loads"]:
+        lines += ["", "tensorlift_scheduling: a diagnostic, not a load: tensorlift's defaults onto the emulated "
+                  "device with TENSORLIFT_EMULATED_DISCARD_COPIES=1 (the copies take the copy model's time but "
+                  "move no bytes, so the CPUs that read do not also do the copies a GPU's DMA engines do); "
+                  "its tensors' bytes are wrong."]
     lines += peer_lines(data.get("peer_pull") or {}, ops.get("d2d", {}).get("gbps_out"))
     if ops:
         lines += ["", "| kernel | GB/s moved | GB/s out | vs d2d |", "|---|---|---|---|"]

@@ -141,6 +141,13 @@ struct EmulatedDeviceOptions {
   // carved from (as far as it goes): a GPU's memory costs no page faults, and
   // fresh host memory's faults and zeroing would dominate a load here.
   uint64_t prefault_bytes = 0;
+  // A diagnostic for benchmarks, never for loads whose bytes matter:
+  // host-to-device copies take the copy model's time (and check their
+  // ranges) but move no bytes, so the device memory keeps what it had. Here
+  // the CPUs that read also do the copies a GPU's DMA engines do; with this
+  // the pipeline's scheduling is timed without that cost. Every tensor loaded
+  // through such a device has the wrong bytes.
+  bool discard_copies = false;
 };
 std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options = {});
 
@@ -148,10 +155,12 @@ std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options 
 // defaults, with a GPU's host-to-device copy model (docs/loading.md, "The
 // emulated device"): TENSORLIFT_EMULATED_H2D_GBPS (GB/s, default 54.8, the
 // pinned H2D rate measured on an H200; 0: as fast as memcpy),
-// TENSORLIFT_EMULATED_COPY_LATENCY_US (default 0) and
+// TENSORLIFT_EMULATED_COPY_LATENCY_US (default 0),
 // TENSORLIFT_EMULATED_PREFAULT_GB (default 0: device memory faulted in when
-// the device is made; benchmarks set it). InvalidArgument for a value that is
-// not a non-negative number.
+// the device is made; benchmarks set it) and
+// TENSORLIFT_EMULATED_DISCARD_COPIES (0 or 1, default 0: discard_copies, a
+// benchmark's diagnostic). InvalidArgument for a value that is not a
+// non-negative number (0 or 1 for the last).
 Result<EmulatedDeviceOptions> EmulatedDeviceOptionsFromEnvironment();
 
 // The device a load names (LoadOptions::device, parsed by ParseDevice):

@@ -197,12 +197,15 @@ class DeviceState {
         memory_bytes_(options.memory_bytes),
         quarantine_limit_(quarantine_bytes),
         copy_bytes_per_second_(options.copy_bytes_per_second),
-        copy_latency_seconds_(options.copy_latency_seconds) {}
+        copy_latency_seconds_(options.copy_latency_seconds),
+        discard_copies_(options.discard_copies) {}
 
   double copy_bytes_per_second() const { return copy_bytes_per_second_; }
   // Pre-faulted worker memory (null when none was asked for or it failed).
   const std::shared_ptr<Arena>& arena() const { return arena_; }
   double copy_latency_seconds() const { return copy_latency_seconds_; }
+  // Host-to-device copies move no bytes (EmulatedDeviceOptions).
+  bool discard_copies() const { return discard_copies_; }
   uint64_t memory_bytes() const { return memory_bytes_; }
 
   // When a host-to-device copy of `bytes` that started at `start` completes
@@ -373,6 +376,7 @@ class DeviceState {
   std::mutex bus_mu_;
   std::chrono::steady_clock::time_point bus_free_;  // Guarded by bus_mu_.
   const double copy_latency_seconds_;
+  const bool discard_copies_;
 
   std::mutex mu_;
   std::map<uintptr_t, Entry> regions_;              // Live and quarantined, by device address.
@@ -680,7 +684,7 @@ class EmulatedStream final : public DeviceStream {
         TL_RETURN_IF_ERROR(device_->CheckHost(op.src, op.src_bytes, "source"));
         TL_ASSIGN_OR_RETURN(Translated dst,
                             device_->Translate(op.dst, op.dst_bytes, "CopyToDevice destination"));
-        std::memcpy(dst.ptr, op.src, op.dst_bytes);
+        if (!device_->discard_copies()) std::memcpy(dst.ptr, op.src, op.dst_bytes);
         // The GPU's copy model (CopyDone; the memcpy above counts toward it).
         std::this_thread::sleep_until(device_->CopyDone(start, op.dst_bytes));
         return Status::Ok();

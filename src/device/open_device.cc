@@ -5,6 +5,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 
 #include "device/device.h"
 
@@ -43,6 +44,14 @@ Result<EmulatedDeviceOptions> EmulatedDeviceOptionsFromEnvironment() {
   o.copy_bytes_per_second = gbps * 1e9;
   o.copy_latency_seconds = latency_us * 1e-6;
   o.prefault_bytes = static_cast<uint64_t>(prefault_gb * 1e9);
+  const char* discard = std::getenv("TENSORLIFT_EMULATED_DISCARD_COPIES");
+  if (discard != nullptr && *discard != '\0') {
+    if (std::string_view(discard) != "0" && std::string_view(discard) != "1") {
+      return InvalidArgumentError(std::string("TENSORLIFT_EMULATED_DISCARD_COPIES=") + discard +
+                                  ": expected 0 or 1");
+    }
+    o.discard_copies = std::string_view(discard) == "1";
+  }
   return o;
 }
 

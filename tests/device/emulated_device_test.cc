@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -569,6 +570,48 @@ TEST(EmulatedDeviceTest, OptionsFromTheEnvironment) {
     EXPECT_THAT(r.status().message(), HasSubstr(std::string(names[1]) + "=" + bad));
   }
   for (const char* n : names) ::unsetenv(n);
+  ::unsetenv("TENSORLIFT_EMULATED_DISCARD_COPIES");
+  EXPECT_FALSE(Take(EmulatedDeviceOptionsFromEnvironment()).discard_copies);
+  ::setenv("TENSORLIFT_EMULATED_DISCARD_COPIES", "1", 1);
+  EXPECT_TRUE(Take(EmulatedDeviceOptionsFromEnvironment()).discard_copies);
+  ::setenv("TENSORLIFT_EMULATED_DISCARD_COPIES", "0", 1);
+  EXPECT_FALSE(Take(EmulatedDeviceOptionsFromEnvironment()).discard_copies);
+  for (const char* bad : {"yes", "2", "true"}) {
+    ::setenv("TENSORLIFT_EMULATED_DISCARD_COPIES", bad, 1);
+    Result<EmulatedDeviceOptions> r = EmulatedDeviceOptionsFromEnvironment();
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_THAT(r.status().message(),
+                HasSubstr("TENSORLIFT_EMULATED_DISCARD_COPIES=" + std::string(bad)));
+  }
+  ::unsetenv("TENSORLIFT_EMULATED_DISCARD_COPIES");
+}
+
+// discard_copies (a benchmark's diagnostic): a host-to-device copy takes the
+// copy model's time and checks its ranges, but the device memory keeps what
+// it had; copies on the device and back to the host still move bytes.
+TEST(EmulatedDeviceTest, DiscardedCopiesTakeTheirTimeAndMoveNothing) {
+  EmulatedDeviceOptions o;
+  o.copy_bytes_per_second = 1e8;
+  o.discard_copies = true;
+  auto device = MakeEmulatedDevice(o);
+  auto buf = Take(device->Allocate(1 << 20));
+  auto stream = Take(device->CreateStream());
+  auto pinned = Take(device->AllocatePinned(1 << 20));
+  std::memset(pinned->data(), 0x5a, 1 << 20);
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_OK(stream->CopyToDevice(buf->data(), pinned->data(), 1 << 20));
+  ASSERT_OK(stream->Synchronize());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(s, (1 << 20) / 1e8) << "a discarded copy still takes its bytes' time";
+  std::vector<std::byte> back(1 << 20, std::byte{0xff});
+  ASSERT_OK(stream->CopyToHost(back.data(), buf->data(), back.size()));
+  ASSERT_OK(stream->Synchronize());
+  EXPECT_EQ(std::count(back.begin(), back.end(), std::byte{0x5a}), 0) << "the bytes were moved";
+  // Its ranges are still checked.
+  Status past = stream->CopyToDevice(buf->data() + 4096, pinned->data(), 1 << 20);
+  if (past.ok()) past = stream->Synchronize();
+  EXPECT_FALSE(past.ok()) << "a copy past the buffer's end";
 }
 
 }  // namespace
