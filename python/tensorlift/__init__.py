@@ -7,11 +7,13 @@ TensorSpec, tensorlift.torch, tensorlift.numpy) and `fastsafetensors`
 pairs as their bytes land, the rest read meanwhile). Errors: tensorlift.FormatError (a ValueError) for files that
 break the format, FileNotFoundError / PermissionError / OSError for I/O,
 KeyError for a missing tensor. tensorlift.SafetensorError is the common base
-of FormatError, the missing-tensor KeyError and safe_open's usage errors
-(like safetensors.SafetensorError). GPU loads keep their pinned staging memory
+of FormatError, the missing-tensor KeyError and safe_open's usage errors; when
+the safetensors package is installed it is also a safetensors.SafetensorError,
+so code that catches the reference's error catches tensorlift's. GPU loads keep their pinned staging memory
 for the next load; tensorlift.release_pinned_staging() frees it. See docs/python.md.
 """
-from ._tensorlift import FormatError, SafetensorError, __version__, release_pinned_staging
+from ._tensorlift import __version__, release_pinned_staging
+from ._errors import FormatError, SafetensorError
 from ._core import load
 from ._stream import stream
 from ._safe_open import _safe_open_handle, safe_open

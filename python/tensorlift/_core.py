@@ -5,6 +5,7 @@ import os
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _dtypes
+from ._errors import not_instance
 from ._tensorlift import Checkpoint
 from ._tensors import device_name, require_framework, tensor_from
 
@@ -15,15 +16,15 @@ def is_object_url(path) -> bool:
 
 
 def check_metadata(metadata) -> None:
-    """Metadata as the reference accepts it: None or a dict of str to str (TypeError otherwise)."""
+    """Metadata as the reference accepts it: None or a dict of str to str (TypeError otherwise,
+    with the reference's message)."""
     if metadata is None:
         return
     if not isinstance(metadata, dict):
-        raise TypeError(f"argument 'metadata': expected a dict of str to str, got {type(metadata).__name__}")
+        raise not_instance("metadata", metadata, "dict")
     for k, v in metadata.items():
         if not isinstance(k, str) or not isinstance(v, str):
-            bad = k if not isinstance(k, str) else v
-            raise TypeError(f"argument 'metadata': '{type(bad).__name__}' object is not an instance of 'str'")
+            raise not_instance("metadata", k if not isinstance(k, str) else v, "str")
 
 
 def _paths(paths) -> List[str]:

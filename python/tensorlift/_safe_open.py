@@ -11,6 +11,8 @@ error instead.
 """
 from __future__ import annotations
 
+import errno
+import operator
 import os
 import stat
 from typing import Any, Dict, List, Optional, Tuple
@@ -21,7 +23,8 @@ from . import _dtypes
 from ._tensors import _DLPackBytes, tensor_from
 from ._framework import framework as framework_module
 from ._framework import paddle_from_numpy
-from ._tensorlift import Checkpoint, FormatError, SafetensorError
+from ._errors import FormatError, SafetensorError, deserializing, not_instance, path_argument
+from ._tensorlift import Checkpoint
 
 __all__ = ["safe_open"]
 
@@ -32,6 +35,8 @@ _LOADER_MIN_BYTES = 8 << 20
 
 _FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np", "flax": "flax", "jax": "flax",
                "tf": "tensorflow", "tensorflow": "tensorflow", "mlx": "mlx", "paddle": "paddle"}
+# The reference's names for the frameworks, in its messages.
+_FRAMEWORK_NAMES = {"pt": "pytorch", "np": "numpy"}
 _BACKENDS = ("mmap", "pread")
 # Frameworks read through numpy, then converted (the framework imported on first use:
 # ModuleNotFoundError, as the reference, when it is missing).
@@ -43,18 +48,45 @@ _OTHER_FRAMEWORKS = {
 }
 
 
-class _UsageError(SafetensorError, ValueError):
-    """A bad argument (framework, device, backend) or a closed file."""
-
-
 class _TensorNotFound(SafetensorError, KeyError):
     """A tensor name the file does not contain; both a KeyError and a SafetensorError."""
 
     __str__ = BaseException.__str__  # The message, not KeyError's repr of it.
 
 
-def _closed() -> _UsageError:
-    return _UsageError("File is closed")
+# numpy's indexing errors in numpy slices, also SafetensorErrors: the reference's numpy slices
+# raise SafetensorError where numpy raises these (tensorlift slices with numpy's semantics).
+class _SliceIndexError(SafetensorError, IndexError):
+    """An index numpy rejects in a numpy slice (out of range, too many, a bad type)."""
+
+
+class _SliceValueError(SafetensorError, ValueError):
+    """A value numpy rejects in a numpy slice (a step of 0)."""
+
+
+class _SliceTypeError(SafetensorError, TypeError):
+    """A type numpy rejects in a numpy slice."""
+
+
+_SLICE_ERRORS = ((IndexError, _SliceIndexError), (ValueError, _SliceValueError), (TypeError, _SliceTypeError))
+
+
+def _closed() -> SafetensorError:
+    return SafetensorError("File is closed")
+
+
+def _check_name(name) -> None:
+    """pyo3's TypeError, as the reference, for a tensor name that is not a str."""
+    if not isinstance(name, str):
+        raise not_instance("name", name, "str")
+
+
+def _header_error(e: Exception) -> Exception:
+    """A FormatError of a file's header worded as the reference's ("Error while deserializing
+    header: <its words for the rule>: " and tensorlift's message); other errors as they are."""
+    if isinstance(e, FormatError):
+        return deserializing(e, "Error while deserializing header: ")
+    return e
 
 
 class _Tensors:
@@ -78,14 +110,18 @@ class _OpenFile(_Tensors):
 
     __slots__ = ("fd", "name", "load_path", "ckpt", "metadata", "order", "info", "data_offset", "__weakref__")
 
-    def __init__(self, filename, handle_fd: Optional[int] = None):
+    def __init__(self, filename, handle_fd: Optional[int] = None, opened=None):
+        """opened: called once the file is open, before anything is read (safe_open's last
+        argument check, where the reference makes it)."""
         self.fd = -1
         path = os.fspath(filename)
         self.name = os.fsdecode(path)
         # An open file of the caller's (_safe_open_handle): a descriptor of our own for the
         # same open file, so that the caller may close theirs meanwhile.
-        fd = os.dup(handle_fd) if handle_fd is not None else os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        fd = os.dup(handle_fd) if handle_fd is not None else self._open(path)
         try:
+            if opened is not None:
+                opened()
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 if stat.S_ISDIR(st.st_mode):
@@ -100,7 +136,7 @@ class _OpenFile(_Tensors):
         try:
             self.ckpt = Checkpoint.open(self.load_path)
         except Exception as e:
-            err = self._renamed(e)
+            err = _header_error(self._renamed(e))
             os.close(fd)  # Now, not when the traceback (which holds self) goes.
             self.fd = -1
             raise err from None
@@ -110,6 +146,17 @@ class _OpenFile(_Tensors):
         self.order = [t[0] for t in tensors]
         self.info: Dict[str, Tuple[str, Tuple[int, ...], int, int]] = {
             t[0]: (t[1], tuple(t[2]), t[3], t[4]) for t in tensors}
+
+    def _open(self, path) -> int:
+        """A descriptor of `path`. A missing file (or a missing directory on its path) is the
+        reference's FileNotFoundError("No such file or directory: PATH"); other failures
+        (PermissionError, ...) are the OSError the system gives."""
+        try:
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
+            err = FileNotFoundError(f"No such file or directory: {self.name}")
+            err.errno = errno.ENOENT  # (Set after: the reference's message, without "[Errno 2]".)
+            raise err from None
 
     def __del__(self):
         if self.fd >= 0:
@@ -236,7 +283,10 @@ class _ObjectFile(_Tensors):
 
     def __init__(self, url: str):
         self.name = url
-        self.ckpt = Checkpoint.open(url)
+        try:
+            self.ckpt = Checkpoint.open(url)
+        except FormatError as e:
+            raise _header_error(e) from None
         if self.ckpt.shards() != [url]:
             raise IsADirectoryError(21, "Is a prefix or an index (safe_open reads one .safetensors object)", url)
         self.metadata = self.ckpt.metadata(0)
@@ -305,37 +355,57 @@ def _framework_shape(dtype: str, shape, nbytes: int, framework: str) -> Tuple[in
     return tuple(shape)
 
 
-_DEVICE_KINDS = ("cuda", "npu", "xpu", "xla", "mlu", "hpu")  # with an index: "cuda:1"
+_DEVICE_KINDS = ("cuda", "musa", "npu", "xpu", "xla", "mlu", "hpu")  # alone (index 0) or "KIND:N"
 
 
-def _parse_device(device, framework: str):
-    """None for the CPU, else the device (a str, or an int for torch to choose the accelerator) to
-    move tensors to. The reference's rules: "cpu", "mps", a kind of _DEVICE_KINDS alone (index 0)
-    or with ":N" (ValueError when N is not a number), an int N >= 0, or None (the CPU); anything
-    else is invalid. Whether torch has that device shows when a tensor is moved (RuntimeError)."""
-    dev = _device(device)
-    if dev is not None and framework != "pt":
-        raise _UsageError(f"Device {device} is not supported for framework {framework}")
-    return dev
+def _rust_usize(text: str) -> int:
+    """`text` as Rust's usize::from_str parses it: an optional "+", then ASCII digits (ValueError
+    with Rust's words otherwise, which the reference raises for a device index)."""
+    if not text:
+        raise ValueError("cannot parse integer from empty string")
+    digits = text[1:] if text[0] == "+" else text
+    if not digits or any(c not in "0123456789" for c in digits):
+        raise ValueError("invalid digit found in string")
+    n = int(digits)
+    if n >= 1 << 64:
+        raise ValueError("number too large to fit in target type")
+    return n
 
 
 def _device(device):
-    if device is None or device == "cpu":
+    """None for the CPU, else the device to move tensors to (a str, or an int for torch to choose
+    the accelerator), by the reference's rules and in its words: None or "cpu" (the CPU); "mps"
+    or "mps:0"; a kind of _DEVICE_KINDS alone (index 0) or "KIND:N" (N as Rust parses an unsigned
+    integer, ValueError otherwise); an int N >= 0. Anything else is a SafetensorError. Whether
+    torch has that device shows when a tensor is moved (RuntimeError)."""
+    if device is None:
         return None
-    if isinstance(device, int) and not isinstance(device, bool):
-        if device < 0:
-            raise _UsageError(f"device {device} is invalid")
-        return device
-    if not isinstance(device, str):
-        raise _UsageError(f"device {device} is invalid")
-    if device == "mps" or device in _DEVICE_KINDS:
-        return device
-    kind, sep, index = device.partition(":")
-    if sep and kind in _DEVICE_KINDS:
-        if not index.isdigit():  # ValueError with Rust's words, as the reference
-            raise ValueError("cannot parse integer from empty string" if not index else "invalid digit found in string")
-        return device
-    raise _UsageError(f"device {device} is invalid")
+    if isinstance(device, str):
+        if device == "cpu":
+            return None
+        if device == "mps":
+            return device
+        if device in _DEVICE_KINDS:
+            return f"{device}:0"
+        kind, sep, _ = device.partition(":")
+        if sep and (kind in _DEVICE_KINDS or kind == "mps"):
+            tokens = device.split(":")
+            if len(tokens) != 2:
+                raise SafetensorError(f"device {device} is invalid")
+            index = _rust_usize(tokens[1])
+            if kind != "mps":
+                return f"{kind}:{index}"
+            if index != 0:
+                raise SafetensorError(f"device {device} is invalid: only mps or mps:0 is supported")
+            return "mps"
+        raise SafetensorError(f"device {device} is invalid")
+    try:
+        index = operator.index(device)  # An int, a bool, a numpy integer.
+    except TypeError:
+        index = -1
+    if 0 <= index < 1 << 64:
+        return index
+    raise SafetensorError(f"device {device!r} is invalid")
 
 
 class _SafeSlice:
@@ -367,8 +437,12 @@ class _SafeSlice:
         semantics ("np"), over the framework tensor get_tensor would return.
         The result is contiguous and owns its memory. When the first index is
         an int or a slice with a positive step, only the rows of the first
-        dimension it touches are read from the file."""
-        idx = index if isinstance(index, tuple) else (index,)
+        dimension it touches are read from the file. The index is applied as
+        given (a tuple, or one index alone, as the reference hands it to
+        torch); numpy's IndexError, ValueError and TypeError are also
+        SafetensorErrors, which the reference's numpy slices raise."""
+        tupled = isinstance(index, tuple)
+        idx = index if tupled else (index,)
         nbytes = self._end - self._begin
         fshape = _framework_shape(self._dtype, self._shape, nbytes, self._framework)
         rows = _row_window(idx, fshape)
@@ -377,10 +451,17 @@ class _SafeSlice:
             row_bytes = nbytes // fshape[0]
             raw = self._file.read_range(self._framework, self._begin + lo * row_bytes, (hi - lo) * row_bytes)
             base = _reshape_rows(raw, self._dtype, self._shape, fshape, hi - lo, self._framework)
-            idx = (first,) + idx[1:]
+            key = (first,) + idx[1:] if tupled else first
         else:
             base = self._file.read_tensor(self._name, self._framework)
-        out = _index_owned(base, idx, self._framework)
+            key = index
+        try:
+            out = _index_owned(base, key, self._framework)
+        except (IndexError, ValueError, TypeError) as e:
+            if self._framework != "np":
+                raise
+            kind = next(k for builtin, k in _SLICE_ERRORS if isinstance(e, builtin))
+            raise kind(str(e)) from None
         if self._post is not None:
             out = self._post(out)
         return out
@@ -445,7 +526,7 @@ def _row_major_strides(shape) -> Tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _index_owned(base, idx: tuple, framework: str):
+def _index_owned(base, idx, framework: str):
     """base[idx], contiguous and owning exactly its bytes."""
     if framework == "pt":
         # Index an integer view of the same element size: indexing only moves
@@ -487,32 +568,55 @@ class safe_open:
     """
 
     def __init__(self, filename, framework, device="cpu", *, backend: str = "mmap"):
-        self._arguments(framework, device, backend)
+        # The reference's order: the arguments (filename, framework, device, backend), then
+        # opening the file, then whether the framework takes the device, then the header.
+        self._file = None
         from ._core import is_object_url
         from .remote import Peer
-        if isinstance(filename, Peer):
-            self._file = _PeerFile(filename)
-        elif is_object_url(filename):
-            self._file = _ObjectFile(filename)
+        peer, url = isinstance(filename, Peer), is_object_url(filename)
+        if not (peer or url):
+            filename = path_argument(filename)
+        self._arguments(framework, device, backend)
+        if peer or url:
+            self._check_device()
+            self._file = _PeerFile(filename) if peer else _ObjectFile(filename)
         else:
-            self._file = _OpenFile(filename)
+            self._file = _OpenFile(filename, opened=self._check_device)
+        self._opened()
 
     def _arguments(self, framework, device, backend: str = "mmap") -> None:
+        """Checks the arguments as the reference does, in its order and words."""
         self._file = None
-        fw = _FRAMEWORKS.get(framework) if isinstance(framework, str) else None
+        if not isinstance(framework, str):
+            raise not_instance("framework", framework, "str")
+        fw = _FRAMEWORKS.get(framework)
         if fw is None:
-            raise _UsageError(f"framework {framework} is invalid")
+            raise SafetensorError(f"framework {framework} is invalid")
+        dev = _device(device)
+        if not isinstance(backend, str):
+            raise not_instance("backend", backend, "str")
         if backend not in _BACKENDS:
-            raise _UsageError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
-        convert = None
-        if fw in _OTHER_FRAMEWORKS:  # Read as numpy, then handed to the framework.
-            convert = _OTHER_FRAMEWORKS[fw]
-            if fw == "paddle":
-                framework_module("paddle")  # The reference imports paddle when it opens.
-            fw = "np"
-        dev = _parse_device(device, "pt" if fw == "pt" else framework)
-        self._framework = fw
+            raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
+        # Other frameworks are read as numpy, then handed to the framework.
+        convert = _OTHER_FRAMEWORKS.get(fw)
+        self._framework = "pt" if fw == "pt" else "np"
         self._post = convert if convert is not None else (None if dev is None else (lambda t: t.to(dev)))
+        self._paddle = fw == "paddle"
+        self._device_error = None
+        if dev is not None and fw != "pt":  # Only torch moves tensors to a device.
+            self._device_error = f"Device {dev} is not supported for framework {_FRAMEWORK_NAMES.get(fw, fw)}"
+
+    def _check_device(self) -> None:
+        # (paddle: after its import, in _opened; the reference moves paddle Tensors to devices, so
+        # without paddle it fails on the import.)
+        if self._device_error is not None and not self._paddle:
+            raise SafetensorError(self._device_error)
+
+    def _opened(self) -> None:
+        if self._paddle:
+            framework_module("paddle")  # The reference imports paddle once the header is read.
+            if self._device_error is not None:
+                raise SafetensorError(self._device_error)
 
     def _open(self) -> _OpenFile:
         f = self._file
@@ -545,6 +649,7 @@ class safe_open:
 
     def get_tensor(self, name: str):
         """Reads one tensor (only its bytes) into memory it owns."""
+        _check_name(name)
         f = self._open()
         t = f.read_tensor(name, self._framework)
         return self._post(t) if self._post is not None else t
@@ -559,6 +664,7 @@ class safe_open:
 
     def get_slice(self, name: str) -> _SafeSlice:
         """A slice object for `name`: get_shape(), get_dtype() and indexing."""
+        _check_name(name)
         return _SafeSlice(self._open(), name, self._framework, self._post)
 
     def __repr__(self) -> str:
@@ -579,4 +685,6 @@ class _safe_open_handle(safe_open):
         name = f.name
         fd = fileno()
         self._arguments(framework, device)
-        self._file = _OpenFile(name if isinstance(name, (str, bytes, os.PathLike)) else f"<fd {fd}>", handle_fd=fd)
+        self._file = _OpenFile(name if isinstance(name, (str, bytes, os.PathLike)) else f"<fd {fd}>", handle_fd=fd,
+                               opened=self._check_device)
+        self._opened()

@@ -9,7 +9,8 @@ over the target, so a reader that has the old file mapped keeps its bytes.
 What differs (docs/python.md): deserialize returns the tensors in file order
 (the reference's order is a hash map's, different from run to run), and the
 messages after the reference's "Error while serializing: " / "Error while
-deserializing: " prefixes are tensorlift's (they name the rule broken).
+deserializing: <the reference's words for the rule>: " prefixes are tensorlift's
+(they name the rule broken).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from . import _tensorlift
 from ._core import check_metadata
-from ._tensorlift import SafetensorError
+from ._errors import SafetensorError, deserializing, not_instance, path_argument, serializing
 
 __all__ = ["TensorSpec", "serialize", "serialize_file", "deserialize"]
 
@@ -34,7 +35,48 @@ _CODES = {
 
 
 def _type_error(argument: str, value, expected: str) -> TypeError:
-    return TypeError(f"argument '{argument}': '{type(value).__name__}' object is not an instance of '{expected}'")
+    return not_instance(argument, value, expected)
+
+
+# What the C++ writer and parser raise for a bad argument, a file that breaks the format, or I/O.
+_NATIVE_ERRORS = (ValueError, OSError, _tensorlift.SafetensorError)
+
+
+def write_bytes(specs, metadata) -> bytes:
+    """The C++ writer's bytes for `specs`; its errors as the reference's
+    SafetensorError("Error while serializing: ...")."""
+    try:
+        return _tensorlift.serialize(specs, metadata)
+    except _NATIVE_ERRORS as e:
+        raise serializing(e) from None
+
+
+def write_file(specs, path: str, metadata) -> None:
+    """The C++ writer's file for `specs` at `path` (through a temporary file renamed over it); its
+    errors, I/O ones included, as the reference's SafetensorError("Error while serializing: ...")."""
+    try:
+        _tensorlift.serialize_file(specs, path, metadata)
+    except _NATIVE_ERRORS as e:
+        raise serializing(e) from None
+
+
+def parse_bytes(data, bytes_like: bool = False) -> tuple:
+    """(data as bytes, tensors, data offset) of a whole file held in `data`: bytes, or with
+    bytes_like any object with the buffer protocol (bytearray, memoryview), else the reference's
+    TypeError; a bad file is a FormatError worded as the reference's "Error while deserializing:
+    <what>: ..."."""
+    if not isinstance(data, bytes):
+        try:
+            if not bytes_like:
+                raise TypeError
+            data = bytes(memoryview(data))
+        except TypeError:
+            raise not_instance("bytes", data, "bytes") from None
+    try:
+        tensors, _, data_offset = _tensorlift.parse_header(data)
+        return data, tensors, data_offset
+    except _NATIVE_ERRORS as e:
+        raise deserializing(e, "Error while deserializing: ") from None
 
 
 def _unsigned(argument: str, value) -> int:
@@ -115,33 +157,22 @@ def serialize(tensor_dict: Dict[str, TensorSpec], metadata: Optional[Dict[str, s
     """The safetensors bytes of `tensor_dict` (name -> TensorSpec), with `metadata` (str -> str)."""
     specs = _specs(tensor_dict)
     check_metadata(metadata)
-    try:
-        return _tensorlift.serialize(specs, metadata)
-    except (ValueError, SafetensorError) as e:
-        raise SafetensorError(f"Error while serializing: {e}") from None
+    return write_bytes(specs, metadata)
 
 
 def serialize_file(tensor_dict: Dict[str, TensorSpec], filename: Union[str, os.PathLike],
                    metadata: Optional[Dict[str, str]] = None) -> None:
     """Writes serialize()'s bytes to `filename`, through a temporary file renamed over it."""
     specs = _specs(tensor_dict)
-    path = os.fspath(filename)
+    path = path_argument(filename)
     check_metadata(metadata)
-    try:
-        _tensorlift.serialize_file(specs, path, metadata)
-    except (ValueError, OSError, SafetensorError) as e:
-        raise SafetensorError(f"Error while serializing: {e}") from None
+    write_file(specs, path, metadata)
 
 
 def deserialize(bytes) -> List[Tuple[str, Dict[str, object]]]:  # noqa: A002 (the reference's name)
     """[(name, {"shape": [...], "dtype": "F32", "data": bytearray}), ...] of a whole file held in
     `bytes`, in file order, every byte validated first."""
-    if not isinstance(bytes, (type(b""),)):
-        raise _type_error("bytes", bytes, "bytes")
-    try:
-        tensors, _, data_offset = _tensorlift.parse_header(bytes)
-    except (ValueError, SafetensorError) as e:
-        raise SafetensorError(f"Error while deserializing: {e}") from None
+    _, tensors, data_offset = parse_bytes(bytes)
     view = memoryview(bytes)
     return [(name, {"shape": list(shape), "dtype": dtype,
                     "data": bytearray(view[data_offset + begin:data_offset + end])})

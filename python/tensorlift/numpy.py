@@ -15,11 +15,9 @@ import numpy as np
 
 from . import _dtypes
 from ._core import check_metadata as _check_metadata
+from ._errors import SafetensorError, not_instance, path_argument
 from ._safe_open import safe_open
-from ._serialize import TensorSpec, deserialize, serialize, serialize_file
-from ._tensorlift import parse_header
-from ._tensorlift import serialize as _serialize_specs
-from ._tensorlift import serialize_file as _serialize_file_specs
+from ._serialize import _CODES, TensorSpec, deserialize, parse_bytes, serialize, serialize_file, write_bytes, write_file
 
 __all__ = ["save", "save_file", "load", "load_file"]
 
@@ -31,45 +29,60 @@ def _little_endian(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _st_dtype(a: np.ndarray) -> str:
+    """The format's dtype of `a`; the reference's SafetensorError for a dtype it has not."""
+    try:
+        return _dtypes.st_dtype_of_numpy(a)
+    except ValueError:
+        raise SafetensorError(f'Unknown dtype "{a.dtype.name}". Supported dtypes: {", ".join(_CODES)}') from None
+
+
 def _specs(tensor_dict: Dict[str, np.ndarray], keep_alive: list) -> list:
+    """(name, dtype, shape, data_ptr, nbytes) for the C++ writer; the arrays the pointers point
+    into are appended to keep_alive. Checked in the reference's order: each array's dtype, then
+    every name a str."""
     if not isinstance(tensor_dict, dict):
         raise ValueError(f"Expected a dict of [str, np.ndarray] but received {type(tensor_dict)}")
     specs = []
     for name, a in tensor_dict.items():
-        if not isinstance(name, str):
-            raise TypeError(f"argument 'tensor_dict': '{type(name).__name__}' object is not an instance of 'str'")
         if not isinstance(a, np.ndarray):
             raise ValueError(f"Key `{name}` is invalid, expected np.ndarray but received {type(a)}")
         # The values the array shows, in C order: numpy views (strided,
         # Fortran-ordered) are written as what they contain.
         a = _little_endian(a)
+        dtype = _st_dtype(a)
         if not a.flags.c_contiguous:
             a = a.copy(order="C")  # (np.ascontiguousarray would turn a 0-d array into 1-d.)
         keep_alive.append(a)
-        specs.append((name, _dtypes.st_dtype_of_numpy(a), list(a.shape), a.ctypes.data if a.nbytes else 0, a.nbytes))
+        specs.append((name, dtype, list(a.shape), a.ctypes.data if a.nbytes else 0, a.nbytes))
+    for name in tensor_dict:
+        if not isinstance(name, str):
+            raise not_instance("tensor_dict", name, "str")
     return specs
 
 
 def save(tensor_dict: Dict[str, np.ndarray], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding the arrays and the text `metadata`."""
-    _check_metadata(metadata)
     keep_alive: list = []
-    return _serialize_specs(_specs(tensor_dict, keep_alive), metadata)
+    specs = _specs(tensor_dict, keep_alive)
+    _check_metadata(metadata)
+    return write_bytes(specs, metadata)
 
 
 def save_file(tensor_dict: Dict[str, np.ndarray], filename: Union[str, os.PathLike],
               metadata: Optional[Dict[str, str]] = None) -> None:
     """Writes the arrays to `filename` (through a temporary file renamed over it)."""
-    _check_metadata(metadata)
     keep_alive: list = []
-    _serialize_file_specs(_specs(tensor_dict, keep_alive), os.fspath(filename), metadata)
+    specs = _specs(tensor_dict, keep_alive)
+    path = path_argument(filename)
+    _check_metadata(metadata)
+    write_file(specs, path, metadata)
 
 
 def load(data: bytes) -> Dict[str, np.ndarray]:
-    """The arrays of a safetensors file held in `data`, each in memory of its own."""
-    if not isinstance(data, bytes):
-        data = bytes(data)
-    tensors, _, data_offset = parse_header(data)
+    """The arrays of a safetensors file held in `data` (bytes, or any
+    bytes-like object), each in memory of its own."""
+    data, tensors, data_offset = parse_bytes(data, bytes_like=True)
     out = {}
     for name, dtype, shape, begin, end in tensors:
         raw = np.frombuffer(data, dtype=np.uint8, count=end - begin, offset=data_offset + begin).copy()

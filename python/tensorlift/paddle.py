@@ -53,8 +53,8 @@ def load_file(filename: Union[str, os.PathLike], device="cpu", *, backend: str =
     as safe_open's)."""
     _paddle()
     if backend not in ("mmap", "pread"):
-        from ._safe_open import _UsageError
-        raise _UsageError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
+        from ._errors import SafetensorError
+        raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
     # The whole file in memory once, then Tensors over its bytes (as load): paddle builds
     # its bfloat16/float8 Tensors from bytes, not from numpy arrays.
     with open(filename, "rb") as f:

@@ -18,11 +18,9 @@ import torch
 
 from . import _dtypes
 from ._core import check_metadata as _check_metadata
+from ._errors import SafetensorError, not_instance, path_argument
 from ._safe_open import safe_open
-from ._serialize import TensorSpec, deserialize, serialize, serialize_file
-from ._tensorlift import parse_header
-from ._tensorlift import serialize as _serialize_specs
-from ._tensorlift import serialize_file as _serialize_file_specs
+from ._serialize import TensorSpec, deserialize, parse_bytes, serialize, serialize_file, write_bytes, write_file
 
 __all__ = ["save", "save_file", "load", "load_file", "save_model", "load_model"]
 
@@ -95,30 +93,39 @@ def _check_dense_tensors(tensors) -> None:
             "file than needed.")
 
 
-def _check_for_save(tensors) -> None:
-    _check_dense_tensors(tensors)
-    shared = [g for g in _shared_groups(tensors) if len(g) > 1]
-    if shared:
-        raise RuntimeError(
-            f"Some tensors share memory, this will lead to duplicate memory on disk and potential differences "
-            f"when loading them again: {shared}. Save the model with `save_model` (it keeps one name per "
-            "shared storage), or clone the tensors. See https://huggingface.co/docs/safetensors/torch_shared_tensors")
-    for name, t in tensors.items():
-        if not t.is_contiguous():
-            raise ValueError(
-                f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. If it is a view "
-                "of another tensor, save the full tensor and slice it after loading; otherwise call "
-                "`.contiguous()` on it before saving.")
+def _shared_memory_error(shared) -> RuntimeError:
+    """The reference's RuntimeError, word for word, for tensors that share memory."""
+    return RuntimeError(
+        f"""
+            Some tensors share memory, this will lead to duplicate memory on disk and potential differences when loading them again: {shared}.
+            A potential way to correctly save your model is to use `save_model`.
+            More information at https://huggingface.co/docs/safetensors/torch_shared_tensors
+            """)
+
+
+def _non_contiguous_error(name) -> ValueError:
+    """The reference's ValueError, word for word, for a non-contiguous tensor."""
+    return ValueError(
+        f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you"
+        " are trying to save tensors which are reference of each other in which case it's recommended to save"
+        " only the full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to"
+        " pack it before saving.")
 
 
 def _specs(tensors: Dict[str, torch.Tensor], keep_alive: list) -> list:
     """(name, dtype, header shape, data_ptr, nbytes) for the C++ writer; the
-    tensors the pointers point into are appended to keep_alive."""
-    _check_for_save(tensors)
+    tensors the pointers point into are appended to keep_alive. The checks, and
+    their order, are the reference's: a dict of dense tensors, none sharing
+    memory; then each tensor contiguous, with a safetensors dtype; then every
+    name a str."""
+    _check_dense_tensors(tensors)
+    shared = [g for g in _shared_groups(tensors) if len(g) > 1]
+    if shared:
+        raise _shared_memory_error(shared)
     specs = []
     for name, t in tensors.items():
-        if not isinstance(name, str):
-            raise TypeError(f"argument 'tensors': '{type(name).__name__}' object is not an instance of 'str'")
+        if not t.is_contiguous():
+            raise _non_contiguous_error(name)
         if t.device.type != "cpu":
             t = t.to("cpu")
         if t.is_conj() or t.is_neg():
@@ -127,11 +134,18 @@ def _specs(tensors: Dict[str, torch.Tensor], keep_alive: list) -> list:
         shape = list(t.shape)
         if dtype == "F4":
             if not shape:
-                raise ValueError(f"tensor '{name}': a 0-d float4_e2m1fn_x2 tensor has no F4 shape")
+                # What the reference's writer reports for it (a sub-byte slice), in its words.
+                raise SafetensorError(
+                    "Error while serializing: The slice is slicing for subbytes dtypes, and the slice does not end "
+                    f"up at a byte boundary, this is invalid. (tensor '{name}': a 0-d float4_e2m1fn_x2 tensor has "
+                    "no F4 shape)")
             shape[-1] *= 2  # Two F4 values per element; the header counts F4 values.
         nbytes = t.numel() * t.element_size()
         keep_alive.append(t)
         specs.append((name, dtype, shape, t.data_ptr() if nbytes else 0, nbytes))
+    for name in tensors:
+        if not isinstance(name, str):
+            raise not_instance("tensor_dict", name, "str")
     return specs
 
 
@@ -140,18 +154,21 @@ def _specs(tensors: Dict[str, torch.Tensor], keep_alive: list) -> list:
 def save(tensors: Dict[str, torch.Tensor], metadata: Optional[Dict[str, str]] = None) -> bytes:
     """The bytes of a safetensors file holding `tensors` (contiguous, dense,
     not sharing memory) and the text `metadata`."""
-    _check_metadata(metadata)
     keep_alive: list = []
-    return _serialize_specs(_specs(tensors, keep_alive), metadata)
+    specs = _specs(tensors, keep_alive)
+    _check_metadata(metadata)
+    return write_bytes(specs, metadata)
 
 
 def save_file(tensors: Dict[str, torch.Tensor], filename: Union[str, os.PathLike],
               metadata: Optional[Dict[str, str]] = None) -> None:
     """Writes `tensors` to `filename` (through a temporary file renamed over
     it). The GIL is released while writing; do not modify the tensors meanwhile."""
-    _check_metadata(metadata)
     keep_alive: list = []
-    _serialize_file_specs(_specs(tensors, keep_alive), os.fspath(filename), metadata)
+    specs = _specs(tensors, keep_alive)
+    path = path_argument(filename)
+    _check_metadata(metadata)
+    write_file(specs, path, metadata)
 
 
 def load_file(filename: Union[str, os.PathLike], device: Union[str, int] = "cpu", *,
@@ -164,10 +181,9 @@ def load_file(filename: Union[str, os.PathLike], device: Union[str, int] = "cpu"
 
 
 def load(data: bytes) -> Dict[str, torch.Tensor]:
-    """The tensors of a safetensors file held in `data`, each in memory of its own."""
-    if not isinstance(data, bytes):
-        data = bytes(data)
-    tensors, _, data_offset = parse_header(data)
+    """The tensors of a safetensors file held in `data` (bytes, or any
+    bytes-like object), each in memory of its own."""
+    data, tensors, data_offset = parse_bytes(data, bytes_like=True)
     out = {}
     for name, dtype, shape, begin, end in tensors:
         raw = torch.empty(end - begin, dtype=torch.uint8)
@@ -425,12 +441,7 @@ def _evaluate_tensors_for_save(tensors: Dict[str, torch.Tensor]) -> None:
     _check_dense_tensors(tensors)
     failing = [names for names in _find_shared_tensors(tensors) if len(names) > 1]
     if failing:
-        raise RuntimeError(
-            f"""
-            Some tensors share memory, this will lead to duplicate memory on disk and potential differences when loading them again: {failing}.
-            A potential way to correctly save your model is to use `save_model`.
-            More information at https://huggingface.co/docs/safetensors/torch_shared_tensors
-            """)
+        raise _shared_memory_error(failing)
 
 
 def _flatten_as_ptr(tensors: Dict[str, torch.Tensor], keep_alive_buffer: List) -> Dict[str, TensorSpec]:
@@ -440,11 +451,7 @@ def _flatten_as_ptr(tensors: Dict[str, torch.Tensor], keep_alive_buffer: List) -
     out = {}
     for name, t in tensors.items():
         if not t.is_contiguous():
-            raise ValueError(
-                f"You are trying to save a non contiguous tensor: `{name}` which is not allowed. It either means you"
-                " are trying to save tensors which are reference of each other in which case it's recommended to save"
-                " only the full tensors, and reslice at load time, or simply call `.contiguous()` on your tensor to"
-                " pack it before saving.")
+            raise _non_contiguous_error(name)
         arr, ref = _to_ndarray(t)
         keep_alive_buffer.append((arr, ref))
         out[name] = TensorSpec(dtype=str(t.dtype).split(".")[-1], shape=t.shape, data_ptr=arr.ctypes.data,
