@@ -1,5 +1,6 @@
 # tensorlift: every target installs what it needs first (scripts/setup.sh is
-# idempotent and quiet when all is present).
+# idempotent and quiet when all is present): make demo only the build's packages and
+# one environment, the others everything the tests use.
 .PHONY: all setup build test demo bench fuzz format clean gpu-check soak wheel
 
 all: build
@@ -14,7 +15,8 @@ build: setup
 test: setup
 	@bash scripts/test.sh
 
-demo: build
+demo:
+	@bash scripts/setup.sh demo
 	@bash scripts/demo.sh
 
 bench: build
@@ -36,7 +38,7 @@ format:
 	@clang-format -i $$(git ls-files '*.cc' '*.h')
 
 clean:
-	rm -rf build build-asan build-fuzz build-tsan build-wheel dist
+	rm -rf build build-asan build-fuzz build-tsan build-wheel build-demo dist
 
 # 30 minutes of loads, fetches from a seed and abandoned streams; RSS, fds, threads and
 # io_uring instances must stay flat (docs/security.md, "Soak"). SOAK_SECONDS overrides.

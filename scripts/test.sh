@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# make test: build, then run every test: the wheel (make wheel) installed and smoke-tested in
+# make test: build, then run every test: the wheels (make wheel) installed and smoke-tested in
 # fresh environments without build tools, C++ (ctest), the format tests again
 # under ASan+UBSan, the concurrent ones under TSan, Python (pytest, against the reference safetensors
 # package; the framework modules in .venv-frameworks), a bounded libFuzzer run of every decoder of
@@ -26,7 +26,7 @@ stage "build"
 bash scripts/build.sh build
 stage "Python wheel (scikit-build-core) and its install"
 bash scripts/install_python.sh
-stage "the wheel (make wheel: Release, auditwheel) and its smoke suite in fresh environments"
+stage "the wheels (make wheel: CPython 3.10, 3.11 and an abi3 wheel for 3.12+; Release, auditwheel) and their smoke suites in fresh environments of CPython 3.10 to 3.13"
 bash scripts/wheel.sh
 bash tests/wheel/run.sh
 stage "C++ tests"

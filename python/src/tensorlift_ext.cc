@@ -936,7 +936,7 @@ nb::bytes ConvertPy(nb::bytes data, const std::string& from_dtype, const std::st
   PyObject* out = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(count * to_bits / 8));
   if (out == nullptr) throw nb::python_error();
   nb::bytes result = nb::steal<nb::bytes>(out);
-  auto* dst = reinterpret_cast<std::byte*>(PyBytes_AS_STRING(out));
+  auto* dst = reinterpret_cast<std::byte*>(PyBytes_AsString(out));
   const auto* src = static_cast<const std::byte*>(data.data());
   Status st;
   {

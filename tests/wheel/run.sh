@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# The wheel where users install it (make test; docs/install.md): dist/'s wheel
-# (make wheel) installed into fresh virtual environments, and tests/wheel/smoke.py
-# run there from a scratch folder, with PATH holding only the environment's bin/
-# (no compiler) and no source tree on sys.path:
-#   1. a fresh venv with the wheel and its dependencies from PyPI (numpy): no torch;
-#   2. a fresh venv with the wheel, and torch (with numpy) from the project's
-#      environment (.venv) through a .pth file: tensorlift.load's torch tensors;
-#   3. the first venv again in a container-like root: a mount namespace (unshare) in
-#      which /usr/include, the compilers' folders and CUDA are empty and the
+# The wheels where users install them (make test; docs/install.md): dist/'s wheels
+# (make wheel: one per CPython 3.10 and 3.11, one abi3 for 3.12+) installed into fresh
+# virtual environments of each CPython users run (WHEEL_SMOKE_PYTHONS, default 3.10 to
+# 3.13; scripts/setup.sh finds them, in .venv-build-pyX.Y), and tests/wheel/smoke.py
+# run there from a scratch folder, with PATH holding only the environment's bin/ (no
+# compiler) and no source tree on sys.path. numpy comes from PyPI, tensorlift from
+# dist/ alone (pip --no-index --find-links), so pip itself picks the wheel that fits the
+# interpreter, as it would for a user:
+#   1. per Python: a fresh venv with the wheel and numpy: no torch;
+#   2. for the project's Python (.venv's): a fresh venv with the wheel, and torch (with
+#      numpy) from the project's environment (.venv) through a .pth file:
+#      tensorlift.load's torch tensors;
+#   3. per Python: the venv of 1 again in a container-like root: a mount namespace
+#      (unshare) in which /usr/include, the compilers' folders and CUDA are empty and the
 #      system's copies of the libraries the wheel grafts (simdjson, xxHash,
 #      liburing, cpp-httplib, libxml2), libcurl and libmpi are /dev/null, so the
 #      wheel runs on what it carries, and S3 and MPI say what to install. Where unshare is not
 #      allowed, it says so and runs the check without the namespace.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-wheel=$(ls "$root"/dist/tensorlift-*.whl 2>/dev/null | head -1)
-[ -n "$wheel" ] || { echo "wheel smoke: no dist/tensorlift-*.whl (make wheel)" >&2; exit 1; }
-base=$("$root/.venv/bin/python" -c 'import sys; print(sys._base_executable)')
+ls "$root"/dist/tensorlift-*.whl > /dev/null 2>&1 || { echo "wheel smoke: no dist/tensorlift-*.whl (make wheel)" >&2; exit 1; }
+pythons=${WHEEL_SMOKE_PYTHONS:-3.10 3.11 3.12 3.13}
+project=$("$root/.venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 work=$(mktemp -d /tmp/tl-wheel.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 # The script in a folder of its own (its folder is sys.path[0]), the venvs in another.
 mkdir -p "$work/run" "$work/env"
 cp "$root/tests/wheel/smoke.py" "$work/run/"
-echo "wheel smoke: $(basename "$wheel")"
+echo "wheel smoke: $(cd "$root/dist" && echo tensorlift-*.whl)"
 
 smoke() {  # VENV ARGS...: smoke.py with nothing but VENV/bin on PATH
   local venv=$1
@@ -30,20 +35,19 @@ smoke() {  # VENV ARGS...: smoke.py with nothing but VENV/bin on PATH
   (cd "$work/run" && env -i HOME="$HOME" LANG=C.UTF-8 PATH="$venv/bin" "$venv/bin/python" smoke.py "$@")
 }
 
-echo "== 1. fresh venv, no torch"
-"$base" -m venv "$work/env/plain"
-"$work/env/plain/bin/python" -m pip install -q --disable-pip-version-check "$wheel"
-smoke "$work/env/plain" --torch no
+# install VENV [pip args]: tensorlift from dist/ only, the wheel pip picks for VENV's Python.
+install() {
+  local venv=$1
+  shift
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index --find-links "$root/dist" "$@" tensorlift
+  "$venv/bin/python" -c 'import importlib.metadata as m, sys
+d = m.distribution("tensorlift")
+tags = [l.split(": ", 1)[1] for l in d.read_text("WHEEL").splitlines() if l.startswith("Tag: ")]
+want = "cp312-abi3-" if sys.version_info >= (3, 12) else "cp3%d-cp3%d-" % (sys.version_info[1], sys.version_info[1])
+print(f"  Python {sys.version.split()[0]}: tensorlift {d.version}, wheel tag {tags[0]}")
+sys.exit(0 if tags[0].startswith(want) else f"wheel smoke: expected a {want}* wheel here")'
+}
 
-echo "== 2. fresh venv, torch from the project's environment"
-"$base" -m venv "$work/env/torch"
-"$work/env/torch/bin/python" -m pip install -q --disable-pip-version-check --no-deps "$wheel"
-site=$("$work/env/torch/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-"$root/.venv/bin/python" -c 'import sysconfig, torch, numpy; print(sysconfig.get_paths()["purelib"])' \
-  > "$site/zz-torch-from-project.pth"
-smoke "$work/env/torch" --torch yes
-
-echo "== 3. container-like root"
 hide='
 set -e
 for d in /usr/include /usr/lib/gcc /usr/libexec/gcc /usr/local/cuda; do
@@ -54,10 +58,35 @@ for f in /usr/lib/x86_64-linux-gnu/lib{simdjson,xxhash,uring,cpp-httplib,xml2,cu
 done
 echo "container-like root: a mount namespace (unshare) with no headers, compilers or CUDA, and /dev/null for the system copies of the grafted libraries, libcurl and MPI"
 '
-if unshare --mount --propagation private true 2>/dev/null; then
-  unshare --mount --propagation private bash -c "$hide"'
-    cd "$1/run" && env -i HOME="$HOME" LANG=C.UTF-8 PATH="$1/env/plain/bin" "$1/env/plain/bin/python" smoke.py --torch no --no-libcurl --no-mpi
-  ' bash "$work"
-else
-  echo "container-like root: unshare is not allowed here; the clean venv (PATH without build tools) of step 1 only"
-fi
+can_unshare=0
+unshare --mount --propagation private true 2>/dev/null && can_unshare=1
+
+for v in $pythons; do
+  base=$("$root/.venv-build-py$v/bin/python" -c 'import sys; print(sys._base_executable)' 2>/dev/null) \
+    || { echo "wheel smoke: no CPython $v (.venv-build-py$v): run scripts/setup.sh" >&2; exit 1; }
+  env=$work/env/plain-$v
+  echo "== 1. Python $v: fresh venv, no torch"
+  "$base" -m venv "$env"
+  "$env/bin/python" -m pip install -q --disable-pip-version-check numpy
+  install "$env"
+  smoke "$env" --torch no
+
+  if [ "$v" = "$project" ]; then
+    echo "== 2. Python $v: fresh venv, torch from the project's environment"
+    "$base" -m venv "$work/env/torch"
+    install "$work/env/torch" --no-deps
+    site=$("$work/env/torch/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$root/.venv/bin/python" -c 'import sysconfig, torch, numpy; print(sysconfig.get_paths()["purelib"])' \
+      > "$site/zz-torch-from-project.pth"
+    smoke "$work/env/torch" --torch yes
+  fi
+
+  echo "== 3. Python $v: container-like root"
+  if [ "$can_unshare" = 1 ]; then
+    unshare --mount --propagation private bash -c "$hide"'
+      cd "$1/run" && env -i HOME="$HOME" LANG=C.UTF-8 PATH="$2/bin" "$2/bin/python" smoke.py --torch no --no-libcurl --no-mpi
+    ' bash "$work" "$env"
+  else
+    echo "container-like root: unshare is not allowed here; the clean venv (PATH without build tools) of step 1 only"
+  fi
+done
