@@ -9,7 +9,10 @@
 # those tests skip there. UCX travels as Debian's headers (tensorlift is built
 # with them and does not link UCX) and the libraries of PyPI's libucx-cu12
 # (UCX with CUDA), in .gpu-bundle/ucx/lib, which gpu_check.sh names in
-# TENSORLIFT_UCX_LIB.
+# TENSORLIFT_UCX_LIB (they travel compressed, ucx.tar.xz). DLPack's header travels
+# alone (dlpack/, from apache-tvm-ffi's wheel), and tensorlift's own wheel for that
+# Python (make wheel's steps: the abi3 wheel for 3.12 and later) in tensorlift/, which
+# a lease installs and measures first (gpu_check.sh STEP=wheel).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -41,13 +44,33 @@ rm -rf "$icu_tmp"
 
 # PyPI: what the GPU image lacks (it has torch, safetensors, nanobind,
 # scikit-build-core, pytest, xxhash, ml-dtypes, psutil, tqdm, nvidia-cufile).
-wheels=(fastsafetensors runai-model-streamer instanttensor apache-tvm-ffi)
+wheels=(fastsafetensors runai-model-streamer instanttensor)
 for w in "${wheels[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
     --platform manylinux2014_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_35_x86_64 \
     -d "$bundle/wheels" "$w" || echo "gpu-bundle: no wheel of $w for Python $pyver (that contender will say so)" >&2
 done
+
+# DLPack 1.x's header, from apache-tvm-ffi's wheel (4 MB; the header is 20 KB): the
+# build names it in TENSORLIFT_DLPACK_INCLUDE_DIR.
+tvm_tmp=$(mktemp -d)
+python3 -m pip download -q --no-deps --only-binary=:all: -d "$tvm_tmp" apache-tvm-ffi
+python3 -c '
+import os, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z:
+    name = next(n for n in z.namelist() if n.endswith("/include/dlpack/dlpack.h"))
+    os.makedirs(sys.argv[2], exist_ok=True)
+    with open(os.path.join(sys.argv[2], "dlpack.h"), "wb") as f:
+        f.write(z.read(name))
+' "$tvm_tmp"/apache_tvm_ffi-*.whl "$bundle/dlpack/dlpack"
+rm -rf "$tvm_tmp"
+
+# tensorlift's wheel for the GPU machine's Python, built here (scripts/wheel.sh).
+wheel_py=$pyver
+[ "$(printf '%s\n3.12\n' "$pyver" | sort -V | head -1)" = 3.12 ] && wheel_py=3.12  # abi3 from 3.12 on
+[ -x ".venv-build-py$wheel_py/bin/python" ] && [ -x .venv-wheel/bin/python ] || bash scripts/setup.sh
+WHEEL_PYTHONS=$wheel_py WHEEL_OUT="$bundle/tensorlift" bash scripts/wheel.sh
 
 # UCX with CUDA: of the libucx-cu12 wheel (43 MB), only the libraries the data
 # plane opens (remote/ucx_api.cc) and the transport modules it needs; not its
@@ -67,9 +90,12 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 EOF
 chmod 755 "$bundle"/ucx/lib/*.so.0 "$bundle"/ucx/lib/ucx/*.so.0
 rm -rf "$ucx_tmp"
+# Compressed (16 MiB of libraries travel as 4): gpu_check.sh unpacks them on the machine.
+tar cJf "$bundle/ucx.tar.xz" -C "$bundle" ucx
+rm -rf "$bundle/ucx"
 
 mib=$(du -sm "$bundle" | cut -f1)
-echo "gpu-bundle: $bundle: $(ls "$bundle/debs" | wc -l) Debian packages, $(ls "$bundle/wheels" | wc -l) wheels, ${mib} MiB"
+echo "gpu-bundle: $bundle: $(ls "$bundle/debs" | wc -l) Debian packages, $(ls "$bundle/wheels" | wc -l) wheels, $(cd "$bundle/tensorlift" && echo tensorlift-*.whl), ${mib} MiB"
 if [ "$mib" -gt "$max_mib" ]; then
   echo "gpu-bundle: ${mib} MiB is over ${max_mib} MiB: it would not travel with the checkout" >&2
   exit 1

@@ -14,6 +14,12 @@
 #           tensorlift against the other loaders and the limits; the kernels
 #           against a device-to-device copy.
 #   all     setup, test, bench (the default); exits non-zero if a test failed.
+#   wheel   the wheel users install, before any build: dist/'s (make wheel), or
+#           on a lent machine the one .gpu-bundle/tensorlift/ carries, installed
+#           beside the machine's Python into <build>-fromwheel/site, with
+#           tl_limits (one file) compiled on its own; then the Python GPU tests
+#           (GPU_CHECK_WHEEL_PYTESTS) and the load benchmark (gpu_bench.py
+#           --parts loads) with it. A lease runs it first (scripts/gpu_lease.sh).
 #
 # Each step fits one 10-minute command. Results: $OUT (default
 # bench/out/gpu/): results.json, results.md (printed at the end), and each
@@ -28,8 +34,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 step=${STEP:-all}
 out=${OUT:-$root/bench/out/gpu}
-case "$step" in setup|test|bench|all|bundle) ;; *)
-  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all or bundle)" >&2; exit 2 ;;
+case "$step" in setup|test|bench|all|bundle|wheel) ;; *)
+  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all, wheel or bundle)" >&2; exit 2 ;;
 esac
 
 # The files this check needs; a missing or broken one fails the dry run too.
@@ -90,6 +96,31 @@ failed=0
 
 log() { echo "gpu-check [$mode] $*"; }
 
+# unpack_bundle SITE: offline, the carried Debian packages, unpacked without
+# overwriting any file the machine has, UCX's libraries, DLPack's header, and the
+# carried wheels installed into SITE next to the machine's own Python (the one
+# with CUDA torch).
+unpack_bundle() {
+  local site=$1 deb x
+  x=$(mktemp -d)
+  for deb in "$root"/.gpu-bundle/debs/*.deb; do
+    [ -e "$deb" ] || continue
+    dpkg-deb -x "$deb" "$x"
+  done
+  cp -rn "$x"/. / 2>/dev/null || true
+  [ -d "$root/.gpu-bundle/root" ] && { cp -rn "$root/.gpu-bundle/root"/. / 2>/dev/null || true; }
+  rm -rf "$x"
+  ldconfig 2>/dev/null || true
+  if [ -f "$root/.gpu-bundle/ucx.tar.xz" ] && [ ! -f "$root/.gpu-bundle/ucx/lib/libucp.so.0" ]; then
+    tar xJf "$root/.gpu-bundle/ucx.tar.xz" -C "$root/.gpu-bundle"
+  fi
+  mkdir -p "$site"
+  if compgen -G "$root/.gpu-bundle/wheels/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+      "$root"/.gpu-bundle/wheels/*.whl
+  fi
+}
+
 do_setup() {
   log "setup"
   if [ "$mode" = emulated ]; then
@@ -104,26 +135,9 @@ do_setup() {
   fi
   local site=$root/$build/site
   if [ -d "$root/.gpu-bundle" ]; then
-    # Offline: the carried Debian packages, unpacked without overwriting any
-    # file the machine has, and the carried wheels, next to the machine's own
-    # Python (the one with CUDA torch).
     log "setup: offline, from .gpu-bundle/"
-    local deb x
-    x=$(mktemp -d)
-    for deb in "$root"/.gpu-bundle/debs/*.deb; do
-      [ -e "$deb" ] || continue
-      dpkg-deb -x "$deb" "$x"
-    done
-    cp -rn "$x"/. / 2>/dev/null || true
-    [ -d "$root/.gpu-bundle/root" ] && { cp -rn "$root/.gpu-bundle/root"/. / 2>/dev/null || true; }
-    rm -rf "$x"
-    ldconfig 2>/dev/null || true
+    unpack_bundle "$site"
     py=$(command -v python3)
-    mkdir -p "$site"
-    if compgen -G "$root/.gpu-bundle/wheels/*.whl" >/dev/null; then
-      "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
-        "$root"/.gpu-bundle/wheels/*.whl
-    fi
   else
     log "setup: from the registries (scripts/setup.sh)"
     bash scripts/setup.sh
@@ -142,8 +156,10 @@ EOF
   # This GPU's architecture only: a faster build, and the SASS that runs here.
   local cc
   cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d ' .')
+  local dlpack=()
+  [ -f "$root/.gpu-bundle/dlpack/dlpack/dlpack.h" ] && dlpack=(-DTENSORLIFT_DLPACK_INCLUDE_DIR="$root/.gpu-bundle/dlpack")
   bash scripts/build.sh "$build" -DTENSORLIFT_CUDA_ARCHITECTURES="${cc}-real" \
-    -DPython_EXECUTABLE="$py" > "$out/build.log" 2>&1 || { cat "$out/build.log"; return 1; }
+    -DPython_EXECUTABLE="$py" "${dlpack[@]}" > "$out/build.log" 2>&1 || { cat "$out/build.log"; return 1; }
   cmake --build "$build" --target tl_gpu_kernels_bench tl_limits -j "$(nproc)" >> "$out/build.log" 2>&1 \
     || { cat "$out/build.log"; return 1; }
   # The Python package, built against this Python and installed beside the wheels,
@@ -160,6 +176,62 @@ EOF
     -Ccmake.define.Python_EXECUTABLE="$py" . > "$out/pip.log" 2>&1 \
     || { cat "$out/pip.log"; return 1; }
   printf 'py=%q\nsite=%q\n' "$py" "$site" > "$envfile"
+}
+
+do_wheel() {
+  log "wheel"
+  local dir=$root/$build-fromwheel wheels site rc
+  site=$dir/site
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  if [ "$mode" = gpu ] && [ -d "$root/.gpu-bundle" ]; then
+    log "wheel: offline, from .gpu-bundle/"
+    unpack_bundle "$site"
+    py=$(command -v python3)
+    wheels=$root/.gpu-bundle/tensorlift
+  else
+    [ -x "$root/.venv/bin/python" ] || bash scripts/setup.sh
+    py=$root/.venv/bin/python
+    wheels=$root/dist
+  fi
+  compgen -G "$wheels/tensorlift-*.whl" >/dev/null \
+    || { echo "gpu-check: no wheel in $wheels (make wheel; on a lent machine, the bundle's)" >&2; return 1; }
+  # The wheel pip picks for this Python, from that folder alone.
+  "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+    --find-links "$wheels" tensorlift || return 1
+  ln -sfn "$site/tensorlift/_bin/tensorlift" "$dir/tensorlift"
+  # The limits' reader, one file of its own (no tensorlift code): liburing and xxHash
+  # from the machine or the bundle's Debian packages.
+  local uring=(-DTL_LIMITS_HAVE_URING=1 -luring)
+  echo '#include <liburing.h>' | g++ -x c++ -fsyntax-only - 2>/dev/null || uring=()
+  # shellcheck disable=SC2068
+  g++ -O2 -std=c++17 bench/load/tl_limits.cc -o "$dir/tl_limits" ${uring[@]} -lxxhash -pthread \
+    > "$out/tl_limits-build.log" 2>&1 || { cat "$out/tl_limits-build.log"; return 1; }
+  PYTHONPATH="$site" "$py" -c 'import sys, tensorlift
+where = tensorlift.__file__
+assert where.startswith(sys.argv[1]), f"tensorlift came from {where}, not the wheel in {sys.argv[1]}"
+print(f"gpu-check: tensorlift {tensorlift.__version__} from the wheel ({where})")' "$site" || return 1
+  "$dir/tensorlift" --version
+  printf 'py=%q\nsite=%q\n' "$py" "$site" > "$dir/gpu-env.sh"
+  # The Python GPU tests, then the loads, with the wheel.
+  envfile=$dir/gpu-env.sh build=$build-fromwheel
+  load_env
+  local py_tests=(tests/python/test_device.py tests/python/test_cli_device.py)
+  [ -n "${GPU_CHECK_WHEEL_PYTESTS:-}" ] && read -ra py_tests <<< "$GPU_CHECK_WHEEL_PYTESTS"
+  : > "$out/tests.jsonl"
+  if [ "${GPU_CHECK_WHEEL_PYTESTS:-}" != none ]; then
+    set +e
+    # shellcheck disable=SC2086
+    "$py" -m pytest -q -rfE -p no:cacheprovider ${GPU_CHECK_PYTEST_ARGS:-} "${py_tests[@]}" > "$out/pytest-wheel.log" 2>&1
+    rc=$?
+    set -e
+    record_tests pytest-wheel "$out/pytest-wheel.log" $rc
+    [ $rc -eq 0 ] || failed=1
+  fi
+  local args=(--build "$dir" --device "$device" --out "$out" --parts loads)
+  [ "$mode" = emulated ] && args+=(--gb 0.05 --runs 1)
+  # shellcheck disable=SC2086
+  "$py" bench/gpu/gpu_bench.py "${args[@]}" ${GPU_BENCH_ARGS:-}
 }
 
 load_env() {
@@ -300,6 +372,7 @@ case "$step" in
   setup) do_setup ;;
   test) do_test ;;
   bench) do_bench ;;
+  wheel) do_wheel || failed=1 ;;
   all) do_setup; do_test; do_bench ;;
 esac
 if [ -f "$out/tests.jsonl" ] && [ "$step" != setup ] && [ "$step" != bench ]; then

@@ -1,17 +1,25 @@
 #!/usr/bin/env bash
 # One short lease of a lent GPU machine (docs/gpu.md, "A lent machine"): make
 # gpu-check's steps in one command of at most LEASE_SECONDS (default 560), in
-# the order that keeps the most when time runs out: set-up and build; the C++
-# tests of the device and of peer loading (ctest labels
-# device|sparse|load|dist|remote) and the Python tests that use the GPU; the
-# GPU benchmark (GPU_BENCH_ARGS, default one run of each contender cold and
-# warm); then compute-sanitizer over the CUDA device tests and a whole load
-# while time is left. Every step has its own time limit, so the packing
-# at the end always runs.
+# the order that keeps the most when time runs out:
+#   1. wheel: the wheel users install (the bundle carries it: make gpu-check
+#      STEP=bundle), installed beside the machine's Python with no build; the
+#      Python tests that use the GPU and the load benchmark (every contender, cold
+#      and warm, against the limits; GPU_BENCH_ARGS, default one run each) with it:
+#      a lease measures within a minute or two of starting, and proves the wheel
+#      on a GPU machine;
+#   2. setup: the source build (CUDA, for this GPU's architecture);
+#   3. test: the C++ tests of the device and of peer loading (ctest labels
+#      device|sparse|load|dist|remote);
+#   4. bench: the kernels against a device-to-device copy, and the peer pull
+#      (gpu_bench.py --parts kernels,peer);
+#   5. sanitize: compute-sanitizer over the CUDA device tests and a whole load
+#      while time is left.
+# Every step has its own time limit, so the packing at the end always runs.
 #
 # The device tool brings back at most 8 files from $OUT: the logs of every step
-# travel as $OUT/gpu-check.tgz, beside results.md, results.json and
-# summary.txt (each step's exit status and seconds).
+# travel as $OUT/gpu-check.tgz, beside summary.txt (each step's exit status and
+# seconds), results-wheel.md/.json (step 1) and results-kernels.md/.json (step 4).
 #
 #   run(command="bash scripts/gpu_lease.sh", carry=[".gpu-bundle"], timeout_s=600)
 set -uo pipefail
@@ -28,7 +36,10 @@ pack() {
   cp "$root"/build-gpu.cmake.log "$root"/build-gpu.build.log "$work"/ 2>/dev/null
   tar czf "$dest/gpu-check.tgz" -C "$work" . 2>/dev/null
   cp "$work/summary.txt" "$dest/" 2>/dev/null
-  cp "$work/bench/results.md" "$work/bench/results.json" "$dest/" 2>/dev/null
+  cp "$work/wheel/results.md" "$dest/results-wheel.md" 2>/dev/null
+  cp "$work/wheel/results.json" "$dest/results-wheel.json" 2>/dev/null
+  cp "$work/bench/results.md" "$dest/results-kernels.md" 2>/dev/null
+  cp "$work/bench/results.json" "$dest/results-kernels.json" 2>/dev/null
   true
 }
 trap pack EXIT
@@ -61,14 +72,17 @@ step() {
 } > "$work/machine.txt" 2>&1
 head -n 12 "$work/machine.txt"
 
-# A build that does not finish leaves nothing to test.
+
 limit() { local l; l=$(($(left) - $2)); echo $((l < $1 ? l : $1)); }  # min(CAP, left - RESERVE)
-step setup "$(limit 330 230)" STEP=setup || exit 1
-step test "$(limit 110 150)" STEP=test \
+pytests="${LEASE_PYTESTS:-tests/python/test_device.py tests/python/test_cli_device.py tests/python/test_doctor.py tests/python/test_safetensors_api.py tests/python/test_fastsafetensors_compat.py tests/python/test_remote.py tests/python/test_server_loading.py tests/python/test_transformers.py}"
+step wheel "$(limit 240 300)" STEP=wheel GPU_CHECK_WHEEL_PYTESTS="$pytests" \
+  GPU_CHECK_PYTEST_ARGS="${LEASE_PYTEST_ARGS--n 8}" GPU_BENCH_ARGS="${GPU_BENCH_ARGS:---runs 1 --load-timeout 60}"
+# A build that does not finish leaves nothing more to test.
+step setup "$(limit 330 60)" STEP=setup || { cat "$work/summary.txt"; exit 1; }
+step test "$(limit 110 40)" STEP=test \
   GPU_CHECK_CTEST_LABELS="${LEASE_CTEST_LABELS:-device|sparse|load|dist|remote}" GPU_CHECK_SANITIZE=none \
-  GPU_CHECK_PYTEST_ARGS="${LEASE_PYTEST_ARGS--n 8}" \
-  GPU_CHECK_PYTESTS="${LEASE_PYTESTS:-tests/python/test_device.py tests/python/test_cli_device.py tests/python/test_doctor.py tests/python/test_safetensors_api.py tests/python/test_fastsafetensors_compat.py tests/python/test_remote.py tests/python/test_server_loading.py tests/python/test_transformers.py}"
-step bench $(($(left) - 40)) STEP=bench GPU_BENCH_ARGS="${GPU_BENCH_ARGS:---runs 1 --load-timeout 60}"
+  GPU_CHECK_PYTESTS=none
+step bench $(($(left) - 30)) STEP=bench GPU_BENCH_ARGS="--runs 1 --parts kernels,peer"
 step sanitize $(($(left) - 5)) STEP=test GPU_CHECK_CTEST_LABELS=none GPU_CHECK_PYTESTS=none \
   GPU_CHECK_SANITIZE="${LEASE_SANITIZE:-cuda_device_test load}"
 cat "$work/summary.txt"

@@ -38,6 +38,7 @@ import random
 import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -146,6 +147,23 @@ def peer_pull(args, shards_dir):
     return out
 
 
+def torch_h2d(device, mib=1024, reps=5):
+    """Pinned host to device copies of `mib` MiB through torch (non_blocking from pinned memory,
+    one stream): the best of `reps`, in GB/s."""
+    import torch
+    src = torch.empty(mib << 20, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(mib << 20, dtype=torch.uint8, device=device)
+    best = None
+    for _ in range(reps):
+        torch.cuda.synchronize(device)
+        t = time.perf_counter()
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize(device)
+        s = time.perf_counter() - t
+        best = s if best is None else min(best, s)
+    return {"gbps": src.numel() / best / 1e9, "bytes": src.numel(), "reps": reps}
+
+
 def measure(args):
     shards_dir = gen_checkpoint.checkpoint_dir(args.gb, args.shards)
     shards = gen_checkpoint.shard_paths(shards_dir)
@@ -165,13 +183,25 @@ def measure(args):
         # The kernels' H2D row and every contender's copies at this rate.
         os.environ["TENSORLIFT_EMULATED_H2D_GBPS"] = str(args.emulated_h2d_gbps)
     # Kernels and the pinned H2D limit: one process, the device layer's own calls.
-    kb = os.path.join(args.build, "tl_gpu_kernels_bench")
-    kcmd = [kb, "--device", args.device if args.device.startswith("cuda") else "emulated"]
-    if args.kernel_mib:
-        kcmd += ["--mib", str(args.kernel_mib)]
-    kernels, err = run_json(kcmd)
-    data["kernels"] = kernels if kernels else {"error": err}
-    save(args, data)
+    parts = set(args.parts.split(","))
+    if "kernels" in parts:
+        kb = os.path.join(args.build, "tl_gpu_kernels_bench")
+        kcmd = [kb, "--device", args.device if args.device.startswith("cuda") else "emulated"]
+        if args.kernel_mib:
+            kcmd += ["--mib", str(args.kernel_mib)]
+        kernels, err = run_json(kcmd)
+        data["kernels"] = kernels if kernels else {"error": err}
+        save(args, data)
+    elif args.device.startswith("cuda"):
+        # Without the kernels bench (a lease's first step, from the wheel): the pinned H2D limit
+        # through torch's own copy, so that the warm limit is there from the start.
+        data["h2d_torch"] = torch_h2d(args.device)
+        save(args, data)
+    if "loads" not in parts:
+        if "peer" in parts:
+            data["peer_pull"] = peer_pull(args, shards_dir)
+            save(args, data)
+        return data
 
     # O_DIRECT read of the same bytes, cold (tl_limits, as the host load bench does).
     ranges_file = os.path.join(args.out, "ranges.txt")
@@ -256,8 +286,9 @@ def measure(args):
                 save(args, data)
 
     # Last: the pull needs UCX with CUDA, the loads above need nothing more.
-    data["peer_pull"] = peer_pull(args, shards_dir)
-    save(args, data)
+    if "peer" in parts:
+        data["peer_pull"] = peer_pull(args, shards_dir)
+        save(args, data)
     return data
 
 
@@ -270,7 +301,7 @@ def summarize(data):
     ckpt = data["checkpoint"]["bytes"]
     k = data.get("kernels") or {}
     ops = k.get("ops", {}) if isinstance(k, dict) else {}
-    h2d = ops.get("h2d_pinned", {}).get("gbps_out")
+    h2d = ops.get("h2d_pinned", {}).get("gbps_out") or (data.get("h2d_torch") or {}).get("gbps")
     limits = data["limits"]
 
     def read_limit(key):
@@ -330,7 +361,9 @@ def summarize(data):
         return f"{g:.2f} ({lo:.2f}–{hi:.2f})" if lo is not None and hi is not None and lo != hi else f"{g:.2f}"
 
     for name, g, lo, hi in (
-            ("pinned H2D (cudaMemcpyAsync)", h2d, None, None),
+            ("pinned H2D (torch's copy_, 1 GiB, best of 5)" if not ops.get("h2d_pinned") and data.get("h2d_torch")
+             else "pinned H2D (cudaMemcpyAsync)",
+             h2d, None, None),
             (f"O_DIRECT read, cold (best of the sweep: {od.get('point', '?').replace('x', ' x ')})", od_gbps, od_lo, od_hi),
             ("cold limit = min(H2D, O_DIRECT)", limit_gbps, None, None),
             (f"page cache read, warm (best of the sweep: {pc.get('point', '?').replace('x', ' threads x ')})",
@@ -351,7 +384,8 @@ def summarize(data):
                   "device with TENSORLIFT_EMULATED_DISCARD_COPIES=1 (the copies take the copy model's time but "
                   "move no bytes, so the CPUs that read do not also do the copies a GPU's DMA engines do); "
                   "its tensors' bytes are wrong."]
-    lines += peer_lines(data.get("peer_pull") or {}, ops.get("d2d", {}).get("gbps_out"))
+    if "peer_pull" in data:  # Not measured: --parts without peer.
+        lines += peer_lines(data["peer_pull"] or {}, ops.get("d2d", {}).get("gbps_out"))
     if ops:
         lines += ["", "| kernel | GB/s moved | GB/s out | vs d2d |", "|---|---|---|---|"]
         for name, o in ops.items():
@@ -412,7 +446,15 @@ def main():
     ap.add_argument("--emulated-h2d-gbps", type=float, default=None,
                     help="the emulated device's copy bandwidth (TENSORLIFT_EMULATED_H2D_GBPS; default: its own, "
                          "the H200's 54.8)")
+    ap.add_argument("--parts", default="kernels,loads,peer",
+                    help="what to measure, comma-separated: kernels (tl_gpu_kernels_bench and the pinned H2D "
+                         "limit), loads (the limits' sweeps and every contender, cold and warm), peer (a pull "
+                         "from a seed process); a lease measures the loads from the wheel first, the rest "
+                         "after the source build")
     args = ap.parse_args()
+    bad = set(args.parts.split(",")) - {"kernels", "loads", "peer"}
+    if bad:
+        ap.error(f"--parts: unknown part(s) {', '.join(sorted(bad))} (kernels, loads, peer)")
     os.makedirs(args.out, exist_ok=True)
     data = measure(args)
     save(args, data)

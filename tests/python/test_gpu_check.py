@@ -137,3 +137,24 @@ def test_the_bench_contenders_agree_on_the_bytes(tmp_path):
         assert res["tensors"] == 6 and res["bytes"] == 2 * (64 * 48 * 2 + 48 * 4) and res["load_s"] > 0, res
         sums[name] = res["checksum"]
     assert len(set(sums.values())) == 1, sums
+
+
+@pytest.mark.skipif(not list((ROOT / "dist").glob("tensorlift-*.whl")),
+                    reason="no wheel in dist/ (make wheel; make test makes it before these tests)")
+def test_the_wheel_step_on_the_emulated_device(tmp_path):
+    # STEP=wheel, a lease's first step: dist/'s wheel installed beside the Python with no
+    # build, then the device tests and the load benchmark with it.
+    out = tmp_path / "gpu"
+    p = run({"GPU_CHECK_EMULATED": "1", "OUT": str(out), "STEP": "wheel"})
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    site = ROOT / "build-fromwheel" / "site"
+    assert f"from the wheel ({site}/tensorlift/__init__.py)" in p.stdout, p.stdout[-3000:]
+    suites = [json.loads(line) for line in (out / "tests.jsonl").read_text().splitlines()]
+    assert [s["suite"] for s in suites] == ["pytest-wheel"] and suites[0]["rc"] == 0 and suites[0]["passed"] > 0
+    res = json.loads((out / "results.json").read_text())
+    for state in ("cold", "warm"):
+        runs = res["loads"]["tensorlift"][state]
+        assert runs and all(r["load_s"] > 0 for r in runs), runs
+    # --parts loads: no kernels, no peer pull.
+    assert res["kernels"] is None and "peer_pull" not in res
+    assert res["limits"]["odirect_read"]["read_s"] > 0
