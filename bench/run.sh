@@ -20,3 +20,5 @@ cmake --build "${TL_BUILD_DIR:-$root/build}" --target tl_sparse_decode_bench tl_
 .venv/bin/python bench/remote/peer_bench.py --build "$build" --runs "${TL_BENCH_RUNS:-3}"
 bash bench/vllm/run.sh --runs "${TL_BENCH_RUNS:-3}"
 bash bench/objstore/run.sh --runs "${TL_BENCH_RUNS:-3}"
+# PNG charts of the load benchmark's results (bench/charts.py, matplotlib): bench/out/charts/.
+.venv/bin/python bench/charts.py --out bench/out/charts bench/out/load.json

@@ -33,8 +33,6 @@ Output: a table and verdicts on stdout, bench/out/dist.json.
 """
 
 import argparse
-import ctypes
-import ctypes.util
 import datetime
 import json
 import os
@@ -53,38 +51,9 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "load"))
 import gen_checkpoint  # noqa: E402
 from load_bench import evict, machine_info, page_reporting, read_through  # noqa: E402
+from load_bench import resident_fraction as resident  # noqa: E402
 
 CONTENDERS = [("tensorlift", "tensorlift.fastsafetensors"), ("fastsafetensors", "fastsafetensors 0.5")]
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def resident(path):
-    """The fraction of the file's pages in the page cache (mincore)."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 1.0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED: maps, faults nothing
-        if addr in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), f"mmap {path}")
-        try:
-            pages = (size + PAGE - 1) // PAGE
-            vec = (ctypes.c_ubyte * pages)()
-            if _libc.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore {path}")
-            return sum(b & 1 for b in vec) / pages
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-
 
 def env_num(name, default, kind=float):
     v = os.environ.get(name)

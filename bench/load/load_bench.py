@@ -37,8 +37,10 @@ Output: a table and verdicts on stdout, bench/out/load.json.
 """
 
 import argparse
+import ctypes
 import datetime
 import json
+import mmap
 import os
 import platform
 import random
@@ -121,6 +123,38 @@ def tensor_ranges(shards):
                   for k, v in header.items() if k != "__metadata__"]
         out.append((path, sorted(ranges)))
     return out
+
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+
+
+def resident_fraction(path):
+    """The fraction of the file's pages in the page cache (mmap + mincore: maps, faults nothing
+    in, reads nothing); 1.0 for an empty file. The benches' and the demo's check that a cold run
+    is cold and a warm one warm."""
+    size = os.path.getsize(path)
+    if size == 0:
+        return 1.0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        try:
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore {path}")
+            return sum(b & 1 for b in bytes(vec)) / pages
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
 
 
 def evict(paths):

@@ -48,10 +48,8 @@ bench/out/objstore.json. A contender that fails is recorded with its error text.
 """
 
 import argparse
-import ctypes
 import datetime
 import json
-import mmap
 import os
 import random
 import shlex
@@ -70,6 +68,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "bench", "load"))
 import gen_checkpoint  # noqa: E402
+from load_bench import resident_fraction  # noqa: E402
 from load_bench import evict, machine_info, page_reporting, read_through, tensor_ranges  # noqa: E402
 
 BUCKET = "tlbench"
@@ -86,35 +85,6 @@ def env_num(name, default, kind=float):
 
 
 # --- page cache ---------------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
-
-
-def resident_fraction(path):
-    """The fraction of the file's pages in the page cache (mmap + mincore, nothing read)."""
-    size = os.path.getsize(path)
-    if size == 0:
-        return 1.0
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            raise OSError(ctypes.get_errno(), f"mmap {path}")
-        try:
-            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-            vec = (ctypes.c_ubyte * pages)()
-            if _libc.mincore(addr, size, vec) != 0:
-                raise OSError(ctypes.get_errno(), f"mincore {path}")
-            return sum(b & 1 for b in bytes(vec)) / pages
-        finally:
-            _libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-
 
 def resident(paths):
     """(min, max) resident fraction over the files."""
