@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "commands.h"
+#include "tensorlift/crash.h"
 #include "tensorlift/version.h"
 
 namespace {
@@ -21,6 +22,8 @@ void AddStoreOptions(CLI::App* app, tensorlift::cli::StoreArgs* store) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A fatal signal leaves a report on stderr (include/tensorlift/crash.h).
+  tensorlift::InstallCrashHandler();
   using namespace tensorlift::cli;
   CLI::App app{"tensorlift: moves model weights into memory fast and safely"};
   app.name("tensorlift");

@@ -25,6 +25,7 @@
 #include "tensorlift/capabilities.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/convert.h"
+#include "tensorlift/crash.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/objstore.h"
 #include "tensorlift/remote.h"
@@ -1006,11 +1007,34 @@ void BindUtilities(nb::module_& m) {
         "(bit-exact with torch's scalar CPU conversions); ValueError for an unknown name or pair.");
 }
 
+void BindCrashReport(nb::module_& m) {
+  m.def("crash_handler_installed", &CrashHandlerInstalled,
+        "Whether a fatal signal prints tensorlift's report (include/tensorlift/crash.h): installed "
+        "when this module is imported, unless TENSORLIFT_CRASH_HANDLER=0.");
+  m.def(
+      "_crash_for_test",
+      [](const std::string& kind) {
+        if (kind == "segv") {
+          volatile int* nowhere = nullptr;
+          *nowhere = 1;  // NOLINT: the fault is the point.
+        } else if (kind == "abort") {
+          std::abort();
+        } else {
+          throw nb::value_error("kind: segv or abort");
+        }
+      },
+      nb::arg("kind"), "Crashes the process (tests of the crash report only).");
+}
+
 }  // namespace
 
 NB_MODULE(_tensorlift, m) {
   m.doc() = "tensorlift's C++ core (use the tensorlift package, not this module)";
   m.attr("__version__") = kVersion;
+  // A fatal signal in any thread of this process leaves a report on stderr, then
+  // goes on to the handler that was there before (Python's faulthandler, when on).
+  InstallCrashHandler();
+  BindCrashReport(m);
   BindErrors(m);
   BindCheckpoint(m);
   BindArenaPool(m);

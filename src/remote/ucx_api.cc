@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/dynamic_library.h"
+#include "tensorlift/crash.h"
 
 namespace tensorlift::remote {
 namespace {
@@ -120,6 +121,8 @@ Result<UcxApi> Load() {
                             ".x, x >= " + std::to_string(UCP_API_MINOR));
   }
   lib.Keep();
+  // A crash in UCX (or anywhere after it is loaded) names the build that was in use.
+  SetCrashContext("UCX", api.version + " (" + api.path + ")");
   return api;
 }
 

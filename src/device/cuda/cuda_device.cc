@@ -29,6 +29,7 @@
 #include "device/host_buffer.h"
 #include "device/stream_checks.h"
 #include "kernels/convert.h"
+#include "tensorlift/crash.h"
 
 namespace tensorlift {
 
@@ -455,6 +456,15 @@ Result<std::shared_ptr<Device>> OpenCudaDevice(int ordinal) {
       CudaStatus(cudaEventRecord(state->reference.get(), nullptr), "cudaEventRecord"));
   TL_RETURN_IF_ERROR(
       CudaStatus(cudaEventSynchronize(state->reference.get()), "cudaEventSynchronize"));
+  // A crash after this names the CUDA in use (include/tensorlift/crash.h).
+  int runtime = 0, driver = 0;
+  cudaRuntimeGetVersion(&runtime);
+  cudaDriverGetVersion(&driver);
+  cudaDeviceProp prop{};
+  const bool named = cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess;
+  SetCrashContext("CUDA", "runtime " + VersionText(runtime) + ", driver " + VersionText(driver) +
+                              ", device " + std::to_string(ordinal) +
+                              (named ? std::string(" (") + prop.name + ")" : std::string()));
   return std::shared_ptr<Device>(std::make_shared<CudaDevice>(std::move(state)));
 }
 
