@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "tensorlift/capabilities.h"
+#include "tensorlift/crash.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::cli {
@@ -91,11 +92,31 @@ void PrintText(const CapabilityReport& r) {
   std::printf("UCX (peer loading): %s\n", rc.ucx_built
                                               ? ("built, " + rc.ucx_version).c_str()
                                               : ("not built (" + rc.ucx_reason + ")").c_str());
+  if (!rc.ucx_transports.empty()) {
+    std::printf("  UCX transports: %s\n", rc.ucx_transports.c_str());
+    std::printf("  UCX CUDA memory: %s\n",
+                rc.ucx_cuda_memory ? "yes (GPU memory is pulled and served in place)"
+                : !rc.ucx_cuda_module.empty()
+                    ? ("no (this build's CUDA transport, " + rc.ucx_cuda_module +
+                       ", did not load: no CUDA driver here, or another CUDA than the one it "
+                       "was built for; a GPU destination is pulled through host memory)")
+                          .c_str()
+                    : "no (this UCX build has no CUDA transport: a GPU destination is pulled "
+                      "through host memory; set TENSORLIFT_UCX_LIB to a CUDA build's "
+                      "libucp.so.0, e.g. PyPI's libucx-cu12 or libucx-cu13 matching the "
+                      "driver's CUDA)");
+  }
   std::printf("S3 client (object storage): %s\n",
               !rc.s3_built            ? ("not built (" + rc.s3_reason + ")").c_str()
               : rc.s3_version.empty() ? ("built, not usable here: " + rc.s3_reason).c_str()
                                       : ("built, " + rc.s3_version).c_str());
   std::printf("etcd (registry tests): %s\n", rc.etcd.empty() ? "not on PATH" : rc.etcd.c_str());
+  std::printf(
+      "crash report: %s\n",
+      CrashHandlerInstalled()
+          ? "on (a fatal signal prints the native stack and what tensorlift loaded to stderr; "
+            "TENSORLIFT_CRASH_HANDLER=0 turns it off)"
+          : "off (TENSORLIFT_CRASH_HANDLER=0)");
 }
 
 // A JSON string, or null for an empty one.
@@ -151,8 +172,11 @@ void PrintJson(const CapabilityReport& r) {
   const RemoteCapabilities& rc = r.remote;
   out += ",\"remote\":{\"ucx_built\":" + std::string(JsonBool(rc.ucx_built)) +
          ",\"ucx_version\":" + JsonOrNull(rc.ucx_version) +
-         ",\"ucx_reason\":" + JsonOrNull(rc.ucx_reason) + ",\"s3_built\":" + JsonBool(rc.s3_built) +
-         ",\"s3_version\":" + JsonOrNull(rc.s3_version) +
+         ",\"ucx_reason\":" + JsonOrNull(rc.ucx_reason) +
+         ",\"ucx_transports\":" + JsonOrNull(rc.ucx_transports) +
+         ",\"ucx_cuda_memory\":" + JsonBool(rc.ucx_cuda_memory) +
+         ",\"ucx_cuda_module\":" + JsonOrNull(rc.ucx_cuda_module) +
+         ",\"s3_built\":" + JsonBool(rc.s3_built) + ",\"s3_version\":" + JsonOrNull(rc.s3_version) +
          ",\"s3_reason\":" + JsonOrNull(rc.s3_reason) + ",\"etcd\":" + JsonOrNull(rc.etcd) + "}}";
   std::printf("%s\n", out.c_str());
 }

@@ -89,10 +89,19 @@ struct RemoteCapabilities {
   bool ucx_built = false;   // The UCX data plane was compiled in (peer loading).
   std::string ucx_version;  // "1.13.1", when built.
   std::string ucx_reason;   // Why not built.
-  bool s3_built = false;    // The S3 client (object storage) was compiled in.
-  std::string s3_version;   // "libcurl 7.88.1, OpenSSL/3.0.19 (libcurl.so.4)", when usable.
-  std::string s3_reason;    // Why not built, or (built) why libcurl was not found at run time.
-  std::string etcd;         // The etcd binary on PATH (for tests), or empty.
+  // The loaded UCX's transports (its context's resources, "tcp, sysv, posix, self,
+  // cma", or with cuda_copy, cuda_ipc, gdr_copy in a CUDA build), empty when it
+  // does not load; and whether it maps CUDA memory (a GPU destination or source
+  // is then pulled from or into device memory directly).
+  std::string ucx_transports;
+  bool ucx_cuda_memory = false;
+  // The build's CUDA transport module (<libucp's folder>/ucx/libuct_cuda.so.0),
+  // when it ships one: it did not load if ucx_cuda_memory is false.
+  std::string ucx_cuda_module;
+  bool s3_built = false;   // The S3 client (object storage) was compiled in.
+  std::string s3_version;  // "libcurl 7.88.1, OpenSSL/3.0.19 (libcurl.so.4)", when usable.
+  std::string s3_reason;   // Why not built, or (built) why libcurl was not found at run time.
+  std::string etcd;        // The etcd binary on PATH (for tests), or empty.
 };
 
 struct CapabilityReport {

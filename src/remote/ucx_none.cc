@@ -23,6 +23,8 @@ bool UcxMapsCudaMemory() { return false; }
 
 std::string UcxVersion() { return TENSORLIFT_NO_UCX_REASON; }
 
+std::string UcxTransports() { return {}; }
+
 Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& /*options*/) {
   return NotBuilt();
 }

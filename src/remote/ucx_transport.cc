@@ -1075,6 +1075,15 @@ bool UcxMapsCudaMemory() {
   return maps;
 }
 
+std::string UcxTransports() {
+  static const std::string names = [] {
+    if (!LoadUcx().ok()) return std::string();
+    Result<std::unique_ptr<UcxServer>> probe = UcxServer::Create(UcxOptions{});
+    return probe.ok() ? (*probe)->TransportsInUse() : std::string();
+  }();
+  return names;
+}
+
 std::string UcxVersion() {
   Result<const UcxApi*> api = LoadUcx();
   if (!api.ok()) return "not loadable: " + std::string(api.status().message());

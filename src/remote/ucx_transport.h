@@ -36,6 +36,9 @@ bool UcxMapsCudaMemory();
 // The loaded UCX's version and file ("1.13.1 (libucp.so.0)"), loading it
 // if needed; "not loadable: <why>" when it cannot be loaded; why not built.
 std::string UcxVersion();
+// The transports of the loaded UCX (a default context's resources: "tcp, sysv,
+// posix, self, cma"); empty when UCX cannot be loaded. Asked once per process.
+std::string UcxTransports();
 
 struct UcxOptions {
   // UCX_TLS syntax ("tcp", "sm,self", "rc,cuda_copy"); empty: UCX's default

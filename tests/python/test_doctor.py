@@ -5,10 +5,15 @@ a reason, in both forms, and the command always exits 0.
 
 import json
 import os
+import pathlib
 import subprocess
 import tempfile
 
+import pytest
+
 from conftest import tool
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def doctor(*args):
@@ -117,6 +122,28 @@ def test_peer_loading_is_reported():
     text = doctor()
     if remote["ucx_built"]:
         assert f"UCX (peer loading): built, {remote['ucx_version']}" in text
+        # Its transports, and whether it maps CUDA memory (Debian's UCX has no CUDA transport).
+        assert remote["ucx_transports"] and "tcp" in remote["ucx_transports"].split(","), remote
+        assert f"  UCX transports: {remote['ucx_transports']}\n" in text
+        cuda_tl = any(t.startswith("cuda") for t in remote["ucx_transports"].split(","))
+        assert remote["ucx_cuda_memory"] == cuda_tl, remote
+        if cuda_tl:
+            assert "  UCX CUDA memory: yes" in text
+        elif remote["ucx_cuda_module"]:  # a CUDA build (PyPI's libucx-cu12) where no driver loads it
+            assert f"  UCX CUDA memory: no (this build's CUDA transport, {remote['ucx_cuda_module']}, did not" in text
+        else:  # Debian's UCX
+            assert "  UCX CUDA memory: no (this UCX build has no CUDA transport" in text
     assert ("etcd (registry tests): " + (remote["etcd"] or "not on PATH")) in text
     assert remote["s3_built"] and remote["s3_version"].startswith("libcurl ")  # libcurl4-openssl-dev: setup.sh
     assert f"S3 client (object storage): built, {remote['s3_version']}" in text
+
+
+def test_a_cuda_build_of_ucx_is_told_apart(monkeypatch):
+    import glob
+    lib = sorted(glob.glob(str(ROOT / ".venv-ucx/lib/python*/site-packages/libucx/lib/libucp.so.0")))
+    if not lib:
+        pytest.skip("no PyPI libucx-cu12 in .venv-ucx (scripts/setup.sh makes it)")
+    monkeypatch.setenv("TENSORLIFT_UCX_LIB", lib[0])
+    remote = json.loads(doctor("--json"))["remote"]
+    assert remote["ucx_version"].endswith(f"({lib[0]})"), remote
+    assert remote["ucx_cuda_module"].endswith("/ucx/libuct_cuda.so.0"), remote
