@@ -74,7 +74,7 @@ head -n 12 "$work/machine.txt"
 
 
 limit() { local l; l=$(($(left) - $2)); echo $((l < $1 ? l : $1)); }  # min(CAP, left - RESERVE)
-pytests="${LEASE_PYTESTS:-tests/python/test_device.py tests/python/test_cli_device.py tests/python/test_doctor.py tests/python/test_safetensors_api.py tests/python/test_fastsafetensors_compat.py tests/python/test_remote.py tests/python/test_server_loading.py tests/python/test_transformers.py tests/python/test_crash_report.py}"
+pytests="${LEASE_PYTESTS:-tests/python/test_device.py tests/python/test_cli_device.py tests/python/test_doctor.py tests/python/test_safetensors_api.py tests/python/test_fastsafetensors_compat.py tests/python/test_remote.py tests/python/test_server_loading.py tests/python/test_transformers.py tests/python/test_crash_report.py tests/python/test_peer_model_proxy.py}"
 step wheel "$(limit 240 300)" STEP=wheel GPU_CHECK_WHEEL_PYTESTS="$pytests" \
   GPU_CHECK_PYTEST_ARGS="${LEASE_PYTEST_ARGS--n 8}" GPU_BENCH_ARGS="${GPU_BENCH_ARGS:---runs 1 --load-timeout 60}"
 # A build that does not finish leaves nothing more to test.
