@@ -20,6 +20,9 @@
 #           tl_limits (one file) compiled on its own; then the Python GPU tests
 #           (GPU_CHECK_WHEEL_PYTESTS) and the load benchmark (gpu_bench.py
 #           --parts loads) with it. A lease runs it first (scripts/gpu_lease.sh).
+#   disturbance  bench/remote/seed_disturbance.py: a seed's matmul loop on the
+#           device, alone and while a client pulls its weights, with and
+#           without a rate limit (after setup).
 #
 # Each step fits one 10-minute command. Results: $OUT (default
 # bench/out/gpu/): results.json, results.md (printed at the end), and each
@@ -34,8 +37,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 step=${STEP:-all}
 out=${OUT:-$root/bench/out/gpu}
-case "$step" in setup|test|bench|all|bundle|wheel) ;; *)
-  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all, wheel or bundle)" >&2; exit 2 ;;
+case "$step" in setup|test|bench|all|bundle|wheel|disturbance) ;; *)
+  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all, wheel, disturbance or bundle)" >&2; exit 2 ;;
 esac
 
 # The files this check needs; a missing or broken one fails the dry run too.
@@ -373,6 +376,12 @@ case "$step" in
   test) do_test ;;
   bench) do_bench ;;
   wheel) do_wheel || failed=1 ;;
+  disturbance)
+    load_env
+    log "disturbance"
+    dargs=(--device "$device" --out "$out/seed-disturbance.json")
+    [ "$mode" = emulated ] && dargs=(--device cpu --mb 64 --seconds 1 --runs 1 --out "$out/seed-disturbance.json")
+    "$py" bench/remote/seed_disturbance.py "${dargs[@]}" ${SEED_DISTURBANCE_ARGS:-} || failed=1 ;;
   all) do_setup; do_test; do_bench ;;
 esac
 if [ -f "$out/tests.jsonl" ] && [ "$step" != setup ] && [ "$step" != bench ]; then

@@ -13,13 +13,16 @@
 #      device|sparse|load|dist|remote);
 #   4. bench: the kernels against a device-to-device copy, and the peer pull
 #      (gpu_bench.py --parts kernels,peer);
-#   5. sanitize: compute-sanitizer over the CUDA device tests and a whole load
+#   5. disturbance: a seed's matmul loop alone and while a client pulls its
+#      weights, with and without a rate limit (bench/remote/seed_disturbance.py);
+#   6. sanitize: compute-sanitizer over the CUDA device tests and a whole load
 #      while time is left.
 # Every step has its own time limit, so the packing at the end always runs.
 #
 # The device tool brings back at most 8 files from $OUT: the logs of every step
 # travel as $OUT/gpu-check.tgz, beside summary.txt (each step's exit status and
-# seconds), results-wheel.md/.json (step 1) and results-kernels.md/.json (step 4).
+# seconds), results-wheel.md/.json (step 1), results-kernels.md/.json (step 4) and
+# seed-disturbance.json (step 5).
 #
 #   run(command="bash scripts/gpu_lease.sh", carry=[".gpu-bundle"], timeout_s=600)
 set -uo pipefail
@@ -40,6 +43,7 @@ pack() {
   cp "$work/wheel/results.json" "$dest/results-wheel.json" 2>/dev/null
   cp "$work/bench/results.md" "$dest/results-kernels.md" 2>/dev/null
   cp "$work/bench/results.json" "$dest/results-kernels.json" 2>/dev/null
+  cp "$work/disturbance/seed-disturbance.json" "$dest/" 2>/dev/null
   true
 }
 trap pack EXIT
@@ -82,7 +86,8 @@ step setup "$(limit 330 60)" STEP=setup || { cat "$work/summary.txt"; exit 1; }
 step test "$(limit 110 40)" STEP=test \
   GPU_CHECK_CTEST_LABELS="${LEASE_CTEST_LABELS:-device|sparse|load|dist|remote}" GPU_CHECK_SANITIZE=none \
   GPU_CHECK_PYTESTS=none
-step bench $(($(left) - 30)) STEP=bench GPU_BENCH_ARGS="--runs 1 --parts kernels,peer"
+step bench "$(limit 150 75)" STEP=bench GPU_BENCH_ARGS="--runs 1 --parts kernels,peer"
+step disturbance "$(limit 60 15)" STEP=disturbance SEED_DISTURBANCE_ARGS="--seconds 3 --runs 2"
 step sanitize $(($(left) - 5)) STEP=test GPU_CHECK_CTEST_LABELS=none GPU_CHECK_PYTESTS=none \
   GPU_CHECK_SANITIZE="${LEASE_SANITIZE:-cuda_device_test load}"
 cat "$work/summary.txt"
