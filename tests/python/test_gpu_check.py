@@ -158,3 +158,19 @@ def test_the_wheel_step_on_the_emulated_device(tmp_path):
     # --parts loads: no kernels, no peer pull.
     assert res["kernels"] is None and "peer_pull" not in res
     assert res["limits"]["odirect_read"]["read_s"] > 0
+
+
+def test_the_disturbance_step_on_the_cpu(tmp_path):
+    # STEP=disturbance: the seed's workload alone and during pulls, each rate limit measured.
+    out = tmp_path / "gpu"
+    setup = run({"GPU_CHECK_EMULATED": "1", "OUT": str(out), "STEP": "setup"})
+    assert setup.returncode == 0, setup.stderr[-2000:]
+    p = run({"GPU_CHECK_EMULATED": "1", "OUT": str(out), "STEP": "disturbance"})
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    res = json.loads((out / "seed-disturbance.json").read_text())
+    assert set(res["by_rate_limit"]) == {"0", "2e+09"}, res
+    for r in res["by_rate_limit"].values():
+        assert r["served_from"] == "host" and len(r["runs"]) == 1, r
+        run0 = r["runs"][0]
+        assert run0["alone_per_s"] > 0 and run0["during_per_s"] > 0 and run0["pulls"] >= 1, run0
+    assert "| rate limit | served from |" in p.stdout
