@@ -93,6 +93,7 @@ void PrintText(const CapabilityReport& r) {
                                               ? ("built, " + rc.ucx_version).c_str()
                                               : ("not built (" + rc.ucx_reason + ")").c_str());
   if (!rc.ucx_transports.empty()) {
+    std::printf("  UCX chosen: %s\n", rc.ucx_choice.c_str());
     std::printf("  UCX transports: %s\n", rc.ucx_transports.c_str());
     std::printf("  UCX CUDA memory: %s\n",
                 rc.ucx_cuda_memory ? "yes (GPU memory is pulled and served in place)"
@@ -174,6 +175,7 @@ void PrintJson(const CapabilityReport& r) {
          ",\"ucx_version\":" + JsonOrNull(rc.ucx_version) +
          ",\"ucx_reason\":" + JsonOrNull(rc.ucx_reason) +
          ",\"ucx_transports\":" + JsonOrNull(rc.ucx_transports) +
+         ",\"ucx_choice\":" + JsonOrNull(rc.ucx_choice) +
          ",\"ucx_cuda_memory\":" + JsonBool(rc.ucx_cuda_memory) +
          ",\"ucx_cuda_module\":" + JsonOrNull(rc.ucx_cuda_module) +
          ",\"s3_built\":" + JsonBool(rc.s3_built) + ",\"s3_version\":" + JsonOrNull(rc.s3_version) +

@@ -94,6 +94,9 @@ struct RemoteCapabilities {
   // does not load; and whether it maps CUDA memory (a GPU destination or source
   // is then pulled from or into device memory directly).
   std::string ucx_transports;
+  // Why that build: "named by TENSORLIFT_UCX_LIB", "PyPI's libucx-cu13 beside
+  // tensorlift (the driver supports CUDA 13)", or "the system's ..." and why.
+  std::string ucx_choice;
   bool ucx_cuda_memory = false;
   // The build's CUDA transport module (<libucp's folder>/ucx/libuct_cuda.so.0),
   // when it ships one: it did not load if ucx_cuda_memory is false.

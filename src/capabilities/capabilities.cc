@@ -180,6 +180,7 @@ RemoteCapabilities QueryRemoteCapabilities() {
   (c.ucx_built ? c.ucx_version : c.ucx_reason) = remote::UcxVersion();
   if (c.ucx_built) {
     c.ucx_transports = remote::UcxTransports();
+    c.ucx_choice = remote::UcxChoiceReason();
     c.ucx_cuda_memory = remote::UcxMapsCudaMemory();
     // "1.22.0 (/path/lib/libucp.so.0)": the modules are in /path/lib/ucx/.
     const size_t open = c.ucx_version.find(" (");

@@ -1,5 +1,6 @@
 #include "remote/ucx_api.h"
 
+#include <dirent.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -43,6 +44,80 @@ Status OpenSiblings(const std::string& libucp) {
   return Status::Ok();
 }
 
+// The CUDA major version the driver supports (cuDriverGetVersion), 0 without
+// a driver.
+int CudaDriverMajor() {
+  Result<DynamicLibrary> cuda = DynamicLibrary::Open(nullptr, "libcuda.so.1", "CUDA driver", "");
+  if (!cuda.ok()) return 0;
+  int (*get_version)(int*) = nullptr;
+  int version = 0;
+  if (!cuda->Symbol("cuDriverGetVersion", &get_version).ok() || get_version(&version) != 0)
+    return 0;
+  cuda->Keep();  // The driver stays loaded, as CUDA itself keeps it.
+  return version / 1000;
+}
+
+struct UcxChoice {
+  std::string path;  // Empty: the system's libucp.so.0.
+  std::string why;
+};
+
+// Without TENSORLIFT_UCX_LIB: PyPI's CUDA build of UCX (libucx-cu12 or
+// libucx-cu13, whose libraries are <site-packages>/libucx/lib/) when it is
+// installed beside tensorlift's own package and fits the machine's CUDA
+// driver (its CUDA major at most the driver's); else the system's
+// libucp.so.0. Without a driver a CUDA build brings nothing, so the system's
+// is kept then.
+UcxChoice ChooseUcx() {
+  // The package's files: <site-packages>/tensorlift/_tensorlift*.so (the Python
+  // module) or <site-packages>/tensorlift/_bin/tensorlift (the CLI).
+  const auto package_at = [](const std::string& file) {
+    const size_t bin = file.rfind("/tensorlift/_bin/tensorlift");
+    if (bin != std::string::npos) return bin;
+    const size_t module = file.rfind("/tensorlift/_tensorlift");
+    return module;
+  };
+  std::string self = DynamicLibrary::Where(reinterpret_cast<const void*>(&ChooseUcx));
+  if (package_at(self) == std::string::npos) {  // The CLI: the executable itself.
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n > 0) self.assign(buf, static_cast<size_t>(n));
+  }
+  const size_t at = package_at(self);
+  if (at == std::string::npos)
+    return {"", "the system's (tensorlift is not a Python package here)"};
+  const std::string site = self.substr(0, at);
+  const std::string lib = site + "/libucx/lib/" + kDefaultLib;
+  if (::access(lib.c_str(), F_OK) != 0) {
+    return {"", "the system's (no PyPI libucx beside tensorlift in " + site + ")"};
+  }
+  int flavour = 0;  // libucx_cu13-1.22.0.dist-info: 13.
+  if (DIR* dir = ::opendir(site.c_str())) {
+    while (const dirent* e = ::readdir(dir)) {
+      const std::string_view name(e->d_name);
+      if (name.substr(0, 9) == "libucx_cu" && name.size() > 10 &&
+          name.substr(name.size() - 10) == ".dist-info") {
+        flavour = std::atoi(e->d_name + 9);
+      }
+    }
+    ::closedir(dir);
+  }
+  const std::string package =
+      flavour > 0 ? "PyPI's libucx-cu" + std::to_string(flavour) : std::string("PyPI's libucx");
+  const int driver = CudaDriverMajor();
+  if (driver == 0) {
+    return {"", "the system's: " + package + " beside tensorlift (" + lib +
+                    ") is a CUDA build, and there is no CUDA driver here"};
+  }
+  if (flavour > driver) {
+    return {"", "the system's: " + package + " beside tensorlift needs a CUDA " +
+                    std::to_string(flavour) + " driver, and this one supports CUDA " +
+                    std::to_string(driver)};
+  }
+  return {lib,
+          package + " beside tensorlift (the driver supports CUDA " + std::to_string(driver) + ")"};
+}
+
 Result<UcxApi> Load() {
   // UCX's memory hooks (UCM) rewrite the code of mmap, munmap, madvise, ...
   // in place ("bistro" mode) when UCX starts in a process. A thread inside
@@ -62,13 +137,17 @@ Result<UcxApi> Load() {
   if (std::getenv("UCX_LOG_FILE") == nullptr) ::setenv("UCX_LOG_FILE", "stderr", 0);
   const char* env = std::getenv(kUcxLibEnv);
   const bool named = env != nullptr && env[0] != '\0';
-  const std::string path = named ? env : kDefaultLib;
-  if (named) TL_RETURN_IF_ERROR(OpenSiblings(path));
+  const UcxChoice chosen =
+      named ? UcxChoice{env, std::string("named by ") + kUcxLibEnv} : ChooseUcx();
+  const std::string path = chosen.path.empty() ? kDefaultLib : chosen.path;
+  if (!chosen.path.empty()) TL_RETURN_IF_ERROR(OpenSiblings(path));
   TL_ASSIGN_OR_RETURN(
       DynamicLibrary lib,
-      DynamicLibrary::Open(kUcxLibEnv, kDefaultLib, "UCX (" + path + ")",
-                           " (install Debian's libucx0, or set TENSORLIFT_UCX_LIB to the path of "
-                           "another UCX build's libucp.so.0)"));
+      named ? DynamicLibrary::Open(kUcxLibEnv, kDefaultLib, "UCX (" + path + ")", "")
+            : DynamicLibrary::Open(nullptr, path, "UCX (" + path + ")",
+                                   " (install Debian's libucx0, or PyPI's libucx-cu12 or "
+                                   "libucx-cu13 beside tensorlift, or set TENSORLIFT_UCX_LIB to "
+                                   "the path of another UCX build's libucp.so.0)"));
   UcxApi api{};
   // dlsym on libucp's handle also searches its dependencies (libucs, ...).
 #define TL_UCX_SYMBOL(field, symbol) TL_RETURN_IF_ERROR(lib.Symbol(#symbol, &api.field))
@@ -111,6 +190,7 @@ Result<UcxApi> Load() {
   api.path = DynamicLibrary::Where(reinterpret_cast<const void*>(api.get_version));
   if (api.path.empty()) api.path = path;
   api.version = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+  api.choice = chosen.why;
   // The structs and flags come from the headers tensorlift was built with;
   // an older library may not know all of them.
   if (major != UCP_API_MAJOR || minor < UCP_API_MINOR) {

@@ -61,6 +61,9 @@ struct UcxApi {
   // "libucp.so.0") and the library's version ("1.13.1").
   std::string path;
   std::string version;
+  // Why this build was loaded (ChooseUcx in ucx_api.cc): named by
+  // TENSORLIFT_UCX_LIB, PyPI's libucx-cuNN beside tensorlift, or the system's.
+  std::string choice;
 
   ucs_status_t Init(const ucp_params_t* params, const ucp_config_t* config,
                     ucp_context_h* context) const {

@@ -25,6 +25,8 @@ std::string UcxVersion() { return TENSORLIFT_NO_UCX_REASON; }
 
 std::string UcxTransports() { return {}; }
 
+std::string UcxChoiceReason() { return {}; }
+
 Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& /*options*/) {
   return NotBuilt();
 }

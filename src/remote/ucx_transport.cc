@@ -1075,6 +1075,11 @@ bool UcxMapsCudaMemory() {
   return maps;
 }
 
+std::string UcxChoiceReason() {
+  Result<const UcxApi*> api = LoadUcx();
+  return api.ok() ? (*api)->choice : std::string();
+}
+
 std::string UcxTransports() {
   static const std::string names = [] {
     if (!LoadUcx().ok()) return std::string();

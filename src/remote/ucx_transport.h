@@ -39,6 +39,9 @@ std::string UcxVersion();
 // The transports of the loaded UCX (a default context's resources: "tcp, sysv,
 // posix, self, cma"); empty when UCX cannot be loaded. Asked once per process.
 std::string UcxTransports();
+// Why the loaded UCX build was chosen (TENSORLIFT_UCX_LIB, PyPI's libucx-cuNN
+// beside tensorlift, or the system's, and why); empty when none loads.
+std::string UcxChoiceReason();
 
 struct UcxOptions {
   // UCX_TLS syntax ("tcp", "sm,self", "rc,cuda_copy"); empty: UCX's default

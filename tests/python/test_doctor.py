@@ -125,6 +125,8 @@ def test_peer_loading_is_reported():
         # Its transports, and whether it maps CUDA memory (Debian's UCX has no CUDA transport).
         assert remote["ucx_transports"] and "tcp" in remote["ucx_transports"].split(","), remote
         assert f"  UCX transports: {remote['ucx_transports']}\n" in text
+        # Why that build (a source tree's CLI is not a Python package: the system's).
+        assert remote["ucx_choice"] and f"  UCX chosen: {remote['ucx_choice']}\n" in text, remote
         cuda_tl = any(t.startswith("cuda") for t in remote["ucx_transports"].split(","))
         assert remote["ucx_cuda_memory"] == cuda_tl, remote
         if cuda_tl:
@@ -147,3 +149,4 @@ def test_a_cuda_build_of_ucx_is_told_apart(monkeypatch):
     remote = json.loads(doctor("--json"))["remote"]
     assert remote["ucx_version"].endswith(f"({lib[0]})"), remote
     assert remote["ucx_cuda_module"].endswith("/ucx/libuct_cuda.so.0"), remote
+    assert remote["ucx_choice"] == "named by TENSORLIFT_UCX_LIB", remote

@@ -79,6 +79,25 @@ for v in $pythons; do
     "$root/.venv/bin/python" -c 'import sysconfig, torch, numpy; print(sysconfig.get_paths()["purelib"])' \
       > "$site/zz-torch-from-project.pth"
     smoke "$work/env/torch" --torch yes
+
+    # PyPI's CUDA build of UCX (libucx-cu12, from .venv-ucx) beside the wheel's tensorlift, as
+    # `pip install libucx-cu12` puts it: doctor says whether it is chosen, and why. With no CUDA
+    # driver (this machine) the system's UCX is kept; with one, the CUDA build is loaded.
+    ucx_site=$(ls -d "$root"/.venv-ucx/lib/python*/site-packages 2>/dev/null | head -1)
+    if [ -n "$ucx_site" ] && [ -d "$ucx_site/libucx" ]; then
+      echo "== 2b. Python $v: PyPI's libucx-cu12 beside tensorlift"
+      for e in "$ucx_site"/libucx "$ucx_site"/libucx_cu12*; do ln -s "$e" "$site/"; done
+      doctor=$(cd "$work/run" && env -i HOME="$HOME" LANG=C.UTF-8 PATH="$work/env/torch/bin" tensorlift doctor)
+      chosen=$(grep "^  UCX chosen: " <<< "$doctor" || true)
+      echo "$chosen"
+      if grep -q "^CUDA driver: none" <<< "$doctor"; then
+        want="the system's: PyPI's libucx-cu12 beside tensorlift ($site/libucx/lib/libucp.so.0) is a CUDA build, and there is no CUDA driver here"
+      else
+        want="PyPI's libucx-cu12 beside tensorlift (the driver supports CUDA"
+      fi
+      [[ "$chosen" == "  UCX chosen: $want"* ]] \
+        || { echo "wheel smoke: UCX choice: expected '$want'; doctor said:"; echo "$doctor"; exit 1; } >&2
+    fi
   fi
 
   echo "== 3. Python $v: container-like root"
