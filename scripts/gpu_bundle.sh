@@ -5,11 +5,13 @@
 # (headers and libraries, unpacked there without overwriting anything) and
 # the wheels of the Python packages the GPU image lacks, for its Python
 # (GPU_PY_VERSION, default 3.12). It stays under GPU_BUNDLE_MAX_MIB (default
-# 56) so that it travels with the checkout; MPI and etcd are left out and
-# those tests skip there. UCX travels as Debian's headers (tensorlift is built
-# with them and does not link UCX) and the libraries of PyPI's libucx-cu12
-# (UCX with CUDA), in .gpu-bundle/ucx/lib, which gpu_check.sh names in
-# TENSORLIFT_UCX_LIB (they travel compressed, ucx.tar.xz). DLPack's header travels
+# 60) so that it travels with the checkout (the device tool carries 64 MiB with
+# the tree); MPI and etcd are left out and those tests skip there. UCX travels
+# as Debian's headers (tensorlift is built with them and does not link UCX) and
+# the libraries of PyPI's libucx-cu12 and libucx-cu13 (UCX with CUDA, compressed:
+# ucx-cu12.tar.xz, ucx-cu13.tar.xz), which gpu_check.sh unpacks into
+# .gpu-bundle/ucx-cuNN/lib and names the one for the driver's CUDA in
+# TENSORLIFT_UCX_LIB. DLPack's header travels
 # alone (dlpack/, from apache-tvm-ffi's wheel), and tensorlift's own wheel for that
 # Python (make wheel's steps: the abi3 wheel for 3.12 and later) in tensorlift/, which
 # a lease installs and measures first (gpu_check.sh STEP=wheel).
@@ -18,7 +20,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bundle=$root/.gpu-bundle
 pyver=${GPU_PY_VERSION:-3.12}
-max_mib=${GPU_BUNDLE_MAX_MIB:-56}
+max_mib=${GPU_BUNDLE_MAX_MIB:-60}
 grep -q "^/\.gpu-bundle/$" .gitignore \
   || { echo "gpu-bundle: .gpu-bundle/ must be ignored by git (.gitignore)" >&2; exit 1; }
 rm -rf "$bundle"
@@ -72,13 +74,17 @@ wheel_py=$pyver
 [ -x ".venv-build-py$wheel_py/bin/python" ] && [ -x .venv-wheel/bin/python ] || bash scripts/setup.sh
 WHEEL_PYTHONS=$wheel_py WHEEL_OUT="$bundle/tensorlift" bash scripts/wheel.sh
 
-# UCX with CUDA: of the libucx-cu12 wheel (43 MB), only the libraries the data
-# plane opens (remote/ucx_api.cc) and the transport modules it needs; not its
-# static archives, perftest or tools.
-ucx_tmp=$(mktemp -d)
-python3 -m pip download -q --no-deps --only-binary=:all: -d "$ucx_tmp" "libucx-cu12==1.22.0"
-mkdir -p "$bundle/ucx"
-python3 - "$ucx_tmp"/libucx_cu12-*.whl "$bundle/ucx" <<'EOF'
+# UCX with CUDA, a build for CUDA 12 and one for CUDA 13 (PyPI's libucx-cu12 and
+# libucx-cu13, 43 MB each): only the libraries the data plane opens
+# (remote/ucx_api.cc) and the transport modules it needs, not their static
+# archives, perftest or tools; compressed (16 MiB of libraries travel as 4 each).
+# gpu_check.sh unpacks them on the machine and names the one that fits its
+# driver's CUDA in TENSORLIFT_UCX_LIB.
+for cu in 12 13; do
+  ucx_tmp=$(mktemp -d)
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$ucx_tmp" "libucx-cu$cu==1.22.0"
+  mkdir -p "$bundle/ucx-cu$cu"
+  python3 - "$ucx_tmp"/libucx_cu$cu-*.whl "$bundle/ucx-cu$cu" <<'EOF'
 import sys, zipfile
 keep = ["libucp.so.0", "libucs.so.0", "libucs_signal.so.0", "libucm.so.0", "libuct.so.0",
         "ucx/libuct_cuda.so.0", "ucx/libucm_cuda.so.0", "ucx/libuct_cma.so.0"]
@@ -88,11 +94,11 @@ with zipfile.ZipFile(sys.argv[1]) as z:
         info.filename = "lib/" + name
         z.extract(info, sys.argv[2])
 EOF
-chmod 755 "$bundle"/ucx/lib/*.so.0 "$bundle"/ucx/lib/ucx/*.so.0
-rm -rf "$ucx_tmp"
-# Compressed (16 MiB of libraries travel as 4): gpu_check.sh unpacks them on the machine.
-tar cJf "$bundle/ucx.tar.xz" -C "$bundle" ucx
-rm -rf "$bundle/ucx"
+  chmod 755 "$bundle"/ucx-cu$cu/lib/*.so.0 "$bundle"/ucx-cu$cu/lib/ucx/*.so.0
+  rm -rf "$ucx_tmp"
+  tar cJf "$bundle/ucx-cu$cu.tar.xz" -C "$bundle" "ucx-cu$cu"
+  rm -rf "$bundle/ucx-cu$cu"
+done
 
 mib=$(du -sm "$bundle" | cut -f1)
 echo "gpu-bundle: $bundle: $(ls "$bundle/debs" | wc -l) Debian packages, $(ls "$bundle/wheels" | wc -l) wheels, $(cd "$bundle/tensorlift" && echo tensorlift-*.whl), ${mib} MiB"

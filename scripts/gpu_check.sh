@@ -114,9 +114,11 @@ unpack_bundle() {
   [ -d "$root/.gpu-bundle/root" ] && { cp -rn "$root/.gpu-bundle/root"/. / 2>/dev/null || true; }
   rm -rf "$x"
   ldconfig 2>/dev/null || true
-  if [ -f "$root/.gpu-bundle/ucx.tar.xz" ] && [ ! -f "$root/.gpu-bundle/ucx/lib/libucp.so.0" ]; then
-    tar xJf "$root/.gpu-bundle/ucx.tar.xz" -C "$root/.gpu-bundle"
-  fi
+  local t
+  for t in "$root"/.gpu-bundle/ucx-cu*.tar.xz; do
+    [ -f "$t" ] || continue
+    [ -f "${t%.tar.xz}/lib/libucp.so.0" ] || tar xJf "$t" -C "$root/.gpu-bundle"
+  done
   mkdir -p "$site"
   if compgen -G "$root/.gpu-bundle/wheels/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
@@ -252,11 +254,24 @@ load_env() {
     lib=$("$py" -c 'import glob, os, nvidia.cufile as m; p = list(m.__path__)[0]; print((glob.glob(os.path.join(p, "lib", "libcufile.so*")) or [""])[0])' 2>/dev/null || true)
     [ -n "$lib" ] && export TENSORLIFT_CUFILE_LIB=$lib
   fi
-  # UCX with CUDA (the libucx-cu12 libraries the bundle carries): the data
-  # plane's tests, and the peer pull from GPU memory into GPU memory, use it.
-  if [ "$mode" = gpu ] && [ -z "${TENSORLIFT_UCX_LIB:-}" ] && [ -f "$root/.gpu-bundle/ucx/lib/libucp.so.0" ]; then
-    export TENSORLIFT_UCX_LIB=$root/.gpu-bundle/ucx/lib/libucp.so.0
-    export TENSORLIFT_TEST_UCX_LIB=$TENSORLIFT_UCX_LIB
+  # UCX with CUDA (the libucx-cu12 or -cu13 libraries the bundle carries, the one
+  # for the driver's CUDA, else the newest older one): the data plane's tests, and
+  # the peer pull from GPU memory into GPU memory, use it.
+  if [ "$mode" = gpu ] && [ -z "${TENSORLIFT_UCX_LIB:-}" ]; then
+    local major cu lib=""
+    major=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$' || true)
+    for cu in 13 12; do
+      [ -n "$major" ] && [ "$cu" -gt "$major" ] && continue
+      if [ -f "$root/.gpu-bundle/ucx-cu$cu/lib/libucp.so.0" ]; then
+        lib=$root/.gpu-bundle/ucx-cu$cu/lib/libucp.so.0
+        break
+      fi
+    done
+    if [ -n "$lib" ]; then
+      log "UCX: $lib (the driver supports CUDA ${major:-?})"
+      export TENSORLIFT_UCX_LIB=$lib
+      export TENSORLIFT_TEST_UCX_LIB=$lib
+    fi
   fi
   # NCCL likewise, from PyPI's nvidia-nccl (CUDA torch's): the NCCL tests and
   # the one-rank device load over NCCL run with it.
