@@ -182,14 +182,7 @@ RemoteCapabilities QueryRemoteCapabilities() {
     c.ucx_transports = remote::UcxTransports();
     c.ucx_choice = remote::UcxChoiceReason();
     c.ucx_cuda_memory = remote::UcxMapsCudaMemory();
-    // "1.22.0 (/path/lib/libucp.so.0)": the modules are in /path/lib/ucx/.
-    const size_t open = c.ucx_version.find(" (");
-    const size_t slash = c.ucx_version.rfind('/');
-    if (open != std::string::npos && slash != std::string::npos && slash > open) {
-      const std::string module =
-          c.ucx_version.substr(open + 2, slash - open - 2) + "/ucx/libuct_cuda.so.0";
-      if (::access(module.c_str(), F_OK) == 0) c.ucx_cuda_module = module;
-    }
+    c.ucx_cuda_module = remote::UcxCudaModule();
   }
   if (Result<std::string> s3 = objstore::S3ClientVersion(); s3.ok()) {
     c.s3_built = true;

@@ -27,6 +27,8 @@ std::string UcxTransports() { return {}; }
 
 std::string UcxChoiceReason() { return {}; }
 
+std::string UcxCudaModule() { return {}; }
+
 Result<std::unique_ptr<UcxServer>> UcxServer::Create(const UcxOptions& /*options*/) {
   return NotBuilt();
 }

@@ -1066,27 +1066,48 @@ Result<int> WorkerEventFd(const UcxCore& core) {
 
 bool UcxBuilt() { return true; }
 
-bool UcxMapsCudaMemory() {
-  static const bool maps = [] {
-    if (!LoadUcx().ok()) return false;
-    Result<std::unique_ptr<UcxServer>> probe = UcxServer::Create(UcxOptions{});
-    return probe.ok() && (*probe)->MapsCudaMemory();
+namespace {
+
+// What a context with default options says of the loaded UCX, asked once per
+// process (one context for both answers).
+struct UcxProbe {
+  bool maps_cuda = false;
+  std::string transports;
+};
+
+const UcxProbe& Probe() {
+  static const UcxProbe probe = [] {
+    UcxProbe p;
+    if (!LoadUcx().ok()) return p;
+    Result<std::unique_ptr<UcxServer>> server = UcxServer::Create(UcxOptions{});
+    if (server.ok()) {
+      p.maps_cuda = (*server)->MapsCudaMemory();
+      p.transports = (*server)->TransportsInUse();
+    }
+    return p;
   }();
-  return maps;
+  return probe;
 }
+
+}  // namespace
+
+bool UcxMapsCudaMemory() { return Probe().maps_cuda; }
 
 std::string UcxChoiceReason() {
   Result<const UcxApi*> api = LoadUcx();
   return api.ok() ? (*api)->choice : std::string();
 }
 
-std::string UcxTransports() {
-  static const std::string names = [] {
-    if (!LoadUcx().ok()) return std::string();
-    Result<std::unique_ptr<UcxServer>> probe = UcxServer::Create(UcxOptions{});
-    return probe.ok() ? (*probe)->TransportsInUse() : std::string();
-  }();
-  return names;
+std::string UcxTransports() { return Probe().transports; }
+
+std::string UcxCudaModule() {
+  Result<const UcxApi*> api = LoadUcx();
+  if (!api.ok()) return {};
+  const std::string& lib = (*api)->path;
+  const size_t slash = lib.rfind('/');
+  if (slash == std::string::npos) return {};
+  const std::string module = lib.substr(0, slash) + "/ucx/libuct_cuda.so.0";
+  return ::access(module.c_str(), F_OK) == 0 ? module : std::string();
 }
 
 std::string UcxVersion() {

@@ -42,6 +42,9 @@ std::string UcxTransports();
 // Why the loaded UCX build was chosen (TENSORLIFT_UCX_LIB, PyPI's libucx-cuNN
 // beside tensorlift, or the system's, and why); empty when none loads.
 std::string UcxChoiceReason();
+// The loaded UCX build's CUDA transport module (<libucp's folder>/ucx/libuct_cuda.so.0)
+// when it ships one, else empty.
+std::string UcxCudaModule();
 
 struct UcxOptions {
   // UCX_TLS syntax ("tcp", "sm,self", "rc,cuda_copy"); empty: UCX's default
