@@ -177,6 +177,12 @@ struct LoadOptions {
   // kAuto on the CPU: owned copies of page-cached files instead of views of
   // the page cache (a view sees the file: a later truncation of it faults).
   bool copy = false;
+  // Host loads: the tensors' memory is sealed shared memory (a memfd) that a
+  // seed hands to other processes on this host instead of copying it
+  // (docs/remote.md, "Same-host handover"). Implies `copy`. The tensors are
+  // read-only: a write to them faults. Device loads, mode mmap and an
+  // arena_pool refuse it (InvalidArgument).
+  bool shared_memory = false;
   // Tensors misaligned for their dtype in a file (a header length that is not
   // a multiple of 8 shifts them all): false reads them into aligned memory;
   // true lets mmap mode, and auto's views of cached files, view them where

@@ -112,6 +112,12 @@ struct ServeOptions {
   // peer a worker has met, about 85 bytes each, until the worker goes; this
   // keeps a long-running seed's memory flat. 0: one worker for good.
   uint64_t clients_per_worker = 1024;
+  // Same-host handover (docs/remote.md, "Same-host handover"): a client on
+  // this host is handed the served memory itself (sealed shared memory that it
+  // maps, read-only) instead of pulling copies over UCX. Offered when every
+  // served tensor is in sealed shared memory: ServeCheckpoint loads host
+  // tensors into it, and a client's handed-over tensors are in it.
+  bool handover = true;
 };
 
 // Serves tensors to peers until destroyed.
@@ -221,6 +227,20 @@ struct PeerLoadOptions {
   // (registry and token are taken from above when empty). See PeerLoad.
   bool become_seed = false;
   ServeOptions seed;
+  // Same-host handover (docs/remote.md, "Same-host handover"): "auto" maps a
+  // seed's memory when the seed is on this host and offers it (whole tensors
+  // from one source rank), and pulls over UCX when it does not or the
+  // handover fails; "off" always pulls. A device destination gets one copy
+  // from the mapped memory.
+  std::string handover = "auto";
+  // Handed-over tensors are read-only (a write faults) unless this is set:
+  // then a page written becomes this process's own copy, and the seed's
+  // memory never changes (what frameworks that change weights in place need).
+  bool handover_copy_on_write = false;
+  // Check every chunk of handed-over memory against the manifest's checksums
+  // (reads all of it, on up to 4 threads). Off, the sealed memory is
+  // trusted as the seed checksummed it: nothing can write it since.
+  bool handover_verify = false;
 };
 
 // What LoadFromPeer did.
@@ -229,7 +249,8 @@ struct PeerLoadReport {
   std::vector<std::string> failures;  // One line per source that failed, and why.
   uint64_t bytes = 0;                 // Tensor bytes pulled (or loaded).
   double seconds = 0;
-  int source_ranks = 0;  // Source ranks read from (layout translation when != 1).
+  int source_ranks = 0;   // Source ranks read from (layout translation when != 1).
+  bool handover = false;  // The tensors are the seed's memory, handed over on this host.
 };
 
 // Pulls the tensors for options.parallel from the first compatible peer,

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "tensorlift/status.h"
 
@@ -61,9 +62,35 @@ class HostBuffer final : public Buffer {
   uint64_t capacity() const { return capacity_; }
   void set_touched(uint64_t bytes) { touched_ = bytes; }
 
+  // Shared memory (docs/remote.md, "Same-host handover"): `bytes` of a new
+  // memfd named `name`, mapped shared and read/write until Seal(). Such a
+  // buffer cannot Resize.
+  static Result<std::shared_ptr<HostBuffer>> AllocateShared(uint64_t bytes,
+                                                            const std::string& name);
+  // Makes shared memory read-only for good, for this process and any other:
+  // the mapping turns read-only at the same address (tensors over it stay
+  // valid), and the memfd is sealed against writes, shrinking and growing, so
+  // that a process it is handed to can trust that it never changes and never
+  // shrinks under its mapping. kInvalidArgument for memory that is not
+  // shared; a second call does nothing.
+  Status Seal();
+  // Sealed shared memory's read-only descriptor, mapped at data() from
+  // offset 0 (owned by the buffer: dup it to keep it); -1 for other memory
+  // and for copy-on-write mappings of shared memory.
+  int shared_fd() const { return shared_fd_; }
+  // Maps sealed shared memory another process handed over. Takes `fd` (closed
+  // on failure too). Checks that it is sealed against writes, shrinking and
+  // growing and holds at least `bytes`: kPermissionDenied / kCorruption
+  // otherwise. Read-only (a write faults), or with `copy_on_write` writable,
+  // each page written becoming this process's own copy (the sender's memory
+  // never changes).
+  static Result<std::shared_ptr<HostBuffer>> MapShared(int fd, uint64_t bytes, bool copy_on_write);
+
  private:
   HostBuffer() = default;
   bool mapped_ = false;
+  int memfd_ = -1;         // The writable memfd, until sealed.
+  int shared_fd_ = -1;     // Read-only descriptor of sealed shared memory.
   uint64_t capacity_ = 0;  // Bytes mapped (or allocated), a multiple of 4 KiB.
   uint64_t touched_ = 0;
 };

@@ -31,6 +31,7 @@
 #include "load/loader_internal.h"
 #include "load/owners.h"
 #include "load/planner.h"
+#include "load/shared_memory.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift {
@@ -170,8 +171,13 @@ Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
   job.report.realigned = job.plan.realigned;
   job.report.realigned_bytes = job.plan.realigned_bytes;
 
-  TL_ASSIGN_OR_RETURN(auto arena, TakeArena(options.arena_pool, job.plan.arena_bytes));
-  job.arena = std::move(arena);
+  if (options.shared_memory) {
+    TL_ASSIGN_OR_RETURN(job.arena,
+                        HostBuffer::AllocateShared(job.plan.arena_bytes, job.shard->path));
+  } else {
+    TL_ASSIGN_OR_RETURN(auto arena, TakeArena(options.arena_pool, job.plan.arena_bytes));
+    job.arena = std::move(arena);
+  }
   if (mode == IoMode::kMmap) {
     TL_ASSIGN_OR_RETURN(auto mapping, FileMapping::Map(job.buffered.fd(), h.file_size()));
     job.mapping = std::move(mapping);
@@ -405,7 +411,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     if (job.wanted.empty()) continue;
     // Views of the page cache for auto's cached files, unless the caller asked for owned
     // copies or places the tensors itself (hooks: its own buffers, served or broadcast).
-    Status st = PlanJob(job, options, !options.copy && hooks == nullptr);
+    Status st = PlanJob(job, options, !options.copy && !options.shared_memory && hooks == nullptr);
     if (!st.ok()) return st.WithContext(job.shard->path);
   }
 
@@ -633,7 +639,10 @@ Status LoaderImpl::HandOutAll(const LoadedCheckpoint& loaded, const TensorCallba
   return Status::Ok();
 }
 
-Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
+namespace {
+
+// Load without LoadOptions::shared_memory's last step.
+Result<LoadedCheckpoint> LoadAnyPath(const Checkpoint& checkpoint, const LoadOptions& options) {
   TL_ASSIGN_OR_RETURN(std::shared_ptr<Device> device, DeviceFor(options));
   const bool sparse = options.decode_sparse && MayBeSparse(checkpoint);
   if (!device && !sparse) return LoaderImpl::Run(checkpoint, options, nullptr);
@@ -646,6 +655,23 @@ Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& o
   if (r.ok() && options.on_tensor)
     TL_RETURN_IF_ERROR(LoaderImpl::HandOutAll(*r, options.on_tensor));
   return r;
+}
+
+}  // namespace
+
+Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
+  if (!options.shared_memory) return LoadAnyPath(checkpoint, options);
+  TL_RETURN_IF_ERROR(CheckSharedMemoryOptions(options));
+  // The arenas are shared memory (PlanJob); what else the load makes
+  // (conversions, decoded sparse tensors) is moved into it at the end, and
+  // everything sealed before a tensor is handed out.
+  LoadOptions inner = options;
+  inner.on_tensor = nullptr;
+  inner.copy = true;
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadAnyPath(checkpoint, inner));
+  TL_ASSIGN_OR_RETURN(loaded, IntoSharedMemory(std::move(loaded), checkpoint.path()));
+  if (options.on_tensor) TL_RETURN_IF_ERROR(LoaderImpl::HandOutAll(loaded, options.on_tensor));
+  return loaded;
 }
 
 Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options) {

@@ -1,7 +1,7 @@
 // The per-rank manifest: serialization and the validating parser.
 //
-// JSON shape (compact, one object; every field required, no others allowed;
-// docs/remote.md, "Manifest", has an example):
+// JSON shape (compact, one object; every field required but "handover", no
+// others allowed; docs/remote.md, "Manifest", has an example):
 //
 //   {"protocol":1,
 //    "key":{"model":S,"revision":S,"dtype":S,"quantization":S,"layout":S},
@@ -13,7 +13,8 @@
 //    "total_bytes":N,            sum of the tensors' nbytes
 //    "tensors":[{"name":S,"dtype":"BF16","shape":[N,...],"nbytes":N,
 //                "region":N,"offset":N,"shard_dim":-1|D,"shard_start":N,
-//                "full_shape":[N,...],"xxh3":["16 hex digits", ...]}, ...]}
+//                "full_shape":[N,...],"xxh3":["16 hex digits", ...]}, ...],
+//    "handover":{"host":S,"socket":S}}   optional: same-host handover offered
 //
 // N is a JSON integer (u64 fields up to 2^64-1, shape entries up to 2^63-1);
 // HEX is an even-length string of lowercase hex digits (binary bytes);
@@ -85,11 +86,13 @@ Status WrongType(const Where& w, std::string_view field, std::string_view expect
                     std::string(TypeName(el.type())));
 }
 
-// Collects the fields of object `el` named in `names` (all required, each
-// once, no others) into `out`, in `names` order.
+// Collects the fields of object `el` named in `names` (each once, no others)
+// into `out`, in `names` order. All are required, but those whose bit is set
+// in `optional`; `present` (when given) says which were there.
 template <size_t N>
 Status GetFields(element el, const Where& w, std::string_view what,
-                 const std::array<std::string_view, N>& names, std::array<element, N>* out) {
+                 const std::array<std::string_view, N>& names, std::array<element, N>* out,
+                 uint64_t optional = 0, std::array<bool, N>* present = nullptr) {
   if (el.type() != element_type::OBJECT) return WrongType(w, what, "an object", el);
   std::array<bool, N> seen{};
   for (auto field : As<simdjson::dom::object>(el)) {
@@ -101,8 +104,10 @@ Status GetFields(element el, const Where& w, std::string_view what,
     (*out)[i] = field.value;
   }
   for (size_t i = 0; i < N; ++i) {
-    if (!seen[i]) return Bad(w, "missing field `" + std::string(names[i]) + "`");
+    if (!seen[i] && !(optional >> i & 1))
+      return Bad(w, "missing field `" + std::string(names[i]) + "`");
   }
+  if (present) *present = seen;
   return Status::Ok();
 }
 
@@ -499,7 +504,15 @@ std::string Manifest::ToJson() const {
     }
     out += "]}";
   }
-  out += "]}";
+  out += "]";
+  if (!handover_socket.empty()) {
+    out += ",\"handover\":{\"host\":";
+    AppendJsonString(handover_host, &out);
+    out += ",\"socket\":";
+    AppendJsonString(handover_socket, &out);
+    out += '}';
+  }
+  out += '}';
   return out;
 }
 
@@ -528,12 +541,25 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
     return Bad(root, std::string("invalid JSON: ") + simdjson::error_message(err));
   }
 
-  static constexpr std::array<std::string_view, 9> kNames = {
+  static constexpr std::array<std::string_view, 10> kNames = {
       "protocol",   "key",     "parallel",    "chunk_bytes", "worker_address",
-      "rate_limit", "regions", "total_bytes", "tensors"};
-  enum { kProtocol, kKey, kParallel, kChunkBytes, kWorker, kRateLimit, kRegions, kTotal, kTensors };
-  std::array<element, 9> f;
-  TL_RETURN_IF_ERROR(GetFields(doc, root, "the manifest", kNames, &f));
+      "rate_limit", "regions", "total_bytes", "tensors",     "handover"};
+  enum {
+    kProtocol,
+    kKey,
+    kParallel,
+    kChunkBytes,
+    kWorker,
+    kRateLimit,
+    kRegions,
+    kTotal,
+    kTensors,
+    kHandover
+  };
+  std::array<element, 10> f;
+  std::array<bool, 10> present;
+  TL_RETURN_IF_ERROR(
+      GetFields(doc, root, "the manifest", kNames, &f, uint64_t{1} << kHandover, &present));
 
   Manifest m;
   int64_t protocol;
@@ -595,6 +621,24 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
   if (m.total_bytes != sum) {
     return Bad(root, "total_bytes " + std::to_string(m.total_bytes) + " != " + std::to_string(sum) +
                          ", the sum of the tensors' nbytes");
+  }
+
+  if (present[kHandover]) {
+    const Where w{"handover"};
+    static constexpr std::array<std::string_view, 2> kHandoverNames = {"host", "socket"};
+    std::array<element, 2> h;
+    TL_RETURN_IF_ERROR(GetFields(f[kHandover], w, "handover", kHandoverNames, &h));
+    for (int i = 0; i < 2; ++i) {
+      if (h[i].type() != element_type::STRING)
+        return WrongType(w, kHandoverNames[i], "a string", h[i]);
+      const std::string_view v = As<std::string_view>(h[i]);
+      if (v.empty() || v.size() > 200 ||
+          !std::all_of(v.begin(), v.end(), [](char c) { return c > ' ' && c < 127; })) {
+        return Bad(w, std::string(kHandoverNames[i]) +
+                          " must be 1 to 200 printable characters without spaces");
+      }
+      (i == 0 ? m.handover_host : m.handover_socket) = std::string(v);
+    }
   }
 
   // Name order, names unique. stable_sort: std::sort degrades on some orders.

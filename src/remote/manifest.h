@@ -54,6 +54,12 @@ struct Manifest {
   std::vector<Region> regions;
   std::vector<ManifestTensor> tensors;  // In name order, names unique.
   uint64_t total_bytes = 0;             // Sum of nbytes.
+  // Same-host handover (docs/remote.md, "Same-host handover"): when the
+  // source offers it, its host (the kernel's boot id) and the abstract Unix
+  // socket that hands its regions over as sealed shared memory; both empty
+  // otherwise.
+  std::string handover_host;
+  std::string handover_socket;
 
   // Compact JSON; binary fields (rkey, worker_address) as lowercase hex,
   // checksums as 16-hex-digit strings, u64 as JSON integers.

@@ -18,6 +18,7 @@
 #include "load/upload.h"
 #include "remote/auth.h"
 #include "remote/control.h"
+#include "remote/handover.h"
 #include "remote/layout.h"
 #include "remote/manifest.h"
 #include "remote/peer_access.h"
@@ -298,6 +299,30 @@ class Puller {
 
     *failed_url = group[0]->url();
     TL_ASSIGN_OR_RETURN(std::vector<Wanted> wanted, PlanWanted(group, sources, layout, failed_url));
+    if (HandsOverWhole(sources, wanted)) {
+      TakeOptions take;
+      take.token = options_.token;
+      take.timeout_ms = options_.connect_timeout_ms;
+      take.copy_on_write = options_.handover_copy_on_write;
+      take.verify = options_.handover_verify;
+      Result<LoadedCheckpoint> taken =
+          TakeHandover(sources[0].manifest, group[0]->url(), sources[0].session, take);
+      if (taken.ok()) {
+        sources[0].pulled = taken->total_bytes();  // Counted as served when the session closes.
+        shards->clear();
+        for (const Wanted& w : wanted)
+          shards->push_back({w.dim, w.dim >= 0 ? w.range.start : 0, w.full_shape});
+        report->bytes = taken->total_bytes();
+        report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        report->source_ranks = 1;
+        report->handover = true;
+        failed_url->clear();
+        return taken;
+      }
+      // Not a failure of the source: its bytes come over UCX instead.
+      report->failures.push_back(group[0]->url() + ": no handover (" + taken.status().message() +
+                                 "); pulled over UCX");
+    }
     TL_ASSIGN_OR_RETURN(uint64_t total, PlaceWanted(group[0]->url(), &wanted));
     TL_RETURN_IF_ERROR(Allocate(total, &landing));
     // Fresh host memory is faulted in by helper threads ahead of the gets, as
@@ -361,6 +386,20 @@ class Puller {
       TL_RETURN_IF_ERROR(RateIsEnough(group[r]->url(), mf, options_.min_rate));
     }
     return Status::Ok();
+  }
+
+  // Whether the one source rank offers this host a handover of exactly the
+  // tensors wanted, whole (PeerLoadOptions::handover).
+  bool HandsOverWhole(const std::vector<Source>& sources, const std::vector<Wanted>& wanted) const {
+    if (options_.handover != "auto" || sources.size() != 1) return false;
+    const Manifest& m = sources[0].manifest;
+    if (!HandoverOffered(m) || m.tensors.size() != wanted.size()) return false;
+    for (size_t i = 0; i < wanted.size(); ++i) {
+      const ManifestTensor& t = m.tensors[i];
+      if (t.name != wanted[i].name || t.shape != wanted[i].shape || t.nbytes != wanted[i].nbytes)
+        return false;
+    }
+    return true;
   }
 
   // The destination's tensors (rank 0's list), checked across the source
@@ -727,6 +766,10 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
                                 std::to_string(options.parallel.size) + " is out of range");
   }
   const std::string& token = options.token;
+  if (options.handover != "auto" && options.handover != "off") {
+    return InvalidArgumentError("peer load: handover \"" + options.handover +
+                                "\" is not \"auto\" or \"off\"");
+  }
   TL_ASSIGN_OR_RETURN(const std::shared_ptr<Device> device, DestinationDevice(options));
   // Disk loads that slice, and pulls that UCX cannot land on the device, are
   // in host memory: a device destination gets a copy.

@@ -7,6 +7,7 @@
 #   slice.cc         a rank's slices of a loaded checkpoint (PeerAccess)
 #   registry.cc      seed discovery on etcd (v3 JSON gateway, cpp-httplib)
 #   server.cc        PeerServer: control endpoint (cpp-httplib) + UCX regions
+#   handover.cc      same-host handover: sealed memfds over an abstract Unix socket
 #   control.cc       the control-plane client (signed requests, GET /v1/key)
 #   peer_reader.cc   PeerReader: byte ranges of a whole-tensor peer's tensors (the striper's peer source)
 #   peer_load.cc     LoadFromPeer: key check, manifest, pulls, checksums, fallback
@@ -27,6 +28,7 @@ add_library(tl_remote STATIC
   remote/slice.cc
   remote/registry.cc
   remote/server.cc
+  remote/handover.cc
   remote/control.cc
   remote/peer_load.cc
   remote/peer_reader.cc

@@ -24,8 +24,10 @@
 
 #include "common/checked_math.h"
 #include "device/device.h"
+#include "load/shared_memory.h"
 #include "load/upload.h"
 #include "remote/auth.h"
+#include "remote/handover.h"
 #include "remote/layout.h"
 #include "remote/manifest.h"
 #include "remote/registry.h"
@@ -76,12 +78,15 @@ struct Served {
 
 // Memory to register: [data, data + bytes) on `device` (null: host), which
 // UCX maps at `map_at` (data, or the host's mapping of a device's memory:
-// Buffer::host_mapping).
+// Buffer::host_mapping). `shared_fd`: sealed shared memory mapped at data
+// from its offset 0 (HostBuffer::shared_fd), which same-host clients may be
+// handed; -1 otherwise.
 struct Span {
   std::byte* data = nullptr;
   uint64_t bytes = 0;
   std::shared_ptr<Device> device;
   std::byte* map_at = nullptr;
+  int shared_fd = -1;
 };
 
 // How UCX must map memory of `device`: the emulated device's memory is host
@@ -115,6 +120,7 @@ class PeerServerImpl final : public PeerServer {
 
   ~PeerServerImpl() override {
     registration_.reset();
+    handover_.reset();
     if (http_) http_->stop();
     if (http_thread_.joinable()) http_thread_.join();
     ucx_.reset();  // Unmaps the regions before the memory goes.
@@ -157,9 +163,12 @@ class PeerServerImpl final : public PeerServer {
     });
     std::vector<Span> merged;
     for (const Span& r : regions) {
+      // Shared memory is handed over whole, one descriptor a region: never
+      // merged with other memory.
       if (!merged.empty() && r.device == merged.back().device &&
           r.data <= merged.back().data + merged.back().bytes &&
-          r.map_at - r.data == merged.back().map_at - merged.back().data) {
+          r.map_at - r.data == merged.back().map_at - merged.back().data && r.shared_fd == -1 &&
+          merged.back().shared_fd == -1) {
         Span& m = merged.back();
         m.bytes = std::max<uint64_t>(m.bytes, static_cast<uint64_t>(r.data - m.data) + r.bytes);
       } else {
@@ -222,6 +231,7 @@ class PeerServerImpl final : public PeerServer {
     auto check = ParseManifest(manifest_.ToJson());
     if (!check.ok()) return check.status().WithContext("serve: the manifest would be invalid");
 
+    TL_RETURN_IF_ERROR(StartHandover(merged));
     TL_RETURN_IF_ERROR(StartHttp());
     if (!options_.registry.empty()) {
       TL_ASSIGN_OR_RETURN(registry_,
@@ -250,10 +260,17 @@ class PeerServerImpl final : public PeerServer {
   int live_workers() const override { return ucx_ ? ucx_->LiveWorkers() : 0; }
 
   Status CorruptForTesting(const std::string& tensor, uint64_t offset) override {
-    for (Served& t : tensors_) {
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      Served& t = tensors_[i];
       if (t.name != tensor) continue;
       if (offset >= t.nbytes)
         return OutOfRangeError("tensor '" + tensor + "': offset past its bytes");
+      if (handover_) {
+        // Sealed memory cannot be written: the manifest's checksum of the
+        // chunk changes instead, which clients see as the same mismatch.
+        manifest_.tensors[i].chunk_xxh3[offset / options_.chunk_bytes] ^= 1;
+        return Status::Ok();
+      }
       if (!t.device) {
         t.data[offset] ^= std::byte{1};
         return Status::Ok();
@@ -313,6 +330,27 @@ class PeerServerImpl final : public PeerServer {
     work();
     for (auto& t : pool) t.join();
     return failed;
+  }
+
+  // Same-host handover (remote/handover.h), when asked for and every region
+  // is sealed shared memory: the manifest then says where to ask.
+  Status StartHandover(const std::vector<Span>& regions) {
+    if (!options_.handover) return Status::Ok();
+    std::vector<int> fds;
+    for (const Span& r : regions) {
+      if (r.shared_fd < 0 || r.device) return Status::Ok();
+      fds.push_back(r.shared_fd);
+    }
+    const std::string host = HandoverHostId();
+    if (host.empty()) return Status::Ok();
+    TL_ASSIGN_OR_RETURN(handover_, HandoverServer::Start(std::move(fds), options_.token,
+                                                         [this](const std::string& id) {
+                                                           std::lock_guard<std::mutex> lock(mu_);
+                                                           return sessions_.count(id) > 0;
+                                                         }));
+    manifest_.handover_host = host;
+    manifest_.handover_socket = handover_->socket();
+    return Status::Ok();
   }
 
   Status StartHttp() {
@@ -459,6 +497,7 @@ class PeerServerImpl final : public PeerServer {
   std::atomic<uint64_t> served_bytes_{0};
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<Registration> registration_;
+  std::unique_ptr<HandoverServer> handover_;
 };
 
 }  // namespace
@@ -499,7 +538,9 @@ Result<std::unique_ptr<PeerServer>> ServeShards(std::shared_ptr<const LoadedChec
                                   device->name() + " cannot be served");
       }
     }
-    regions.push_back({owner->data(), owner->size(), device, map_at});
+    const auto* host = dynamic_cast<const HostBuffer*>(owner.get());
+    regions.push_back(
+        {owner->data(), owner->size(), device, map_at, host ? host->shared_fd() : -1});
   }
   auto server = std::make_unique<PeerServerImpl>(key, options);
   TL_RETURN_IF_ERROR(server->Start(std::move(served), std::move(regions), loaded));
@@ -519,6 +560,9 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::strin
   // cache, which a later truncation of the file would turn into SIGBUS mid-transfer.
   LoadOptions owned = load;
   owned.copy = true;
+  // Same-host clients are handed the memory itself: sealed shared memory
+  // (docs/remote.md, "Same-host handover"), when the load can make it.
+  owned.shared_memory = options.handover && CheckSharedMemoryOptions(owned).ok();
   // Onto a device: straight there when this rank serves whole tensors; when
   // it serves slices, they are cut in host memory and then copied up.
   std::shared_ptr<Device> device;
@@ -533,6 +577,9 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::strin
                       remote::SliceForRank(std::move(whole), layout, options.parallel, &shards));
   if (device) {
     TL_ASSIGN_OR_RETURN(mine, UploadToDevice(std::move(mine), device));
+  } else if (owned.shared_memory) {
+    // A rank's slices are cut into memory of their own: shared too.
+    TL_ASSIGN_OR_RETURN(mine, IntoSharedMemory(std::move(mine), path));
   }
   auto server = remote::ServeShards(std::make_shared<const LoadedCheckpoint>(std::move(mine)),
                                     std::move(shards), key, options);

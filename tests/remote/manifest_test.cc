@@ -205,6 +205,30 @@ TEST(ManifestTest, RejectsBadJson) {
                 {"invalid JSON"});
 }
 
+// Same-host handover is optional: offered, it round-trips; its values are
+// bounded and printable.
+TEST(ManifestTest, HandoverIsOptionalAndChecked) {
+  Manifest m = ValidManifest();
+  ASSERT_OK(ParseManifest(m.ToJson()));
+  EXPECT_EQ(m.ToJson().find("handover"), std::string::npos);
+  m.handover_host = "0f4c2a8e-1b2d-4c3e-9f00-123456789abc";
+  m.handover_socket = "@tensorlift/123/0011223344556677";
+  const std::string json = m.ToJson();
+  auto parsed = ParseManifest(json);
+  ASSERT_OK(parsed);
+  EXPECT_EQ(parsed->handover_host, m.handover_host);
+  EXPECT_EQ(parsed->handover_socket, m.handover_socket);
+  ExpectCorrupt(Replace(json, "\"socket\":\"@tensorlift/123/0011223344556677\"", "\"socket\":\"\""),
+                {"handover: socket must be 1 to 200 printable"});
+  ExpectCorrupt(Replace(json, "\"host\":\"0f4c", "\"host\":\"a b"), {"handover: host must be"});
+  ExpectCorrupt(Replace(json, "\"socket\":\"@", "\"port\":1,\"socket\":\"@"),
+                {"handover: unknown field 'port'"});
+  ExpectCorrupt(Replace(json, ",\"socket\":\"@tensorlift/123/0011223344556677\"", ""),
+                {"handover: missing field `socket`"});
+  ExpectCorrupt(Replace(json, "\"host\":\"0f4c2a8e-1b2d-4c3e-9f00-123456789abc\"", "\"host\":7"),
+                {"handover: host must be a string"});
+}
+
 TEST(ManifestTest, RejectsMissingAndUnknownFields) {
   const std::string json = ValidManifest().ToJson();
   ExpectCorrupt(Replace(json, "\"rate_limit\":1000000,", ""), {"missing field `rate_limit`"});

@@ -78,6 +78,9 @@ class PeerTest : public ::testing::Test {
     o.stall_timeout_ms = 3000;
     o.batch_bytes = 256 << 10;  // Several gets per chunk.
     o.max_in_flight = 4;
+    // These tests are about the UCX data plane: a same-host seed would hand
+    // its memory over instead (tests/remote/handover_test.cc).
+    o.handover = "off";
     return o;
   }
 

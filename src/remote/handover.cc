@@ -1,0 +1,340 @@
+#include "remote/handover.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+
+#include "common/posix_file.h"
+#include "device/host_buffer.h"
+#include "load/checkpoint_builder.h"
+#include "remote/auth.h"
+
+namespace tensorlift::remote {
+namespace {
+
+constexpr size_t kMaxRequest = 1024;
+constexpr size_t kFdsPerPacket = 64;
+constexpr size_t kMaxRegions = 1u << 16;  // ManifestLimits::max_regions.
+
+// A descriptor closed when it goes out of scope (unless released).
+struct Fd {
+  int fd = -1;
+  explicit Fd(int f = -1) : fd(f) {}
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+};
+
+void CloseAll(std::vector<int>* fds) {
+  for (int fd : *fds) ::close(fd);
+  fds->clear();
+}
+
+// The sockaddr of abstract socket `name` ("@..." as the manifest has it).
+Result<socklen_t> AbstractAddress(const std::string& name, sockaddr_un* addr) {
+  if (name.size() < 2 || name[0] != '@' || name.size() > sizeof(addr->sun_path)) {
+    return InvalidArgumentError("handover socket '" + name + "' is not an abstract socket name");
+  }
+  std::memset(addr, 0, sizeof *addr);
+  addr->sun_family = AF_UNIX;
+  std::memcpy(addr->sun_path + 1, name.data() + 1, name.size() - 1);  // sun_path[0] = 0.
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name.size());
+}
+
+void SetTimeouts(int fd, int timeout_ms) {
+  timeval tv{};
+  tv.tv_sec = timeout_ms / 1000;
+  tv.tv_usec = (timeout_ms % 1000) * 1000;
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+// One packet of descriptors: a byte of data and room for kFdsPerPacket.
+struct FdPacket {
+  char byte = 'F';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdsPerPacket)];
+  msghdr msg{};
+  FdPacket() {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  FdPacket(const FdPacket&) = delete;
+  FdPacket& operator=(const FdPacket&) = delete;
+};
+
+Status SendText(int fd, const std::string& text) {
+  if (::send(fd, text.data(), text.size(), MSG_NOSIGNAL) < 0) return PosixError("send", errno);
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string HandoverHostId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  if (id.size() != 36) return "";
+  return id;
+}
+
+Result<std::unique_ptr<HandoverServer>> HandoverServer::Start(
+    std::vector<int> fds, std::string token, std::function<bool(const std::string&)> session_open) {
+  if (fds.empty() || fds.size() > kMaxRegions)
+    return InvalidArgumentError("handover: " + std::to_string(fds.size()) + " regions");
+  std::unique_ptr<HandoverServer> s(new HandoverServer());
+  s->fds_ = std::move(fds);
+  s->token_ = std::move(token);
+  s->session_open_ = std::move(session_open);
+  s->socket_ = "@tensorlift/" + std::to_string(::getpid()) + "/" + RandomNonce().substr(0, 16);
+  sockaddr_un addr;
+  TL_ASSIGN_OR_RETURN(const socklen_t len, AbstractAddress(s->socket_, &addr));
+  s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (s->listen_fd_ < 0) return PosixError("handover: socket", errno);
+  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0)
+    return PosixError("handover: bind " + s->socket_, errno);
+  if (::listen(s->listen_fd_, 64) != 0) return PosixError("handover: listen", errno);
+  s->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
+  if (s->stop_fd_ < 0) return PosixError("handover: eventfd", errno);
+  HandoverServer* self = s.get();
+  s->thread_ = std::thread([self] { self->Loop(); });
+  return s;
+}
+
+HandoverServer::~HandoverServer() {
+  if (thread_.joinable()) {
+    const uint64_t one = 1;
+    (void)!::write(stop_fd_, &one, sizeof one);
+    thread_.join();
+  }
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (stop_fd_ >= 0) ::close(stop_fd_);
+}
+
+void HandoverServer::Loop() {
+  for (;;) {
+    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents) return;
+    if (!(p[0].revents & POLLIN)) continue;
+    Fd conn(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
+    if (conn.fd < 0) continue;
+    SetTimeouts(conn.fd, 2000);
+    Serve(conn.fd);
+  }
+}
+
+void HandoverServer::Serve(int conn) {
+  char buf[kMaxRequest + 1];
+  const ssize_t n = ::recv(conn, buf, kMaxRequest, 0);
+  if (n <= 0) return;
+  const std::string request(buf, static_cast<size_t>(n));
+  auto refuse = [&](const std::string& why) { SendText(conn, "ERR " + why).IgnoreError(); };
+  // "TLHANDOVER1 <session> <auth>"
+  const size_t a = request.find(' ');
+  const size_t b = a == std::string::npos ? a : request.find(' ', a + 1);
+  if (b == std::string::npos || request.compare(0, a, "TLHANDOVER1") != 0)
+    return refuse("malformed request");
+  const std::string session = request.substr(a + 1, b - a - 1);
+  const std::string auth = request.substr(b + 1);
+  if (session.empty() || session.size() > 64 ||
+      !std::all_of(session.begin(), session.end(),
+                   [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
+    return refuse("malformed session id");
+  }
+  if (!token_.empty()) {
+    RequestVerifier verifier(token_);
+    Status st = verifier.Verify(auth == "-" ? std::string_view() : std::string_view(auth),
+                                "HANDOVER", "/v1/handover/" + session, UnixSeconds());
+    if (!st.ok()) return refuse(st.message());
+  } else {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+      return refuse("cannot tell who is asking (SO_PEERCRED)");
+    if (cred.uid != ::geteuid() && cred.uid != 0) {
+      return refuse("memory goes only to processes of user " + std::to_string(::geteuid()) +
+                    " without a token; uid " + std::to_string(cred.uid) + " asked");
+    }
+  }
+  if (!session_open_(session)) return refuse("no open session " + session);
+  if (!SendText(conn, "OK " + std::to_string(fds_.size())).ok()) return;
+  for (size_t i = 0; i < fds_.size(); i += kFdsPerPacket) {
+    const size_t k = std::min(kFdsPerPacket, fds_.size() - i);
+    FdPacket packet;
+    msghdr& msg = packet.msg;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * k);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * k);
+    std::memcpy(CMSG_DATA(c), fds_.data() + i, sizeof(int) * k);
+    if (::sendmsg(conn, &msg, MSG_NOSIGNAL) < 0) return;
+  }
+  ++handed_over_;
+}
+
+Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::string& session,
+                                         const std::string& token, int timeout_ms, size_t regions) {
+  sockaddr_un addr;
+  TL_ASSIGN_OR_RETURN(const socklen_t len, AbstractAddress(socket, &addr));
+  Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (fd.fd < 0) return PosixError("handover: socket", errno);
+  SetTimeouts(fd.fd, timeout_ms);
+  if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    return UnavailableError("handover: cannot reach " + socket + " (" +
+                            PosixError("connect", errno).message() + ")");
+  }
+  const std::string auth = token.empty() ? "-"
+                                         : SignRequest(token, "HANDOVER", "/v1/handover/" + session,
+                                                       UnixSeconds(), RandomNonce());
+  TL_RETURN_IF_ERROR(SendText(fd.fd, "TLHANDOVER1 " + session + " " + auth));
+  char buf[kMaxRequest + 1];
+  const ssize_t n = ::recv(fd.fd, buf, kMaxRequest, 0);
+  if (n < 0) return PosixError("handover: receive from " + socket, errno);
+  const std::string answer(buf, static_cast<size_t>(n));
+  if (answer.compare(0, 4, "ERR ") == 0)
+    return PermissionDeniedError("handover refused by " + socket + ": " + answer.substr(4));
+  if (answer != "OK " + std::to_string(regions)) {
+    return CorruptionError("handover: " + socket + " answered '" + answer.substr(0, 64) +
+                           "', expected OK " + std::to_string(regions));
+  }
+  std::vector<int> fds;
+  fds.reserve(regions);
+  while (fds.size() < regions) {
+    FdPacket packet;
+    msghdr& msg = packet.msg;
+    const ssize_t got = ::recvmsg(fd.fd, &msg, MSG_CMSG_CLOEXEC);
+    if (got <= 0) {
+      const int e = got < 0 ? errno : ECONNRESET;
+      CloseAll(&fds);
+      return PosixError("handover: receive descriptors from " + socket, e);
+    }
+    size_t in_packet = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t j = 0; j < k; ++j) {
+        int received;
+        std::memcpy(&received, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
+        fds.push_back(received);
+        ++in_packet;
+      }
+    }
+    if ((msg.msg_flags & MSG_CTRUNC) || in_packet == 0 || fds.size() > regions) {
+      CloseAll(&fds);
+      return CorruptionError("handover: " + socket + " sent a packet without the descriptors");
+    }
+  }
+  return fds;
+}
+
+bool HandoverOffered(const Manifest& manifest) {
+  if (manifest.handover_socket.empty() || manifest.handover_host.empty()) return false;
+  return manifest.handover_host == HandoverHostId();
+}
+
+namespace {
+
+// Every chunk of every tensor against the manifest, on up to 4 threads.
+Status VerifyChunks(const Manifest& manifest, const std::vector<LoadedTensor>& tensors,
+                    const std::string& url) {
+  const unsigned threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  Status failed = Status::Ok();
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < tensors.size();) {
+      const LoadedTensor& t = tensors[i];
+      const ManifestTensor* m = manifest.Find(t.name);
+      const std::vector<uint64_t> sums = ChunkChecksums(t.data, t.nbytes, manifest.chunk_bytes);
+      for (size_t c = 0; m && c < sums.size(); ++c) {
+        if (c < m->chunk_xxh3.size() && sums[c] == m->chunk_xxh3[c]) continue;
+        std::lock_guard<std::mutex> lock(mu);
+        if (failed.ok()) {
+          failed = CorruptionError(url + ": handed-over tensor '" + t.name + "': chunk " +
+                                   std::to_string(c) + " does not match the manifest's checksum");
+        }
+        return;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned k = 1; k < threads; ++k) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  return failed;
+}
+
+}  // namespace
+
+Result<LoadedCheckpoint> TakeHandover(const Manifest& manifest, const std::string& url,
+                                      const std::string& session, const TakeOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (manifest.regions.empty()) return InvalidArgumentError(url + ": no regions to hand over");
+  TL_ASSIGN_OR_RETURN(std::vector<int> fds,
+                      ReceiveHandover(manifest.handover_socket, session, options.token,
+                                      options.timeout_ms, manifest.regions.size()));
+  std::vector<std::shared_ptr<HostBuffer>> maps(fds.size());
+  Status failed = Status::Ok();
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (!failed.ok()) {
+      ::close(fds[i]);  // MapShared takes the others.
+      continue;
+    }
+    Result<std::shared_ptr<HostBuffer>> m =
+        HostBuffer::MapShared(fds[i], manifest.regions[i].bytes, options.copy_on_write);
+    if (m.ok()) {
+      maps[i] = std::move(m).value();
+    } else {
+      failed = m.status().WithContext(url + ": region " + std::to_string(i));
+    }
+  }
+  TL_RETURN_IF_ERROR(failed);
+  CheckpointBuilder out;
+  out.Reserve(manifest.tensors.size());
+  uint64_t bytes = 0;
+  for (const ManifestTensor& m : manifest.tensors) {
+    LoadedTensor t;
+    t.name = m.name;
+    t.dtype = m.dtype;
+    t.shape = m.shape;
+    SetRowMajorStrides(&t);
+    t.nbytes = m.nbytes;
+    // ParseManifest checked that offset + nbytes lies within the region.
+    t.data = m.nbytes ? maps[m.region]->data() + m.offset : maps[0]->data();
+    bytes += m.nbytes;
+    out.Add(std::move(t), maps[m.nbytes ? m.region : 0]);
+  }
+  if (options.verify) TL_RETURN_IF_ERROR(VerifyChunks(manifest, out.tensors(), url));
+  FileReport f;
+  f.path = url;
+  f.reason = "handed over on this host: " + std::to_string(maps.size()) +
+             " regions of sealed shared memory mapped " +
+             (options.copy_on_write ? "copy-on-write" : "read-only") +
+             (options.verify ? ", every chunk checked" : "");
+  f.bytes = bytes;
+  f.tensors = static_cast<uint32_t>(manifest.tensors.size());
+  out.files().push_back(std::move(f));
+  return std::move(out).Finish(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace tensorlift::remote

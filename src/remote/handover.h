@@ -1,0 +1,100 @@
+// Same-host handover (docs/remote.md, "Same-host handover"): a seed whose
+// tensors are in sealed shared memory (HostBuffer::Seal) passes the
+// descriptors of its regions over an abstract Unix socket (SCM_RIGHTS) to a
+// client on the same host, which maps them: no bytes are copied.
+//
+// Protocol (SOCK_SEQPACKET, one request and one answer per connection):
+//   client -> seed  "TLHANDOVER1 <session id> <X-Tensorlift-Auth value or ->"
+//   seed -> client  "OK <n>" then packets of one byte carrying up to 64
+//                   descriptors each, n in all (region order); or "ERR <why>".
+// The seed hands over only for a session open on its control endpoint, and
+// only to a process of its own user (or root), or, with a token, to one that
+// signs the request (method HANDOVER, path /v1/handover/<session>).
+//
+// Thread safety: a HandoverServer serves from its own thread;
+// ReceiveHandover may run concurrently.
+#ifndef TENSORLIFT_REMOTE_HANDOVER_H_
+#define TENSORLIFT_REMOTE_HANDOVER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "remote/manifest.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/status.h"
+
+namespace tensorlift::remote {
+
+// This host, as handover knows it: the kernel's boot id (the same for every
+// process of this boot, containers included), "" when it cannot be read.
+std::string HandoverHostId();
+
+class HandoverServer {
+ public:
+  // Listens on a new abstract Unix socket. `fds[i]` is region i's sealed
+  // descriptor (borrowed: valid while the server lives); `session_open(id)`
+  // says whether a control session `id` is open; `token` as
+  // ServeOptions::token.
+  static Result<std::unique_ptr<HandoverServer>> Start(
+      std::vector<int> fds, std::string token,
+      std::function<bool(const std::string&)> session_open);
+  ~HandoverServer();
+  HandoverServer(const HandoverServer&) = delete;
+  HandoverServer& operator=(const HandoverServer&) = delete;
+
+  // The socket's name as the manifest carries it ("@" + the abstract name).
+  const std::string& socket() const { return socket_; }
+  // Handovers made so far.
+  uint64_t handed_over() const { return handed_over_; }
+
+ private:
+  HandoverServer() = default;
+  void Loop();
+  void Serve(int conn);
+
+  std::vector<int> fds_;
+  std::string token_;
+  std::function<bool(const std::string&)> session_open_;
+  std::string socket_;
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;  // An eventfd: written to stop the loop.
+  std::thread thread_;
+  std::atomic<uint64_t> handed_over_{0};
+};
+
+// The client's side: asks `socket` (a manifest's handover socket) for
+// `regions` descriptors for `session`, signing with `token` when non-empty;
+// each step bounded by `timeout_ms`. The descriptors are the caller's (close
+// them); on any error none is left open. kUnavailable when the socket cannot
+// be reached (another host, another network namespace), kPermissionDenied
+// when the seed refuses, kCorruption when its answer is malformed.
+Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::string& session,
+                                         const std::string& token, int timeout_ms, size_t regions);
+
+// Whether `manifest` offers a handover this process can take: a socket, and
+// the host this one is.
+bool HandoverOffered(const Manifest& manifest);
+
+struct TakeOptions {
+  std::string token;
+  int timeout_ms = 5000;
+  bool copy_on_write = false;  // PeerLoadOptions::handover_copy_on_write.
+  bool verify = false;         // PeerLoadOptions::handover_verify.
+};
+
+// Takes the handover `manifest` offers for `session` of the seed at `url`:
+// maps each region's sealed shared memory (HostBuffer::MapShared) and returns
+// the manifest's tensors, whole, as views of it (host memory; no byte
+// copied). With `verify`, every chunk is checked against the manifest's
+// checksums first (kCorruption naming the tensor and chunk otherwise). The
+// mappings stay valid when the seed exits.
+Result<LoadedCheckpoint> TakeHandover(const Manifest& manifest, const std::string& url,
+                                      const std::string& session, const TakeOptions& options);
+
+}  // namespace tensorlift::remote
+
+#endif  // TENSORLIFT_REMOTE_HANDOVER_H_
