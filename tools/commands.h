@@ -102,6 +102,8 @@ struct ServeArgs {
   uint64_t clients_per_worker = 1024;
   std::string ready_file;      // Written with the URL once serving.
   std::string device = "cpu";  // Where the served tensors live.
+  bool no_handover = false;    // ServeOptions::handover off.
+  bool resident = false;       // ServeOptions::resident.
 };
 // Loads a checkpoint and serves it until SIGINT/SIGTERM.
 int RunServe(const ServeArgs& args);
@@ -124,8 +126,12 @@ struct FetchArgs {
   bool seed = false;
   std::string seed_host = "127.0.0.1";
   int registry_ttl_s = 10;
-  std::string ready_file;      // Written with the seed's URL once serving.
-  std::string device = "cpu";  // Where the tensors go.
+  std::string ready_file;         // Written with the seed's URL once serving.
+  std::string device = "cpu";     // Where the tensors go.
+  std::string handover = "auto";  // PeerLoadOptions::handover.
+  bool handover_verify = false;
+  bool copy_on_write = false;  // PeerLoadOptions::handover_copy_on_write.
+  bool no_local = false;       // PeerLoadOptions::local off.
 };
 // Pulls a checkpoint from peers (or the fallback) and writes or checksums it.
 int RunFetch(const FetchArgs& args);

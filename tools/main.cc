@@ -199,6 +199,12 @@ int main(int argc, char** argv) {
                    "has met (0: one worker for good)")
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 40))
       ->capture_default_str();
+  serve->add_flag("--resident", serve_args.resident,
+                  "Announce this seed on this host under its key, so that clients here find it "
+                  "with the key alone (no URL or registry): keeps a model in memory while servers "
+                  "come and go (docs/remote.md, \"Same-host handover\")");
+  serve->add_flag("--no-handover", serve_args.no_handover,
+                  "Do not hand the memory to clients on this host (they pull copies over UCX)");
   serve->add_option("--ready-file", serve_args.ready_file,
                     "Write the URL to this file once serving");
 
@@ -251,6 +257,19 @@ int main(int argc, char** argv) {
                    "With --seed: the registration's lease, seconds")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
+  fetch
+      ->add_option("--handover", fetch_args.handover,
+                   "auto: map a same-host seed's memory when it offers it (no copy); off: always "
+                   "pull over UCX")
+      ->check(CLI::IsMember({"auto", "off"}))
+      ->capture_default_str();
+  fetch->add_flag("--handover-verify", fetch_args.handover_verify,
+                  "Check every chunk of handed-over memory against the seed's manifest");
+  fetch->add_flag("--copy-on-write", fetch_args.copy_on_write,
+                  "Map handed-over memory writable, each page written becoming this process's "
+                  "own (default: read-only)");
+  fetch->add_flag("--no-local", fetch_args.no_local,
+                  "Do not ask this host's resident seed for the key (serve --resident)");
   fetch->add_option("--ready-file", fetch_args.ready_file,
                     "With --seed: write the seed's URL here once serving");
 

@@ -91,6 +91,8 @@ int RunServe(const ServeArgs& args) {
   opts.registry = args.registry;
   opts.registry_ttl_s = args.registry_ttl_s;
   opts.transports = args.peer.transports;
+  opts.handover = !args.no_handover;
+  opts.resident = args.resident;
   const sigset_t set = BlockStopSignals();  // Before any thread starts.
   LoadOptions load;
   load.device = args.device;
@@ -189,12 +191,17 @@ int RunFetch(const FetchArgs& args) {
   opts.stall_timeout_ms = args.timeout_ms;
   opts.min_rate = static_cast<uint64_t>(args.min_rate_mbps * 1e6);
   opts.device = args.device;
+  opts.handover = args.handover;
+  opts.handover_verify = args.handover_verify;
+  opts.handover_copy_on_write = args.copy_on_write;
+  opts.local = !args.no_local;
   if (!args.out.empty() && args.device != "cpu") {
     return Fail(InvalidArgumentError("fetch: --out writes a host fetch: leave --device at cpu"),
                 kExitUsage);
   }
-  if (opts.peers.empty() && opts.registry.empty() && opts.fallback_path.empty()) {
-    return Fail(InvalidArgumentError("fetch: give a peer URL, --registry, or --fallback"),
+  if (opts.peers.empty() && opts.registry.empty() && opts.fallback_path.empty() && !opts.local) {
+    return Fail(InvalidArgumentError("fetch: give a peer URL, --registry, or --fallback "
+                                     "(--no-local leaves no source)"),
                 kExitUsage);
   }
   sigset_t set;
@@ -220,9 +227,11 @@ int RunFetch(const FetchArgs& args) {
                  report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
   } else {
     std::fprintf(out,
-                 "fetched %zu tensors, %llu bytes from %s (%d source ranks) in %.3f s: %.2f GB/s\n",
+                 "fetched %zu tensors, %llu bytes from %s (%d source ranks%s) in %.3f s: %.2f "
+                 "GB/s\n",
                  loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
-                 report.source.c_str(), report.source_ranks, report.seconds,
+                 report.source.c_str(), report.source_ranks, report.handover ? ", handed over" : "",
+                 report.seconds,
                  report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
   }
   for (const FileReport& f : loaded->files()) {

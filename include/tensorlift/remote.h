@@ -118,6 +118,13 @@ struct ServeOptions {
   // served tensor is in sealed shared memory: ServeCheckpoint loads host
   // tensors into it, and a client's handed-over tensors are in it.
   bool handover = true;
+  // A resident seed: announced on this host under its key's digest and
+  // tensor-parallel position, so that a client here finds it with the key
+  // alone (PeerLoadOptions::local), no URL or registry; what `tensorlift serve
+  // --resident` runs to keep a model in memory while servers come and go.
+  // One resident seed per key and position: a second is refused
+  // (kUnavailable).
+  bool resident = false;
 };
 
 // Serves tensors to peers until destroyed.
@@ -233,6 +240,9 @@ struct PeerLoadOptions {
   // handover fails; "off" always pulls. A device destination gets one copy
   // from the mapped memory.
   std::string handover = "auto";
+  // Ask this host's resident seed for the key (ServeOptions::resident) before
+  // `peers` and the registry.
+  bool local = true;
   // Handed-over tensors are read-only (a write faults) unless this is set:
   // then a page written becomes this process's own copy, and the seed's
   // memory never changes (what frameworks that change weights in place need).

@@ -745,7 +745,8 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
                          int tp_rank, const std::string& fallback, const std::string& mode,
                          int timeout_ms, const std::string& transports, bool become_seed,
                          const std::string& seed_host, uint64_t batch_bytes, int max_in_flight,
-                         const std::string& device) {
+                         const std::string& device, const std::string& handover,
+                         bool handover_copy_on_write, bool handover_verify) {
   Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
   PeerLoadOptions o;
   o.device = device;
@@ -762,6 +763,9 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   o.seed.host = seed_host;
   o.batch_bytes = batch_bytes;
   o.max_in_flight = max_in_flight;
+  o.handover = handover;
+  o.handover_copy_on_write = handover_copy_on_write;
+  o.handover_verify = handover_verify;
   const PeerKey k = KeyFromDict(key);
   Result<PeerLoad> r = InternalError("not run");
   {
@@ -775,6 +779,7 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   report["bytes"] = pl.report.bytes;
   report["seconds"] = pl.report.seconds;
   report["source_ranks"] = pl.report.source_ranks;
+  report["handover"] = pl.report.handover;
   nb::object seed = nb::none();
   if (pl.seed) seed = nb::cast(PyPeerServer{std::move(pl.seed)});
   return nb::make_tuple(PyLoaded{pl.loaded}, report, seed);
@@ -856,7 +861,8 @@ void BindPeerLoading(nb::module_& m) {
         nb::arg("fallback") = "", nb::arg("mode") = "auto", nb::arg("timeout_ms") = 10000,
         nb::arg("transports") = "", nb::arg("become_seed") = false,
         nb::arg("seed_host") = "127.0.0.1", nb::arg("batch_bytes") = uint64_t{8} << 20,
-        nb::arg("max_in_flight") = 16, nb::arg("device") = "cpu",
+        nb::arg("max_in_flight") = 16, nb::arg("device") = "cpu", nb::arg("handover") = "auto",
+        nb::arg("handover_copy_on_write") = true, nb::arg("handover_verify") = false,
         "Pulls from the first working peer (then the registry's seeds, then disk) onto "
         "`device`: (Loaded, report, seed or None).");
   m.def("load_striped", &LoadStripedPy, nb::arg("path") = "", nb::arg("object_url") = "",

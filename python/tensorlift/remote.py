@@ -192,7 +192,8 @@ class Peer:
                  fallback: Union[None, str, os.PathLike, Sequence[Union[str, os.PathLike]]] = None,
                  token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0,
                  timeout: float = 10.0, transports: Optional[str] = None, mode: str = "auto",
-                 device: str = "cpu", stripe: bool = False, use_page_cache: bool = True):
+                 device: str = "cpu", stripe: bool = False, use_page_cache: bool = True,
+                 handover: str = "auto", handover_copy_on_write: bool = True, handover_verify: bool = False):
         self.urls = [urls] if isinstance(urls, str) else list(urls or [])
         fallbacks = [] if fallback is None else (
             [fallback] if isinstance(fallback, (str, os.PathLike)) else list(fallback))
@@ -224,6 +225,18 @@ class Peer:
         # Where the tensors go ("cpu", "cuda:N"): straight into the device's memory when UCX can write
         # it, else through host memory (docs/remote.md, "Devices"); a seed serves them from there.
         self.device = str(device)
+        # Same-host handover (docs/remote.md, "Same-host handover"): a seed on this host hands its
+        # memory over (mapped, no copy) instead of sending it. "auto" takes it when offered, "off"
+        # always pulls over UCX. Python's tensors are writable: copy_on_write (the default) makes a
+        # page written this process's own; False maps them read-only, where a write is a crash
+        # (torch has no read-only tensors). verify checks every chunk against the seed's manifest.
+        if handover not in ("auto", "off"):
+            raise ValueError(f'handover must be "auto" or "off", got {handover!r}')
+        if stripe and handover != "auto":
+            raise ValueError("stripe=True reads ranges from every source: handover does not apply")
+        self.handover = handover
+        self.handover_copy_on_write = bool(handover_copy_on_write)
+        self.handover_verify = bool(handover_verify)
 
     def pull(self, become_seed: bool = False, seed_host: str = "127.0.0.1"):
         """(Loaded, report, seed Server or None)."""
@@ -244,7 +257,9 @@ class Peer:
         loaded, report, seed = _tl.load_from_peer(
             self.key, peers=self.urls, registry=self.registry, token=self.token, tp_size=self.tp_size,
             tp_rank=self.tp_rank, fallback=self.fallback, mode=self.mode, timeout_ms=self.timeout_ms,
-            transports=self.transports, become_seed=become_seed, seed_host=seed_host, device=self.device)
+            transports=self.transports, become_seed=become_seed, seed_host=seed_host, device=self.device,
+            handover=self.handover, handover_copy_on_write=self.handover_copy_on_write,
+            handover_verify=self.handover_verify)
         _last_report = report
         return loaded, report, (Server(seed) if seed is not None else None)
 
@@ -280,7 +295,8 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
                    token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1,
                    tp_rank: int = 0, timeout: float = 10.0, transports: Optional[str] = None,
                    framework: str = "pt", become_seed: bool = False, seed_host: str = "127.0.0.1",
-                   device: str = "cpu", stripe: bool = False, use_page_cache: bool = True):
+                   device: str = "cpu", stripe: bool = False, use_page_cache: bool = True,
+                   handover: str = "auto", handover_copy_on_write: bool = True, handover_verify: bool = False):
     """Pulls this rank's tensors from a peer; returns name -> tensor.
 
     stripe=True: the peers and the fallback(s) (a local path and/or an s3:// URL) are used at once,
@@ -288,12 +304,16 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
 
     With become_seed, returns (tensors, Server): the process serves what it got.
     device ("cpu", "cuda:N"): where the tensors go (torch tensors on that GPU with framework "pt").
+    handover ("auto", "off"): a seed on this host hands its memory over instead of sending it (no
+    copy; last_report()["handover"] says so); handover_copy_on_write (default) keeps the tensors
+    writable, each page written becoming this process's own; handover_verify checks every chunk.
     last_report() says which source was used and why the others failed.
     """
     peer = Peer(urls, model=model, revision=revision, dtype=dtype, quantization=quantization, layout=layout,
                 registry=registry, fallback=fallback, token=token, token_file=token_file, tp_size=tp_size,
                 tp_rank=tp_rank, timeout=timeout, transports=transports, device=device, stripe=stripe,
-                use_page_cache=use_page_cache)
+                use_page_cache=use_page_cache, handover=handover,
+                handover_copy_on_write=handover_copy_on_write, handover_verify=handover_verify)
     loaded, _, seed = peer.pull(become_seed=become_seed, seed_host=seed_host)
     out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
     if not become_seed:

@@ -92,6 +92,55 @@ std::string HandoverHostId() {
   return id;
 }
 
+namespace {
+
+std::string AnnouncementName(const std::string& digest, int rank, int size) {
+  return "@tensorlift/key/" + digest + "/" + std::to_string(rank) + "-of-" + std::to_string(size);
+}
+
+// A listening abstract socket of `type` named `name`, and an eventfd to stop its loop.
+Status Listen(const std::string& name, int type, int* listen_fd, int* stop_fd) {
+  sockaddr_un addr;
+  TL_ASSIGN_OR_RETURN(const socklen_t len, AbstractAddress(name, &addr));
+  *listen_fd = ::socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  if (*listen_fd < 0) return PosixError("socket", errno);
+  if (::bind(*listen_fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    const int e = errno;
+    if (e == EADDRINUSE) return UnavailableError(name + " is already taken");
+    return PosixError("bind " + name, e);
+  }
+  if (::listen(*listen_fd, 64) != 0) return PosixError("listen", errno);
+  *stop_fd = ::eventfd(0, EFD_CLOEXEC);
+  if (*stop_fd < 0) return PosixError("eventfd", errno);
+  return Status::Ok();
+}
+
+// Accepts connections until `stop_fd` is written, calling serve(connection).
+void AcceptLoop(int listen_fd, int stop_fd, const std::function<void(int)>& serve) {
+  for (;;) {
+    pollfd p[2] = {{listen_fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (p[1].revents) return;
+    if (!(p[0].revents & POLLIN)) continue;
+    Fd conn(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
+    if (conn.fd < 0) continue;
+    SetTimeouts(conn.fd, 2000);
+    serve(conn.fd);
+  }
+}
+
+void StopLoop(std::thread* thread, int stop_fd) {
+  if (!thread->joinable()) return;
+  const uint64_t one = 1;
+  (void)!::write(stop_fd, &one, sizeof one);
+  thread->join();
+}
+
+}  // namespace
+
 Result<std::unique_ptr<HandoverServer>> HandoverServer::Start(
     std::vector<int> fds, std::string token, std::function<bool(const std::string&)> session_open) {
   if (fds.empty() || fds.size() > kMaxRegions)
@@ -101,44 +150,21 @@ Result<std::unique_ptr<HandoverServer>> HandoverServer::Start(
   s->token_ = std::move(token);
   s->session_open_ = std::move(session_open);
   s->socket_ = "@tensorlift/" + std::to_string(::getpid()) + "/" + RandomNonce().substr(0, 16);
-  sockaddr_un addr;
-  TL_ASSIGN_OR_RETURN(const socklen_t len, AbstractAddress(s->socket_, &addr));
-  s->listen_fd_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-  if (s->listen_fd_ < 0) return PosixError("handover: socket", errno);
-  if (::bind(s->listen_fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0)
-    return PosixError("handover: bind " + s->socket_, errno);
-  if (::listen(s->listen_fd_, 64) != 0) return PosixError("handover: listen", errno);
-  s->stop_fd_ = ::eventfd(0, EFD_CLOEXEC);
-  if (s->stop_fd_ < 0) return PosixError("handover: eventfd", errno);
+  Status st = Listen(s->socket_, SOCK_SEQPACKET, &s->listen_fd_, &s->stop_fd_);
+  if (!st.ok()) return st.WithContext("handover");
   HandoverServer* self = s.get();
   s->thread_ = std::thread([self] { self->Loop(); });
   return s;
 }
 
 HandoverServer::~HandoverServer() {
-  if (thread_.joinable()) {
-    const uint64_t one = 1;
-    (void)!::write(stop_fd_, &one, sizeof one);
-    thread_.join();
-  }
+  StopLoop(&thread_, stop_fd_);
   if (listen_fd_ >= 0) ::close(listen_fd_);
   if (stop_fd_ >= 0) ::close(stop_fd_);
 }
 
 void HandoverServer::Loop() {
-  for (;;) {
-    pollfd p[2] = {{listen_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    if (::poll(p, 2, -1) < 0) {
-      if (errno == EINTR) continue;
-      return;
-    }
-    if (p[1].revents) return;
-    if (!(p[0].revents & POLLIN)) continue;
-    Fd conn(::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC));
-    if (conn.fd < 0) continue;
-    SetTimeouts(conn.fd, 2000);
-    Serve(conn.fd);
-  }
+  AcceptLoop(listen_fd_, stop_fd_, [this](int conn) { Serve(conn); });
 }
 
 void HandoverServer::Serve(int conn) {
@@ -244,6 +270,52 @@ Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::s
     }
   }
   return fds;
+}
+
+Result<std::unique_ptr<LocalAnnouncement>> LocalAnnouncement::Start(const std::string& digest,
+                                                                    int rank, int size,
+                                                                    std::string url) {
+  std::unique_ptr<LocalAnnouncement> a(new LocalAnnouncement());
+  a->name_ = AnnouncementName(digest, rank, size);
+  a->url_ = std::move(url);
+  Status st = Listen(a->name_, SOCK_STREAM, &a->listen_fd_, &a->stop_fd_);
+  if (!st.ok()) return st.WithContext("resident seed");
+  LocalAnnouncement* self = a.get();
+  a->thread_ = std::thread([self] {
+    AcceptLoop(self->listen_fd_, self->stop_fd_,
+               [self](int conn) { SendText(conn, self->url_).IgnoreError(); });
+  });
+  return a;
+}
+
+LocalAnnouncement::~LocalAnnouncement() {
+  StopLoop(&thread_, stop_fd_);
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  if (stop_fd_ >= 0) ::close(stop_fd_);
+}
+
+Result<std::string> FindLocalSeed(const std::string& digest, int rank, int size, int timeout_ms) {
+  const std::string name = AnnouncementName(digest, rank, size);
+  sockaddr_un addr;
+  TL_ASSIGN_OR_RETURN(const socklen_t len, AbstractAddress(name, &addr));
+  Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (fd.fd < 0) return PosixError("socket", errno);
+  SetTimeouts(fd.fd, timeout_ms);
+  if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0)
+    return NotFoundError("no resident seed on this host (" + name + ")");
+  char buf[1025];
+  size_t got = 0;
+  for (ssize_t n; got < 1024 && (n = ::recv(fd.fd, buf + got, 1024 - got, 0)) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return PosixError("receive from " + name, errno);
+    }
+    got += static_cast<size_t>(n);
+  }
+  const std::string url(buf, got);
+  if (url.compare(0, 7, "http://") != 0)
+    return CorruptionError(name + " answered '" + url.substr(0, 64) + "', not a URL");
+  return url;
 }
 
 bool HandoverOffered(const Manifest& manifest) {

@@ -75,6 +75,31 @@ class HandoverServer {
 Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::string& session,
                                          const std::string& token, int timeout_ms, size_t regions);
 
+// A resident seed's announcement on this host (ServeOptions::resident): an
+// abstract socket named after the key's digest and the seed's tensor-parallel
+// position, which answers each connection with the seed's URL. Another seed
+// of the same key and position already announced: kUnavailable (AlreadyUsed).
+class LocalAnnouncement {
+ public:
+  static Result<std::unique_ptr<LocalAnnouncement>> Start(const std::string& digest, int rank,
+                                                          int size, std::string url);
+  ~LocalAnnouncement();
+  LocalAnnouncement(const LocalAnnouncement&) = delete;
+  LocalAnnouncement& operator=(const LocalAnnouncement&) = delete;
+  const std::string& name() const { return name_; }
+
+ private:
+  LocalAnnouncement() = default;
+  std::string name_, url_;
+  int listen_fd_ = -1;
+  int stop_fd_ = -1;
+  std::thread thread_;
+};
+
+// The URL of the resident seed on this host for the key `digest` at
+// position (rank, size); kNotFound when there is none.
+Result<std::string> FindLocalSeed(const std::string& digest, int rank, int size, int timeout_ms);
+
 // Whether `manifest` offers a handover this process can take: a socket, and
 // the host this one is.
 bool HandoverOffered(const Manifest& manifest);

@@ -781,9 +781,21 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
     return UploadToDevice(std::move(r).value(), device);
   };
 
-  // The endpoints: the given ones, then the registry's live seeds.
-  const std::vector<std::string> urls = PeerUrlsFor(key, options.peers, options.registry,
-                                                    options.request_timeout_ms, &report->failures);
+  // The endpoints: this host's resident seed, the given ones, then the
+  // registry's live seeds.
+  std::vector<std::string> urls = PeerUrlsFor(key, options.peers, options.registry,
+                                              options.request_timeout_ms, &report->failures);
+  if (options.local) {
+    // This rank's seed, else a seed of the whole model.
+    for (const TensorParallel& at : {options.parallel, TensorParallel{1, 0}}) {
+      Result<std::string> local =
+          FindLocalSeed(key.Digest(), at.rank, at.size, options.request_timeout_ms);
+      if (!local.ok()) continue;
+      if (std::find(urls.begin(), urls.end(), *local) == urls.end())
+        urls.insert(urls.begin(), *local);
+      break;
+    }
+  }
   std::vector<Control> controls;
   std::vector<PeerInfo> infos;
   controls.reserve(urls.size());

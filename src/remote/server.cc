@@ -120,6 +120,7 @@ class PeerServerImpl final : public PeerServer {
 
   ~PeerServerImpl() override {
     registration_.reset();
+    announcement_.reset();
     handover_.reset();
     if (http_) http_->stop();
     if (http_thread_.joinable()) http_thread_.join();
@@ -233,6 +234,11 @@ class PeerServerImpl final : public PeerServer {
 
     TL_RETURN_IF_ERROR(StartHandover(merged));
     TL_RETURN_IF_ERROR(StartHttp());
+    if (options_.resident) {
+      TL_ASSIGN_OR_RETURN(announcement_,
+                          LocalAnnouncement::Start(key_.Digest(), options_.parallel.rank,
+                                                   options_.parallel.size, url()));
+    }
     if (!options_.registry.empty()) {
       TL_ASSIGN_OR_RETURN(registry_,
                           Registry::Connect(options_.registry, std::chrono::milliseconds(5000)));
@@ -498,6 +504,7 @@ class PeerServerImpl final : public PeerServer {
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<Registration> registration_;
   std::unique_ptr<HandoverServer> handover_;
+  std::unique_ptr<LocalAnnouncement> announcement_;
 };
 
 }  // namespace

@@ -58,9 +58,12 @@ def run(cli, *args, timeout=120, **kw):
 class Serving:
     """`tensorlift serve` in the background; .url once it is ready."""
 
-    def __init__(self, cli, path, *args, prefix=()):
+    def __init__(self, cli, path, *args, prefix=(), handover=False):
         self.ready = pathlib.Path(tempfile.mkdtemp(prefix="tl_serve_")) / "url"
-        self.proc = subprocess.Popen([*prefix, str(cli), "serve", str(path), *map(str, args),
+        # These tests are about pulls over UCX: a seed on this host would hand its memory over
+        # instead (tests/python/test_handover.py) unless told not to.
+        extra = [] if handover else ["--no-handover"]
+        self.proc = subprocess.Popen([*prefix, str(cli), "serve", str(path), *map(str, args), *extra,
                                       "--ready-file", str(self.ready)],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.monotonic() + 60
