@@ -8,7 +8,9 @@ loader class's load_weights (reading the checkpoint and copying it into the
 model's parameters) is timed here, whatever the format logs. Prints one JSON
 line: ready_s (LLM() constructed: config, model init, weights, warm-up, KV
 cache), weights_s, the first greedy tokens (to check every format gave the
-same model), peak RSS. With TL_HOLD=1 it stays up until stdin closes (a seed). TL_DTYPE is the
+same model), peak RSS, and host_added_bytes: the host memory in use
+(MemTotal - MemAvailable) after LLM() minus before, less the page cache's
+growth (reclaimable), so that memory shared with another process counts once. With TL_HOLD=1 it stays up until stdin closes (a seed). TL_DTYPE is the
 model's dtype (bfloat16 when unset; vllm_bench.py sets the probe's choice).
 """
 import json
@@ -18,6 +20,14 @@ import sys
 import time
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def host_used():
+    m = {}
+    for line in open("/proc/meminfo"):
+        k, v = line.split(":")
+        m[k] = int(v.split()[0]) * 1024
+    return m["MemTotal"] - m["MemAvailable"], m["Cached"] - m.get("Shmem", 0)
 
 
 def main():
@@ -44,6 +54,7 @@ def main():
     for cls in set(ml._LOAD_FORMAT_TO_MODEL_LOADER.values()):
         if "load_weights" in cls.__dict__:
             timed(cls)
+    used0, cache0 = host_used()
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format=load_format, model_loader_extra_config=extra, skip_tokenizer_init=True,
               dtype=os.environ.get("TL_DTYPE") or "bfloat16", enforce_eager=True, max_model_len=128,
@@ -52,10 +63,12 @@ def main():
               # a 2 GB model beside a seed holding two copies of its own.
               gpu_memory_utilization=float(os.environ.get("TL_BENCH_MEMORY_SHARE", "0.35")))
     ready = time.perf_counter() - t0
+    used1, cache1 = host_used()
     out = llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(max_tokens=4, temperature=0))
     print(json.dumps({"format": load_format, "extra": extra, "ready_s": ready,
                       "weights_s": sum(timings) if timings else None,
                       "tokens": list(out[0].outputs[0].token_ids),
+                      "host_added_bytes": (used1 - used0) - max(0, cache1 - cache0),
                       "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), flush=True)
     if os.environ.get("TL_HOLD") == "1":
         sys.stdin.read()

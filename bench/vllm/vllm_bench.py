@@ -11,9 +11,14 @@ the model loader's load_weights (reading the checkpoint and copying it into
 the parameters), timed around every format's loader the same way.
 
 Formats: vLLM's safetensors (its default), runai_streamer, tensorlift (disk),
-tensorlift-peer (pulled from a running vLLM instance that loaded with
+tensorlift-peer (from a running vLLM instance on this host that loaded with
 tensorlift and serves; the seed is started once, outside the timings, and its
-memory is the source, so it has no cold state). fastsafetensors and
+memory is the source, so it has no cold state): by default the seed's shared
+memory is handed over and mapped as the new instance's parameters (docs/remote.md,
+"Same-host handover"); tensorlift-peer-ucx is the same pull with handover off,
+the bytes copied over UCX. Each run also reports the host memory it added
+(MemTotal - MemAvailable after LLM() minus before, the page cache's growth
+excluded): what a second instance of the model costs the host. fastsafetensors and
 instanttensor are vLLM formats that load to CUDA only: on a machine without a
 GPU they are listed as not runnable.
 
@@ -50,7 +55,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "vllm"))
 import cpu_probe  # noqa: E402
 
 VLLM_PY = os.path.join(ROOT, ".venv-vllm", "bin", "python")
-FORMATS = ["safetensors", "runai_streamer", "tensorlift", "tensorlift-peer"]
+FORMATS = ["safetensors", "runai_streamer", "tensorlift", "tensorlift-peer", "tensorlift-peer-ucx"]
+PEER = {"tensorlift-peer": {}, "tensorlift-peer-ucx": {"handover": "off"}}
 CUDA_ONLY = {"fastsafetensors": "vLLM's fastsafetensors format loads to cuda:N only",
              "instanttensor": "vLLM's instanttensor format loads to cuda:N only"}
 ENV = dict(os.environ, VLLM_TARGET_DEVICE="cpu", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -122,7 +128,7 @@ def measure(args):
     data["bf16_probe"] = verdict.line()
     formats = args.formats.split(",")
     seed = None
-    if "tensorlift-peer" in formats:
+    if any(f in PEER for f in formats):
         print("vllm bench: starting the seed (a vLLM instance serving its weights)", flush=True)
         seed = PeerSeed(d, args.out)
         data["seed_url"] = seed.url
@@ -130,15 +136,15 @@ def measure(args):
     try:
         for state in ("cold", "warm"):
             for r in range(args.runs):
-                order = [f for f in formats if not (f == "tensorlift-peer" and state == "cold")]
+                order = [f for f in formats if not (f in PEER and state == "cold")]
                 rng.shuffle(order)
                 for fmt in order:
                     if state == "cold":
                         evict(shards)
                     else:
                         read_through(shards)
-                    if fmt == "tensorlift-peer":
-                        res = engine(d, "tensorlift", {"peer": seed.url, "fallback": False})
+                    if fmt in PEER:
+                        res = engine(d, "tensorlift", dict({"peer": seed.url, "fallback": False}, **PEER[fmt]))
                     else:
                         res = engine(d, fmt)
                     data["results"].setdefault(fmt, {}).setdefault(state, []).append(res)
@@ -165,26 +171,30 @@ def summarize(data):
              f"{data['checkpoint']['layers']} layers, {gb:.2f} GB bf16 in {data['checkpoint']['shards']} shards; "
              f"the engines in {data.get('dtype', 'bfloat16')}; medians of {data['runs']} runs; {data['cpus']} CPUs",
              *([f"({data['bf16_probe']})"] if "bf16_probe" in data else []), "",
-             "| format | cold: weights s | cold: ready s | warm: weights s | warm: ready s | weights vs safetensors (cold / warm) | peak RSS GiB |",
-             "|---|---|---|---|---|---|---|"]
+             "| format | cold: weights s | cold: ready s | warm: weights s | warm: ready s | weights vs safetensors (cold / warm) | peak RSS GiB | host memory added (x weights) |",
+             "|---|---|---|---|---|---|---|---|"]
     for fmt, states in data["results"].items():
-        cells, ratio, rss, notes = [], [], [], []
+        cells, ratio, rss, notes, added = [], [], [], [], []
         for s in ("cold", "warm"):
             runs = states.get(s, [])
             w, rd = med(runs, "weights_s"), med(runs, "ready_s")
             cells += [f"{w:.2f}" if w else "–", f"{rd:.2f}" if rd else "–"]
             ratio.append(f"{w / base[s]:.2f}x" if w and base.get(s) else "–")
             rss += [r["peak_rss_bytes"] for r in runs if "peak_rss_bytes" in r]
+            if s == "warm":
+                added += [r["host_added_bytes"] for r in runs if r.get("host_added_bytes") is not None]
             if any("error" in r for r in runs):
                 notes.append(f"{s} failed: {next(r['error'] for r in runs if 'error' in r)}")
             if ref_tokens and any(r.get("tokens") not in (None, ref_tokens) for r in runs):
                 notes.append(f"{s}: DIFFERENT TOKENS")
         note = f" ({'; '.join(notes)})" if notes else ""
-        label = fmt + (" (from a running vLLM; no cold state)" if fmt == "tensorlift-peer" else "")
+        label = fmt + ({"tensorlift-peer": " (a running vLLM on this host, handed over; no cold state)",
+                        "tensorlift-peer-ucx": " (the same seed, handover off: over UCX)"}.get(fmt, ""))
         lines.append(f"| {label}{note} | " + " | ".join(cells) + f" | {' / '.join(ratio)} | "
-                     + (f"{max(rss) / 2**30:.2f} |" if rss else "– |"))
+                     + (f"{max(rss) / 2**30:.2f} |" if rss else "– |")
+                     + (f" {statistics.median(added) / data['checkpoint']['bytes']:.2f}x |" if added else " – |"))
     for fmt, why in data["not_run"].items():
-        lines.append(f"| {fmt} | not run: {why} ||||||")
+        lines.append(f"| {fmt} | not run: {why} |||||||")
     return "\n".join(lines) + "\n"
 
 

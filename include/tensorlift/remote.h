@@ -188,6 +188,24 @@ class PeerServer {
   virtual Status CorruptForTesting(const std::string& tensor, uint64_t offset) = 0;
 };
 
+// Host tensors a process holds (an inference server's parameters), copied
+// once into sealed shared memory so that a server of `sealed`
+// (PeerServer::Serve) hands them to same-host clients (docs/remote.md,
+// "Same-host handover"). `copy_on_write` is the same memory mapped privately
+// for the process itself: its pages stay shared with `sealed`, one copy in
+// the host's memory, until the process writes one (then that page is its
+// own). Both keep the memory alive; tensors in name order, each aligned to
+// 64 bytes.
+struct SharedTensors {
+  std::shared_ptr<const LoadedCheckpoint> sealed;
+  LoadedCheckpoint copy_on_write;
+};
+// Whole host tensors only: kInvalidArgument for a device tensor, a slice
+// (shard_dim >= 0), a name given twice or a bad shape. `name` names the
+// shared memory (/proc/PID/maps shows it).
+Result<SharedTensors> ShareTensors(const std::vector<PeerServer::Tensor>& tensors,
+                                   const std::string& name);
+
 struct PeerLoadOptions {
   // Control endpoints to try in order ("http://host:port").
   std::vector<std::string> peers;

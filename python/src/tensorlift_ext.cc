@@ -267,7 +267,8 @@ struct PyPeerServer {
 ServeOptions MakeServeOptions(const std::string& host, int port, const std::string& token,
                               uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank,
                               const std::string& registry, const std::string& transports,
-                              uint64_t chunk_bytes, int registry_ttl) {
+                              uint64_t chunk_bytes, int registry_ttl, bool handover,
+                              bool resident) {
   ServeOptions o;
   o.host = host;
   o.port = port;
@@ -279,6 +280,8 @@ ServeOptions MakeServeOptions(const std::string& host, int port, const std::stri
   o.transports = transports;
   o.chunk_bytes = chunk_bytes;
   o.registry_ttl_s = registry_ttl;
+  o.handover = handover;
+  o.resident = resident;
   return o;
 }
 
@@ -642,9 +645,11 @@ PyPeerServer ServeCheckpointPy(const std::string& path, const nb::dict& key,
                                const std::string& host, int port, const std::string& token,
                                uint64_t rate_limit, int max_sessions, int tp_size, int tp_rank,
                                const std::string& registry, const std::string& transports,
-                               uint64_t chunk_bytes, int registry_ttl, const std::string& device) {
-  const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size,
-                                          tp_rank, registry, transports, chunk_bytes, registry_ttl);
+                               uint64_t chunk_bytes, int registry_ttl, bool handover, bool resident,
+                               const std::string& device) {
+  const ServeOptions o =
+      MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank, registry,
+                       transports, chunk_bytes, registry_ttl, handover, resident);
   const PeerKey k = KeyFromDict(key);
   LoadOptions load;
   load.device = device;
@@ -659,9 +664,11 @@ PyPeerServer ServeCheckpointPy(const std::string& path, const nb::dict& key,
 PyPeerServer ServeLoadedPy(const PyLoaded& loaded, const nb::dict& key, const std::string& host,
                            int port, const std::string& token, uint64_t rate_limit,
                            int max_sessions, int tp_size, int tp_rank, const std::string& registry,
-                           const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
-  const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size,
-                                          tp_rank, registry, transports, chunk_bytes, registry_ttl);
+                           const std::string& transports, uint64_t chunk_bytes, int registry_ttl,
+                           bool handover, bool resident) {
+  const ServeOptions o =
+      MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank, registry,
+                       transports, chunk_bytes, registry_ttl, handover, resident);
   const PeerKey k = KeyFromDict(key);
   auto held = loaded.loaded;
   if (!held) Raise(InvalidArgumentError("the loaded checkpoint was released"));
@@ -681,9 +688,11 @@ PyPeerServer ServeBuffersPy(const std::vector<BufferSpec>& specs, nb::object kee
                             const nb::dict& key, const std::string& host, int port,
                             const std::string& token, uint64_t rate_limit, int max_sessions,
                             int tp_size, int tp_rank, const std::string& registry,
-                            const std::string& transports, uint64_t chunk_bytes, int registry_ttl) {
-  const ServeOptions o = MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size,
-                                          tp_rank, registry, transports, chunk_bytes, registry_ttl);
+                            const std::string& transports, uint64_t chunk_bytes, int registry_ttl,
+                            bool handover, bool resident) {
+  const ServeOptions o =
+      MakeServeOptions(host, port, token, rate_limit, max_sessions, tp_size, tp_rank, registry,
+                       transports, chunk_bytes, registry_ttl, handover, resident);
   const PeerKey k = KeyFromDict(key);
   std::vector<PeerServer::Tensor> tensors;
   for (const auto& [name, dtype, shape, ptr, dim, start, full, device] : specs) {
@@ -708,12 +717,34 @@ PyPeerServer ServeBuffersPy(const std::vector<BufferSpec>& specs, nb::object kee
   return PyPeerServer{Unwrap(std::move(r))};
 }
 
+// (sealed, copy_on_write): ShareTensors of host buffers (BufferSpec each,
+// whole tensors), copied under the GIL's release.
+nb::tuple ShareTensorsPy(const std::vector<BufferSpec>& specs, const std::string& name) {
+  std::vector<PeerServer::Tensor> tensors;
+  for (const auto& [tname, dtype, shape, ptr, dim, start, full, device] : specs) {
+    auto d = DtypeFromName(dtype);
+    if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + tname + "'"));
+    tensors.push_back(
+        {tname, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full, device});
+  }
+  Result<SharedTensors> r = InternalError("not run");
+  {
+    nb::gil_scoped_release nogil;
+    r = ShareTensors(tensors, name);
+  }
+  SharedTensors shared = Unwrap(std::move(r));
+  return nb::make_tuple(
+      PyLoaded{std::move(shared.sealed)},
+      PyLoaded{std::make_shared<const LoadedCheckpoint>(std::move(shared.copy_on_write))});
+}
+
 void BindServing(nb::module_& m) {
 #define TL_SERVE_ARGS                                                              \
   nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("token") = "",       \
   nb::arg("rate_limit") = 0, nb::arg("max_sessions") = 16, nb::arg("tp_size") = 1, \
   nb::arg("tp_rank") = 0, nb::arg("registry") = "", nb::arg("transports") = "",    \
-  nb::arg("chunk_bytes") = uint64_t{4} << 20, nb::arg("registry_ttl") = 10
+  nb::arg("chunk_bytes") = uint64_t{4} << 20, nb::arg("registry_ttl") = 10,        \
+  nb::arg("handover") = true, nb::arg("resident") = false
   m.def("serve_checkpoint", &ServeCheckpointPy, nb::arg("path"), nb::arg("key"), TL_SERVE_ARGS,
         nb::arg("device") = "cpu",
         "Loads `path` (onto `device`) and serves this rank's tensors to peers.");
@@ -736,6 +767,9 @@ void BindServing(nb::module_& m) {
         TL_SERVE_ARGS,
         "Serves host or device buffers: (name, dtype, shape, data_ptr, shard_dim, "
         "shard_start, full_shape, device) each.");
+  m.def("share_tensors", &ShareTensorsPy, nb::arg("tensors"), nb::arg("name"),
+        "Copies host buffers (specs as serve_buffers') into sealed shared memory: (sealed, "
+        "copy_on_write) Loaded objects over the same memory (serve the first, use the second).");
 #undef TL_SERVE_ARGS
 }
 

@@ -20,6 +20,7 @@ which source was used and why the others failed. docs/remote.md has the
 protocol; the C++ API is include/tensorlift/remote.h.
 """
 import os
+import re
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _tensorlift as _tl
@@ -71,8 +72,17 @@ def _key(model, revision, dtype, quantization, layout, path=None) -> dict:
 class Server:
     """A running peer server; serves until close() (or garbage collection)."""
 
-    def __init__(self, native):
+    def __init__(self, native, shared: Optional[Dict[str, object]] = None):
         self._native = native
+        self._shared = shared
+
+    @property
+    def shared_tensors(self) -> Optional[Dict[str, object]]:
+        """serve_tensors(handover=True): the served tensors' copies in shared memory, mapped
+        copy-on-write for this process (use them in place of the originals: one copy of the bytes
+        in the host's memory, whoever maps it; a page this process writes becomes its own and the
+        served bytes stay as they were). None otherwise."""
+        return self._shared
 
     @property
     def url(self) -> str:
@@ -114,10 +124,11 @@ class Server:
 
 
 def _serve_kwargs(host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry, transports,
-                  chunk_bytes, registry_ttl):
+                  chunk_bytes, registry_ttl, handover=True, resident=False):
     return dict(host=host, port=port, token=_token(token, token_file), rate_limit=int(rate_limit),
                 max_sessions=max_sessions, tp_size=tp_size, tp_rank=tp_rank, registry=registry or "",
-                transports=transports or "", chunk_bytes=chunk_bytes, registry_ttl=registry_ttl)
+                transports=transports or "", chunk_bytes=chunk_bytes, registry_ttl=registry_ttl,
+                handover=bool(handover), resident=bool(resident))
 
 
 def serve(path: Union[str, os.PathLike], *, model: Optional[str] = None, revision: Optional[str] = None,
@@ -125,20 +136,23 @@ def serve(path: Union[str, os.PathLike], *, model: Optional[str] = None, revisio
           port: int = 0, token: Optional[str] = None, token_file: Optional[str] = None, rate_limit: float = 0,
           max_sessions: int = 16, tp_size: int = 1, tp_rank: int = 0, registry: Optional[str] = None,
           transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10,
-          device: str = "cpu") -> Server:
+          device: str = "cpu", handover: bool = True, resident: bool = False) -> Server:
     """Loads a checkpoint (this rank's slices under `layout`) and serves it.
 
     rate_limit: bytes/s all clients may pull in total (0: none). registry: an
     etcd endpoint ("http://host:2379") to register with (a lease renewed in the
     background). token / token_file: require HMAC-signed requests. device:
     where the served tensors live ("cpu", or "cuda:N": GPU memory, served
-    through a UCX built with CUDA, docs/remote.md "Devices").
+    through a UCX built with CUDA, docs/remote.md "Devices"). handover: host
+    tensors in sealed shared memory, handed to clients on this host (mapped, no
+    copy; docs/remote.md "Same-host handover"). resident: found on this host by
+    its key alone (clients need no URL), as `tensorlift serve --resident`.
     """
     path = os.fspath(path)
     key = _key(model, revision, dtype, quantization, layout, path)
     return Server(_tl.serve_checkpoint(path, key, device=str(device), **_serve_kwargs(
         host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry, transports,
-        chunk_bytes, registry_ttl)))
+        chunk_bytes, registry_ttl, handover, resident)))
 
 
 def serve_tensors(tensors: Dict[str, object], *, model: str, revision: str, dtype: str = "as-stored",
@@ -146,12 +160,20 @@ def serve_tensors(tensors: Dict[str, object], *, model: str, revision: str, dtyp
                   host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
                   token_file: Optional[str] = None, rate_limit: float = 0, max_sessions: int = 16,
                   tp_size: int = 1, tp_rank: int = 0, registry: Optional[str] = None,
-                  transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10) -> Server:
+                  transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10,
+                  handover: bool = False, resident: bool = False) -> Server:
     """Serves tensors you hold (torch tensors on the CPU or a GPU, or numpy arrays), by name.
 
     They must stay unchanged while served (the server keeps references to
     them). shards: name -> (dim, start, full_shape) for tensors that are this
     rank's slice of a larger one; others are whole.
+
+    handover=True (host tensors, whole): the tensors are copied once into
+    sealed shared memory, which is served and handed to clients on this host
+    (mapped, no copy; docs/remote.md "Same-host handover"); the server's
+    `shared_tensors` are that memory mapped copy-on-write for this process, to
+    use in place of the originals so that the host holds one copy. resident:
+    found on this host by its key alone, as `tensorlift serve --resident`.
 
     GPU tensors are served from the GPU's memory, with no host copy; that
     needs a UCX built with CUDA (libucx-cu12, named in TENSORLIFT_UCX_LIB):
@@ -178,9 +200,18 @@ def serve_tensors(tensors: Dict[str, object], *, model: str, revision: str, dtyp
         dim, start, full = (shards or {}).get(name, (-1, 0, []))
         specs.append((name, dt, shape, ptr, dim, start, list(full), device))
     key = _key(model, revision, dtype, quantization, layout)
-    return Server(_tl.serve_buffers(specs, dict(tensors), key, **_serve_kwargs(
-        host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry, transports,
-        chunk_bytes, registry_ttl)))
+    kwargs = _serve_kwargs(host, port, token, token_file, rate_limit, max_sessions, tp_size, tp_rank, registry,
+                           transports, chunk_bytes, registry_ttl, handover, resident)
+    if handover:
+        if shards:
+            raise ValueError("serve_tensors: handover=True shares whole tensors; shards are not supported with it")
+        if any(spec[7] != "cpu" for spec in specs):
+            raise ValueError("serve_tensors: handover=True shares host tensors; these are on a GPU")
+        framework = "pt" if any(hasattr(t, "is_contiguous") for t in tensors.values()) else "np"
+        sealed, mine = _tl.share_tensors(specs, re.sub(r"[^\w.-]", "_", model)[:200])
+        shared = {name: tensor_from(mine, name, framework) for name in mine.names()}
+        return Server(_tl.serve_loaded(sealed, key, **kwargs), shared)
+    return Server(_tl.serve_buffers(specs, dict(tensors), key, **kwargs))
 
 
 class Peer:
@@ -271,7 +302,6 @@ def _select(names: List[str], filter) -> List[str]:
     if filter is None:
         return names
     if isinstance(filter, str):
-        import re
         rx = re.compile(filter)
         return [n for n in names if rx.search(n)]
     if callable(filter):

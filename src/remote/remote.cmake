@@ -8,6 +8,7 @@
 #   registry.cc      seed discovery on etcd (v3 JSON gateway, cpp-httplib)
 #   server.cc        PeerServer: control endpoint (cpp-httplib) + UCX regions
 #   handover.cc      same-host handover: sealed memfds over an abstract Unix socket
+#   share.cc         ShareTensors: a process's tensors into sealed shared memory
 #   control.cc       the control-plane client (signed requests, GET /v1/key)
 #   peer_reader.cc   PeerReader: byte ranges of a whole-tensor peer's tensors (the striper's peer source)
 #   peer_load.cc     LoadFromPeer: key check, manifest, pulls, checksums, fallback
@@ -29,6 +30,7 @@ add_library(tl_remote STATIC
   remote/registry.cc
   remote/server.cc
   remote/handover.cc
+  remote/share.cc
   remote/control.cc
   remote/peer_load.cc
   remote/peer_reader.cc

@@ -32,7 +32,9 @@ def test_options_are_checked():
                      ({"stripe": {"peer": [1]}}, "stripe.peer must be a URL"),
                      ({"stripe": {"bucket": "/tmp/x"}}, "stripe.bucket must be an s3:// or gs:// URL"),
                      ({"stripe": {"peer": "http://h:1"}, "mode": "direct"}, "leave mode at auto"),
-                     ({"stripe": {"peer": "http://h:1"}, "registry": "http://e:2379"}, "give one of them")]:
+                     ({"stripe": {"peer": "http://h:1"}, "registry": "http://e:2379"}, "give one of them"),
+                     ({"peer": "http://h:1", "handover": "on"}, "handover must be one of auto, off, verify"),
+                     ({"handover": "off"}, "handover applies to a peer load or serve")]:
         with pytest.raises(ValueError, match=msg.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
             tlv.parse_options(bad)
 
@@ -126,9 +128,9 @@ def _key(model_dir, tp_size=1, options=None):
                              "test-1.0", torch.bfloat16, None, tp_size)
 
 
-def _seed(model, key, tp_size=1, tp_rank=0, **serve):
+def _seed(model, key, tp_size=1, tp_rank=0, handover="auto", **serve):
     logs = []
-    tlv.serve_parameters(model, {"serve": serve}, key, tp_size, tp_rank, lambda u: [u],
+    tlv.serve_parameters(model, {"serve": serve, "handover": handover}, key, tp_size, tp_rank, lambda u: [u],
                          lambda fmt, *a: logs.append(fmt % a))
     server = tlv.SERVERS.pop()
     return server, logs
@@ -158,16 +160,68 @@ def test_a_new_model_pulls_the_parameters_into_its_own(tmp_path):
     seed_model, key = Tiny(seed=1), _key(tmp_path)
     server, logs = _seed(seed_model, key, ready_file=str(tmp_path / "url"))
     try:
-        assert (tmp_path / "url").read_text() == server.url + "\n" and "serving the weights from host memory at" in logs[0]
+        assert (tmp_path / "url").read_text() == server.url + "\n" and "serving the weights from shared memory at" in logs[0]
         new = Tiny()
         got, logs = _pull(new, key, {"peer": [server.url], "fallback": False})
-        assert got and f"weights from {server.url}" in logs[-1]
+        assert got and f"weights from {server.url}" in logs[-1] and "handed over" in logs[-1], logs
         for (name, p), (_, q) in zip(new.named_parameters(), seed_model.named_parameters()):
             assert torch.equal(p, q), name
         assert new.head is new.embed  # still tied
+        # Over UCX when handover is off (the bytes travel; the server counts them).
+        over_ucx = Tiny()
+        got, logs = _pull(over_ucx, key, {"peer": [server.url], "fallback": False, "handover": "off"})
+        assert got and "handed over" not in logs[-1], logs
+        for (name, p), (_, q) in zip(over_ucx.named_parameters(), seed_model.named_parameters()):
+            assert torch.equal(p, q), name
         assert server.served_bytes > 0
     finally:
         server.close()
+
+
+def _memfd_of(t):
+    """The name of the shared-memory file whose mapping holds t's bytes, else None."""
+    addr = t.data_ptr()
+    for line in open("/proc/self/maps"):
+        fields = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        if lo <= addr < hi:
+            name = fields[5].strip() if len(fields) > 5 else ""
+            return name if name.startswith("/memfd:") else None
+    return None
+
+
+@needs_ucx
+def test_same_host_instances_keep_one_copy_and_their_writes_stay_their_own(tmp_path):
+    """Same-host handover in the server formats: the seed's parameters move into sealed shared
+    memory (its model keeps a copy-on-write mapping of it), a new instance's parameters are the
+    same memory mapped; a write on either side changes that side's page only."""
+    seed_model, key = Tiny(seed=5), _key(tmp_path)
+    want = {n: p.clone() for n, p in seed_model.named_parameters()}
+    server, logs = _seed(seed_model, key)
+    try:
+        assert seed_model.head is seed_model.embed
+        for name, p in seed_model.named_parameters():
+            assert _memfd_of(p) == "/memfd:tensorlift:tiny (deleted)", name
+            assert torch.equal(p, want[name]), name
+        new = Tiny()
+        got, logs = _pull(new, key, {"peer": [server.url], "fallback": False})
+        assert got and "handed over" in logs[-1], logs
+        for name, p in new.named_parameters():
+            assert _memfd_of(p) == "/memfd:tensorlift:tiny (deleted)", name
+        with torch.no_grad():
+            seed_model.embed.add_(1)  # post-processing in place, on the seed's side
+            new.proj.weight.mul_(2)  # and on the new instance's
+        assert torch.equal(new.embed, want["embed"])
+        assert torch.equal(seed_model.proj.weight, want["proj.weight"])
+        # What a third instance gets is still the weights as served.
+        third = Tiny()
+        assert _pull(third, key, {"peer": [server.url], "fallback": False, "handover": "verify"})[0]
+        for name, p in third.named_parameters():
+            assert torch.equal(p, want[name]), name
+    finally:
+        server.close()
+    # The seed's server is gone; both models still hold their (mapped) parameters.
+    assert torch.equal(new.embed, want["embed"]) and torch.equal(seed_model.embed, want["embed"] + 1)
 
 
 @needs_ucx
@@ -222,19 +276,22 @@ def test_ranks_pull_from_the_same_rank_of_the_seed(tmp_path):
 
 
 @needs_ucx
-def test_a_model_that_pulled_serves_the_buffers_it_pulled(tmp_path):
+@pytest.mark.parametrize("handover", ["auto", "off"])
+def test_a_model_that_pulled_serves_the_buffers_it_pulled(tmp_path, handover):
+    """Off: the pulled buffers are served where they are. Auto: the seed hands over its memory and
+    the middle instance, serving in turn, shares what it maps into shared memory of its own."""
     key = _key(tmp_path)
-    first, _ = _seed(Tiny(seed=3), key)
+    first, _ = _seed(Tiny(seed=3), key, handover=handover)
     try:
         middle = Tiny()
-        assert _pull(middle, key, {"peer": [first.url], "fallback": False})[0]
-        ptrs = {n: p.data_ptr() for n, p in middle.named_parameters()}
-        second, _ = _seed(middle, key)
+        assert _pull(middle, key, {"peer": [first.url], "fallback": False, "handover": handover})[0]
+        ptrs = {n: p.data_ptr() for n, p in middle.named_parameters()} if handover == "off" else None
+        second, _ = _seed(middle, key, handover=handover)
         try:
             # Served where they are: the parameters still have the pulled buffers.
-            assert ptrs == {n: p.data_ptr() for n, p in middle.named_parameters()}
+            assert ptrs is None or ptrs == {n: p.data_ptr() for n, p in middle.named_parameters()}
             last = Tiny()
-            assert _pull(last, key, {"peer": [second.url], "fallback": False})[0]
+            assert _pull(last, key, {"peer": [second.url], "fallback": False, "handover": handover})[0]
             for (name, p), (_, q) in zip(last.named_parameters(), middle.named_parameters()):
                 assert torch.equal(p, q), name
         finally:

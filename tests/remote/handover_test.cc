@@ -233,6 +233,54 @@ TEST_F(HandoverTest, WithATokenTheRequestMustBeSigned) {
   ASSERT_OK(c->Send("DELETE", "/v1/session/" + session, "0", 1024).status());
 }
 
+TEST_F(HandoverTest, SharedTensorsAreServedHandedOverAndTheirOwnersWritesStayTheirOwn) {
+  // A process's own tensors (an inference server's parameters): copied once
+  // into sealed shared memory, served with handover; the owner's
+  // copy-on-write view of the same memory.
+  std::vector<PeerServer::Tensor> mine;
+  for (const RawTensor& t : tensors_) {
+    PeerServer::Tensor s;
+    s.name = t.name;
+    s.dtype = t.dtype;
+    s.shape.assign(t.shape.begin(), t.shape.end());
+    s.data = t.bytes.data();
+    mine.push_back(std::move(s));
+  }
+  auto shared = ShareTensors(mine, "handover-test");
+  ASSERT_OK(shared);
+  ExpectSameAsFile(*shared->sealed);
+  ExpectSameAsFile(shared->copy_on_write);
+  for (const LoadedTensor& t : shared->copy_on_write.tensors()) {
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data) % 64, 0u) << t.name;
+    EXPECT_NE(t.data, shared->sealed->Find(t.name)->data) << t.name;  // Two mappings.
+  }
+  auto server = PeerServer::Serve(shared->sealed, key_, ServeOptions{});
+  ASSERT_OK(server);
+  // The owner writes its view (post-processing in place): its page only.
+  auto* own = static_cast<unsigned char*>(shared->copy_on_write.Find("big")->data);
+  const unsigned char before = own[4096];
+  own[4096] = static_cast<unsigned char>(before + 7);
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, Pull((*server)->url()), &report);
+  ASSERT_OK(got);
+  EXPECT_TRUE(report.handover);
+  ExpectSameAsFile(*got);
+  EXPECT_EQ(static_cast<const unsigned char*>(got->Find("big")->data)[4096], before);
+  EXPECT_EQ(static_cast<const unsigned char*>(shared->sealed->Find("big")->data)[4096], before);
+  EXPECT_TRUE(report.failures.empty()) << report.failures[0];
+  EXPECT_THAT(got->files()[0].reason, HasSubstr("sealed shared memory mapped read-only"));
+
+  // Refused: a device tensor, a slice, a name given twice.
+  std::vector<PeerServer::Tensor> bad = {mine[0]};
+  bad[0].device = "emulated:0";
+  EXPECT_THAT(ShareTensors(bad, "x").status().message(), HasSubstr("not in host memory"));
+  bad[0].device = "cpu";
+  bad[0].shard_dim = 0;
+  EXPECT_THAT(ShareTensors(bad, "x").status().message(), HasSubstr("is a slice"));
+  bad = {mine[0], mine[0]};
+  EXPECT_THAT(ShareTensors(bad, "x").status().message(), HasSubstr("given twice"));
+}
+
 TEST(SharedMemoryTest, MapSharedRefusesUnsealedAndShortMemory) {
   auto shared = HostBuffer::AllocateShared(8192, "test");
   ASSERT_OK(shared);

@@ -227,11 +227,17 @@ def run_llm_output(model, load_format, extra, tp=1):
 def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):
     with Seed(llama, tmp_path) as seed:
         assert seed.url.startswith("http://127.0.0.1:") and seed.tokens == llama_reference
-        assert "serving the weights from host memory at" in seed.output()  # a CPU model
-        # No fallback: the weights can only come from the seed's parameters.
+        assert "serving the weights from shared memory at" in seed.output()  # a CPU model, same host
+        # No fallback: the weights can only come from the seed's parameters, handed over (mapped).
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "fallback": False})
         assert tokens == llama_reference
-        assert f"weights from {seed.url}" in servers.weights_line(out)
+        line = servers.weights_line(out)
+        assert f"weights from {seed.url}" in line and "handed over" in line, line
+        # Handover off: the same parameters copied over UCX.
+        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "fallback": False, "handover": "off"})
+        assert tokens == llama_reference
+        line = servers.weights_line(out)
+        assert f"weights from {seed.url}" in line and "handed over" not in line, line
     # The seed is gone: the same instance now falls back to its own files, with the same tokens.
     tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "timeout": 2})
     assert tokens == llama_reference
@@ -261,11 +267,14 @@ def test_a_seed_of_another_layout_is_refused_by_its_key(llama, llama_reference, 
         assert "weights from disk:" in line and "incompatible: revision" in line, line
 
 
-def test_a_lying_peer_falls_back_to_disk(llama, llama_reference, tmp_path):
+@pytest.mark.parametrize("handover", ["verify", "off"])
+def test_a_lying_peer_falls_back_to_disk(llama, llama_reference, tmp_path, handover):
     # A seed whose served bytes no longer match its manifest: run_llm.py flips a bit of one
-    # served parameter (TL_CORRUPT, in-process) after it starts serving.
+    # served parameter (TL_CORRUPT, in-process) after it starts serving (its shared memory is
+    # sealed: there the manifest's checksum is flipped). A checked handover (verify) and a UCX
+    # pull both find it.
     with Seed(llama, tmp_path, env=dict(engine_env(True), TL_CORRUPT="model.embed_tokens.weight")) as seed:
-        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url})
+        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "handover": handover})
         assert tokens == llama_reference
         line = servers.weights_line(out)
         assert "weights from disk:" in line and "the manifest says" in line, line

@@ -16,10 +16,11 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 FORMAT = "tensorlift load format"  # how every error starts
 ALLOWED_OPTIONS = ("mode", "threads", "filter", "progress", "peer", "registry", "fallback", "model", "revision",
-                   "token_file", "timeout", "serve", "stripe")
+                   "token_file", "timeout", "serve", "stripe", "handover")
 STRIPE_OPTIONS = ("peer", "registry", "bucket", "token_file", "timeout", "page_cache")
 SERVE_OPTIONS = ("host", "port", "registry", "token_file", "ready_file")
 MODES = ("auto", "buffered", "direct", "mmap")
+HANDOVER = ("auto", "off", "verify")
 
 
 def parse_options(extra: Any) -> Dict[str, Any]:
@@ -63,6 +64,10 @@ def parse_options(extra: Any) -> Dict[str, Any]:
                                   and opts["timeout"] > 0):
         raise ValueError(f"{FORMAT}: timeout must be a positive number of seconds, "
                          f"not {opts['timeout']!r}")
+    if "handover" in opts and opts["handover"] not in HANDOVER:
+        raise ValueError(f"{FORMAT}: handover must be one of {', '.join(HANDOVER)}, not {opts['handover']!r}")
+    if "handover" in opts and not ("peer" in opts or "registry" in opts or "serve" in opts):
+        raise ValueError(f"{FORMAT}: handover applies to a peer load or serve: give peer, registry or serve")
     if "filter" in opts and ("peer" in opts or "registry" in opts):
         raise ValueError(f"{FORMAT}: filter selects checkpoint tensors; a peer load pulls every parameter "
                          "of the model: give filter or peer/registry, not both")
@@ -310,12 +315,22 @@ def serve_parameters(model, options: Dict[str, Any], key: Dict[str, str], tp_siz
                     registry=serve.get("registry"), token_file=serve.get("token_file"), tp_size=tp_size,
                     tp_rank=tp_rank)
     server, where = None, "host memory"
-    if any(t.device.type != "cpu" for t in params.values()):
+    on_gpu = any(t.device.type != "cpu" for t in params.values())
+    if on_gpu:
         try:
             server = remote.serve_tensors({n: t.contiguous() for n, t in params.items()}, **settings)
             where = "the GPU's memory"
         except NotImplementedError as e:  # no UCX that reaches GPU memory
             log("tensorlift: serving host copies of the weights: %s", e)
+    if server is None and not on_gpu and options.get("handover", "auto") != "off":
+        # Same-host handover: the parameters move into sealed shared memory, which the server
+        # hands to new instances on this host (they map it: no copy), and this model's
+        # parameters become the same memory mapped copy-on-write: one copy on the host.
+        server = remote.serve_tensors({n: t.contiguous() for n, t in params.items()}, handover=True, **settings)
+        shared = server.shared_tensors
+        for name, p in _parameters(model).items():
+            p.data = shared[name]
+        where = "shared memory"
     if server is None:
         server = remote.serve_tensors({n: t.cpu() if t.device.type != "cpu" else t.contiguous()
                                        for n, t in params.items()}, **settings)
@@ -339,9 +354,11 @@ def pull_parameters(model, model_dir: str, options: Dict[str, Any], key: Dict[st
     params = _parameters(model)
     devices = {p.device for p in params.values()}
     device = model_device(next(iter(devices))) if len(devices) == 1 else "cpu"
+    handover = options.get("handover", "auto")
     peer = remote.Peer(options.get("peer"), registry=options.get("registry"), token_file=options.get("token_file"),
                        timeout=float(options.get("timeout", 10.0)), tp_size=tp_size, tp_rank=tp_rank,
-                       device=device, **key)
+                       device=device, handover="off" if handover == "off" else "auto",
+                       handover_verify=handover == "verify", **key)
     fallback = options.get("fallback", True) and os.path.isdir(model_dir)
     try:
         loaded, report, _ = peer.pull()
@@ -376,7 +393,8 @@ def pull_parameters(model, model_dir: str, options: Dict[str, Any], key: Dict[st
             p.data = pulled[name]  # the pulled buffer is the parameter: no copy
         else:
             p.data.copy_(pulled[name])
-    log("tensorlift: weights from %s (%s bytes)%s", report.get("source"), report.get("bytes"),
+    log("tensorlift: weights from %s (%s bytes%s)%s", report.get("source"), report.get("bytes"),
+        ", handed over: mapped, not copied" if report.get("handover") else "",
         "; " + "; ".join(report.get("failures") or []) if report.get("failures") else "")
     return True
 

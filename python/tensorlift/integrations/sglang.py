@@ -19,10 +19,11 @@ filter) with tensorlift reading the bytes: `.safetensors` files in ~256 MiB
 pieces one ahead, onto the model's device, sparse-bitmask checkpoints dense,
 a malformed file stopping start-up with tensorlift's one-line FormatError.
 The options are vLLM's `tensorlift` format's (tensorlift.integrations.loading:
-mode, threads, filter, progress, and peer / registry / fallback / serve for
-loading from a running instance: every rank serves its parameters as loaded,
+mode, threads, filter, progress, and peer / registry / fallback / serve / handover
+for loading from a running instance: every rank serves its parameters as loaded,
 before SGLang's post-processing, and rank r of a new instance pulls rank r's,
-under a key naming SGLang's version and the tensor parallel size); any other
+under a key naming SGLang's version and the tensor parallel size; on one host the
+serving instance's shared memory is handed over and mapped, not copied); any other
 key is refused. Tensor parallelism: unless a mode is set, every rank gets views
 of the files on the CPU and the model's weight loaders take their slices.
 

@@ -53,6 +53,12 @@ Peer loading (R-Fork; any tensor parallel size, pipeline parallel size 1):
   parameter's name, dtype and shape before any is replaced; on the CPU the
   pulled buffers become the parameters. A dead or lying peer falls back to
   the next, then to disk.
+  handover  "auto" (default) | "off" | "verify": on one host, a serving
+            instance keeps its host parameters in sealed shared memory (its
+            model maps it copy-on-write) and hands it to new instances, whose
+            parameters become the same memory, mapped: no copy, one copy of
+            the weights on the host (docs/remote.md, "Same-host handover").
+            "off" copies over UCX; "verify" checks every chunk of the mapping.
 Many sources at once (the checkpoint's files, not parameters):
   stripe    {"peer", "registry", "bucket", "token_file", "timeout", "page_cache"}: each piece
             of the checkpoint is read from the local files (or the bucket vLLM
