@@ -37,7 +37,9 @@ Result<LoadedCheckpoint> LoadPath(const std::string& path, const LoadOptions& op
                                   const StoreArgs& store);
 
 int RunInspect(const std::string& path, bool json, const StoreArgs& store);
-int RunVerify(const std::vector<std::string>& paths, bool quiet, const StoreArgs& store);
+// sha256_source (--sha256): empty, "hub", or a digest list (tools/sha256.h).
+int RunVerify(const std::vector<std::string>& paths, bool quiet, const StoreArgs& store,
+              const std::string& sha256_source);
 
 struct LoadArgs {
   std::string path;

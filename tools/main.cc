@@ -50,6 +50,14 @@ int main(int argc, char** argv) {
   verify->add_option("PATH", verify_paths, "Files, indexes or directories (or s3:// URLs)")
       ->required();
   verify->add_flag("-q,--quiet", verify_quiet, "Print nothing for valid files");
+  std::string verify_sha256;
+  verify
+      ->add_option("--sha256", verify_sha256,
+                   "Also check every file's SHA-256 (all cores, at disk speed) against SOURCE: a "
+                   "sha256sum file; a JSON file of name: digest or the Hub API's \"siblings\"; or "
+                   "hub: the blob names of a Hugging Face cache snapshot (PATH in "
+                   "models--ORG--NAME/snapshots/REV/)")
+      ->type_name("SOURCE|hub");
   AddStoreOptions(verify, &verify_store);
 
   LoadArgs load_args;
@@ -288,7 +296,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitUsage;
   }
   if (*inspect) return RunInspect(inspect_path, inspect_json, inspect_store);
-  if (*verify) return RunVerify(verify_paths, verify_quiet, verify_store);
+  if (*verify) return RunVerify(verify_paths, verify_quiet, verify_store, verify_sha256);
   if (*load) return RunLoad(load_args);
   if (*doctor) return RunDoctor(doctor_path, doctor_json);
   if (*sparsify) return RunSparsify(sparsify_args);
