@@ -132,7 +132,7 @@ def main():
     read_through(files)
     seed, seed_start = start_seed(args.build, path, model, env)
     results = {"gb": args.gb, "path": path, "seed_start_s": seed_start, "cpu": open("/proc/cpuinfo").read().split(
-        "model name")[1].split("\n")[0].strip(": "), "paths": {}}
+        "model name")[1].split("\n")[0].strip(" \t:"), "paths": {}}
     rows = {k: {"ready": [], "touch": [], "added": []} for k in ("handover", "ucx", "disk warm", "disk cold")}
     fetch = {"handover": [], "ucx": []}
     try:
