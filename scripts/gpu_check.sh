@@ -23,6 +23,11 @@
 #   disturbance  bench/remote/seed_disturbance.py: a seed's matmul loop on the
 #           device, alone and while a client pulls its weights, with and
 #           without a rate limit (after setup).
+#   handover  bench/remote/gpu_handover_bench.py: a seed serving 8 GB on the
+#           device and client processes taking it by same-device handover
+#           (CUDA IPC; mapped, and copied once device to device), time to
+#           usable tensors against the 0.1 s target (after setup;
+#           GPU_HANDOVER_ARGS adds to its arguments).
 #
 # Each step fits one 10-minute command. Results: $OUT (default
 # bench/out/gpu/): results.json, results.md (printed at the end), and each
@@ -37,8 +42,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 step=${STEP:-all}
 out=${OUT:-$root/bench/out/gpu}
-case "$step" in setup|test|bench|all|bundle|wheel|disturbance) ;; *)
-  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all, wheel, disturbance or bundle)" >&2; exit 2 ;;
+case "$step" in setup|test|bench|all|bundle|wheel|disturbance|handover) ;; *)
+  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all, wheel, disturbance, handover or bundle)" >&2; exit 2 ;;
 esac
 
 # The files this check needs; a missing or broken one fails the dry run too.
@@ -397,6 +402,13 @@ case "$step" in
     dargs=(--device "$device" --out "$out/seed-disturbance.json")
     [ "$mode" = emulated ] && dargs=(--device cpu --mb 64 --seconds 1 --runs 1 --out "$out/seed-disturbance.json")
     "$py" bench/remote/seed_disturbance.py "${dargs[@]}" ${SEED_DISTURBANCE_ARGS:-} || failed=1 ;;
+  handover)
+    load_env
+    log "handover"
+    hargs=(--build "$build" --device "$device" --gb 8 --runs 3 --out "$out/gpu-handover.json")
+    [ "$mode" = emulated ] && hargs=(--build "$build" --device emulated:0 --gb 0.05 --runs 1 --out "$out/gpu-handover.json")
+    # shellcheck disable=SC2086
+    "$py" bench/remote/gpu_handover_bench.py "${hargs[@]}" ${GPU_HANDOVER_ARGS:-} || failed=1 ;;
   all) do_setup; do_test; do_bench ;;
 esac
 if [ -f "$out/tests.jsonl" ] && [ "$step" != setup ] && [ "$step" != bench ]; then

@@ -15,14 +15,18 @@
 #      (gpu_bench.py --parts kernels,peer);
 #   5. disturbance: a seed's matmul loop alone and while a client pulls its
 #      weights, with and without a rate limit (bench/remote/seed_disturbance.py);
-#   6. sanitize: compute-sanitizer over the CUDA device tests and a whole load
+#   6. handover: same-GPU handover of 8 GB, a seed process on cuda:0 and client
+#      processes that map its memory (CUDA IPC) or copy it once device to
+#      device: time to usable tensors, target 0.1 s
+#      (bench/remote/gpu_handover_bench.py; its JSON is written as it goes);
+#   7. sanitize: compute-sanitizer over the CUDA device tests and a whole load
 #      while time is left.
 # Every step has its own time limit, so the packing at the end always runs.
 #
 # The device tool brings back at most 8 files from $OUT: the logs of every step
 # travel as $OUT/gpu-check.tgz, beside summary.txt (each step's exit status and
-# seconds), results-wheel.md/.json (step 1), results-kernels.md/.json (step 4) and
-# seed-disturbance.json (step 5).
+# seconds), results-wheel.md/.json (step 1), results-kernels.md/.json (step 4),
+# seed-disturbance.json (step 5) and gpu-handover.json (step 6).
 #
 #   run(command="bash scripts/gpu_lease.sh", carry=[".gpu-bundle"], timeout_s=600)
 set -uo pipefail
@@ -44,6 +48,7 @@ pack() {
   cp "$work/bench/results.md" "$dest/results-kernels.md" 2>/dev/null
   cp "$work/bench/results.json" "$dest/results-kernels.json" 2>/dev/null
   cp "$work/disturbance/seed-disturbance.json" "$dest/" 2>/dev/null
+  cp "$work/handover/gpu-handover.json" "$dest/" 2>/dev/null
   true
 }
 trap pack EXIT
@@ -88,6 +93,7 @@ step test "$(limit 110 40)" STEP=test \
   GPU_CHECK_PYTESTS=none
 step bench "$(limit 150 75)" STEP=bench GPU_BENCH_ARGS="--runs 1 --parts kernels,peer"
 step disturbance "$(limit 60 15)" STEP=disturbance SEED_DISTURBANCE_ARGS="--seconds 3 --runs 2"
+step handover "$(limit 60 10)" STEP=handover
 step sanitize $(($(left) - 5)) STEP=test GPU_CHECK_CTEST_LABELS=none GPU_CHECK_PYTESTS=none \
   GPU_CHECK_SANITIZE="${LEASE_SANITIZE:-cuda_device_test load}"
 cat "$work/summary.txt"

@@ -116,7 +116,11 @@ struct ServeOptions {
   // this host is handed the served memory itself (sealed shared memory that it
   // maps, read-only) instead of pulling copies over UCX. Offered when every
   // served tensor is in sealed shared memory: ServeCheckpoint loads host
-  // tensors into it, and a client's handed-over tensors are in it.
+  // tensors into it, and a client's handed-over tensors are in it. Device
+  // tensors of ServeCheckpoint and Serve (whole allocations of one device)
+  // are offered as exported device memory (CUDA IPC handles; the emulated
+  // device's memfds) to clients on the same device; not those of
+  // ServeBuffers.
   bool handover = true;
   // A resident seed: announced on this host under its key's digest and
   // tensor-parallel position, so that a client here finds it with the key
@@ -256,7 +260,10 @@ struct PeerLoadOptions {
   // seed's memory when the seed is on this host and offers it (whole tensors
   // from one source rank), and pulls over UCX when it does not or the
   // handover fails; "off" always pulls. A device destination gets one copy
-  // from the mapped memory.
+  // from the mapped memory. A seed whose tensors are on a device (a GPU, or
+  // the emulated device) hands over its allocations themselves (CUDA IPC):
+  // a destination on that same device maps them, no byte copied; any other
+  // destination pulls (docs/remote.md, "Same-host handover of GPU memory").
   std::string handover = "auto";
   // Ask this host's resident seed for the key (ServeOptions::resident) before
   // `peers` and the registry.
@@ -264,6 +271,10 @@ struct PeerLoadOptions {
   // Handed-over tensors are read-only (a write faults) unless this is set:
   // then a page written becomes this process's own copy, and the seed's
   // memory never changes (what frameworks that change weights in place need).
+  // Handed-over device memory is the seed's, shared writable; with this set
+  // it is copied once, device to device, into this process's own memory and
+  // the seed's is let go (on a GPU also what keeps the tensors valid when
+  // the seed exits).
   bool handover_copy_on_write = false;
   // Check every chunk of handed-over memory against the manifest's checksums
   // (reads all of it, on up to 4 threads). Off, the sealed memory is

@@ -41,6 +41,31 @@
 
 namespace tensorlift {
 
+// A device allocation exported for another process on the same machine
+// (docs/remote.md, "Same-host handover of GPU memory"), as Device::Export
+// makes it and Device::Import takes it. Move-only: owns `fd`.
+struct ExportedMemory {
+  ExportedMemory() = default;
+  ~ExportedMemory();
+  ExportedMemory(ExportedMemory&& other) noexcept;
+  ExportedMemory& operator=(ExportedMemory&& other) noexcept;
+  ExportedMemory(const ExportedMemory&) = delete;
+  ExportedMemory& operator=(const ExportedMemory&) = delete;
+
+  // The physical device the memory is on (Device::identity()); Import
+  // refuses memory of another.
+  std::string device_id;
+  // An opaque handle: a CUDA IPC handle (64 bytes); empty when `fd` carries
+  // the memory (the emulated device: a memfd).
+  std::string handle;
+  int fd = -1;
+  // Bytes of the allocation the handle opens (its start is the buffer's
+  // data()).
+  uint64_t bytes = 0;
+  // The exporting process (CUDA IPC cannot open a handle in it).
+  int64_t pid = 0;
+};
+
 // A point in a stream's work. Reusable: Record() moves it.
 class DeviceEvent {
  public:
@@ -113,6 +138,27 @@ class Device {
   // as Buffer::host_mapping gives for a whole buffer): valid while the
   // allocation lives. Unimplemented where there is none (a GPU's memory).
   virtual Result<std::byte*> HostMapping(const std::byte* p, uint64_t bytes);
+
+  // The physical device, as another process on this machine names it:
+  // "GPU-<uuid>" for a GPU, "emulated:0@<boot id>" (or
+  // EmulatedDeviceOptions::id) for the emulated device; "" where memory
+  // cannot be exported.
+  virtual std::string identity() const { return ""; }
+  // Exports the whole allocation `buffer` (from Allocate() of this device)
+  // for Import in another process on this machine: a CUDA IPC handle
+  // (cudaIpcGetMemHandle), or the emulated device's memfd. The allocation
+  // stays shared while any importer maps it, whatever the exporter does (it
+  // may free it or exit). No stream work may be writing the buffer during
+  // the call (the emulated device moves its bytes into shared memory once).
+  // Unimplemented by default (host memory has HostBuffer::Seal instead).
+  virtual Result<ExportedMemory> Export(const Buffer& buffer);
+  // Maps memory another process exported (zero copies): a Buffer of
+  // `memory.bytes` at a device address of this device, which unmaps (CUDA:
+  // cudaIpcCloseMemHandle) when the last owner drops it. The memory is the
+  // exporter's: writes are seen by both. InvalidArgument when it is another
+  // device's (identity differs), or (CUDA) when this process exported it;
+  // Unimplemented by default.
+  virtual Result<std::shared_ptr<Buffer>> Import(ExportedMemory memory);
 };
 
 // The CUDA device `ordinal`. Unimplemented when built without CUDA;
@@ -148,6 +194,10 @@ struct EmulatedDeviceOptions {
   // the pipeline's scheduling is timed without that cost. Every tensor loaded
   // through such a device has the wrong bytes.
   bool discard_copies = false;
+  // The device this emulates, as Device::identity() names it and Import
+  // compares: "" for "emulated:0@<boot id>" (every emulated device of this
+  // boot is the same "GPU"); tests name another to see memory refused.
+  std::string id;
 };
 std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options = {});
 
@@ -159,8 +209,8 @@ std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options 
 // TENSORLIFT_EMULATED_PREFAULT_GB (default 0: device memory faulted in when
 // the device is made; benchmarks set it) and
 // TENSORLIFT_EMULATED_DISCARD_COPIES (0 or 1, default 0: discard_copies, a
-// benchmark's diagnostic). InvalidArgument for a value that is not a
-// non-negative number (0 or 1 for the last).
+// benchmark's diagnostic) and TENSORLIFT_EMULATED_DEVICE_ID (id). InvalidArgument for a value that
+// is not a non-negative number (0 or 1 for the last).
 Result<EmulatedDeviceOptions> EmulatedDeviceOptionsFromEnvironment();
 
 // The device a load names (LoadOptions::device, parsed by ParseDevice):

@@ -8,7 +8,10 @@
 // reported, never a crash of the worker.
 #include "device/emulated_device.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -18,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -52,6 +56,15 @@ std::string RangeText(const void* p, uint64_t bytes) {
                 static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)),
                 static_cast<unsigned long long>(bytes));
   return text;
+}
+
+// The kernel's boot id: what makes two processes' emulated devices the same
+// "GPU" (handover needs one host anyway).
+std::string BootId() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  return id.empty() ? "unknown" : id;
 }
 
 double NowMicros() {
@@ -130,10 +143,132 @@ class Arena {
 // aligned, MADV_HUGEPAGE): a GPU's fresh memory costs no page faults, and
 // 4 KiB faults on this memory would cost as much as the copies into it. Both
 // mappings are unmapped on destruction.
+//
+// Exported (Share) or imported allocations are a memfd instead, mapped
+// shared at the worker address, so that two processes (or two devices of
+// one) see the same bytes: what CUDA IPC gives two processes on one GPU. An
+// exported allocation that is freed is detached first (fresh memory at its
+// worker address, which is then poisoned): importers keep the bytes.
 class Region {
  public:
   // From `arena` when it has room (may be null).
   static Result<std::shared_ptr<Region>> Create(uint64_t bytes, std::shared_ptr<Arena> arena) {
+    TL_ASSIGN_OR_RETURN(std::shared_ptr<Region> region, Reserve(bytes));
+    if (arena) region->worker_ = arena->Take(region->mapped_);
+    if (region->worker_ != nullptr) {
+      region->arena_ = std::move(arena);
+    } else {
+      TL_ASSIGN_OR_RETURN(region->worker_, MapHugePageMemory(region->mapped_));
+    }
+    return region;
+  }
+
+  // The memory of memfd `fd` (taken, closed on failure too), exported by
+  // Share in this or another process, holding at least `bytes`.
+  static Result<std::shared_ptr<Region>> Import(int fd, uint64_t bytes) {
+    Result<std::shared_ptr<Region>> made = Reserve(bytes);
+    if (!made.ok()) {
+      ::close(fd);
+      return made.status();
+    }
+    std::shared_ptr<Region> region = std::move(made).value();
+    region->memfd_ = fd;
+    region->imported_ = true;
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
+      return PermissionDeniedError(
+          "emulated:0: imported memory is not a memfd sealed against "
+          "shrinking and growing");
+    }
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) return PosixError("fstat of imported memory", errno);
+    if (static_cast<uint64_t>(st.st_size) < region->mapped_) {
+      return CorruptionError("emulated:0: imported memory holds " + std::to_string(st.st_size) +
+                             " bytes, " + std::to_string(region->mapped_) + " expected");
+    }
+    void* worker = ::mmap(nullptr, region->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (worker == MAP_FAILED) return PosixError("mmap of imported memory", errno);
+    region->worker_ = static_cast<std::byte*>(worker);
+    return region;
+  }
+
+  ~Region() {
+    if (device_ != nullptr) ::munmap(device_, mapped_);
+    if (worker_ != nullptr && arena_) {
+      Detach();  // The arena gets private memory back, never the shared pages.
+      arena_->Give(worker_, mapped_);
+    } else if (worker_ != nullptr) {
+      ::munmap(worker_, mapped_);
+    }
+    if (memfd_ >= 0) ::close(memfd_);
+  }
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  std::byte* device() const { return device_; }
+  std::byte* worker() const { return worker_; }
+  uint64_t size() const { return size_; }
+  uint64_t mapped() const { return mapped_; }
+  bool imported() const { return imported_; }
+  // The worker address of device address `p` inside this region.
+  std::byte* ToWorker(const std::byte* p) const { return worker_ + (p - device_); }
+
+  // A new descriptor of this allocation's memfd (the caller's), sealed
+  // against shrinking and growing. The first call moves the bytes into a
+  // memfd mapped at the same worker address (no stream op may be running on
+  // the region then).
+  Result<int> Share() {
+    std::lock_guard<std::mutex> lock(share_mu_);
+    if (memfd_ < 0) {
+      const int fd = ::memfd_create("tensorlift-emulated", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (fd < 0) return PosixError("memfd_create", errno);
+      void* copy = MAP_FAILED;
+      if (::ftruncate(fd, static_cast<off_t>(mapped_)) == 0) {
+        copy = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
+      if (copy == MAP_FAILED) {
+        const int e = errno;
+        ::close(fd);
+        return PosixError("emulated:0: shared memory of " + std::to_string(mapped_) + " bytes", e);
+      }
+      std::memcpy(copy, worker_, mapped_);
+      // The shared mapping replaces the private one at the same address.
+      if (::mremap(copy, mapped_, mapped_, MREMAP_MAYMOVE | MREMAP_FIXED, worker_) == MAP_FAILED) {
+        const int e = errno;
+        ::munmap(copy, mapped_);
+        ::close(fd);
+        return PosixError("mremap", e);
+      }
+      if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+        // The mapping is shared now: keep the memfd, refuse to export it.
+        memfd_ = fd;
+        return PosixError("fcntl(F_ADD_SEALS)", errno);
+      }
+      memfd_ = fd;
+    }
+    const int dup = ::fcntl(memfd_, F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) return PosixError("dup", errno);
+    return dup;
+  }
+
+  // Gives an exported allocation fresh private memory at its worker address
+  // (importers keep the shared bytes); true when the worker memory is this
+  // process's own (never shared, or detached), so that it may be poisoned.
+  bool Detach() {
+    std::lock_guard<std::mutex> lock(share_mu_);
+    if (imported_) return false;
+    if (memfd_ < 0 || detached_) return true;
+    void* p = ::mmap(worker_, mapped_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+    detached_ = p != MAP_FAILED;
+    return detached_;
+  }
+
+ private:
+  Region() = default;
+
+  // A region of `bytes` with its PROT_NONE device address reserved.
+  static Result<std::shared_ptr<Region>> Reserve(uint64_t bytes) {
     const uint64_t mapped = RoundUp(bytes == 0 ? 1 : bytes, kPageAlign);
     if (mapped < bytes) return ResourceExhaustedError("size overflows");
     std::shared_ptr<Region> region(new (std::nothrow) Region());
@@ -144,40 +279,18 @@ class Region {
         ::mmap(nullptr, mapped, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (device == MAP_FAILED) return PosixError("mmap", errno);
     region->device_ = static_cast<std::byte*>(device);
-    if (arena) region->worker_ = arena->Take(mapped);
-    if (region->worker_ != nullptr) {
-      region->arena_ = std::move(arena);
-    } else {
-      TL_ASSIGN_OR_RETURN(region->worker_, MapHugePageMemory(mapped));
-    }
     return region;
   }
 
-  ~Region() {
-    if (device_ != nullptr) ::munmap(device_, mapped_);
-    if (worker_ != nullptr && arena_) {
-      arena_->Give(worker_, mapped_);
-    } else if (worker_ != nullptr) {
-      ::munmap(worker_, mapped_);
-    }
-  }
-  Region(const Region&) = delete;
-  Region& operator=(const Region&) = delete;
-
-  std::byte* device() const { return device_; }
-  std::byte* worker() const { return worker_; }
-  uint64_t size() const { return size_; }
-  uint64_t mapped() const { return mapped_; }
-  // The worker address of device address `p` inside this region.
-  std::byte* ToWorker(const std::byte* p) const { return worker_ + (p - device_); }
-
- private:
-  Region() = default;
   std::byte* device_ = nullptr;
   std::byte* worker_ = nullptr;
   std::shared_ptr<Arena> arena_;  // Where worker_ came from, if not fresh.
   uint64_t size_ = 0;
   uint64_t mapped_ = 0;
+  std::mutex share_mu_;  // Guards the three below.
+  int memfd_ = -1;       // Exported or imported: the shared memory at worker_.
+  bool imported_ = false;
+  bool detached_ = false;  // Exported, then given private memory again.
 };
 
 // A range translated to the worker mapping; `hold` keeps it mapped.
@@ -198,7 +311,10 @@ class DeviceState {
         quarantine_limit_(quarantine_bytes),
         copy_bytes_per_second_(options.copy_bytes_per_second),
         copy_latency_seconds_(options.copy_latency_seconds),
-        discard_copies_(options.discard_copies) {}
+        discard_copies_(options.discard_copies),
+        identity_(options.id.empty() ? "emulated:0@" + BootId() : options.id) {}
+
+  const std::string& identity() const { return identity_; }
 
   double copy_bytes_per_second() const { return copy_bytes_per_second_; }
   // Pre-faulted worker memory (null when none was asked for or it failed).
@@ -245,16 +361,31 @@ class DeviceState {
 
   void AddLive(std::shared_ptr<Region> region) {
     std::lock_guard lock(mu_);
-    ++live_count_;
+    if (region->imported()) {
+      ++imported_count_;
+      imported_bytes_ += region->size();
+    } else {
+      ++live_count_;
+    }
     const auto key = reinterpret_cast<uintptr_t>(region->device());
     regions_[key] = Entry{std::move(region), false};
   }
 
   // Called when the last owner drops a device buffer: poisons the region and
   // quarantines it (or unmaps it, when it is larger than the quarantine).
+  // Imported memory is another process's: never poisoned, unmapped when the
+  // last stream op holding it is done.
   void Free(const std::shared_ptr<Region>& region, uint64_t accounted) {
     const auto key = reinterpret_cast<uintptr_t>(region->device());
-    const bool quarantine = region->mapped() <= quarantine_limit_;
+    if (region->imported()) {
+      std::lock_guard lock(mu_);
+      --imported_count_;
+      imported_bytes_ -= region->size();
+      regions_.erase(key);
+      return;
+    }
+    // Exported memory is detached first: importers keep its bytes.
+    const bool quarantine = region->mapped() <= quarantine_limit_ && region->Detach();
     {
       std::lock_guard lock(mu_);
       live_bytes_ -= accounted;
@@ -350,6 +481,8 @@ class DeviceState {
     counts.quarantined_bytes = quarantined_bytes_;
     counts.pinned_allocations = pinned_count_;
     counts.pinned_bytes = pinned_bytes_;
+    counts.imported_allocations = imported_count_;
+    counts.imported_bytes = imported_bytes_;
     return counts;
   }
 
@@ -377,6 +510,7 @@ class DeviceState {
   std::chrono::steady_clock::time_point bus_free_;  // Guarded by bus_mu_.
   const double copy_latency_seconds_;
   const bool discard_copies_;
+  const std::string identity_;
 
   std::mutex mu_;
   std::map<uintptr_t, Entry> regions_;              // Live and quarantined, by device address.
@@ -386,6 +520,8 @@ class DeviceState {
   uint64_t quarantined_bytes_ = 0;
   uint64_t pinned_count_ = 0;
   uint64_t pinned_bytes_ = 0;
+  uint64_t imported_count_ = 0;
+  uint64_t imported_bytes_ = 0;
 };
 
 // Device memory: data() is a device address.
@@ -837,6 +973,39 @@ class EmulatedDevice final : public Device {
   Result<std::byte*> HostMapping(const std::byte* p, uint64_t bytes) override {
     TL_ASSIGN_OR_RETURN(Translated t, state_->Translate(p, bytes, "emulated:0: memory"));
     return t.ptr;
+  }
+
+  std::string identity() const override { return state_->identity(); }
+
+  Result<ExportedMemory> Export(const Buffer& buffer) override {
+    TL_ASSIGN_OR_RETURN(Translated t,
+                        state_->Translate(buffer.data(), buffer.size(), "emulated:0: Export"));
+    if (t.hold->device() != buffer.data() || t.hold->size() != buffer.size()) {
+      return InvalidArgumentError("emulated:0: Export " + RangeText(buffer.data(), buffer.size()) +
+                                  " is not a whole allocation " +
+                                  RangeText(t.hold->device(), t.hold->size()));
+    }
+    ExportedMemory out;
+    TL_ASSIGN_OR_RETURN(out.fd, t.hold->Share());
+    out.device_id = state_->identity();
+    out.bytes = buffer.size();
+    out.pid = ::getpid();
+    return out;
+  }
+
+  Result<std::shared_ptr<Buffer>> Import(ExportedMemory memory) override {
+    if (memory.device_id != state_->identity()) {
+      return InvalidArgumentError("emulated:0: memory of device '" + memory.device_id +
+                                  "' cannot be mapped here: this device is '" + state_->identity() +
+                                  "'");
+    }
+    if (memory.fd < 0) return InvalidArgumentError("emulated:0: imported memory has no memfd");
+    TL_ASSIGN_OR_RETURN(std::shared_ptr<Region> region,
+                        Region::Import(std::exchange(memory.fd, -1), memory.bytes));
+    std::shared_ptr<Buffer> buffer(new (std::nothrow) DeviceBuffer(state_, region, 0));
+    if (!buffer) return ResourceExhaustedError("out of memory");
+    state_->AddLive(std::move(region));
+    return buffer;
   }
 
   DeviceState& state() { return *state_; }

@@ -3,13 +3,13 @@
 // "device" holds at an address, poisoned freed memory included.
 //
 // How the emulated device works (emulated_device.cc):
-// - Each Allocate() is a memfd mapped twice: PROT_NONE at the address handed
-//   out (the "device address": a host access faults) and read/write for the
-//   stream workers only. Stream ops translate device addresses through a
-//   table of allocations; a range not inside one live allocation is an
-//   "illegal address" error, one inside a freed allocation a "use after free"
-//   error, both returned by the stream's next Synchronize() (and by events
-//   recorded after them).
+// - Each Allocate() is mapped twice: PROT_NONE at the address handed out
+//   (the "device address": a host access faults) and read/write for the
+//   stream workers only (private memory; a memfd shared with other
+//   processes once exported, Device::Export/Import). Stream ops translate device addresses through
+//   a table of allocations; a range not inside one live allocation is an "illegal address" error,
+//   one inside a freed allocation a "use after free" error, both returned by the stream's next
+//   Synchronize() (and by events recorded after them).
 // - Freed allocations are filled with kEmulatedPoison and stay mapped in a
 //   bounded quarantine (oldest unmapped first), so their addresses are not
 //   handed out again while quarantined; an allocation larger than the whole
@@ -46,6 +46,10 @@ struct EmulatedDeviceCounts {
   uint64_t quarantined_bytes = 0;
   uint64_t pinned_allocations = 0;
   uint64_t pinned_bytes = 0;
+  // Memory another process (or device) exported, mapped by Import: not
+  // counted against memory_bytes, never poisoned.
+  uint64_t imported_allocations = 0;
+  uint64_t imported_bytes = 0;
 };
 
 // The counts of an emulated device; InvalidArgument for any other device.

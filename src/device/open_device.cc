@@ -1,3 +1,6 @@
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -6,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "device/device.h"
 
@@ -13,6 +17,40 @@ namespace tensorlift {
 
 Result<std::byte*> Device::HostMapping(const std::byte*, uint64_t) {
   return UnimplementedError("the memory of " + name() + " has no host mapping");
+}
+
+ExportedMemory::~ExportedMemory() {
+  if (fd >= 0) ::close(fd);
+}
+
+ExportedMemory::ExportedMemory(ExportedMemory&& other) noexcept
+    : device_id(std::move(other.device_id)),
+      handle(std::move(other.handle)),
+      fd(std::exchange(other.fd, -1)),
+      bytes(other.bytes),
+      pid(other.pid) {}
+
+ExportedMemory& ExportedMemory::operator=(ExportedMemory&& other) noexcept {
+  if (this != &other) {
+    if (fd >= 0) ::close(fd);
+    device_id = std::move(other.device_id);
+    handle = std::move(other.handle);
+    fd = std::exchange(other.fd, -1);
+    bytes = other.bytes;
+    pid = other.pid;
+  }
+  return *this;
+}
+
+Result<ExportedMemory> Device::Export(const Buffer&) {
+  return UnimplementedError("the memory of " + name() +
+                            " cannot be exported to another process (no handover of it)");
+}
+
+Result<std::shared_ptr<Buffer>> Device::Import(ExportedMemory memory) {
+  return UnimplementedError(name() + " cannot import memory of another process (from " +
+                            (memory.device_id.empty() ? "an unnamed device" : memory.device_id) +
+                            ")");
 }
 
 namespace {
@@ -51,6 +89,16 @@ Result<EmulatedDeviceOptions> EmulatedDeviceOptionsFromEnvironment() {
                                   ": expected 0 or 1");
     }
     o.discard_copies = std::string_view(discard) == "1";
+  }
+  const char* id = std::getenv("TENSORLIFT_EMULATED_DEVICE_ID");
+  if (id != nullptr && *id != '\0') {
+    const std::string_view v(id);
+    if (v.size() > 200 ||
+        !std::all_of(v.begin(), v.end(), [](char c) { return c > ' ' && c < 127; })) {
+      return InvalidArgumentError(
+          "TENSORLIFT_EMULATED_DEVICE_ID: expected 1 to 200 printable characters without spaces");
+    }
+    o.id = std::string(v);
   }
   return o;
 }

@@ -77,6 +77,18 @@ struct FdPacket {
   FdPacket& operator=(const FdPacket&) = delete;
 };
 
+// Lowercase hex of `bytes`.
+std::string HexBytes(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (char c : bytes) {
+    out += kHex[static_cast<unsigned char>(c) >> 4];
+    out += kHex[static_cast<unsigned char>(c) & 15];
+  }
+  return out;
+}
+
 Status SendText(int fd, const std::string& text) {
   if (::send(fd, text.data(), text.size(), MSG_NOSIGNAL) < 0) return PosixError("send", errno);
   return Status::Ok();
@@ -142,10 +154,19 @@ void StopLoop(std::thread* thread, int stop_fd) {
 }  // namespace
 
 Result<std::unique_ptr<HandoverServer>> HandoverServer::Start(
-    std::vector<int> fds, std::string token, std::function<bool(const std::string&)> session_open) {
+    std::vector<int> fds, std::string token, std::function<bool(const std::string&)> session_open,
+    const std::vector<ExportedMemory>* device) {
+  std::unique_ptr<HandoverServer> s(new HandoverServer());
+  if (device) {
+    fds.clear();
+    for (const ExportedMemory& e : *device) {
+      fds.push_back(e.fd);
+      s->records_.push_back("D " + std::to_string(e.bytes) + " " + std::to_string(e.pid) + " " +
+                            (e.handle.empty() ? std::string("-") : HexBytes(e.handle)));
+    }
+  }
   if (fds.empty() || fds.size() > kMaxRegions)
     return InvalidArgumentError("handover: " + std::to_string(fds.size()) + " regions");
-  std::unique_ptr<HandoverServer> s(new HandoverServer());
   s->fds_ = std::move(fds);
   s->token_ = std::move(token);
   s->session_open_ = std::move(session_open);
@@ -202,6 +223,28 @@ void HandoverServer::Serve(int conn) {
   }
   if (!session_open_(session)) return refuse("no open session " + session);
   if (!SendText(conn, "OK " + std::to_string(fds_.size())).ok()) return;
+  if (!records_.empty()) {
+    for (size_t i = 0; i < fds_.size(); ++i) {
+      FdPacket packet;
+      msghdr& msg = packet.msg;
+      std::string record = records_[i];
+      packet.iov = iovec{record.data(), record.size()};
+      if (fds_[i] >= 0) {
+        msg.msg_controllen = CMSG_SPACE(sizeof(int));
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(c), &fds_[i], sizeof(int));
+      } else {
+        msg.msg_control = nullptr;
+        msg.msg_controllen = 0;
+      }
+      if (::sendmsg(conn, &msg, MSG_NOSIGNAL) < 0) return;
+    }
+    ++handed_over_;
+    return;
+  }
   for (size_t i = 0; i < fds_.size(); i += kFdsPerPacket) {
     const size_t k = std::min(kFdsPerPacket, fds_.size() - i);
     FdPacket packet;
@@ -217,23 +260,28 @@ void HandoverServer::Serve(int conn) {
   ++handed_over_;
 }
 
-Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::string& session,
-                                         const std::string& token, int timeout_ms, size_t regions) {
+namespace {
+
+// Connects to `socket`, asks for `session`'s `regions` and checks the "OK n"
+// answer: the connection, ready for the regions' packets.
+Result<std::unique_ptr<Fd>> AskForHandover(const std::string& socket, const std::string& session,
+                                           const std::string& token, int timeout_ms,
+                                           size_t regions) {
   sockaddr_un addr;
   TL_ASSIGN_OR_RETURN(const socklen_t len, AbstractAddress(socket, &addr));
-  Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (fd.fd < 0) return PosixError("handover: socket", errno);
-  SetTimeouts(fd.fd, timeout_ms);
-  if (::connect(fd.fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+  auto fd = std::make_unique<Fd>(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (fd->fd < 0) return PosixError("handover: socket", errno);
+  SetTimeouts(fd->fd, timeout_ms);
+  if (::connect(fd->fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     return UnavailableError("handover: cannot reach " + socket + " (" +
                             PosixError("connect", errno).message() + ")");
   }
   const std::string auth = token.empty() ? "-"
                                          : SignRequest(token, "HANDOVER", "/v1/handover/" + session,
                                                        UnixSeconds(), RandomNonce());
-  TL_RETURN_IF_ERROR(SendText(fd.fd, "TLHANDOVER1 " + session + " " + auth));
+  TL_RETURN_IF_ERROR(SendText(fd->fd, "TLHANDOVER1 " + session + " " + auth));
   char buf[kMaxRequest + 1];
-  const ssize_t n = ::recv(fd.fd, buf, kMaxRequest, 0);
+  const ssize_t n = ::recv(fd->fd, buf, kMaxRequest, 0);
   if (n < 0) return PosixError("handover: receive from " + socket, errno);
   const std::string answer(buf, static_cast<size_t>(n));
   if (answer.compare(0, 4, "ERR ") == 0)
@@ -242,12 +290,108 @@ Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::s
     return CorruptionError("handover: " + socket + " answered '" + answer.substr(0, 64) +
                            "', expected OK " + std::to_string(regions));
   }
+  return fd;
+}
+
+// A decimal u64 of at most 20 digits, all of `text`.
+bool ParseU64(std::string_view text, uint64_t* out) {
+  if (text.empty() || text.size() > 20) return false;
+  uint64_t v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return false;
+    const uint64_t d = static_cast<uint64_t>(c - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+// "D <bytes> <pid> <hex or ->" into `e` (bytes, pid, handle).
+bool ParseDeviceRecord(std::string_view text, ExportedMemory* e) {
+  std::string_view fields[4];
+  for (int i = 0; i < 4; ++i) {
+    const size_t space = text.find(' ');
+    if ((space == std::string_view::npos) != (i == 3)) return false;
+    fields[i] = text.substr(0, space);
+    text = i == 3 ? std::string_view() : text.substr(space + 1);
+  }
+  uint64_t pid = 0;
+  if (fields[0] != "D" || !ParseU64(fields[1], &e->bytes) || !ParseU64(fields[2], &pid) ||
+      pid > INT32_MAX) {
+    return false;
+  }
+  e->pid = static_cast<int64_t>(pid);
+  if (fields[3] == "-") return true;
+  const std::string_view hex = fields[3];
+  if (hex.size() % 2 != 0 || hex.size() > 512) return false;
+  e->handle.clear();
+  for (size_t i = 0; i < hex.size(); i += 2) {
+    int v = 0;
+    for (char c : hex.substr(i, 2)) {
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return false;
+      v = v * 16 + d;
+    }
+    e->handle.push_back(static_cast<char>(v));
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::vector<ExportedMemory>> ReceiveDeviceHandover(const std::string& socket,
+                                                          const std::string& session,
+                                                          const std::string& token, int timeout_ms,
+                                                          size_t regions) {
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<Fd> fd,
+                      AskForHandover(socket, session, token, timeout_ms, regions));
+  std::vector<ExportedMemory> out(regions);
+  for (size_t i = 0; i < regions; ++i) {
+    FdPacket packet;
+    char text[kMaxRequest];
+    packet.iov = iovec{text, sizeof text};
+    msghdr& msg = packet.msg;
+    const ssize_t got = ::recvmsg(fd->fd, &msg, MSG_CMSG_CLOEXEC);
+    if (got <= 0) {
+      return PosixError("handover: receive region " + std::to_string(i) + " from " + socket,
+                        got < 0 ? errno : ECONNRESET);
+    }
+    // Every descriptor that came is owned before anything is checked.
+    size_t fds = 0;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      const size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t j = 0; j < k; ++j, ++fds) {
+        int received;
+        std::memcpy(&received, CMSG_DATA(c) + j * sizeof(int), sizeof(int));
+        if (out[i].fd < 0) {
+          out[i].fd = received;
+        } else {
+          ::close(received);
+        }
+      }
+    }
+    const std::string_view record(text, static_cast<size_t>(got));
+    if ((msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) || fds > 1 ||
+        !ParseDeviceRecord(record, &out[i])) {
+      return CorruptionError("handover: " + socket + " sent a malformed record for region " +
+                             std::to_string(i) + ": '" + std::string(record.substr(0, 64)) + "'");
+    }
+  }
+  return out;
+}
+
+Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::string& session,
+                                         const std::string& token, int timeout_ms, size_t regions) {
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<Fd> fd,
+                      AskForHandover(socket, session, token, timeout_ms, regions));
   std::vector<int> fds;
   fds.reserve(regions);
   while (fds.size() < regions) {
     FdPacket packet;
     msghdr& msg = packet.msg;
-    const ssize_t got = ::recvmsg(fd.fd, &msg, MSG_CMSG_CLOEXEC);
+    const ssize_t got = ::recvmsg(fd->fd, &msg, MSG_CMSG_CLOEXEC);
     if (got <= 0) {
       const int e = got < 0 ? errno : ECONNRESET;
       CloseAll(&fds);
@@ -355,12 +499,142 @@ Status VerifyChunks(const Manifest& manifest, const std::vector<LoadedTensor>& t
   return failed;
 }
 
+// The manifest's tensors into `out`, as views of `memory` (one buffer a
+// region; on `device`, or host memory when null): their bytes.
+uint64_t AddWholeTensors(const Manifest& manifest,
+                         const std::vector<std::shared_ptr<Buffer>>& memory,
+                         const std::shared_ptr<Device>& device, CheckpointBuilder* out) {
+  out->Reserve(manifest.tensors.size());
+  if (device) out->set_device(device);
+  uint64_t bytes = 0;
+  for (const ManifestTensor& m : manifest.tensors) {
+    LoadedTensor t;
+    t.name = m.name;
+    t.dtype = m.dtype;
+    t.shape = m.shape;
+    SetRowMajorStrides(&t);
+    t.nbytes = m.nbytes;
+    const size_t r = m.nbytes ? m.region : 0;
+    // ParseManifest checked that offset + nbytes lies within the region (and
+    // the caller, the region within the buffer).
+    t.data = memory[r]->data() + (m.nbytes ? m.offset : 0);
+    if (device) {
+      t.device = device->kind();
+      t.device_index = device->ordinal();
+    }
+    bytes += m.nbytes;
+    out->Add(std::move(t), memory[r]);
+  }
+  return bytes;
+}
+
+// The tensors of the device regions `memory` (one buffer a region) on
+// `device`, every chunk checked against the manifest through pinned staging.
+Status VerifyDeviceChunks(const Manifest& manifest, Device& device,
+                          const std::vector<std::shared_ptr<Buffer>>& memory,
+                          const std::string& url) {
+  const uint64_t cb = manifest.chunk_bytes;
+  const uint64_t window = std::max<uint64_t>(1, (8ull << 20) / cb) * cb;
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> stream, device.CreateStream());
+  TL_ASSIGN_OR_RETURN(std::shared_ptr<Buffer> staging, device.AllocatePinned(window));
+  for (const ManifestTensor& m : manifest.tensors) {
+    if (m.nbytes == 0) continue;
+    TL_ASSIGN_OR_RETURN(std::vector<uint64_t> sums,
+                        StagedChunkChecksums(memory[m.region]->data() + m.offset, m.nbytes, cb,
+                                             *stream, *staging, window));
+    for (size_t c = 0; c < sums.size(); ++c) {
+      if (c < m.chunk_xxh3.size() && sums[c] == m.chunk_xxh3[c]) continue;
+      return CorruptionError(url + ": handed-over tensor '" + m.name + "': chunk " +
+                             std::to_string(c) + " does not match the manifest's checksum");
+    }
+  }
+  return Status::Ok();
+}
+
+// TakeHandover of device memory (manifest.handover_device).
+Result<LoadedCheckpoint> TakeDeviceHandover(const Manifest& manifest, const std::string& url,
+                                            const std::string& session, const TakeOptions& options,
+                                            std::chrono::steady_clock::time_point t0) {
+  const std::shared_ptr<Device>& device = options.device;
+  if (!device) {
+    return InvalidArgumentError(url + ": the seed hands over memory of device " +
+                                manifest.handover_device + ", and this load goes to host memory");
+  }
+  if (device->identity() != manifest.handover_device) {
+    return InvalidArgumentError(
+        url + ": the seed's tensors are on device " + manifest.handover_device + ", and " +
+        device->name() + " is " +
+        (device->identity().empty() ? "not exportable memory" : device->identity()));
+  }
+  TL_ASSIGN_OR_RETURN(std::vector<ExportedMemory> exported,
+                      ReceiveDeviceHandover(manifest.handover_socket, session, options.token,
+                                            options.timeout_ms, manifest.regions.size()));
+  std::vector<std::shared_ptr<Buffer>> memory(exported.size());
+  for (size_t i = 0; i < exported.size(); ++i) {
+    const uint64_t need = manifest.regions[i].bytes;
+    if (exported[i].bytes < need) {
+      return CorruptionError(url + ": handed-over region " + std::to_string(i) + " holds " +
+                             std::to_string(exported[i].bytes) + " bytes, the manifest says " +
+                             std::to_string(need));
+    }
+    exported[i].device_id = manifest.handover_device;
+    Result<std::shared_ptr<Buffer>> imported = device->Import(std::move(exported[i]));
+    if (!imported.ok()) return imported.status().WithContext(url + ": region " + std::to_string(i));
+    memory[i] = std::move(imported).value();
+  }
+  if (options.copy_on_write) {
+    // This process's own memory: one copy on the device, then the seed's
+    // allocations are closed.
+    TL_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> stream, device->CreateStream());
+    std::vector<std::shared_ptr<Buffer>> own(memory.size());
+    for (size_t i = 0; i < memory.size(); ++i) {
+      const uint64_t bytes = manifest.regions[i].bytes;
+      TL_ASSIGN_OR_RETURN(own[i], device->Allocate(bytes));
+      if (bytes) TL_RETURN_IF_ERROR(stream->CopyOnDevice(own[i]->data(), memory[i]->data(), bytes));
+    }
+    TL_RETURN_IF_ERROR(stream->Synchronize());
+    memory = std::move(own);
+  }
+  if (options.verify) TL_RETURN_IF_ERROR(VerifyDeviceChunks(manifest, *device, memory, url));
+  CheckpointBuilder out;
+  const uint64_t bytes = AddWholeTensors(manifest, memory, device, &out);
+  FileReport f;
+  f.path = url;
+  f.reason = "handed over on this host: " + std::to_string(memory.size()) + " allocations of " +
+             device->name() + " " +
+             (options.copy_on_write ? "copied once on the device into its own memory"
+                                    : "mapped, no byte copied") +
+             (options.verify ? ", every chunk checked" : "");
+  f.bytes = bytes;
+  f.tensors = static_cast<uint32_t>(manifest.tensors.size());
+  out.files().push_back(std::move(f));
+  return std::move(out).Finish(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
 }  // namespace
+
+Result<std::vector<uint64_t>> StagedChunkChecksums(const std::byte* data, uint64_t nbytes,
+                                                   uint64_t chunk_bytes, DeviceStream& stream,
+                                                   Buffer& staging, uint64_t window) {
+  std::vector<uint64_t> sums;
+  for (uint64_t done = 0; done < nbytes;) {
+    const uint64_t n = std::min<uint64_t>(window, nbytes - done);
+    TL_RETURN_IF_ERROR(stream.CopyToHost(staging.data(), data + done, n));
+    TL_RETURN_IF_ERROR(stream.Synchronize());
+    std::vector<uint64_t> part = ChunkChecksums(staging.data(), n, chunk_bytes);
+    sums.insert(sums.end(), part.begin(), part.end());
+    done += n;
+  }
+  return sums;
+}
 
 Result<LoadedCheckpoint> TakeHandover(const Manifest& manifest, const std::string& url,
                                       const std::string& session, const TakeOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   if (manifest.regions.empty()) return InvalidArgumentError(url + ": no regions to hand over");
+  if (!manifest.handover_device.empty())
+    return TakeDeviceHandover(manifest, url, session, options, t0);
   TL_ASSIGN_OR_RETURN(std::vector<int> fds,
                       ReceiveHandover(manifest.handover_socket, session, options.token,
                                       options.timeout_ms, manifest.regions.size()));
@@ -381,20 +655,8 @@ Result<LoadedCheckpoint> TakeHandover(const Manifest& manifest, const std::strin
   }
   TL_RETURN_IF_ERROR(failed);
   CheckpointBuilder out;
-  out.Reserve(manifest.tensors.size());
-  uint64_t bytes = 0;
-  for (const ManifestTensor& m : manifest.tensors) {
-    LoadedTensor t;
-    t.name = m.name;
-    t.dtype = m.dtype;
-    t.shape = m.shape;
-    SetRowMajorStrides(&t);
-    t.nbytes = m.nbytes;
-    // ParseManifest checked that offset + nbytes lies within the region.
-    t.data = m.nbytes ? maps[m.region]->data() + m.offset : maps[0]->data();
-    bytes += m.nbytes;
-    out.Add(std::move(t), maps[m.nbytes ? m.region : 0]);
-  }
+  const uint64_t bytes = AddWholeTensors(
+      manifest, std::vector<std::shared_ptr<Buffer>>(maps.begin(), maps.end()), nullptr, &out);
   if (options.verify) TL_RETURN_IF_ERROR(VerifyChunks(manifest, out.tensors(), url));
   FileReport f;
   f.path = url;

@@ -7,6 +7,10 @@
 //   client -> seed  "TLHANDOVER1 <session id> <X-Tensorlift-Auth value or ->"
 //   seed -> client  "OK <n>" then packets of one byte carrying up to 64
 //                   descriptors each, n in all (region order); or "ERR <why>".
+//                   Device memory (the manifest's handover "device"): "OK <n>"
+//                   then n packets, one a region, each the text
+//                   "D <bytes> <pid> <handle as hex, or ->" (Device::Export)
+//                   with the region's descriptor, if it has one, attached.
 // The seed hands over only for a session open on its control endpoint, and
 // only to a process of its own user (or root), or, with a token, to one that
 // signs the request (method HANDOVER, path /v1/handover/<session>).
@@ -23,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "device/device.h"
 #include "remote/manifest.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/status.h"
@@ -38,10 +43,12 @@ class HandoverServer {
   // Listens on a new abstract Unix socket. `fds[i]` is region i's sealed
   // descriptor (borrowed: valid while the server lives); `session_open(id)`
   // says whether a control session `id` is open; `token` as
-  // ServeOptions::token.
+  // ServeOptions::token. With `device` (exported device memory, one per
+  // region; borrowed likewise), each region goes as a device record, its
+  // fd (-1: none) attached, and `fds` is ignored.
   static Result<std::unique_ptr<HandoverServer>> Start(
-      std::vector<int> fds, std::string token,
-      std::function<bool(const std::string&)> session_open);
+      std::vector<int> fds, std::string token, std::function<bool(const std::string&)> session_open,
+      const std::vector<ExportedMemory>* device = nullptr);
   ~HandoverServer();
   HandoverServer(const HandoverServer&) = delete;
   HandoverServer& operator=(const HandoverServer&) = delete;
@@ -57,6 +64,7 @@ class HandoverServer {
   void Serve(int conn);
 
   std::vector<int> fds_;
+  std::vector<std::string> records_;  // Device memory: one "D ..." record a region.
   std::string token_;
   std::function<bool(const std::string&)> session_open_;
   std::string socket_;
@@ -74,6 +82,21 @@ class HandoverServer {
 // when the seed refuses, kCorruption when its answer is malformed.
 Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::string& session,
                                          const std::string& token, int timeout_ms, size_t regions);
+
+// ReceiveHandover for device memory: each region's exported allocation
+// (device_id left empty), its descriptor owned by it. kCorruption for a
+// malformed record (every field bounded).
+Result<std::vector<ExportedMemory>> ReceiveDeviceHandover(const std::string& socket,
+                                                          const std::string& session,
+                                                          const std::string& token, int timeout_ms,
+                                                          size_t regions);
+
+// XXH3 of each `chunk_bytes` chunk of [data, data + nbytes) on `device`,
+// computed on copies staged through the first `window` bytes of `staging`
+// (pinned host memory; window a multiple of chunk_bytes) with `stream`.
+Result<std::vector<uint64_t>> StagedChunkChecksums(const std::byte* data, uint64_t nbytes,
+                                                   uint64_t chunk_bytes, DeviceStream& stream,
+                                                   Buffer& staging, uint64_t window);
 
 // A resident seed's announcement on this host (ServeOptions::resident): an
 // abstract socket named after the key's digest and the seed's tensor-parallel
@@ -109,6 +132,9 @@ struct TakeOptions {
   int timeout_ms = 5000;
   bool copy_on_write = false;  // PeerLoadOptions::handover_copy_on_write.
   bool verify = false;         // PeerLoadOptions::handover_verify.
+  // The destination (PeerLoadOptions::device); null: host memory. Device
+  // memory is handed over only to the same device.
+  std::shared_ptr<Device> device;
 };
 
 // Takes the handover `manifest` offers for `session` of the seed at `url`:
@@ -117,6 +143,16 @@ struct TakeOptions {
 // copied). With `verify`, every chunk is checked against the manifest's
 // checksums first (kCorruption naming the tensor and chunk otherwise). The
 // mappings stay valid when the seed exits.
+//
+// Device memory (manifest.handover_device set): each region's allocation is
+// imported into `options.device` (Device::Import: CUDA IPC, or the emulated
+// device's memfd) and the tensors are views of it on that device, no byte
+// copied; with `copy_on_write`, each region is copied once, device to
+// device, into this process's own allocation and the seed's is let go at
+// once. InvalidArgument when the destination is host memory or another
+// device (the caller pulls instead). On a GPU (legacy CUDA IPC) the seed's
+// memory must outlive the mapping: a seed that exits while a client maps it
+// leaves that mapping undefined; the copy does not depend on it.
 Result<LoadedCheckpoint> TakeHandover(const Manifest& manifest, const std::string& url,
                                       const std::string& session, const TakeOptions& options);
 

@@ -14,7 +14,8 @@
 //    "tensors":[{"name":S,"dtype":"BF16","shape":[N,...],"nbytes":N,
 //                "region":N,"offset":N,"shard_dim":-1|D,"shard_start":N,
 //                "full_shape":[N,...],"xxh3":["16 hex digits", ...]}, ...],
-//    "handover":{"host":S,"socket":S}}   optional: same-host handover offered
+//    "handover":{"host":S,"socket":S[,"device":S]}}   optional: same-host handover
+//                                offered; "device": the regions are that device's memory
 //
 // N is a JSON integer (u64 fields up to 2^64-1, shape entries up to 2^63-1);
 // HEX is an even-length string of lowercase hex digits (binary bytes);
@@ -510,6 +511,10 @@ std::string Manifest::ToJson() const {
     AppendJsonString(handover_host, &out);
     out += ",\"socket\":";
     AppendJsonString(handover_socket, &out);
+    if (!handover_device.empty()) {
+      out += ",\"device\":";
+      AppendJsonString(handover_device, &out);
+    }
     out += '}';
   }
   out += '}';
@@ -625,10 +630,14 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
 
   if (present[kHandover]) {
     const Where w{"handover"};
-    static constexpr std::array<std::string_view, 2> kHandoverNames = {"host", "socket"};
-    std::array<element, 2> h;
-    TL_RETURN_IF_ERROR(GetFields(f[kHandover], w, "handover", kHandoverNames, &h));
-    for (int i = 0; i < 2; ++i) {
+    static constexpr std::array<std::string_view, 3> kHandoverNames = {"host", "socket", "device"};
+    std::array<element, 3> h;
+    std::array<bool, 3> given;
+    TL_RETURN_IF_ERROR(
+        GetFields(f[kHandover], w, "handover", kHandoverNames, &h, uint64_t{1} << 2, &given));
+    std::string* const out[3] = {&m.handover_host, &m.handover_socket, &m.handover_device};
+    for (int i = 0; i < 3; ++i) {
+      if (!given[i]) continue;
       if (h[i].type() != element_type::STRING)
         return WrongType(w, kHandoverNames[i], "a string", h[i]);
       const std::string_view v = As<std::string_view>(h[i]);
@@ -637,7 +646,7 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
         return Bad(w, std::string(kHandoverNames[i]) +
                           " must be 1 to 200 printable characters without spaces");
       }
-      (i == 0 ? m.handover_host : m.handover_socket) = std::string(v);
+      *out[i] = std::string(v);
     }
   }
 

@@ -60,6 +60,11 @@ struct Manifest {
   // otherwise.
   std::string handover_host;
   std::string handover_socket;
+  // When the regions are device memory: the device they are on
+  // (Device::identity(), "GPU-<uuid>" or "emulated:0@<boot id>"); the socket
+  // then hands over exported allocations (Device::Export), which only a
+  // client on that same device can map. Empty for host memory.
+  std::string handover_device;
 
   // Compact JSON; binary fields (rkey, worker_address) as lowercase hex,
   // checksums as 16-hex-digit strings, u64 as JSON integers.

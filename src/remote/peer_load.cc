@@ -305,6 +305,7 @@ class Puller {
       take.timeout_ms = options_.connect_timeout_ms;
       take.copy_on_write = options_.handover_copy_on_write;
       take.verify = options_.handover_verify;
+      take.device = device_;
       Result<LoadedCheckpoint> taken =
           TakeHandover(sources[0].manifest, group[0]->url(), sources[0].session, take);
       if (taken.ok()) {

@@ -87,30 +87,13 @@ struct Span {
   std::shared_ptr<Device> device;
   std::byte* map_at = nullptr;
   int shared_fd = -1;
+  const Buffer* buffer = nullptr;  // A device allocation, whole: exportable for handover.
 };
 
 // How UCX must map memory of `device`: the emulated device's memory is host
 // memory; a GPU's is CUDA memory.
 UcxMemory MemoryOf(const Device* device) {
   return device && device->kind() == DeviceType::kCuda ? UcxMemory::kCuda : UcxMemory::kHost;
-}
-
-// XXH3 of each `chunk_bytes` chunk of [data, data + nbytes) on `device`,
-// computed on copies staged through the first `window` bytes of `staging`
-// (pinned host memory; window a multiple of chunk_bytes) with `stream`.
-Result<std::vector<uint64_t>> StagedChunkChecksums(const std::byte* data, uint64_t nbytes,
-                                                   uint64_t chunk_bytes, DeviceStream& stream,
-                                                   Buffer& staging, uint64_t window) {
-  std::vector<uint64_t> sums;
-  for (uint64_t done = 0; done < nbytes;) {
-    const uint64_t n = std::min<uint64_t>(window, nbytes - done);
-    TL_RETURN_IF_ERROR(stream.CopyToHost(staging.data(), data + done, n));
-    TL_RETURN_IF_ERROR(stream.Synchronize());
-    std::vector<uint64_t> part = ChunkChecksums(staging.data(), n, chunk_bytes);
-    sums.insert(sums.end(), part.begin(), part.end());
-    done += n;
-  }
-  return sums;
 }
 
 class PeerServerImpl final : public PeerServer {
@@ -169,7 +152,7 @@ class PeerServerImpl final : public PeerServer {
       if (!merged.empty() && r.device == merged.back().device &&
           r.data <= merged.back().data + merged.back().bytes &&
           r.map_at - r.data == merged.back().map_at - merged.back().data && r.shared_fd == -1 &&
-          merged.back().shared_fd == -1) {
+          merged.back().shared_fd == -1 && !r.buffer && !merged.back().buffer) {
         Span& m = merged.back();
         m.bytes = std::max<uint64_t>(m.bytes, static_cast<uint64_t>(r.data - m.data) + r.bytes);
       } else {
@@ -180,6 +163,7 @@ class PeerServerImpl final : public PeerServer {
       merged.push_back({empty_region_, sizeof empty_region_, nullptr, empty_region_});
     }
 
+    ExportDeviceMemory(merged);
     UcxOptions uo;
     uo.transports = options_.transports;
     uo.clients_per_worker = options_.clients_per_worker;
@@ -191,6 +175,15 @@ class PeerServerImpl final : public PeerServer {
     for (const Span& span : merged) {
       Result<uint32_t> registered =
           ucx_->Register(span.map_at, span.bytes, MemoryOf(span.device.get()));
+      if (!registered.ok() && !exported_.empty()) {
+        // Handed over on this device (a UCX without CUDA cannot map a GPU's
+        // memory): clients elsewhere cannot pull it (no remote key).
+        Region region;
+        region.address = reinterpret_cast<uintptr_t>(span.data);
+        region.bytes = span.bytes;
+        manifest_.regions.push_back(std::move(region));
+        continue;
+      }
       if (!registered.ok()) {
         return registered.status().WithContext(
             "serve: memory on " + (span.device ? span.device->name() : std::string("the host")));
@@ -339,24 +332,45 @@ class PeerServerImpl final : public PeerServer {
   }
 
   // Same-host handover (remote/handover.h), when asked for and every region
-  // is sealed shared memory: the manifest then says where to ask.
+  // is sealed shared memory, or every region is a whole allocation of one
+  // device that exports it (Device::Export): the manifest then says where to
+  // ask.
   Status StartHandover(const std::vector<Span>& regions) {
     if (!options_.handover) return Status::Ok();
     std::vector<int> fds;
+    const std::shared_ptr<Device> device = regions.empty() ? nullptr : regions[0].device;
     for (const Span& r : regions) {
-      if (r.shared_fd < 0 || r.device) return Status::Ok();
+      if (device ? (r.device != device || !r.buffer) : (r.shared_fd < 0 || r.device))
+        return Status::Ok();
       fds.push_back(r.shared_fd);
     }
     const std::string host = HandoverHostId();
     if (host.empty()) return Status::Ok();
-    TL_ASSIGN_OR_RETURN(handover_, HandoverServer::Start(std::move(fds), options_.token,
-                                                         [this](const std::string& id) {
-                                                           std::lock_guard<std::mutex> lock(mu_);
-                                                           return sessions_.count(id) > 0;
-                                                         }));
+    if (device && exported_.size() != regions.size()) return Status::Ok();
+    TL_ASSIGN_OR_RETURN(handover_, HandoverServer::Start(
+                                       std::move(fds), options_.token,
+                                       [this](const std::string& id) {
+                                         std::lock_guard<std::mutex> lock(mu_);
+                                         return sessions_.count(id) > 0;
+                                       },
+                                       device ? &exported_ : nullptr));
+    if (device) manifest_.handover_device = device->identity();
     manifest_.handover_host = host;
     manifest_.handover_socket = handover_->socket();
     return Status::Ok();
+  }
+
+  // Device regions exported for handover, before UCX maps them (the emulated
+  // device's memory moves into a memfd at the same address); none when any
+  // cannot be (its clients pull).
+  void ExportDeviceMemory(const std::vector<Span>& regions) {
+    for (const Span& r : regions) {
+      if (!options_.handover || !r.device || !r.buffer) break;
+      Result<ExportedMemory> e = r.device->Export(*r.buffer);
+      if (!e.ok()) break;
+      exported_.push_back(std::move(e).value());
+    }
+    if (exported_.size() != regions.size()) exported_.clear();
   }
 
   Status StartHttp() {
@@ -503,6 +517,7 @@ class PeerServerImpl final : public PeerServer {
   std::atomic<uint64_t> served_bytes_{0};
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<Registration> registration_;
+  std::vector<ExportedMemory> exported_;  // Device memory handed over (descriptors it owns).
   std::unique_ptr<HandoverServer> handover_;
   std::unique_ptr<LocalAnnouncement> announcement_;
 };
@@ -546,8 +561,8 @@ Result<std::unique_ptr<PeerServer>> ServeShards(std::shared_ptr<const LoadedChec
       }
     }
     const auto* host = dynamic_cast<const HostBuffer*>(owner.get());
-    regions.push_back(
-        {owner->data(), owner->size(), device, map_at, host ? host->shared_fd() : -1});
+    regions.push_back({owner->data(), owner->size(), device, map_at, host ? host->shared_fd() : -1,
+                       device ? owner.get() : nullptr});
   }
   auto server = std::make_unique<PeerServerImpl>(key, options);
   TL_RETURN_IF_ERROR(server->Start(std::move(served), std::move(regions), loaded));

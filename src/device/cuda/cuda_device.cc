@@ -12,6 +12,7 @@
 //   device is opened, so the times of all streams of one device compare.
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdint>
@@ -133,7 +134,21 @@ class StreamHandle {
 struct DeviceState {
   int ordinal = 0;
   EventHandle reference;  // Recorded and completed when the device was opened.
+  std::string uuid;       // "GPU-<uuid>" (cudaDeviceProp::uuid), as nvidia-smi -L prints it.
 };
+
+// "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+std::string UuidText(const cudaUUID_t& uuid) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto b = static_cast<unsigned char>(uuid.bytes[i]);
+    out += kHex[b >> 4];
+    out += kHex[b & 15];
+  }
+  return out;
+}
 
 // Device memory from cudaMalloc.
 class CudaBuffer final : public Buffer {
@@ -162,6 +177,39 @@ class CudaBuffer final : public Buffer {
 
  private:
   CudaBuffer(int ordinal, std::byte* data, uint64_t bytes) : ordinal_(ordinal) {
+    data_ = data;
+    size_ = bytes;
+  }
+  int ordinal_;
+};
+
+// Device memory of another process, opened from its CUDA IPC handle
+// (cudaIpcOpenMemHandle); closed (cudaIpcCloseMemHandle) with the last owner.
+class CudaIpcBuffer final : public Buffer {
+ public:
+  static Result<std::shared_ptr<Buffer>> Open(int ordinal, const cudaIpcMemHandle_t& handle,
+                                              uint64_t bytes) {
+    TL_RETURN_IF_ERROR(SetDevice(ordinal));
+    void* p = nullptr;
+    TL_RETURN_IF_ERROR(
+        CudaStatus(cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess),
+                   ("cudaIpcOpenMemHandle of " + std::to_string(bytes) + " bytes").c_str()));
+    std::shared_ptr<Buffer> buffer(new (std::nothrow)
+                                       CudaIpcBuffer(ordinal, static_cast<std::byte*>(p), bytes));
+    if (!buffer) {
+      cudaIpcCloseMemHandle(p);
+      return ResourceExhaustedError("out of host memory");
+    }
+    return buffer;
+  }
+  ~CudaIpcBuffer() override {
+    if (cudaSetDevice(ordinal_) == cudaSuccess) cudaIpcCloseMemHandle(data_);
+  }
+  CudaIpcBuffer(const CudaIpcBuffer&) = delete;
+  CudaIpcBuffer& operator=(const CudaIpcBuffer&) = delete;
+
+ private:
+  CudaIpcBuffer(int ordinal, std::byte* data, uint64_t bytes) : ordinal_(ordinal) {
     data_ = data;
     size_ = bytes;
   }
@@ -414,6 +462,49 @@ class CudaDevice final : public Device {
     return static_cast<uint64_t>(free_bytes);
   }
 
+  std::string identity() const override { return state_->uuid; }
+
+  // Legacy CUDA IPC: the handle opens the whole cudaMalloc allocation.
+  Result<ExportedMemory> Export(const Buffer& buffer) override {
+    if (dynamic_cast<const CudaBuffer*>(&buffer) == nullptr) {
+      return InvalidArgumentError(name() + ": Export takes a buffer from Allocate() of " + name());
+    }
+    if (state_->uuid.empty()) return UnavailableError(name() + ": the GPU's UUID is unknown");
+    TL_RETURN_IF_ERROR(SetDevice(state_->ordinal));
+    cudaIpcMemHandle_t handle{};
+    TL_RETURN_IF_ERROR(CudaStatus(
+        cudaIpcGetMemHandle(&handle, buffer.data()),
+        ("cudaIpcGetMemHandle of " + std::to_string(buffer.size()) + " bytes on " + name())
+            .c_str()));
+    ExportedMemory out;
+    out.device_id = state_->uuid;
+    out.handle.assign(reinterpret_cast<const char*>(&handle), sizeof handle);
+    out.bytes = buffer.size();
+    out.pid = ::getpid();
+    return out;
+  }
+
+  Result<std::shared_ptr<Buffer>> Import(ExportedMemory memory) override {
+    if (state_->uuid.empty() || memory.device_id != state_->uuid) {
+      return InvalidArgumentError(name() + ": memory of GPU '" + memory.device_id +
+                                  "' cannot be mapped here: this GPU is '" + state_->uuid + "'");
+    }
+    if (memory.pid == ::getpid()) {
+      return InvalidArgumentError(name() +
+                                  ": CUDA IPC cannot open a handle in the process that "
+                                  "exported it (pid " +
+                                  std::to_string(memory.pid) + ")");
+    }
+    cudaIpcMemHandle_t handle{};
+    if (memory.handle.size() != sizeof handle) {
+      return InvalidArgumentError(name() + ": a CUDA IPC handle is " +
+                                  std::to_string(sizeof handle) + " bytes, got " +
+                                  std::to_string(memory.handle.size()));
+    }
+    std::memcpy(&handle, memory.handle.data(), sizeof handle);
+    return CudaIpcBuffer::Open(state_->ordinal, handle, memory.bytes);
+  }
+
  private:
   std::shared_ptr<const DeviceState> state_;
 };
@@ -462,6 +553,7 @@ Result<std::shared_ptr<Device>> OpenCudaDevice(int ordinal) {
   cudaDriverGetVersion(&driver);
   cudaDeviceProp prop{};
   const bool named = cudaGetDeviceProperties(&prop, ordinal) == cudaSuccess;
+  if (named) state->uuid = UuidText(prop.uuid);
   SetCrashContext("CUDA", "runtime " + VersionText(runtime) + ", driver " + VersionText(driver) +
                               ", device " + std::to_string(ordinal) +
                               (named ? std::string(" (") + prop.name + ")" : std::string()));
