@@ -59,6 +59,10 @@ std::vector<std::byte> DeviceBytes(Device& device, const void* p, uint64_t bytes
   return out;
 }
 
+bool SameBytes(const std::vector<std::byte>& got, const std::vector<unsigned char>& want) {
+  return got.size() == want.size() && std::memcmp(got.data(), want.data(), got.size()) == 0;
+}
+
 // `path` loaded onto `device` (into `*loaded`) and served.
 Result<std::unique_ptr<PeerServer>> ServeOnDevice(const std::string& path,
                                                   const std::string& device,
@@ -217,7 +221,7 @@ class DeviceHandoverTest : public ::testing::Test {
       if (!g->nbytes) continue;
       if (device) {
         EXPECT_EQ(g->device, device->kind()) << t.name;
-        EXPECT_TRUE(DeviceBytes(*device, g->data, g->nbytes) == t.bytes) << t.name;
+        EXPECT_TRUE(SameBytes(DeviceBytes(*device, g->data, g->nbytes), t.bytes)) << t.name;
       } else {
         EXPECT_EQ(std::memcmp(g->data, t.bytes.data(), g->nbytes), 0) << t.name;
       }
@@ -268,7 +272,7 @@ TEST_F(DeviceHandoverTest, AnotherProcessMapsTheSeedsDeviceMemory) {
     for (const RawTensor& t : tensors_) {
       if (t.name == "big" || t.bytes.empty()) continue;
       const LoadedTensor* g = got->Find(t.name);
-      EXPECT_TRUE(DeviceBytes(*emulated_, g->data, g->nbytes) == t.bytes) << t.name;
+      EXPECT_TRUE(SameBytes(DeviceBytes(*emulated_, g->data, g->nbytes), t.bytes)) << t.name;
     }
   }
   EXPECT_EQ(Imported(), before);  // Unmapped with the last tensor.
@@ -344,7 +348,7 @@ TEST_F(DeviceHandoverTest, InOneProcessAndTheSeedGoes) {
   shared.reset();  // Freed: detached, then poisoned; the client keeps the bytes.
   EXPECT_EQ(PokedByte(*got), kPoke);
   const LoadedTensor* a = got->Find("a");
-  EXPECT_TRUE(DeviceBytes(*emulated_, a->data, a->nbytes) == tensors_[0].bytes);
+  EXPECT_TRUE(SameBytes(DeviceBytes(*emulated_, a->data, a->nbytes), tensors_[0].bytes));
 }
 
 TEST_F(DeviceHandoverTest, VerifyCatchesMemoryThatDoesNotMatchTheManifest) {
