@@ -9,12 +9,17 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "../common/assert_ok.h"
@@ -470,6 +475,90 @@ TEST(DeviceHandoverManifestTest, TheDeviceFieldIsOptionalAndChecked) {
   std::string unknown = json;
   unknown.replace(unknown.find(field), field.size(), field + ",\"pci\":\"x\"");
   EXPECT_FALSE(remote::ParseManifest(unknown).ok());
+}
+
+// A fake seed's handover socket: answers one request with "OK 1" and then
+// `record`, `fds` descriptors attached.
+class FakeDeviceSeed {
+ public:
+  FakeDeviceSeed(std::string record, int fds) {
+    name_ = "@tensorlift-test/" + std::to_string(::getpid()) + "/" + std::to_string(++count_);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path + 1, name_.data() + 1, name_.size() - 1);
+    const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name_.size());
+    listen_ = ::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (::bind(listen_, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(listen_, 4) != 0)
+      return;
+    thread_ = std::thread([this, record, fds] {
+      const int conn = ::accept(listen_, nullptr, nullptr);
+      if (conn < 0) return;
+      char buf[1024];
+      (void)!::recv(conn, buf, sizeof buf, 0);
+      (void)!::send(conn, "OK 1", 4, MSG_NOSIGNAL);
+      std::vector<int> memfds;
+      for (int i = 0; i < fds; ++i) memfds.push_back(::memfd_create("fake", MFD_CLOEXEC));
+      std::string text = record;
+      iovec iov{text.data(), text.size()};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      if (fds > 0) {
+        msg.msg_control = control;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds);
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds);
+        std::memcpy(CMSG_DATA(c), memfds.data(), sizeof(int) * fds);
+      }
+      (void)!::sendmsg(conn, &msg, MSG_NOSIGNAL);
+      for (int fd : memfds) ::close(fd);
+      (void)!::recv(conn, buf, sizeof buf, 0);  // Until the client is done.
+      ::close(conn);
+    });
+  }
+  ~FakeDeviceSeed() {
+    if (thread_.joinable()) thread_.join();
+    if (listen_ >= 0) ::close(listen_);
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  static inline int count_ = 0;
+  std::string name_;
+  int listen_ = -1;
+  std::thread thread_;
+};
+
+TEST(DeviceHandoverProtocolTest, RecordsAreParsedStrictly) {
+  {
+    FakeDeviceSeed seed("D 4096 123 " + std::string(128, 'a'), 1);
+    auto got = remote::ReceiveDeviceHandover(seed.name(), "abcd", "", 3000, 1);
+    ASSERT_OK(got);
+    EXPECT_EQ((*got)[0].bytes, 4096u);
+    EXPECT_EQ((*got)[0].pid, 123);
+    EXPECT_EQ((*got)[0].handle, std::string(64, '\xaa'));
+    EXPECT_GE((*got)[0].fd, 0);
+  }
+  for (const auto& [record, fds] :
+       std::vector<std::pair<std::string, int>>{{"D 4096 123", 0},
+                                                {"D 4096 123 - extra", 0},
+                                                {"X 4096 123 -", 0},
+                                                {"D -1 123 -", 0},
+                                                {"D 99999999999999999999999 123 -", 0},
+                                                {"D 4096 99999999999 -", 0},
+                                                {"D 4096 123 abc", 0},
+                                                {"D 4096 123 zz", 0},
+                                                {"D 4096 123 " + std::string(514, 'a'), 0},
+                                                {"D 4096 123 -", 2}}) {
+    FakeDeviceSeed seed(record, fds);
+    auto got = remote::ReceiveDeviceHandover(seed.name(), "abcd", "", 3000, 1);
+    ASSERT_FALSE(got.ok()) << record;
+    EXPECT_EQ(got.status().code(), StatusCode::kCorruption) << record;
+    EXPECT_THAT(got.status().message(), HasSubstr("malformed record for region 0")) << record;
+  }
 }
 
 // A GPU: CUDA IPC between two processes on it (skipped without one).
