@@ -264,7 +264,7 @@ class PeerServerImpl final : public PeerServer {
       if (t.name != tensor) continue;
       if (offset >= t.nbytes)
         return OutOfRangeError("tensor '" + tensor + "': offset past its bytes");
-      if (handover_) {
+      if (handover_ && !t.device) {
         // Sealed memory cannot be written: the manifest's checksum of the
         // chunk changes instead, which clients see as the same mismatch.
         manifest_.tensors[i].chunk_xxh3[offset / options_.chunk_bytes] ^= 1;

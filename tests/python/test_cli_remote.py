@@ -192,10 +192,19 @@ def test_serve_from_a_devices_memory(cli, ckpt, serving):
     bad = run(cli, "serve", ckpt, *MODEL, "--device", "tpu:0")
     assert bad.returncode != 0 and "tpu:0" in bad.stderr, bad.stderr
     # fetch --device: device memory to device memory, the bytes checked on the way.
-    r = run(cli, "fetch", s.url, *MODEL, "--transports", "tcp", "--device", "emulated:0", "--checksum")
+    r = run(cli, "fetch", s.url, *MODEL, "--transports", "tcp", "--device", "emulated:0", "--checksum",
+            "--handover", "off")
     assert r.returncode == 0, r.stderr
     assert "into emulated:0's memory" in r.stderr, r.stderr
     assert r.stdout == load_checksums(cli, ckpt)
+    # The same device on this host: the seed's allocations are handed over, mapped (no byte
+    # copied) or copied once on the device (docs/remote.md, "Same-host handover of GPU memory").
+    for extra, how in (([], "mapped, no byte copied"), (["--copy-on-write"], "copied once on the device")):
+        r = run(cli, "fetch", s.url, *MODEL, "--device", "emulated:0", "--checksum", *extra)
+        assert r.returncode == 0, r.stderr
+        assert "handed over" in r.stderr and how in r.stderr, r.stderr
+        assert "fallback:" not in r.stderr, r.stderr
+        assert r.stdout == load_checksums(cli, ckpt)
     bad = run(cli, "fetch", s.url, *MODEL, "--device", "emulated:0", "--out", ckpt.parent / "never")
     assert bad.returncode != 0 and "--out writes a host fetch" in bad.stderr, bad.stderr
 
