@@ -197,7 +197,7 @@ struct EmulatedDeviceOptions {
   // The device this emulates, as Device::identity() names it and Import
   // compares: "" for "emulated:0@<boot id>" (every emulated device of this
   // boot is the same "GPU"); tests name another to see memory refused.
-  std::string id;
+  std::string id = "";
 };
 std::shared_ptr<Device> MakeEmulatedDevice(const EmulatedDeviceOptions& options = {});
 
