@@ -54,7 +54,8 @@ check_scripts() {
     bash -n "$f" || { echo "gpu-check: $f does not parse" >&2; return 1; }
     n=$((n + 1))
   done
-  for f in bench/gpu/gpu_bench.py bench/gpu/contender.py bench/load/gen_checkpoint.py; do
+  for f in bench/gpu/gpu_bench.py bench/gpu/contender.py bench/load/gen_checkpoint.py \
+      bench/remote/gpu_handover_bench.py; do
     [ -f "$f" ] || { echo "gpu-check: $f is missing" >&2; return 1; }
     python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" "$f" \
       || { echo "gpu-check: $f does not parse" >&2; return 1; }

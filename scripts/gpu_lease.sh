@@ -93,7 +93,7 @@ step test "$(limit 110 40)" STEP=test \
   GPU_CHECK_PYTESTS=none
 step bench "$(limit 150 75)" STEP=bench GPU_BENCH_ARGS="--runs 1 --parts kernels,peer"
 step disturbance "$(limit 60 15)" STEP=disturbance SEED_DISTURBANCE_ARGS="--seconds 3 --runs 2"
-step handover "$(limit 60 10)" STEP=handover
+step handover "$(limit 60 10)" STEP=handover GPU_HANDOVER_ARGS="--runs 2"
 step sanitize $(($(left) - 5)) STEP=test GPU_CHECK_CTEST_LABELS=none GPU_CHECK_PYTESTS=none \
   GPU_CHECK_SANITIZE="${LEASE_SANITIZE:-cuda_device_test load}"
 cat "$work/summary.txt"

@@ -37,7 +37,7 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-check: no GPU here ("), p.stdout
-    assert "checked its 8 files" in lines[0]
+    assert "checked its 9 files" in lines[0]
 
 
 @pytest.mark.skipif(has_gpu(), reason="this machine has a GPU: gpu-check would run for real")
