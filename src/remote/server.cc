@@ -175,7 +175,7 @@ class PeerServerImpl final : public PeerServer {
     for (const Span& span : merged) {
       Result<uint32_t> registered =
           ucx_->Register(span.map_at, span.bytes, MemoryOf(span.device.get()));
-      if (!registered.ok() && !exported_.empty()) {
+      if (!registered.ok() && !exported_.empty() && !HandoverHostId().empty()) {
         // Handed over on this device (a UCX without CUDA cannot map a GPU's
         // memory): clients elsewhere cannot pull it (no remote key).
         Region region;
@@ -361,11 +361,11 @@ class PeerServerImpl final : public PeerServer {
   }
 
   // Device regions exported for handover, before UCX maps them (the emulated
-  // device's memory moves into a memfd at the same address); none when any
-  // cannot be (its clients pull).
+  // device's memory moves into a memfd at the same address); none unless all
+  // are whole allocations of one device that exports them (clients pull).
   void ExportDeviceMemory(const std::vector<Span>& regions) {
     for (const Span& r : regions) {
-      if (!options_.handover || !r.device || !r.buffer) break;
+      if (!options_.handover || !r.device || r.device != regions[0].device || !r.buffer) break;
       Result<ExportedMemory> e = r.device->Export(*r.buffer);
       if (!e.ok()) break;
       exported_.push_back(std::move(e).value());
