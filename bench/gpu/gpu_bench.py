@@ -126,7 +126,9 @@ def peer_pull(args, shards_dir):
             time.sleep(0.05)
         url = open(ready).read().strip()
         for r in range(args.runs):
-            p = subprocess.run([cli, "fetch", url, *key, "--device", dev, "--checksum"],
+            # Over UCX: a same-device seed would hand its allocations over instead
+            # (bench/remote/gpu_handover_bench.py measures that).
+            p = subprocess.run([cli, "fetch", url, *key, "--device", dev, "--checksum", "--handover", "off"],
                                capture_output=True, text=True, timeout=900)
             m = re.search(r"fetched \d+ tensors, (\d+) bytes from .* in ([0-9.]+) s", p.stderr)
             if p.returncode != 0 or not m:

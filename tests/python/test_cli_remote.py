@@ -96,8 +96,8 @@ class Serving:
 def serving(cli):
     started = []
 
-    def start(path, *args, prefix=()):
-        s = Serving(cli, path, *args, prefix=prefix)
+    def start(path, *args, prefix=(), handover=False):
+        s = Serving(cli, path, *args, prefix=prefix, handover=handover)
         started.append(s)
         return s
     yield start
@@ -184,7 +184,7 @@ def test_fetch_with_the_ucx_of_the_libucx_wheel(cli, ckpt, serving):
 
 def test_serve_from_a_devices_memory(cli, ckpt, serving):
     """serve --device: the source holds the tensors on the (emulated) device and serves that memory."""
-    s = serving(ckpt, *MODEL, "--device", "emulated:0", "--transports", "tcp")
+    s = serving(ckpt, *MODEL, "--device", "emulated:0", "--transports", "tcp", handover=True)
     r = run(cli, "fetch", s.url, *MODEL, "--transports", "tcp", "--checksum")
     assert r.returncode == 0, r.stderr
     assert f"from {s.url}" in r.stderr

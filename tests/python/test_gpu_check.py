@@ -13,7 +13,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # What the completeness check looks at (relative to the checkout).
 CHECKED = ["scripts/gpu_check.sh", "scripts/gpu_bundle.sh", "scripts/gpu_lease.sh", "bench/gpu/gpu_bench.py",
            "bench/gpu/contender.py", "tests/device/kernels_bench.cc", "bench/load/gen_checkpoint.py", "docs/gpu.md",
-           "tests/CMakeLists.txt"]
+           "tests/CMakeLists.txt", "bench/remote/gpu_handover_bench.py"]
 
 
 def has_gpu():
