@@ -57,6 +57,7 @@ struct LoadArgs {
   int staging_buffers = tensorlift::LoadOptions{}.staging_buffers;
   uint64_t staging_mib = tensorlift::LoadOptions{}.staging_bytes >> 20;
   bool gds = tensorlift::LoadOptions{}.gds;
+  bool content_hash = true;  // LoadOptions::content_hash auto (true) or off.
   bool copy = false;  // auto: owned copies of page-cached files, not views.
   bool mpi = false;   // One rank of an MPI job (mpirun): read this rank's share.
   StoreArgs store;
@@ -121,6 +122,7 @@ struct FetchArgs {
   bool stripe_cached = false;  // Stripe even when the local copy is in the page cache.
   StoreArgs store;             // For an s3:// fallback.
   std::string out;             // Directory to write model.safetensors into.
+  std::string content;         // PeerKey::content: exactly these bytes.
   bool checksum = false;
   int timeout_ms = 10000;
   double min_rate_mbps = 1;  // PeerLoadOptions::min_rate, in MB/s.

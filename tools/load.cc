@@ -64,6 +64,7 @@ int RunLoad(const LoadArgs& args) {
   opts.staging_buffers = args.staging_buffers;
   opts.staging_bytes = args.staging_mib << 20;
   opts.gds = args.gds;
+  if (!args.content_hash) opts.content_hash = ContentHashMode::kOff;
   opts.copy = args.copy;
   if (auto dev = ParseDevice(args.device); !dev.ok()) {
     std::fprintf(stderr, "%s\n", dev.status().ToString().c_str());
@@ -153,6 +154,7 @@ int RunLoad(const LoadArgs& args) {
   std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s%s\n",
                loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
                secs, secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0, views.c_str());
+  if (loaded->content()) std::fprintf(report, "content %s\n", loaded->content()->root.Hex().c_str());
   return args.checksum ? PrintChecksums(*loaded) : kExitOk;
 }
 

@@ -115,6 +115,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   load->add_flag("!--no-gds", load_args.gds, "GPU loads: never use GPUDirect Storage");
+  load->add_flag("!--no-content-hash", load_args.content_hash,
+                 "Do not compute the content identity (hashed as the reads land otherwise)");
   load->add_flag("--mpi", load_args.mpi,
                  "Run as one rank of an MPI job (mpirun -n N tensorlift load --mpi ...): each rank "
                  "reads its balanced share once; rank 0 reports every rank (host memory, or with "
@@ -235,6 +237,9 @@ int main(int argc, char** argv) {
                   "it is then loaded from alone, as views: nothing is faster)");
   AddStoreOptions(fetch, &fetch_args.store);
   fetch->add_option("--out", fetch_args.out, "Write the tensors to DIR/model.safetensors");
+  fetch->add_option("--content", fetch_args.content,
+                    "Exactly the bytes of this content root (32 hex digits, as tensorlift load "
+                    "prints): seeds with another root or other bytes are refused");
   fetch
       ->add_option("--device", fetch_args.device,
                    "Where the tensors go: cpu, or cuda:N (straight into GPU memory when UCX has "

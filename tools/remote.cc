@@ -101,6 +101,8 @@ int RunServe(const ServeArgs& args) {
   std::printf("serving %s (rank %d of %d) at %s\nkey %s revision %s digest %s\n", args.path.c_str(),
               opts.parallel.rank, opts.parallel.size, (*server)->url().c_str(), key->model.c_str(),
               key->revision.c_str(), key->Digest().c_str());
+  if (const std::string content = (*server)->content(); !content.empty())
+    std::printf("content %s\n", content.c_str());
   std::fflush(stdout);
   return WaitServing(**server, args.ready_file, set);
 }
@@ -175,6 +177,12 @@ int RunFetch(const FetchArgs& args) {
   const std::string first_fallback = args.fallback.empty() ? "" : args.fallback[0];
   auto key = KeyFrom(args.peer, first_fallback, args.store);
   if (!key.ok()) return Fail(key.status(), kExitUsage);
+  key->content = args.content;
+  if (Status st = key->Validate(); !st.ok()) return Fail(st, kExitUsage);
+  if (!args.content.empty() && args.stripe) {
+    return Fail(InvalidArgumentError("fetch: --content checks one source's bytes; not with --stripe"),
+                kExitUsage);
+  }
   auto token = Token(args.token_file);
   if (!token.ok()) return Fail(token.status());
   PeerLoadOptions opts;
@@ -220,6 +228,8 @@ int RunFetch(const FetchArgs& args) {
   for (const std::string& f : report.failures) std::fprintf(stderr, "fallback: %s\n", f.c_str());
   const std::shared_ptr<const LoadedCheckpoint>& loaded = pulled->loaded;
   FILE* out = args.checksum ? stderr : stdout;
+  if (!args.content.empty())
+    std::fprintf(out, "content %s: the bytes received hash to it\n", args.content.c_str());
   if (args.stripe) {
     std::fprintf(out, "fetched %zu tensors, %llu bytes from %s\nin %.3f s: %.2f GB/s\n",
                  loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),

@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "tensorlift/checkpoint.h"
+#include "tensorlift/content.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/status.h"
 
@@ -61,6 +62,8 @@ struct DLManagedTensorVersioned;
 namespace tensorlift {
 
 enum class IoMode : uint8_t { kAuto, kBuffered, kDirect, kMmap };
+// LoadOptions::content_hash.
+enum class ContentHashMode : uint8_t { kAuto, kOn, kOff };
 enum class IoEngine : uint8_t { kAuto, kThreads, kUring };
 
 std::string_view IoModeName(IoMode mode);        // "auto", "buffered", ...
@@ -236,6 +239,17 @@ struct LoadOptions {
   // read (the filter then applies to the dense names), or, when false, the
   // stored parts (P.compressed, P.bitmask, P.row_offsets, P.shape) as they are.
   bool decode_sparse = true;
+  // The content identity (tensorlift/content.h, LoadedCheckpoint::content()).
+  // kAuto: computed when the load reads every byte of its tensors into its own
+  // memory (host loads, mode buffered or direct, or auto's reads): each 4 MiB
+  // piece is hashed by the engine thread whose read completes it, while its
+  // bytes are hot in cache (no second pass); not computed when any tensor is a
+  // view of the page cache (mmap, auto's cached files), whose bytes the load
+  // does not read. kOn: also then, hashing the views in a pass after the
+  // reads (which reads them in). kOff: never. Device loads, dtype
+  // conversions and decoded sparse checkpoints never compute it (content()
+  // is null; kOn there is InvalidArgument).
+  ContentHashMode content_hash = ContentHashMode::kAuto;
 };
 
 enum class DeviceType : uint8_t { kCpu, kCuda, kEmulated };
@@ -311,6 +325,9 @@ class LoadedCheckpoint {
   // Bytes of memory this checkpoint's buffers hold now (on its device).
   uint64_t buffer_bytes() const;
   const DeviceMemoryPlan& device_plan() const { return device_plan_; }
+  // The tensors' content identity when the load computed it
+  // (LoadOptions::content_hash), else null. Valid while this lives.
+  const ContentIdentity* content() const { return content_.get(); }
 
  private:
   friend class CheckpointBuilder;  // Every load path builds its result through it (src/load/).
@@ -321,6 +338,7 @@ class LoadedCheckpoint {
   uint64_t total_bytes_ = 0;
   double seconds_ = 0;
   DeviceMemoryPlan device_plan_;
+  std::shared_ptr<const ContentIdentity> content_;
 };
 
 // Loads the tensors of `checkpoint` that pass options.filter into host memory,

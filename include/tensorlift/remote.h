@@ -53,6 +53,16 @@ struct PeerKey {
   std::string quantization = "none";
   std::string layout;  // Sharding rules ("" = every tensor whole).
   int protocol = kPeerProtocolVersion;
+  // Optional: the content identity root (tensorlift/content.h, 32 lowercase
+  // hex digits) of exactly the bytes wanted. Not part of Canonical(),
+  // Digest() or Mismatch(): seeds are still found by the key. A client with
+  // it refuses a seed whose manifest publishes another root, recomputes the
+  // hashes of the bytes it receives (pulled or handed over) and refuses them
+  // on a mismatch, naming the tensor; then tries the next source, as for any
+  // refusal. A disk fallback must hash to it too. Whole tensors only: a
+  // destination rank of a sliced layout cannot check a whole checkpoint's
+  // root (InvalidArgument).
+  std::string content;
 
   // "tensorlift-peer\nprotocol=1\nmodel=...\n...": one line per field, in
   // this order, values as given (a newline in a value is an error of
@@ -186,10 +196,17 @@ class PeerServer {
   // UCX workers alive now: the one new sessions get, and older ones that
   // open sessions still use (ServeOptions::clients_per_worker).
   virtual int live_workers() const = 0;
+  // The content identity root of the tensors served (32 hex digits; what the
+  // manifest and GET /v1/key publish), or "" when they are in device memory.
+  virtual std::string content() const = 0;
   // Test hook: flips one bit of the served copy of `tensor`'s bytes at
   // `offset` so that its chunk no longer matches the manifest. Only for
   // fault-injection tests; the manifest keeps the original checksum.
-  virtual Status CorruptForTesting(const std::string& tensor, uint64_t offset) = 0;
+  // With `lie`, a seed that lies: the chunk's checksum in the manifest is
+  // recomputed over the flipped bytes (so chunk checks pass) while the content
+  // hashes stay the original's (host memory outside handover only).
+  virtual Status CorruptForTesting(const std::string& tensor, uint64_t offset,
+                                   bool lie = false) = 0;
 };
 
 // Host tensors a process holds (an inference server's parameters), copied

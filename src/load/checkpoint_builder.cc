@@ -21,7 +21,8 @@ CheckpointBuilder::CheckpointBuilder(LoadedCheckpoint&& from)
       owners_(std::move(from.owners_->buffers)),
       files_(std::move(from.files_)),
       device_(std::move(from.owners_->device)),
-      plan_(from.device_plan_) {
+      plan_(from.device_plan_),
+      content_(std::move(from.content_)) {
   from.total_bytes_ = 0;
 }
 
@@ -33,6 +34,7 @@ void CheckpointBuilder::Reserve(size_t tensors) {
 void CheckpointBuilder::Add(LoadedTensor tensor, std::shared_ptr<Buffer> owner) {
   tensors_.push_back(std::move(tensor));
   owners_.push_back(std::move(owner));
+  content_.reset();
 }
 
 void CheckpointBuilder::RemoveIf(
@@ -46,6 +48,7 @@ void CheckpointBuilder::RemoveIf(
     }
     ++kept;
   }
+  if (kept != tensors_.size()) content_.reset();
   tensors_.resize(kept);
   owners_.resize(kept);
 }
@@ -77,6 +80,7 @@ LoadedCheckpoint CheckpointBuilder::Finish(double seconds) && {
   out.files_ = std::move(files_);
   out.device_plan_ = plan_;
   out.seconds_ = seconds;
+  out.content_ = std::move(content_);
   return out;
 }
 

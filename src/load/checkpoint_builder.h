@@ -40,6 +40,12 @@ class CheckpointBuilder {
   const std::vector<LoadedTensor>& tensors() const { return tensors_; }
   const std::vector<std::shared_ptr<Buffer>>& owners() const { return owners_; }
   std::vector<FileReport>& files() { return files_; }
+  // The tensors' content identity (null: none). A builder made from a
+  // checkpoint keeps its identity until a tensor is added or removed.
+  void set_content(std::shared_ptr<const ContentIdentity> content) {
+    content_ = std::move(content);
+  }
+  const std::shared_ptr<const ContentIdentity>& content() const { return content_; }
 
   // The checkpoint: tensors in name order, the total of their bytes, and
   // `seconds` as the load's time.
@@ -54,6 +60,7 @@ class CheckpointBuilder {
   std::vector<FileReport> files_;
   std::shared_ptr<Device> device_;
   DeviceMemoryPlan plan_;
+  std::shared_ptr<const ContentIdentity> content_;
 };
 
 }  // namespace tensorlift

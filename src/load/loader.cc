@@ -462,20 +462,36 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     }
   }
 
-  // on_tensor: which tensors each read fills, and how many reads each tensor waits for.
-  std::vector<std::vector<uint32_t>> read_tensors;
-  std::unique_ptr<std::atomic<uint32_t>[]> waiting;
-  std::optional<Deliverer> deliverer;
-  if (options.on_tensor) {
-    read_tensors.resize(read_id);
-    waiting.reset(new std::atomic<uint32_t>[selected.size()]);
-    struct Span {
-      uint64_t begin, end;
-      uint32_t tensor;
-    };
-    std::vector<std::vector<Span>> spans(jobs.size());
+  // Where each tensor's bytes sit in its file's arena (those read into it), per
+  // shard in arena order: which tensors a read fills.
+  struct Span {
+    uint64_t begin, end;
+    uint32_t tensor;
+  };
+  std::vector<std::vector<Span>> spans;
+  // The content identity (LoadOptions::content_hash): pieces hashed as reads
+  // complete them; views of the page cache are not read, so kAuto skips loads
+  // that have any, and kOn hashes them after the reads.
+  std::optional<ContentHasher> hasher;
+  {
+    bool views = false;
+    for (auto loc : selected) views |= !placed[loc.shard][loc.index]->in_arena;
+    if (options.content_hash == ContentHashMode::kOn ||
+        (options.content_hash == ContentHashMode::kAuto && !views)) {
+      std::vector<TensorContent> contents;
+      std::vector<const std::byte*> data;
+      contents.reserve(selected.size());
+      data.reserve(selected.size());
+      for (const LoadedTensor& t : out.tensors()) {
+        contents.push_back({t.name, t.dtype, t.shape, t.nbytes, {}});
+        data.push_back(static_cast<const std::byte*>(t.data));
+      }
+      hasher.emplace(std::move(contents), std::move(data));
+    }
+  }
+  if (options.on_tensor || hasher) {
+    spans.resize(jobs.size());
     for (size_t i = 0; i < selected.size(); ++i) {
-      waiting[i] = 0;
       const PlannedTensor* pt = placed[selected[i].shard][selected[i].index];
       const uint64_t n = out.tensors()[i].nbytes;
       if (pt->in_arena && n > 0) {
@@ -487,18 +503,32 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
       std::sort(sp.begin(), sp.end(),
                 [](const Span& a, const Span& b) { return a.begin < b.begin; });
     }
+  }
+  // Calls f(span) for each tensor span that read `op` overlaps.
+  auto for_spans = [&](const ReadOp& op, auto&& f) {
+    const auto& sp = spans[op.tag];
+    const uint64_t lo = static_cast<uint64_t>(op.dest - jobs[op.tag].arena->data()),
+                   hi = lo + op.length;
+    // Tensors in an arena do not overlap: the first that ends after lo, then on.
+    auto it =
+        std::partition_point(sp.begin(), sp.end(), [&](const Span& t) { return t.end <= lo; });
+    for (; it != sp.end() && it->begin < hi; ++it) f(*it, lo, hi);
+  };
+
+  // on_tensor: which tensors each read fills, and how many reads each tensor waits for.
+  std::vector<std::vector<uint32_t>> read_tensors;
+  std::unique_ptr<std::atomic<uint32_t>[]> waiting;
+  std::optional<Deliverer> deliverer;
+  if (options.on_tensor) {
+    read_tensors.resize(read_id);
+    waiting.reset(new std::atomic<uint32_t>[selected.size()]);
+    for (size_t i = 0; i < selected.size(); ++i) waiting[i] = 0;
     for (const auto& list : ops) {
       for (const ReadOp& op : list) {
-        const auto& sp = spans[op.tag];
-        const uint64_t lo = static_cast<uint64_t>(op.dest - jobs[op.tag].arena->data()),
-                       hi = lo + op.length;
-        // Tensors in an arena do not overlap: the first that ends after lo, then on.
-        auto it =
-            std::partition_point(sp.begin(), sp.end(), [&](const Span& t) { return t.end <= lo; });
-        for (; it != sp.end() && it->begin < hi; ++it) {
-          read_tensors[op.id].push_back(it->tensor);
-          ++waiting[it->tensor];
-        }
+        for_spans(op, [&](const Span& t, uint64_t, uint64_t) {
+          read_tensors[op.id].push_back(t.tensor);
+          ++waiting[t.tensor];
+        });
       }
     }
     deliverer.emplace(options.on_tensor, out.tensors(), out.owners());
@@ -513,8 +543,15 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), false);
   };
   const bool file_done = hooks && hooks->file_done;
-  if (file_done || deliverer) {
+  if (file_done || deliverer || hasher) {
     progress.op_done = [&](const ReadOp& op) {
+      // Hashed first: a tensor handed out, or a file handed on, is hashed.
+      if (hasher) {
+        for_spans(op, [&](const Span& t, uint64_t lo, uint64_t hi) {
+          const uint64_t from = std::max(lo, t.begin), to = std::min(hi, t.end);
+          hasher->Landed(t.tensor, from - t.begin, to - from);
+        });
+      }
       if (file_done && pending[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1)
         hooks->file_done(op.tag);
       if (deliverer) {
@@ -589,6 +626,9 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     job.report.engine = engine_kind[job.report.mode == IoMode::kDirect];
     out.files().push_back(std::move(job.report));
   }
+  if (hasher) {
+    out.set_content(std::make_shared<const ContentIdentity>(std::move(*hasher).Finish()));
+  }
   return std::move(out).Finish(std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
@@ -646,9 +686,15 @@ Result<LoadedCheckpoint> LoadAnyPath(const Checkpoint& checkpoint, const LoadOpt
   TL_ASSIGN_OR_RETURN(std::shared_ptr<Device> device, DeviceFor(options));
   const bool sparse = options.decode_sparse && MayBeSparse(checkpoint);
   if (!device && !sparse) return LoaderImpl::Run(checkpoint, options, nullptr);
+  if (options.content_hash == ContentHashMode::kOn) {
+    return InvalidArgumentError(
+        "content_hash: the content identity is computed by host loads of the stored bytes, not "
+        "by device loads, dtype conversions or decoded sparse checkpoints (decode_sparse)");
+  }
   // These loads hand their tensors to on_tensor once they are complete.
   LoadOptions inner = options;
   inner.on_tensor = nullptr;
+  inner.content_hash = ContentHashMode::kOff;
   Result<LoadedCheckpoint> r = !device  ? LoaderImpl::RunSparse(checkpoint, inner, nullptr)
                                : sparse ? LoadSparseThroughDevice(checkpoint, inner, device)
                                         : LoadThroughDevice(checkpoint, inner, device, nullptr);

@@ -67,6 +67,7 @@ Result<LoadedCheckpoint> IntoSharedMemory(LoadedCheckpoint loaded, const std::st
     out.Add(std::move(t), fresh);
   }
   if (fresh) TL_RETURN_IF_ERROR(fresh->Seal());
+  out.set_content(from.content());  // The same bytes, moved.
   return std::move(out).Finish(seconds);
 }
 

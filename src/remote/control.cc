@@ -137,6 +137,12 @@ Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json) {
   int64_t sessions = 0;
   if (!root["sessions"].get_int64().get(sessions) && sessions >= 0)
     info.load = static_cast<double>(sessions);
+  std::string_view content;
+  if (!root["content"].get_string().get(content)) {
+    if (content.size() != 32 || content.find_first_not_of("0123456789abcdef") != std::string::npos)
+      return bad("content is not 32 lowercase hex digits");
+    info.content = std::string(content);
+  }
   return info;
 }
 

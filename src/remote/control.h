@@ -40,6 +40,8 @@ struct PeerInfo {
   uint64_t tensors = 0;
   uint64_t total_bytes = 0;
   double load = 0;
+  // Its content identity root (32 lowercase hex digits), when it says one.
+  std::string content;
 };
 
 // A manifest must list what its GET /v1/key answer said: as many tensors and

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "tensorlift/checksum.h"
+#include "tensorlift/content.h"
 #include "tensorlift/remote.h"
 #include "tensorlift/text.h"
 
@@ -77,6 +78,13 @@ Status PeerKey::Validate() const {
         return InvalidArgumentError("peer key: " + std::string(f.name) + " " + QuoteName(value) +
                                     " has a control character at byte " + std::to_string(i));
       }
+    }
+  }
+  if (!content.empty()) {
+    Status st = Hash128::FromHex(content).status();
+    if (!st.ok() || content.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return InvalidArgumentError("peer key: content " + QuoteName(content) +
+                                  " is not 32 lowercase hex digits (a content root)");
     }
   }
   return Status::Ok();

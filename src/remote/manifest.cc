@@ -298,9 +298,9 @@ Status ParseRegion(element el, size_t index, const ManifestLimits& limits, Regio
 Status ParseTensor(element el, size_t index, const Manifest& m, const ManifestLimits& limits,
                    ManifestTensor* t) {
   Where w{"tensors", index};
-  static constexpr std::array<std::string_view, 10> kNames = {
-      "name",   "dtype",     "shape",       "nbytes",     "region",
-      "offset", "shard_dim", "shard_start", "full_shape", "xxh3"};
+  static constexpr std::array<std::string_view, 11> kNames = {
+      "name",   "dtype",     "shape",       "nbytes",     "region", "offset",
+      "shard_dim", "shard_start", "full_shape", "xxh3", "xxh128"};
   enum {
     kName,
     kDtype,
@@ -311,10 +311,12 @@ Status ParseTensor(element el, size_t index, const Manifest& m, const ManifestLi
     kShardDim,
     kShardStart,
     kFullShape,
-    kXxh3
+    kXxh3,
+    kXxh128
   };
-  std::array<element, 10> f;
-  TL_RETURN_IF_ERROR(GetFields(el, w, "the tensor", kNames, &f));
+  std::array<element, 11> f;
+  std::array<bool, 11> present;
+  TL_RETURN_IF_ERROR(GetFields(el, w, "the tensor", kNames, &f, uint64_t{1} << kXxh128, &present));
 
   // Name first, so that every later message names the tensor.
   std::string_view name;
@@ -423,6 +425,16 @@ Status ParseTensor(element el, size_t index, const Manifest& m, const ManifestLi
     TL_RETURN_IF_ERROR(GetChecksum(s, w, i++, &v));
     t->chunk_xxh3.push_back(v);
   }
+  t->xxh128.reset();
+  if (present[kXxh128]) {
+    std::string_view hex;
+    TL_RETURN_IF_ERROR(GetString(f[kXxh128], w, "xxh128", &hex));
+    auto h = Hash128::FromHex(hex);
+    if (!h.ok() || hex.find_first_not_of("0123456789abcdef") != std::string_view::npos) {
+      return Bad(w, "xxh128 must be 32 lowercase hex digits, found " + QuoteName(hex));
+    }
+    t->xxh128 = *h;
+  }
   return Status::Ok();
 }
 
@@ -503,9 +515,12 @@ std::string Manifest::ToJson() const {
       out += HexU64(t.chunk_xxh3[c]);
       out += '"';
     }
-    out += "]}";
+    out += ']';
+    if (t.xxh128) out += ",\"xxh128\":\"" + t.xxh128->Hex() + '"';
+    out += '}';
   }
   out += "]";
+  if (content) out += ",\"content\":\"" + content->Hex() + '"';
   if (!handover_socket.empty()) {
     out += ",\"handover\":{\"host\":";
     AppendJsonString(handover_host, &out);
@@ -546,9 +561,9 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
     return Bad(root, std::string("invalid JSON: ") + simdjson::error_message(err));
   }
 
-  static constexpr std::array<std::string_view, 10> kNames = {
-      "protocol",   "key",     "parallel",    "chunk_bytes", "worker_address",
-      "rate_limit", "regions", "total_bytes", "tensors",     "handover"};
+  static constexpr std::array<std::string_view, 11> kNames = {
+      "protocol",   "key",     "parallel",    "chunk_bytes", "worker_address", "rate_limit",
+      "regions", "total_bytes", "tensors",     "handover", "content"};
   enum {
     kProtocol,
     kKey,
@@ -559,12 +574,13 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
     kRegions,
     kTotal,
     kTensors,
-    kHandover
+    kHandover,
+    kContent
   };
-  std::array<element, 10> f;
-  std::array<bool, 10> present;
-  TL_RETURN_IF_ERROR(
-      GetFields(doc, root, "the manifest", kNames, &f, uint64_t{1} << kHandover, &present));
+  std::array<element, 11> f;
+  std::array<bool, 11> present;
+  TL_RETURN_IF_ERROR(GetFields(doc, root, "the manifest", kNames, &f,
+                               (uint64_t{1} << kHandover) | (uint64_t{1} << kContent), &present));
 
   Manifest m;
   int64_t protocol;
@@ -648,6 +664,35 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
       }
       *out[i] = std::string(v);
     }
+  }
+
+  // The content identity: a root, every tensor's hash, and the root theirs.
+  size_t hashed = 0;
+  for (const ManifestTensor& t : m.tensors) hashed += t.xxh128.has_value();
+  if (present[kContent]) {
+    std::string_view hex;
+    TL_RETURN_IF_ERROR(GetString(f[kContent], root, "content", &hex));
+    auto h = Hash128::FromHex(hex);
+    if (!h.ok() || hex.find_first_not_of("0123456789abcdef") != std::string_view::npos) {
+      return Bad(root, "content must be 32 lowercase hex digits, found " + QuoteName(hex));
+    }
+    if (hashed != m.tensors.size()) {
+      return Bad(root, "content is given but " + std::to_string(m.tensors.size() - hashed) +
+                           " of the " + std::to_string(m.tensors.size()) +
+                           " tensors have no xxh128");
+    }
+    std::vector<TensorContent> contents;
+    contents.reserve(m.tensors.size());
+    for (const ManifestTensor& t : m.tensors)
+      contents.push_back({t.name, t.dtype, t.shape, t.nbytes, *t.xxh128});
+    const Hash128 want = ContentRoot(contents);
+    if (want != *h) {
+      return Bad(root, "content " + std::string(hex) + " is not the root of its tensors' xxh128 (" +
+                           want.Hex() + ")");
+    }
+    m.content = *h;
+  } else if (hashed != 0) {
+    return Bad(root, std::to_string(hashed) + " tensors have an xxh128 but there is no content");
   }
 
   // Name order, names unique. stable_sort: std::sort degrades on some orders.

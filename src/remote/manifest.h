@@ -10,10 +10,12 @@
 #define TENSORLIFT_REMOTE_MANIFEST_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tensorlift/content.h"
 #include "tensorlift/dtype.h"
 #include "tensorlift/remote.h"
 #include "tensorlift/status.h"
@@ -43,6 +45,9 @@ struct ManifestTensor {
   // XXH3-64 of each chunk_bytes piece of the tensor's bytes, from its start
   // (the last may be shorter): ceil(nbytes / chunk_bytes) entries.
   std::vector<uint64_t> chunk_xxh3;
+  // Its content hash (tensorlift/content.h: XXH3-128 over its 4 MiB pieces'
+  // XXH3-128s) when the manifest has a content identity ("xxh128").
+  std::optional<Hash128> xxh128;
 };
 
 struct Manifest {
@@ -65,6 +70,12 @@ struct Manifest {
   // then hands over exported allocations (Device::Export), which only a
   // client on that same device can map. Empty for host memory.
   std::string handover_device;
+  // The content identity root over the tensors listed (their names, dtypes,
+  // shapes and xxh128), when the source computed it ("content"); every tensor
+  // then has its xxh128, and the root is checked against them on parsing.
+  // Absent in manifests of older sources and of sources whose tensors are in
+  // device memory.
+  std::optional<Hash128> content;
 
   // Compact JSON; binary fields (rkey, worker_address) as lowercase hex,
   // checksums as 16-hex-digit strings, u64 as JSON integers.

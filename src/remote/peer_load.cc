@@ -6,11 +6,14 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "common/checked_math.h"
 #include "device/device.h"
@@ -27,6 +30,7 @@
 #include "remote/ucx_transport.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/checksum.h"
+#include "tensorlift/content.h"
 #include "tensorlift/sparse.h"
 
 namespace tensorlift {
@@ -34,6 +38,64 @@ namespace remote {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// PeerKey::content: the identity of the tensors `loaded` holds, recomputed
+// from their bytes (on up to 4 threads; device tensors through a host copy),
+// against `want`. `manifest` (a single whole-tensor source's; may be null)
+// names the tensor whose bytes differ from what the source published.
+// kCorruption naming `who`, the tensor or the roots on a mismatch.
+Status CheckContent(const LoadedCheckpoint& loaded, const std::string& want,
+                    const Manifest* manifest, const std::string& who) {
+  const std::vector<LoadedTensor>& tensors = loaded.tensors();
+  std::vector<TensorContent> got(tensors.size());
+  if (const ContentIdentity* c = loaded.content(); c != nullptr) {
+    got = c->tensors;  // The load hashed them as they landed.
+  } else {
+    std::atomic<size_t> next{0};
+    std::mutex mu;
+    Status failed = Status::Ok();
+    auto work = [&] {
+      std::vector<std::byte> host;
+      for (size_t i; (i = next.fetch_add(1)) < tensors.size();) {
+        const LoadedTensor& t = tensors[i];
+        const void* data = t.data;
+        if (t.device != DeviceType::kCpu && t.nbytes > 0) {
+          host.resize(t.nbytes);
+          Status st = loaded.CopyToHost(t.name, host.data());
+          if (!st.ok()) {
+            std::lock_guard<std::mutex> lock(mu);
+            failed = st;
+            return;
+          }
+          data = host.data();
+        }
+        got[i] = {t.name, t.dtype, t.shape, t.nbytes, TensorContentHash(data, t.nbytes)};
+      }
+    };
+    const unsigned threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (unsigned k = 1; k < threads; ++k) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+    TL_RETURN_IF_ERROR(failed);
+  }
+  if (manifest != nullptr) {
+    for (const TensorContent& t : got) {
+      const ManifestTensor* m = manifest->Find(t.name);
+      if (m && m->xxh128 && *m->xxh128 != t.hash) {
+        return CorruptionError(who + ": tensor '" + t.name + "': the bytes received hash to " +
+                               t.hash.Hex() + ", the seed published " + m->xxh128->Hex() +
+                               " (content " + want + " asked for)");
+      }
+    }
+  }
+  const std::string root = ContentRoot(got).Hex();
+  if (root != want) {
+    return CorruptionError(who + ": the bytes received have content root " + root + ", expected " +
+                           want);
+  }
+  return Status::Ok();
+}
 
 // A source rank's pull: its endpoint, session and manifest.
 struct Source {
@@ -308,6 +370,11 @@ class Puller {
       take.device = device_;
       Result<LoadedCheckpoint> taken =
           TakeHandover(sources[0].manifest, group[0]->url(), sources[0].session, take);
+      if (taken.ok() && !key_.content.empty()) {
+        // The mapped bytes, hashed here: a seed could publish a matching root over other bytes.
+        TL_RETURN_IF_ERROR(CheckContent(*taken, key_.content, &sources[0].manifest,
+                                        group[0]->url() + " (handover)"));
+      }
       if (taken.ok()) {
         sources[0].pulled = taken->total_bytes();  // Counted as served when the session closes.
         shards->clear();
@@ -349,6 +416,18 @@ class Puller {
     AddPulledTensors(wanted, landing, &out, shards);
     AddSourceReports(group, sources, landing, &out);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (!key_.content.empty()) {
+      // Every byte received, hashed (the chunk checks only say that the bytes are the seed's).
+      LoadedCheckpoint result = std::move(out).Finish(seconds);
+      TL_RETURN_IF_ERROR(
+          CheckContent(result, key_.content, n == 1 ? &sources[0].manifest : nullptr,
+                       group[0]->url()));
+      report->bytes = pulled;
+      report->seconds = seconds;
+      report->source_ranks = ranks_used;
+      failed_url->clear();
+      return result;
+    }
     report->bytes = pulled;
     report->seconds = seconds;
     report->source_ranks = ranks_used;
@@ -384,6 +463,11 @@ class Puller {
                                std::to_string(r) + " of " + std::to_string(n));
       }
       TL_RETURN_IF_ERROR(ManifestAgreesWithKey(*src.info, mf));
+      if (!key_.content.empty() && n == 1 && mf.content && mf.content->Hex() != key_.content) {
+        return InvalidArgumentError(group[r]->url() + ": content differs: expected " +
+                                    key_.content + ", the seed's manifest says " +
+                                    mf.content->Hex());
+      }
       TL_RETURN_IF_ERROR(RateIsEnough(group[r]->url(), mf, options_.min_rate));
     }
     return Status::Ok();
@@ -760,6 +844,12 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
   *report = PeerLoadReport();
   TL_RETURN_IF_ERROR(key.Validate());
   TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key.layout));
+  if (!key.content.empty() && options.parallel.size > 1 && !layout.empty()) {
+    return InvalidArgumentError(
+        "peer load: key.content names a whole checkpoint's bytes; tensor parallel rank " +
+        std::to_string(options.parallel.rank) + " of " + std::to_string(options.parallel.size) +
+        " receives slices of it and cannot check it");
+  }
   if (options.parallel.size < 1 || options.parallel.rank < 0 ||
       options.parallel.rank >= options.parallel.size) {
     return InvalidArgumentError("peer load: tensor parallel rank " +
@@ -815,6 +905,12 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
     const std::string mismatch = key.Mismatch(info->key);
     if (!mismatch.empty()) {
       report->failures.push_back(url + ": incompatible: " + mismatch);
+      continue;
+    }
+    if (!key.content.empty() && info->parallel.size == 1 && !info->content.empty() &&
+        info->content != key.content) {
+      report->failures.push_back(url + ": content differs: expected " + key.content +
+                                 ", the seed's is " + info->content);
       continue;
     }
     controls.push_back(std::move(c).value());
@@ -895,6 +991,9 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole,
                       options.fallback_loader ? options.fallback_loader(options.fallback_path, disk)
                                               : Load(options.fallback_path, disk));
+  if (!key.content.empty()) {
+    TL_RETURN_IF_ERROR(CheckContent(whole, key.content, nullptr, "disk:" + options.fallback_path));
+  }
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine,
                       place(SliceForRank(std::move(whole), layout, options.parallel, shards)));
   report->source =

@@ -183,7 +183,8 @@ std::string EntryKey(const SeedInfo& seed) {
 std::string EntryValue(const SeedInfo& seed) {
   return "{\"url\":" + JsonString(seed.url) + ",\"rank\":" + std::to_string(seed.rank) +
          ",\"world\":" + std::to_string(seed.world) + ",\"load\":" + FormatDouble(seed.load) +
-         ",\"id\":" + JsonString(seed.id) + "}";
+         ",\"id\":" + JsonString(seed.id) +
+         (seed.content.empty() ? "" : ",\"content\":" + JsonString(seed.content)) + "}";
 }
 
 // The checks a value read back must pass, as a reason ("" when valid).
@@ -203,6 +204,9 @@ std::string SeedProblem(const SeedInfo& s) {
   }
   if (s.id.empty() || s.id.size() > kMaxIdHexDigits || !IsLowerHex(s.id)) {
     return "id '" + Printable(s.id, 100) + "' is not 1 to 64 lowercase hex digits";
+  }
+  if (!s.content.empty() && (s.content.size() != 32 || !IsLowerHex(s.content))) {
+    return "content '" + Printable(s.content, 100) + "' is not 32 lowercase hex digits";
   }
   return "";
 }
@@ -235,6 +239,8 @@ bool ParseEntry(simdjson::dom::parser& parser, std::string_view digest, std::str
   seed.world = static_cast<int>(world);
   seed.load = load;
   seed.id = std::string(id.substr(0, kMaxIdHexDigits + 1));
+  std::string_view content;
+  if (obj["content"].get(content) == simdjson::SUCCESS) seed.content = std::string(content.substr(0, 33));
   if (!SeedProblem(seed).empty()) return false;
   if (key_suffix != std::to_string(seed.rank) + "/" + seed.id) return false;
   *out = std::move(seed);

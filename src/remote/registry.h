@@ -26,6 +26,9 @@ struct SeedInfo {
   int world = 1;
   double load = 0;  // Active sessions (lower is better).
   std::string id;   // Unique per registration (random hex).
+  // The content identity root of what it serves (32 lowercase hex digits),
+  // or empty; an entry with any other value is skipped.
+  std::string content;
 };
 
 class Registration {

@@ -241,6 +241,7 @@ class PeerServerImpl final : public PeerServer {
       seed.rank = options_.parallel.rank;
       seed.world = options_.parallel.size;
       seed.load = 0;
+      if (manifest_.content) seed.content = manifest_.content->Hex();
       TL_ASSIGN_OR_RETURN(registration_, registry_->Register(seed, options_.registry_ttl_s));
     }
     return Status::Ok();
@@ -257,8 +258,11 @@ class PeerServerImpl final : public PeerServer {
     return static_cast<int>(sessions_.size());
   }
   int live_workers() const override { return ucx_ ? ucx_->LiveWorkers() : 0; }
+  std::string content() const override {
+    return manifest_.content ? manifest_.content->Hex() : std::string();
+  }
 
-  Status CorruptForTesting(const std::string& tensor, uint64_t offset) override {
+  Status CorruptForTesting(const std::string& tensor, uint64_t offset, bool lie) override {
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Served& t = tensors_[i];
       if (t.name != tensor) continue;
@@ -272,6 +276,11 @@ class PeerServerImpl final : public PeerServer {
       }
       if (!t.device) {
         t.data[offset] ^= std::byte{1};
+        if (lie) {
+          const uint64_t c = offset / options_.chunk_bytes, at = c * options_.chunk_bytes;
+          manifest_.tensors[i].chunk_xxh3[c] =
+              Xxh3_64(t.data + at, std::min(options_.chunk_bytes, t.nbytes - at));
+        }
         return Status::Ok();
       }
       TL_ASSIGN_OR_RETURN(auto stream, t.device->CreateStream());
@@ -304,6 +313,8 @@ class PeerServerImpl final : public PeerServer {
         const Served& t = tensors_[i];
         if (!t.device || t.nbytes == 0) {
           manifest_.tensors[i].chunk_xxh3 = ChunkChecksums(t.data, t.nbytes, cb);
+          // The content hash on the same bytes, still in cache for small tensors.
+          manifest_.tensors[i].xxh128 = TensorContentHash(t.data, t.nbytes);
           continue;
         }
         Result<std::vector<uint64_t>> sums = [&]() -> Result<std::vector<uint64_t>> {
@@ -328,6 +339,17 @@ class PeerServerImpl final : public PeerServer {
     for (unsigned k = 1; k < threads; ++k) pool.emplace_back(work);
     work();
     for (auto& t : pool) t.join();
+    // The content identity (docs/remote.md, "Content identity") when every
+    // tensor was hashed (none is in device memory).
+    std::vector<TensorContent> contents;
+    for (const ManifestTensor& m : manifest_.tensors) {
+      if (!m.xxh128) {
+        for (ManifestTensor& c : manifest_.tensors) c.xxh128.reset();
+        return failed;
+      }
+      contents.push_back({m.name, m.dtype, m.shape, m.nbytes, *m.xxh128});
+    }
+    manifest_.content = ContentRoot(contents);
     return failed;
   }
 
@@ -427,7 +449,9 @@ class PeerServerImpl final : public PeerServer {
          ",\"rank\":" + std::to_string(options_.parallel.rank) + "}";
     j += ",\"tensors\":" + std::to_string(manifest_.tensors.size()) +
          ",\"total_bytes\":" + std::to_string(manifest_.total_bytes) +
-         ",\"sessions\":" + std::to_string(active_sessions()) + "}";
+         ",\"sessions\":" + std::to_string(active_sessions());
+    if (manifest_.content) j += ",\"content\":\"" + manifest_.content->Hex() + '"';
+    j += "}";
     return j;
   }
 
