@@ -58,8 +58,8 @@ struct LoadArgs {
   uint64_t staging_mib = tensorlift::LoadOptions{}.staging_bytes >> 20;
   bool gds = tensorlift::LoadOptions{}.gds;
   bool content_hash = true;  // LoadOptions::content_hash auto (true) or off.
-  bool copy = false;  // auto: owned copies of page-cached files, not views.
-  bool mpi = false;   // One rank of an MPI job (mpirun): read this rank's share.
+  bool copy = false;         // auto: owned copies of page-cached files, not views.
+  bool mpi = false;          // One rank of an MPI job (mpirun): read this rank's share.
   StoreArgs store;
 };
 int RunLoad(const LoadArgs& args);

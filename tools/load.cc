@@ -154,7 +154,8 @@ int RunLoad(const LoadArgs& args) {
   std::fprintf(report, "loaded %zu tensors, %llu bytes in %.3f s: %.2f GB/s%s\n",
                loaded->tensors().size(), static_cast<unsigned long long>(loaded->total_bytes()),
                secs, secs > 0 ? loaded->total_bytes() / secs / 1e9 : 0.0, views.c_str());
-  if (loaded->content()) std::fprintf(report, "content %s\n", loaded->content()->root.Hex().c_str());
+  if (loaded->content())
+    std::fprintf(report, "content %s\n", loaded->content()->root.Hex().c_str());
   return args.checksum ? PrintChecksums(*loaded) : kExitOk;
 }
 

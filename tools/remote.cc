@@ -180,8 +180,9 @@ int RunFetch(const FetchArgs& args) {
   key->content = args.content;
   if (Status st = key->Validate(); !st.ok()) return Fail(st, kExitUsage);
   if (!args.content.empty() && args.stripe) {
-    return Fail(InvalidArgumentError("fetch: --content checks one source's bytes; not with --stripe"),
-                kExitUsage);
+    return Fail(
+        InvalidArgumentError("fetch: --content checks one source's bytes; not with --stripe"),
+        kExitUsage);
   }
   auto token = Token(args.token_file);
   if (!token.ok()) return Fail(token.status());

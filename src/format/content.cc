@@ -136,14 +136,13 @@ ContentIdentity MakeContentIdentity(std::vector<TensorContent> tensors) {
 struct ContentHasher::State {
   std::vector<TensorContent> tensors;
   std::vector<const std::byte*> data;
-  std::vector<size_t> first_piece;  // Per tensor: its first piece's index below.
-  std::vector<Hash128> hashes;      // Per piece.
+  std::vector<size_t> first_piece;                   // Per tensor: its first piece's index below.
+  std::vector<Hash128> hashes;                       // Per piece.
   std::unique_ptr<std::atomic<uint64_t>[]> missing;  // Per piece: bytes not landed yet.
   std::unique_ptr<std::atomic<bool>[]> done;         // Per piece: hashed.
 };
 
-ContentHasher::ContentHasher(std::vector<TensorContent> tensors,
-                             std::vector<const std::byte*> data)
+ContentHasher::ContentHasher(std::vector<TensorContent> tensors, std::vector<const std::byte*> data)
     : state_(std::make_unique<State>()) {
   State& s = *state_;
   s.tensors = std::move(tensors);
@@ -197,8 +196,8 @@ ContentIdentity ContentHasher::Finish() && {
       const uint64_t begin = k * kContentPieceBytes;
       s.hashes[p] = Xxh3_128(s.data[i] + begin, std::min(n, begin + kContentPieceBytes) - begin);
     }
-    s.tensors[i].hash = TensorHashFromPieces(
-        std::span<const Hash128>(s.hashes.data() + s.first_piece[i], pieces));
+    s.tensors[i].hash =
+        TensorHashFromPieces(std::span<const Hash128>(s.hashes.data() + s.first_piece[i], pieces));
   }
   return MakeContentIdentity(std::move(s.tensors));
 }

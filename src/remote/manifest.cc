@@ -299,8 +299,8 @@ Status ParseTensor(element el, size_t index, const Manifest& m, const ManifestLi
                    ManifestTensor* t) {
   Where w{"tensors", index};
   static constexpr std::array<std::string_view, 11> kNames = {
-      "name",   "dtype",     "shape",       "nbytes",     "region", "offset",
-      "shard_dim", "shard_start", "full_shape", "xxh3", "xxh128"};
+      "name",      "dtype",       "shape",      "nbytes", "region", "offset",
+      "shard_dim", "shard_start", "full_shape", "xxh3",   "xxh128"};
   enum {
     kName,
     kDtype,
@@ -562,8 +562,8 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
   }
 
   static constexpr std::array<std::string_view, 11> kNames = {
-      "protocol",   "key",     "parallel",    "chunk_bytes", "worker_address", "rate_limit",
-      "regions", "total_bytes", "tensors",     "handover", "content"};
+      "protocol", "key",         "parallel", "chunk_bytes", "worker_address", "rate_limit",
+      "regions",  "total_bytes", "tensors",  "handover",    "content"};
   enum {
     kProtocol,
     kKey,

@@ -419,9 +419,8 @@ class Puller {
     if (!key_.content.empty()) {
       // Every byte received, hashed (the chunk checks only say that the bytes are the seed's).
       LoadedCheckpoint result = std::move(out).Finish(seconds);
-      TL_RETURN_IF_ERROR(
-          CheckContent(result, key_.content, n == 1 ? &sources[0].manifest : nullptr,
-                       group[0]->url()));
+      TL_RETURN_IF_ERROR(CheckContent(result, key_.content, n == 1 ? &sources[0].manifest : nullptr,
+                                      group[0]->url()));
       report->bytes = pulled;
       report->seconds = seconds;
       report->source_ranks = ranks_used;

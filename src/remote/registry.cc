@@ -240,7 +240,8 @@ bool ParseEntry(simdjson::dom::parser& parser, std::string_view digest, std::str
   seed.load = load;
   seed.id = std::string(id.substr(0, kMaxIdHexDigits + 1));
   std::string_view content;
-  if (obj["content"].get(content) == simdjson::SUCCESS) seed.content = std::string(content.substr(0, 33));
+  if (obj["content"].get(content) == simdjson::SUCCESS)
+    seed.content = std::string(content.substr(0, 33));
   if (!SeedProblem(seed).empty()) return false;
   if (key_suffix != std::to_string(seed.rank) + "/" + seed.id) return false;
   *out = std::move(seed);

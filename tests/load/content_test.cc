@@ -115,8 +115,11 @@ TEST(ContentTest, HasherGivesTheSameHashesWhateverTheSplitAndOrder) {
   std::vector<TensorContent> contents;
   std::vector<const std::byte*> data;
   for (const RawTensor& t : raw) {
-    contents.push_back({t.name, t.dtype, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
-                        t.bytes.size(), {}});
+    contents.push_back({t.name,
+                        t.dtype,
+                        std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+                        t.bytes.size(),
+                        {}});
     data.push_back(reinterpret_cast<const std::byte*>(t.bytes.data()));
   }
   const std::string want = RefRoot(raw);
@@ -138,7 +141,8 @@ TEST(ContentTest, HasherGivesTheSameHashesWhateverTheSplitAndOrder) {
     std::shuffle(ranges.begin(), ranges.end(), rng);
     // Round 3 leaves some ranges to Finish (as views are).
     const size_t landed = round == 3 ? ranges.size() / 2 : ranges.size();
-    for (size_t k = 0; k < landed; ++k) hasher.Landed(ranges[k].tensor, ranges[k].off, ranges[k].len);
+    for (size_t k = 0; k < landed; ++k)
+      hasher.Landed(ranges[k].tensor, ranges[k].off, ranges[k].len);
     EXPECT_EQ(std::move(hasher).Finish().root.Hex(), want) << "round " << round;
   }
 }

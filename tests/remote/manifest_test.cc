@@ -536,5 +536,66 @@ TEST(PeerKeyTest, Validate) {
   EXPECT_FALSE(k.Validate().ok());
 }
 
+// The content identity is optional (old sources have none), and checked: a
+// root with every tensor's xxh128, and the root over them.
+TEST(ManifestTest, ContentIsOptionalRoundTripsAndIsChecked) {
+  Manifest m = ValidManifest();
+  const std::string plain = m.ToJson();
+  EXPECT_EQ(plain.find("xxh128"), std::string::npos);
+  auto old = ParseManifest(plain);
+  ASSERT_OK(old);
+  EXPECT_FALSE(old->content.has_value());
+  std::vector<TensorContent> contents;
+  uint64_t n = 0;
+  for (ManifestTensor& t : m.tensors) {
+    t.xxh128 = Hash128{0x1111 * ++n, 0xabcdef00 + n};
+    contents.push_back({t.name, t.dtype, t.shape, t.nbytes, *t.xxh128});
+  }
+  m.content = ContentRoot(contents);
+  const std::string json = m.ToJson();
+  auto parsed = ParseManifest(json);
+  ASSERT_OK(parsed) << json;
+  ASSERT_TRUE(parsed->content.has_value());
+  EXPECT_EQ(*parsed->content, *m.content);
+  for (const ManifestTensor& t : m.tensors) {
+    const ManifestTensor* p = parsed->Find(t.name);
+    ASSERT_NE(p, nullptr);
+    ASSERT_TRUE(p->xxh128.has_value());
+    EXPECT_EQ(*p->xxh128, *t.xxh128);
+  }
+  EXPECT_EQ(parsed->ToJson(), ParseManifest(parsed->ToJson())->ToJson());
+  // A root that is not its tensors'; a root without the tensors' hashes; hashes
+  // without a root; a malformed hash.
+  const std::string root = m.content->Hex();
+  std::string other = root;
+  other[0] = other[0] == '0' ? '1' : '0';
+  ExpectCorrupt(Replace(json, "\"content\":\"" + root, "\"content\":\"" + other),
+                {"is not the root of its tensors' xxh128", root});
+  ExpectCorrupt(plain.substr(0, plain.size() - 1) + ",\"content\":\"" + root + "\"}",
+                {"content is given but 4 of the 4 tensors have no xxh128"});
+  ExpectCorrupt(Replace(json, ",\"content\":\"" + root + "\"", ""),
+                {"4 tensors have an xxh128 but there is no content"});
+  const std::string h0 = m.tensors[0].xxh128->Hex();
+  ExpectCorrupt(Replace(json, h0, h0.substr(0, 31) + "Z"), {"xxh128 must be 32 lowercase hex"});
+  ExpectCorrupt(Replace(json, "\"content\":\"" + root, "\"content\":\"" + root.substr(2)),
+                {"content must be 32 lowercase hex"});
+}
+
+// PeerKey::content: validated, and no part of the key's digest or mismatch.
+TEST(ManifestTest, KeyContentIsValidatedAndNotInTheDigest) {
+  PeerKey key;
+  key.model = "m";
+  const std::string digest = key.Digest();
+  PeerKey with = key;
+  with.content = std::string(32, 'a');
+  EXPECT_OK(with.Validate());
+  EXPECT_EQ(with.Digest(), digest);
+  EXPECT_EQ(with.Canonical(), key.Canonical());
+  EXPECT_EQ(with.Mismatch(key), "");
+  with.content = std::string(32, 'A');
+  EXPECT_THAT(with.Validate().message(), HasSubstr("32 lowercase hex"));
+  with.content = "abc";
+  EXPECT_EQ(with.Validate().code(), StatusCode::kInvalidArgument);
+}
 }  // namespace
 }  // namespace tensorlift::remote

@@ -808,5 +808,66 @@ TEST(PeerKeyTest, ForCheckpointIsStableAndNamesTheModel) {
   EXPECT_NE(a->revision, c->revision);
 }
 
+// PeerKey::content: a seed with another root is refused before any byte moves;
+// a seed that publishes the right root over tampered bytes (chunk checksums
+// recomputed to match) is refused by the hashes of what arrived, naming the
+// tensor; the disk fallback must match it too; the key's digest ignores it.
+TEST_F(PeerTest, ContentRefusesAnotherRootAndTamperedBytes) {
+  LoadOptions lo;
+  lo.mode = IoMode::kBuffered;
+  auto disk = Load(path_, lo);
+  ASSERT_OK(disk);
+  ASSERT_NE(disk->content(), nullptr);
+  const std::string root = disk->content()->root.Hex();
+  ServeOptions o = Serve();
+  o.handover = false;  // Private, writable memory for the liar.
+  auto liar = Start(o);
+  auto good = Start(o);
+  ASSERT_TRUE(liar && good);
+  EXPECT_EQ(good->content(), root);
+  ASSERT_OK(liar->CorruptForTesting("big", (2 << 20) + 7, /*lie=*/true));
+  // Without content the liar's bytes pass its own chunk checksums.
+  auto fooled = LoadFromPeer(key_, Pull({liar->url()}));
+  ASSERT_OK(fooled);
+
+  PeerKey want = key_;
+  want.content = root;
+  EXPECT_EQ(want.Digest(), key_.Digest());
+  PeerLoadReport report;
+  auto got = LoadFromPeer(want, Pull({liar->url(), good->url()}), &report);
+  ASSERT_OK(got);
+  EXPECT_EQ(report.source, good->url());
+  ASSERT_EQ(report.failures.size(), 1u);
+  EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big'"));
+  EXPECT_THAT(report.failures[0], HasSubstr("the seed published"));
+  ExpectRank(*got, 1, 0);
+
+  PeerKey other = key_;
+  other.content = std::string(32, '0');
+  PeerLoadReport refused_report;
+  auto refused = LoadFromPeer(other, Pull({good->url()}), &refused_report);
+  ASSERT_FALSE(refused.ok());
+  ASSERT_FALSE(refused_report.failures.empty());
+  EXPECT_THAT(refused_report.failures[0], HasSubstr("content differs: expected " + other.content));
+  EXPECT_THAT(refused_report.failures[0], HasSubstr(root));
+
+  PeerLoadOptions disk_only = Pull({});
+  disk_only.local = false;
+  disk_only.fallback_path = path_;
+  auto wrong_disk = LoadFromPeer(other, disk_only);
+  ASSERT_FALSE(wrong_disk.ok());
+  EXPECT_THAT(wrong_disk.status().message(), HasSubstr("expected " + other.content));
+  ASSERT_OK(LoadFromPeer(want, disk_only));
+
+  // Handed over on this host (when it can be): the mapped bytes are hashed too.
+  auto sealed = Start(Serve());
+  ASSERT_TRUE(sealed);
+  PeerLoadOptions near = Pull({sealed->url()});
+  near.handover = "auto";
+  PeerLoadReport near_report;
+  auto taken = LoadFromPeer(want, near, &near_report);
+  ASSERT_OK(taken);
+  ExpectRank(*taken, 1, 0);
+}
 }  // namespace
 }  // namespace tensorlift
