@@ -239,9 +239,13 @@ bool ParseEntry(simdjson::dom::parser& parser, std::string_view digest, std::str
   seed.world = static_cast<int>(world);
   seed.load = load;
   seed.id = std::string(id.substr(0, kMaxIdHexDigits + 1));
-  std::string_view content;
-  if (obj["content"].get(content) == simdjson::SUCCESS)
+  // Optional; when present, a string that SeedProblem checks (another type is skipped too).
+  simdjson::dom::element content_el;
+  if (obj["content"].get(content_el) == simdjson::SUCCESS) {
+    std::string_view content;
+    if (content_el.get(content) != simdjson::SUCCESS || content.empty()) return false;
     seed.content = std::string(content.substr(0, 33));
+  }
   if (!SeedProblem(seed).empty()) return false;
   if (key_suffix != std::to_string(seed.rank) + "/" + seed.id) return false;
   *out = std::move(seed);

@@ -229,10 +229,13 @@ class RegistryTest : public ::testing::Test {
 };
 
 TEST_F(RegistryTest, RegisterThenList) {
-  auto reg = registry_->Register(Seed("http://10.0.0.1:8000", 0, 1, 2), 10);
+  SeedInfo mine = Seed("http://10.0.0.1:8000", 0, 1, 2);
+  mine.content = "0123456789abcdef0123456789abcdef";  // A content root round trips.
+  auto reg = registry_->Register(mine, 10);
   ASSERT_OK(reg);
   const std::vector<SeedInfo> seeds = ListOrDie();
   ASSERT_EQ(seeds.size(), 1u);
+  EXPECT_EQ(seeds[0].content, mine.content);
   EXPECT_EQ(seeds[0].key_digest, kDigest);
   EXPECT_EQ(seeds[0].url, "http://10.0.0.1:8000");
   EXPECT_EQ(seeds[0].rank, 1);
@@ -390,13 +393,26 @@ TEST_F(RegistryTest, InvalidEntriesAreSkipped) {
          R"({"url":"http://x:1","rank":0,"world":1,"load":0,"id":")" + std::string(66, 'c') +
              "\"}");  // Id size.
   RawPut(p + "bad-key", R"({"url":"http://x:1","rank":0,"world":1,"load":0,"id":"bf"})");
+  // Content: a valid root is kept; upper case, short, empty or not a string is skipped.
+  const std::string root(32, 'e');
+  RawPut(p + "0/ac", R"({"url":"http://ok:2","rank":0,"world":1,"load":2,"id":"ac","content":")" +
+                         root + "\"}");
+  RawPut(p + "0/c1", R"({"url":"http://x:1","rank":0,"world":1,"load":0,"id":"c1","content":")" +
+                         std::string(32, 'E') + "\"}");
+  RawPut(p + "0/c2",
+         R"({"url":"http://x:1","rank":0,"world":1,"load":0,"id":"c2","content":"abc"})");
+  RawPut(p + "0/c3", R"({"url":"http://x:1","rank":0,"world":1,"load":0,"id":"c3","content":""})");
+  RawPut(p + "0/c4", R"({"url":"http://x:1","rank":0,"world":1,"load":0,"id":"c4","content":7})");
   auto reg = registry_->Register(Seed("http://mine:1", 0.5), 10);
   ASSERT_OK(reg);
   const std::vector<SeedInfo> seeds = ListOrDie();
-  ASSERT_EQ(seeds.size(), 2u);
+  ASSERT_EQ(seeds.size(), 3u);
   EXPECT_EQ(seeds[0].url, "http://mine:1");
+  EXPECT_EQ(seeds[0].content, "");
   EXPECT_EQ(seeds[1].url, "http://ok:1");
   EXPECT_EQ(seeds[1].id, "aa");
+  EXPECT_EQ(seeds[2].url, "http://ok:2");
+  EXPECT_EQ(seeds[2].content, root);
 }
 
 TEST_F(RegistryTest, RejectsBadArguments) {
