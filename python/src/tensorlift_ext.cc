@@ -24,6 +24,7 @@
 #include "tensorlift/assign.h"
 #include "tensorlift/capabilities.h"
 #include "tensorlift/checkpoint.h"
+#include "tensorlift/content.h"
 #include "tensorlift/convert.h"
 #include "tensorlift/crash.h"
 #include "tensorlift/loader.h"
@@ -169,8 +170,15 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
                 std::optional<nb::object> progress, const std::string& device,
                 std::optional<std::string> dtype, int staging_buffers, uint64_t staging_bytes,
                 bool gds, bool decode_sparse, bool copy,
-                std::optional<std::shared_ptr<ArenaPool>> arena_pool, bool misaligned_views) {
+                std::optional<std::shared_ptr<ArenaPool>> arena_pool, bool misaligned_views,
+                const std::string& content_hash) {
   LoadOptions opts;
+  if (content_hash == "on")
+    opts.content_hash = ContentHashMode::kOn;
+  else if (content_hash == "off")
+    opts.content_hash = ContentHashMode::kOff;
+  else if (content_hash != "auto")
+    Raise(InvalidArgumentError("content_hash must be auto, on or off, not '" + content_hash + "'"));
   if (arena_pool) opts.arena_pool = *arena_pool;
   opts.decode_sparse = decode_sparse;
   opts.copy = copy;
@@ -238,6 +246,8 @@ PeerKey KeyFromDict(const nb::dict& d) {
       key.quantization = value;
     else if (name == "layout")
       key.layout = value;
+    else if (name == "content")
+      key.content = value;  // PeerKey::content: "" = any bytes.
     else
       Raise(InvalidArgumentError("unknown peer key field '" + name + "'"));
   }
@@ -251,6 +261,7 @@ nb::dict KeyToDict(const PeerKey& key) {
   d["dtype"] = key.dtype;
   d["quantization"] = key.quantization;
   d["layout"] = key.layout;
+  if (!key.content.empty()) d["content"] = key.content;
   d["protocol"] = key.protocol;
   d["digest"] = key.Digest();
   return d;
@@ -437,11 +448,13 @@ void BindCheckpoint(nb::module_& m) {
           nb::arg("decode_sparse") = LoadOptions{}.decode_sparse, nb::arg("copy") = false,
           nb::arg("arena_pool") = nb::none(),
           nb::arg("misaligned_views") = LoadOptions{}.misaligned_views,
+          nb::arg("content_hash") = "auto",
           "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
           "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
           "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
           "files unless copy is True (with misaligned_views, also of tensors misaligned for "
-          "their dtype, as the reference does); the GIL is released.");
+          "their dtype, as the reference does); content_hash (auto, on, off): LoadOptions::"
+          "content_hash, the root then in Loaded.content; the GIL is released.");
 }
 
 void BindArenaPool(nb::module_& m) {
@@ -532,6 +545,14 @@ void BindLoaded(nb::module_& m) {
       .def("files", &FileReports)
       .def_prop_ro("total_bytes", [](const PyLoaded& s) { return s.get().total_bytes(); })
       .def_prop_ro("seconds", [](const PyLoaded& s) { return s.get().seconds(); })
+      .def_prop_ro(
+          "content",
+          [](const PyLoaded& s) -> nb::object {
+            const ContentIdentity* c = s.get().content();
+            return c ? nb::cast(c->root.Hex()) : nb::none();
+          },
+          "The content identity root (32 hex digits) when the load computed it "
+          "(content_hash), else None.")
       .def(
           "device_plan",
           [](const PyLoaded& s) {
@@ -624,6 +645,13 @@ void BindPeerServer(nb::module_& m) {
       .def_prop_ro("served_bytes", [](const PyPeerServer& s) { return s.get().served_bytes(); })
       .def_prop_ro("active_sessions",
                    [](const PyPeerServer& s) { return s.get().active_sessions(); })
+      .def_prop_ro(
+          "content",
+          [](const PyPeerServer& s) -> nb::object {
+            const std::string c = s.get().content();
+            return c.empty() ? nb::none() : nb::cast(c);
+          },
+          "The content root the seed publishes (32 hex digits), or None (device memory).")
       .def("corrupt_for_testing",
            [](PyPeerServer& s, const std::string& name, uint64_t offset) {
              Status st = s.get().CorruptForTesting(name, offset);
@@ -814,6 +842,14 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   report["seconds"] = pl.report.seconds;
   report["source_ranks"] = pl.report.source_ranks;
   report["handover"] = pl.report.handover;
+  // The root the tensors received hash to: key.content once checked (a load
+  // that succeeds with it was checked), else what a disk load computed.
+  if (!k.content.empty())
+    report["content"] = k.content;
+  else if (pl.loaded && pl.loaded->content())
+    report["content"] = pl.loaded->content()->root.Hex();
+  else
+    report["content"] = nb::none();
   nb::object seed = nb::none();
   if (pl.seed) seed = nb::cast(PyPeerServer{std::move(pl.seed)});
   return nb::make_tuple(PyLoaded{pl.loaded}, report, seed);

@@ -14,10 +14,10 @@ for the next load; tensorlift.release_pinned_staging() frees it. See docs/python
 """
 from ._tensorlift import __version__, release_pinned_staging
 from ._errors import FormatError, SafetensorError
-from ._core import load
+from ._core import content_root, load
 from ._stream import stream
 from ._safe_open import _safe_open_handle, safe_open
 from ._serialize import TensorSpec, deserialize, serialize, serialize_file
 
-__all__ = ["FormatError", "SafetensorError", "TensorSpec", "deserialize", "load", "safe_open", "serialize",
-           "serialize_file", "stream", "release_pinned_staging", "__version__"]
+__all__ = ["FormatError", "SafetensorError", "TensorSpec", "content_root", "deserialize", "load", "safe_open",
+           "serialize", "serialize_file", "stream", "release_pinned_staging", "__version__"]

@@ -115,3 +115,25 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
         if bar is not None:
             bar.close()
     return out
+
+
+def content_root(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], mode: str = "auto",
+                 threads: Optional[int] = None) -> str:
+    """The content identity root of a checkpoint (docs/remote.md, "Content identity"): 32 lowercase
+    hex digits over its tensors' names, dtypes, shapes and bytes, what `tensorlift load` prints and
+    what tensorlift.remote.Peer(content=...) / load_from_peer(content=...) take.
+
+    paths: a .safetensors file, an index, a directory of shards, or several .safetensors files (one
+    checkpoint). It loads the checkpoint into host memory and frees it: reads (buffered or direct)
+    hash each 4 MiB piece as it lands, with no second pass; files that auto (or mode="mmap") views
+    from the page cache are hashed in a pass over the views after they are mapped.
+    """
+    ckpts = list(_checkpoints(paths))
+    if len(ckpts) != 1:
+        raise ValueError("tensorlift.content_root: one checkpoint (a file, an index, a directory, or "
+                         f"several .safetensors files), got {len(ckpts)}")
+    loaded = ckpts[0].load(mode=mode, threads=threads or 0, content_hash="on")
+    try:
+        return loaded.content
+    finally:
+        loaded.release()

@@ -52,7 +52,7 @@ def key_for(path: Union[str, os.PathLike]) -> dict:
     return _tl.peer_key_for(os.fspath(path))
 
 
-def _key(model, revision, dtype, quantization, layout, path=None) -> dict:
+def _key(model, revision, dtype, quantization, layout, path=None, content=None) -> dict:
     key = {}
     if path is not None and (model is None or revision is None):
         key = {k: v for k, v in key_for(path).items() if k in ("model", "revision")}
@@ -66,6 +66,9 @@ def _key(model, revision, dtype, quantization, layout, path=None) -> dict:
     key["dtype"] = dtype
     key["quantization"] = quantization
     key["layout"] = layout or ""
+    if content:
+        # PeerKey::content (docs/remote.md, "Content identity"): exactly the bytes of this root.
+        key["content"] = content
     return key
 
 
@@ -103,6 +106,11 @@ class Server:
     @property
     def active_sessions(self) -> int:
         return self._native.active_sessions
+
+    @property
+    def content(self) -> Optional[str]:
+        """The content root this seed publishes (32 hex digits), or None (tensors in device memory)."""
+        return self._native.content
 
     def corrupt_for_testing(self, name: str, offset: int = 0) -> None:
         """Flips a bit of the served bytes (fault-injection tests only)."""
@@ -224,7 +232,8 @@ class Peer:
                  token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1, tp_rank: int = 0,
                  timeout: float = 10.0, transports: Optional[str] = None, mode: str = "auto",
                  device: str = "cpu", stripe: bool = False, use_page_cache: bool = True,
-                 handover: str = "auto", handover_copy_on_write: bool = True, handover_verify: bool = False):
+                 handover: str = "auto", handover_copy_on_write: bool = True, handover_verify: bool = False,
+                 content: Optional[str] = None):
         self.urls = [urls] if isinstance(urls, str) else list(urls or [])
         fallbacks = [] if fallback is None else (
             [fallback] if isinstance(fallback, (str, os.PathLike)) else list(fallback))
@@ -246,7 +255,13 @@ class Peer:
             raise ValueError("stripe=True loads whole tensors with the automatic mode: "
                              "tp_size and mode are not built for striped loads yet")
         self.fallback = fallbacks[0] if fallbacks else ""
-        self.key = _key(model, revision, dtype, quantization, layout, self.fallback or None)
+        # content: a content root (32 lowercase hex digits, as tensorlift.content_root or `tensorlift
+        # load` print it): a seed publishing another root is skipped, the bytes received (pulled or
+        # handed over) and a disk fallback are hashed and refused unless they hash to it; whole
+        # tensors only (not with stripe=True, nor a tp_size > 1 layout).
+        if content is not None and self.stripe:
+            raise ValueError("content= checks one source's bytes: not with stripe=True")
+        self.key = _key(model, revision, dtype, quantization, layout, self.fallback or None, content)
         self.registry = registry or ""
         self.token = _token(token, token_file)
         self.tp_size, self.tp_rank = tp_size, tp_rank
@@ -326,7 +341,8 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
                    tp_rank: int = 0, timeout: float = 10.0, transports: Optional[str] = None,
                    framework: str = "pt", become_seed: bool = False, seed_host: str = "127.0.0.1",
                    device: str = "cpu", stripe: bool = False, use_page_cache: bool = True,
-                   handover: str = "auto", handover_copy_on_write: bool = True, handover_verify: bool = False):
+                   handover: str = "auto", handover_copy_on_write: bool = True, handover_verify: bool = False,
+                   content: Optional[str] = None):
     """Pulls this rank's tensors from a peer; returns name -> tensor.
 
     stripe=True: the peers and the fallback(s) (a local path and/or an s3:// URL) are used at once,
@@ -337,13 +353,17 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
     handover ("auto", "off"): a seed on this host hands its memory over instead of sending it (no
     copy; last_report()["handover"] says so); handover_copy_on_write (default) keeps the tensors
     writable, each page written becoming this process's own; handover_verify checks every chunk.
+    content: a content root (docs/remote.md, "Content identity"): only bytes that hash to it are
+    accepted (a seed with another root, or whose bytes do not hash to it, is a failure in
+    last_report() and the next source is tried); last_report()["content"] is the root checked.
     last_report() says which source was used and why the others failed.
     """
     peer = Peer(urls, model=model, revision=revision, dtype=dtype, quantization=quantization, layout=layout,
                 registry=registry, fallback=fallback, token=token, token_file=token_file, tp_size=tp_size,
                 tp_rank=tp_rank, timeout=timeout, transports=transports, device=device, stripe=stripe,
                 use_page_cache=use_page_cache, handover=handover,
-                handover_copy_on_write=handover_copy_on_write, handover_verify=handover_verify)
+                handover_copy_on_write=handover_copy_on_write, handover_verify=handover_verify,
+                content=content)
     loaded, _, seed = peer.pull(become_seed=become_seed, seed_host=seed_host)
     out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
     if not become_seed:

@@ -110,3 +110,23 @@ def test_a_seed_without_handover_is_pulled_from(cli, ckpt, model, resident):
     assert r.returncode == 0, r.stderr
     assert f"from {s.url}" in r.stderr and "handed over" not in r.stderr
     assert r.stdout == load_checksums(cli, ckpt)
+
+
+def test_fetch_content_checks_the_handed_over_bytes(cli, ckpt, model, resident):
+    r = run(cli, "load", ckpt / "model.safetensors", "--mode", "buffered", "--no-progress")
+    assert r.returncode == 0, r.stderr
+    roots = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("content ")]
+    assert len(roots) == 1 and len(roots[0]) == 32, r.stdout
+    root = roots[0]
+    s = resident()
+    r = run(cli, "fetch", *model, "--checksum", "--content", root)
+    assert r.returncode == 0, r.stderr
+    assert f"from {s.url} (1 source ranks, handed over)" in r.stderr, r.stderr
+    assert f"content {root}: the bytes received hash to it" in r.stderr
+    assert r.stdout == load_checksums(cli, ckpt)
+    other = ("0" if root[0] != "0" else "1") + root[1:]
+    r = run(cli, "fetch", *model, "--content", other)
+    assert r.returncode != 0
+    assert f"content differs: expected {other}" in r.stderr, r.stderr
+    r = run(cli, "load", ckpt / "model.safetensors", "--mode", "buffered", "--no-progress", "--no-content-hash")
+    assert r.returncode == 0 and "content " not in r.stdout, r.stdout

@@ -173,3 +173,41 @@ def test_load_file_takes_a_peer(ckpt):
         same(tensorlift.torch.load_file(remote.Peer(server.url, **KEY)), ref)
         got = tensorlift.numpy.load_file(remote.Peer(server.url, **KEY))
         assert np.array_equal(got["a"], ref["a"].numpy())
+
+
+def test_content_names_exactly_the_bytes(ckpt, tmp_path):
+    # tensorlift.content_root: the root `tensorlift load` prints, the same whether the reads hash
+    # the pieces as they land (buffered) or a pass hashes views of the page cache (auto, cached).
+    root = tensorlift.content_root(ckpt, mode="buffered")
+    assert len(root) == 32 and set(root) <= set("0123456789abcdef")
+    assert tensorlift.content_root(ckpt) == root
+    ref = load_file(str(ckpt))
+    changed = {k: v.clone() for k, v in ref.items()}
+    changed["a"][3, 4] += 1
+    other_path = tmp_path / "other.safetensors"
+    save_file(changed, str(other_path))
+    other = tensorlift.content_root(other_path)
+    assert other != root
+    with remote.serve(ckpt, **KEY) as server:
+        assert server.content == root
+        # The right root: the seed's bytes (handed over on this host, or pulled) hash to it.
+        for handover in ("auto", "off"):
+            same(remote.load_from_peer(server.url, **KEY, content=root, handover=handover), ref)
+            report = remote.last_report()
+            assert report["source"] == server.url and report["failures"] == [], report
+            assert report["content"] == root and bool(report["handover"]) == (handover == "auto"), report
+        # Another root: the seed is skipped before any byte moves, and the fallback must hash to it.
+        got = remote.load_from_peer(server.url, **KEY, content=other, fallback=other_path)
+        report = remote.last_report()
+        assert report["source"] == f"disk:{other_path}" and report["content"] == other
+        assert f"content differs: expected {other}, the seed's is {root}" in report["failures"][0]
+        same(got, changed)
+        with pytest.raises(Exception, match=f"expected {other}"):
+            remote.load_from_peer(server.url, **KEY, content=other, fallback=ckpt)
+        # Without content the report names the root only when a load computed it.
+        remote.load_from_peer(server.url, **KEY)
+        assert remote.last_report()["content"] is None
+    with pytest.raises(ValueError, match="32 lowercase hex"):
+        remote.load_from_peer("http://127.0.0.1:1", **KEY, content=root.upper())
+    with pytest.raises(ValueError, match="stripe"):
+        remote.Peer("http://127.0.0.1:1", **KEY, content=root, stripe=True, fallback=ckpt)
