@@ -42,6 +42,9 @@ struct Hash128 {
   std::string Hex() const;
   // Exactly 32 hex digits (either case); InvalidArgument otherwise.
   static Result<Hash128> FromHex(std::string_view hex);
+  // True for a hash as rendered (Hex()): exactly 32 lowercase hex digits, the
+  // only form manifests, keys and registry entries carry.
+  static bool IsCanonicalHex(std::string_view hex);
   bool operator==(const Hash128& o) const { return high == o.high && low == o.low; }
   bool operator!=(const Hash128& o) const { return !(*this == o); }
 };

@@ -65,6 +65,10 @@ Result<Hash128> Hash128::FromHex(std::string_view hex) {
   return h;
 }
 
+bool Hash128::IsCanonicalHex(std::string_view hex) {
+  return hex.size() == 32 && hex.find_first_not_of("0123456789abcdef") == std::string_view::npos;
+}
+
 Hash128 Xxh3_128(const void* data, size_t size) { return FromXxh(XXH3_128bits(data, size)); }
 
 uint64_t ContentPieces(uint64_t nbytes) {

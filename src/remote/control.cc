@@ -10,6 +10,7 @@
 #include "remote/auth.h"
 #include "remote/http_deadline.h"
 #include "remote/server.h"
+#include "tensorlift/content.h"
 
 namespace tensorlift::remote {
 
@@ -139,8 +140,7 @@ Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json) {
     info.load = static_cast<double>(sessions);
   std::string_view content;
   if (!root["content"].get_string().get(content)) {
-    if (content.size() != 32 || content.find_first_not_of("0123456789abcdef") != std::string::npos)
-      return bad("content is not 32 lowercase hex digits");
+    if (!Hash128::IsCanonicalHex(content)) return bad("content is not 32 lowercase hex digits");
     info.content = std::string(content);
   }
   return info;

@@ -80,12 +80,9 @@ Status PeerKey::Validate() const {
       }
     }
   }
-  if (!content.empty()) {
-    Status st = Hash128::FromHex(content).status();
-    if (!st.ok() || content.find_first_not_of("0123456789abcdef") != std::string::npos) {
-      return InvalidArgumentError("peer key: content " + QuoteName(content) +
-                                  " is not 32 lowercase hex digits (a content root)");
-    }
+  if (!content.empty() && !Hash128::IsCanonicalHex(content)) {
+    return InvalidArgumentError("peer key: content " + QuoteName(content) +
+                                " is not 32 lowercase hex digits (a content root)");
   }
   return Status::Ok();
 }

@@ -186,6 +186,17 @@ Status GetHex(element el, const Where& w, std::string_view field, uint64_t max_b
 }
 
 // A checksum: exactly 16 lowercase hex digits.
+// A content hash (tensorlift/content.h): 32 lowercase hex digits.
+Status GetHash128(element el, const Where& w, std::string_view field, Hash128* out) {
+  std::string_view hex;
+  TL_RETURN_IF_ERROR(GetString(el, w, field, &hex));
+  if (!Hash128::IsCanonicalHex(hex)) {
+    return Bad(w, std::string(field) + " must be 32 lowercase hex digits, found " + QuoteName(hex));
+  }
+  *out = *Hash128::FromHex(hex);
+  return Status::Ok();
+}
+
 Status GetChecksum(element el, const Where& w, size_t index, uint64_t* out) {
   std::string_view s;
   const std::string field = "xxh3[" + std::to_string(index) + "]";
@@ -427,13 +438,9 @@ Status ParseTensor(element el, size_t index, const Manifest& m, const ManifestLi
   }
   t->xxh128.reset();
   if (present[kXxh128]) {
-    std::string_view hex;
-    TL_RETURN_IF_ERROR(GetString(f[kXxh128], w, "xxh128", &hex));
-    auto h = Hash128::FromHex(hex);
-    if (!h.ok() || hex.find_first_not_of("0123456789abcdef") != std::string_view::npos) {
-      return Bad(w, "xxh128 must be 32 lowercase hex digits, found " + QuoteName(hex));
-    }
-    t->xxh128 = *h;
+    Hash128 h;
+    TL_RETURN_IF_ERROR(GetHash128(f[kXxh128], w, "xxh128", &h));
+    t->xxh128 = h;
   }
   return Status::Ok();
 }
@@ -670,12 +677,8 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
   size_t hashed = 0;
   for (const ManifestTensor& t : m.tensors) hashed += t.xxh128.has_value();
   if (present[kContent]) {
-    std::string_view hex;
-    TL_RETURN_IF_ERROR(GetString(f[kContent], root, "content", &hex));
-    auto h = Hash128::FromHex(hex);
-    if (!h.ok() || hex.find_first_not_of("0123456789abcdef") != std::string_view::npos) {
-      return Bad(root, "content must be 32 lowercase hex digits, found " + QuoteName(hex));
-    }
+    Hash128 h;
+    TL_RETURN_IF_ERROR(GetHash128(f[kContent], root, "content", &h));
     if (hashed != m.tensors.size()) {
       return Bad(root, "content is given but " + std::to_string(m.tensors.size() - hashed) +
                            " of the " + std::to_string(m.tensors.size()) +
@@ -686,11 +689,11 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
     for (const ManifestTensor& t : m.tensors)
       contents.push_back({t.name, t.dtype, t.shape, t.nbytes, *t.xxh128});
     const Hash128 want = ContentRoot(contents);
-    if (want != *h) {
-      return Bad(root, "content " + std::string(hex) + " is not the root of its tensors' xxh128 (" +
+    if (want != h) {
+      return Bad(root, "content " + h.Hex() + " is not the root of its tensors' xxh128 (" +
                            want.Hex() + ")");
     }
-    m.content = *h;
+    m.content = h;
   } else if (hashed != 0) {
     return Bad(root, std::to_string(hashed) + " tensors have an xxh128 but there is no content");
   }

@@ -30,6 +30,7 @@
 #include <utility>
 
 #include "remote/http_deadline.h"
+#include "tensorlift/content.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::remote {
@@ -205,7 +206,7 @@ std::string SeedProblem(const SeedInfo& s) {
   if (s.id.empty() || s.id.size() > kMaxIdHexDigits || !IsLowerHex(s.id)) {
     return "id '" + Printable(s.id, 100) + "' is not 1 to 64 lowercase hex digits";
   }
-  if (!s.content.empty() && (s.content.size() != 32 || !IsLowerHex(s.content))) {
+  if (!s.content.empty() && !Hash128::IsCanonicalHex(s.content)) {
     return "content '" + Printable(s.content, 100) + "' is not 32 lowercase hex digits";
   }
   return "";
