@@ -33,6 +33,7 @@
 #include "remote/registry.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
+#include "tensorlift/content.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift {
@@ -110,8 +111,10 @@ class PeerServerImpl final : public PeerServer {
     ucx_.reset();  // Unmaps the regions before the memory goes.
   }
 
+  // `known`: the tensors' content identity when their load computed it (may be
+  // null); its hashes are used instead of hashing host tensors again.
   Status Start(std::vector<Served> tensors, std::vector<Span> regions,
-               std::shared_ptr<const void> keep_alive) {
+               std::shared_ptr<const void> keep_alive, const ContentIdentity* known = nullptr) {
     keep_alive_ = std::move(keep_alive);
     TL_RETURN_IF_ERROR(key_.Validate());
     if (options_.parallel.size < 1 || options_.parallel.rank < 0 ||
@@ -220,7 +223,7 @@ class PeerServerImpl final : public PeerServer {
       m.offset = static_cast<uint64_t>(t.data - merged[r].data);
       manifest_.total_bytes += t.nbytes;
     }
-    TL_RETURN_IF_ERROR(ComputeChecksums());
+    TL_RETURN_IF_ERROR(ComputeChecksums(known));
     // Refuse to serve what a client would refuse (bounds, names).
     auto check = ParseManifest(manifest_.ToJson());
     if (!check.ok()) return check.status().WithContext("serve: the manifest would be invalid");
@@ -297,8 +300,10 @@ class PeerServerImpl final : public PeerServer {
  private:
   // Each tensor's chunk checksums into the manifest, on up to 4 threads:
   // host memory directly, device memory through pinned staging (each thread
-  // its own stream and about 8 MiB of staging, a whole number of chunks).
-  Status ComputeChecksums() {
+  // its own stream and about 8 MiB of staging, a whole number of chunks); and
+  // the content hashes of host tensors: from `known` (the load's, may be null)
+  // when it has the tensor, else hashed here, a second pass over its bytes.
+  Status ComputeChecksums(const ContentIdentity* known) {
     const unsigned threads = std::max(1u, std::min(4u, std::thread::hardware_concurrency()));
     const uint64_t cb = options_.chunk_bytes;
     const uint64_t window = std::max<uint64_t>(1, (8ull << 20) / cb) * cb;
@@ -313,8 +318,12 @@ class PeerServerImpl final : public PeerServer {
         const Served& t = tensors_[i];
         if (!t.device || t.nbytes == 0) {
           manifest_.tensors[i].chunk_xxh3 = ChunkChecksums(t.data, t.nbytes, cb);
-          // The content hash on the same bytes, still in cache for small tensors.
-          manifest_.tensors[i].xxh128 = TensorContentHash(t.data, t.nbytes);
+          const TensorContent* k = known ? known->Find(t.name) : nullptr;
+          manifest_.tensors[i].xxh128 =
+              k && k->dtype == t.dtype && k->shape == t.shape && k->nbytes == t.nbytes
+                  ? k->hash
+                  // The content hash on the same bytes, still in cache for small tensors.
+                  : TensorContentHash(t.data, t.nbytes);
           continue;
         }
         Result<std::vector<uint64_t>> sums = [&]() -> Result<std::vector<uint64_t>> {
@@ -589,7 +598,10 @@ Result<std::unique_ptr<PeerServer>> ServeShards(std::shared_ptr<const LoadedChec
                        device ? owner.get() : nullptr});
   }
   auto server = std::make_unique<PeerServerImpl>(key, options);
-  TL_RETURN_IF_ERROR(server->Start(std::move(served), std::move(regions), loaded));
+  // The load's content identity, when it computed one, covers exactly these
+  // tensors (a checkpoint drops it when a tensor is added or removed).
+  TL_RETURN_IF_ERROR(
+      server->Start(std::move(served), std::move(regions), loaded, loaded->content()));
   return std::unique_ptr<PeerServer>(std::move(server));
 }
 

@@ -15,6 +15,7 @@
 #include "../common/assert_ok.h"
 #include "../load/test_files.h"
 #include "device/device.h"
+#include "load/checkpoint_builder.h"
 #include "remote/layout.h"
 #include "remote/peer_reader.h"
 #include "remote/ucx_transport.h"
@@ -868,6 +869,39 @@ TEST_F(PeerTest, ContentRefusesAnotherRootAndTamperedBytes) {
   auto taken = LoadFromPeer(want, near, &near_report);
   ASSERT_OK(taken);
   ExpectRank(*taken, 1, 0);
+}
+
+// A seed publishes the content hashes its load computed (no second pass over
+// those bytes): a made-up hash in the load's identity is what it publishes.
+// Without an identity from the load it hashes the bytes itself.
+TEST_F(PeerTest, ASeedTakesTheContentIdentityOfItsLoad) {
+  LoadOptions lo;
+  lo.mode = IoMode::kBuffered;
+  auto disk = Load(path_, lo);
+  ASSERT_OK(disk);
+  ASSERT_NE(disk->content(), nullptr);
+  const std::string root = disk->content()->root.Hex();
+  ContentIdentity told = *disk->content();
+  told.tensors[0].hash = Hash128{1, 2};
+  told.root = ContentRoot(told.tensors);
+  CheckpointBuilder b(std::move(disk).value());
+  b.set_content(std::make_shared<const ContentIdentity>(told));
+  auto loaded = std::make_shared<const LoadedCheckpoint>(std::move(b).Finish(0));
+  ServeOptions o = Serve();
+  o.handover = false;
+  auto told_seed = PeerServer::Serve(loaded, key_, o);
+  ASSERT_OK(told_seed);
+  EXPECT_EQ((*told_seed)->content(), told.root.Hex());
+  EXPECT_NE(told.root.Hex(), root);
+
+  lo.content_hash = ContentHashMode::kOff;
+  auto plain = Load(path_, lo);
+  ASSERT_OK(plain);
+  ASSERT_EQ(plain->content(), nullptr);
+  auto hashed_seed = PeerServer::Serve(
+      std::make_shared<const LoadedCheckpoint>(std::move(plain).value()), key_, o);
+  ASSERT_OK(hashed_seed);
+  EXPECT_EQ((*hashed_seed)->content(), root);
 }
 }  // namespace
 }  // namespace tensorlift
