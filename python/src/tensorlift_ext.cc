@@ -448,13 +448,16 @@ void BindCheckpoint(nb::module_& m) {
           nb::arg("decode_sparse") = LoadOptions{}.decode_sparse, nb::arg("copy") = false,
           nb::arg("arena_pool") = nb::none(),
           nb::arg("misaligned_views") = LoadOptions{}.misaligned_views,
-          nb::arg("content_hash") = "auto",
+          // Off unless asked: tensorlift.load and the drop-in APIs return tensors, not the
+          // identity (tensorlift.content_root asks for it).
+          nb::arg("content_hash") = "off",
           "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
           "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
           "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
           "files unless copy is True (with misaligned_views, also of tensors misaligned for "
-          "their dtype, as the reference does); content_hash (auto, on, off): LoadOptions::"
-          "content_hash, the root then in Loaded.content; the GIL is released.");
+          "their dtype, as the reference does); content_hash (off, auto, on): LoadOptions::"
+          "content_hash (off by default here), the root then in Loaded.content; the GIL is "
+          "released.");
 }
 
 void BindArenaPool(nb::module_& m) {

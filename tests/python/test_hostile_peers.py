@@ -153,8 +153,10 @@ class LiarHandler(BaseHTTPRequestHandler):
         key = json.loads(body)
         if mode == "key-total":  # The key answer and the manifest disagree.
             key["total_bytes"] += 1
-        elif mode == "shrink":  # Consistent with the shrunk manifest below.
+        elif mode in ("shrink", "shrink-content"):  # Consistent with the shrunk manifest below.
             key["total_bytes"] -= CHUNK
+            if mode == "shrink":
+                key.pop("content", None)
         elif mode == "million":
             key["tensors"] = key["total_bytes"] = 1_000_000
         self.answer(json.dumps(key).encode(), [("Content-Type", "application/json")])
@@ -193,14 +195,20 @@ class LiarHandler(BaseHTTPRequestHandler):
         elif mode == "bad-checksum":  # Bytes that do not match: found only once they land.
             big = next(t for t in m["tensors"] if t["name"] == "big")
             big["xxh3"][1] = "0123456789abcdef"
-        elif mode == "shrink":
+        elif mode in ("shrink", "shrink-content"):
             # 'big' as 8 MiB where the checkpoint has 12, its two checksums the true ones for its
-            # first 8 MiB, every total adjusted: the checksums match, the size does not.
+            # first 8 MiB, every total adjusted: the checksums match, the size does not. "shrink"
+            # also drops the content identity (a manifest without one, as older seeds send), which
+            # "shrink-content" keeps: its root then covers the true shape, not the lie.
             big = next(t for t in m["tensors"] if t["name"] == "big")
             big["shape"] = big["full_shape"] = [2 * CHUNK]
             big["nbytes"] = 2 * CHUNK
             big["xxh3"] = big["xxh3"][:2]
             m["total_bytes"] -= CHUNK
+            if mode == "shrink":
+                m.pop("content", None)
+                for t in m["tensors"]:
+                    t.pop("xxh128", None)
         elif mode == "million":
             return self.answer(self.server.million, hdr)
         self.answer(json.dumps(m, separators=(",", ":")).encode(), hdr)
@@ -270,6 +278,7 @@ LIES = {
     "key-total": ["the manifest lists 3 tensors of", "GET /v1/key said 3 of"],
     "bad-checksum": ["tensor 'big' chunk 1", "XXH3"],
     "shrink": ["tensor 'big' is U8 [8388608] there, U8 [12582912] in the fallback checkpoint"],
+    "shrink-content": ["manifest", "is not the root of its tensors' xxh128"],
 }
 
 

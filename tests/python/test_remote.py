@@ -8,7 +8,7 @@ from safetensors.torch import load_file, save_file
 
 import tensorlift
 import tensorlift.remote as remote
-from tensorlift._tensorlift import ucx_version
+from tensorlift._tensorlift import Checkpoint, ucx_version
 
 # Peer loading needs the UCX data plane; a build without it (the GPU check's bundle) skips this
 # file, as ctest skips its UCX tests.
@@ -181,6 +181,14 @@ def test_content_names_exactly_the_bytes(ckpt, tmp_path):
     root = tensorlift.content_root(ckpt, mode="buffered")
     assert len(root) == 32 and set(root) <= set("0123456789abcdef")
     assert tensorlift.content_root(ckpt) == root
+    # The native load hashes only when asked (Python's loading APIs hand back tensors, not the root).
+    native = Checkpoint.open(str(ckpt))
+    for asked, want in ((None, None), ("off", None), ("auto", root), ("on", root)):
+        loaded = native.load(mode="buffered", **({} if asked is None else {"content_hash": asked}))
+        assert loaded.content == want, asked
+        loaded.release()
+    with pytest.raises(ValueError, match="content_hash"):
+        native.load(content_hash="yes")
     ref = load_file(str(ckpt))
     changed = {k: v.clone() for k, v in ref.items()}
     changed["a"][3, 4] += 1
