@@ -70,6 +70,17 @@ class PeerTest : public ::testing::Test {
     return s.ok() ? std::move(s).value() : nullptr;
   }
 
+  // path_ read buffered (every byte read, so hashed as it lands): the content
+  // identity is there, else an error.
+  Result<LoadedCheckpoint> LoadHashed() {
+    LoadOptions lo;
+    lo.mode = IoMode::kBuffered;
+    Result<LoadedCheckpoint> loaded = Load(path_, lo);
+    if (loaded.ok() && loaded->content() == nullptr)
+      return InternalError("a buffered load computed no content identity");
+    return loaded;
+  }
+
   PeerLoadOptions Pull(std::vector<std::string> peers, int size = 1, int rank = 0) {
     PeerLoadOptions o;
     o.peers = std::move(peers);
@@ -814,11 +825,8 @@ TEST(PeerKeyTest, ForCheckpointIsStableAndNamesTheModel) {
 // recomputed to match) is refused by the hashes of what arrived, naming the
 // tensor; the disk fallback must match it too; the key's digest ignores it.
 TEST_F(PeerTest, ContentRefusesAnotherRootAndTamperedBytes) {
-  LoadOptions lo;
-  lo.mode = IoMode::kBuffered;
-  auto disk = Load(path_, lo);
+  auto disk = LoadHashed();
   ASSERT_OK(disk);
-  ASSERT_NE(disk->content(), nullptr);
   const std::string root = disk->content()->root.Hex();
   ServeOptions o = Serve();
   o.handover = false;  // Private, writable memory for the liar.
@@ -875,11 +883,8 @@ TEST_F(PeerTest, ContentRefusesAnotherRootAndTamperedBytes) {
 // those bytes): a made-up hash in the load's identity is what it publishes.
 // Without an identity from the load it hashes the bytes itself.
 TEST_F(PeerTest, ASeedTakesTheContentIdentityOfItsLoad) {
-  LoadOptions lo;
-  lo.mode = IoMode::kBuffered;
-  auto disk = Load(path_, lo);
+  auto disk = LoadHashed();
   ASSERT_OK(disk);
-  ASSERT_NE(disk->content(), nullptr);
   const std::string root = disk->content()->root.Hex();
   ContentIdentity told = *disk->content();
   told.tensors[0].hash = Hash128{1, 2};
@@ -894,8 +899,10 @@ TEST_F(PeerTest, ASeedTakesTheContentIdentityOfItsLoad) {
   EXPECT_EQ((*told_seed)->content(), told.root.Hex());
   EXPECT_NE(told.root.Hex(), root);
 
-  lo.content_hash = ContentHashMode::kOff;
-  auto plain = Load(path_, lo);
+  LoadOptions off;
+  off.mode = IoMode::kBuffered;
+  off.content_hash = ContentHashMode::kOff;
+  auto plain = Load(path_, off);
   ASSERT_OK(plain);
   ASSERT_EQ(plain->content(), nullptr);
   auto hashed_seed = PeerServer::Serve(
