@@ -141,6 +141,60 @@ uint64_t LoadedCheckpoint::buffer_bytes() const {
 
 namespace {
 
+// ContentHasher::Landed on a thread of its own: the read engines' completion
+// threads (io_uring's is one thread that also submits the next reads) only
+// queue what landed, so hashing overlaps the reads instead of delaying them.
+class BackgroundHasher {
+ public:
+  explicit BackgroundHasher(ContentHasher* hasher) : hasher_(hasher), thread_([this] { Run(); }) {}
+  ~BackgroundHasher() { Finish(); }
+  BackgroundHasher(const BackgroundHasher&) = delete;
+  BackgroundHasher& operator=(const BackgroundHasher&) = delete;
+
+  void Landed(uint32_t tensor, uint64_t offset, uint64_t length) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back({tensor, offset, length});
+    }
+    cv_.notify_one();
+  }
+  // Returns once everything queued is hashed.
+  void Finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Piece {
+    uint32_t tensor;
+    uint64_t offset, length;
+  };
+  void Run() {
+    std::vector<Piece> batch;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return done_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // Done, and all of it hashed.
+      batch.swap(queue_);
+      lock.unlock();
+      for (const Piece& p : batch) hasher_->Landed(p.tensor, p.offset, p.length);
+      batch.clear();
+      lock.lock();
+    }
+  }
+
+  ContentHasher* hasher_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Piece> queue_;
+  bool done_ = false;
+  std::thread thread_;  // Last: starts once the rest is in place.
+};
+
 int DefaultThreads() {
   const unsigned n = std::thread::hardware_concurrency();
   return static_cast<int>(std::clamp<unsigned>(n == 0 ? 4 : n, 4, 16));
@@ -543,13 +597,22 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), false);
   };
   const bool file_done = hooks && hooks->file_done;
+  // Where nothing is handed on while the reads run (a plain host load), the
+  // hashing is a thread's of its own; otherwise it happens before a tensor is
+  // handed out or a file handed on (whose memory may then be reused).
+  std::optional<BackgroundHasher> background;
+  if (hasher && !file_done && !deliverer) background.emplace(&*hasher);
   if (file_done || deliverer || hasher) {
     progress.op_done = [&](const ReadOp& op) {
       // Hashed first: a tensor handed out, or a file handed on, is hashed.
       if (hasher) {
         for_spans(op, [&](const Span& t, uint64_t lo, uint64_t hi) {
           const uint64_t from = std::max(lo, t.begin), to = std::min(hi, t.end);
-          hasher->Landed(t.tensor, from - t.begin, to - from);
+          if (background) {
+            background->Landed(t.tensor, from - t.begin, to - from);
+          } else {
+            hasher->Landed(t.tensor, from - t.begin, to - from);
+          }
         });
       }
       if (file_done && pending[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1)
@@ -626,6 +689,7 @@ Result<LoadedCheckpoint> LoaderImpl::Run(const Checkpoint& ckpt, const LoadOptio
     job.report.engine = engine_kind[job.report.mode == IoMode::kDirect];
     out.files().push_back(std::move(job.report));
   }
+  if (background) background->Finish();
   if (hasher) {
     out.set_content(std::make_shared<const ContentIdentity>(std::move(*hasher).Finish()));
   }
