@@ -402,6 +402,20 @@ TEST(LoaderTest, AutoReadsAFileOutOfThePageCacheDirect) {
   ExpectSameAsFile(ByName(tensors), *got, "evicted");
 }
 
+// The resident share of [offset, offset + length) of fd, page by page
+// (mincore of a mapping): what ResidentFraction must give exactly.
+double CountResident(int fd, uint64_t offset, uint64_t length) {
+  void* p = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset));
+  if (p == MAP_FAILED) return -1;
+  std::vector<unsigned char> vec((length + 4095) / 4096);
+  const int rc = ::mincore(p, length, vec.data());
+  ::munmap(p, length);
+  if (rc != 0) return -1;
+  size_t resident = 0;
+  for (unsigned char v : vec) resident += v & 1;
+  return static_cast<double>(resident) / static_cast<double>(vec.size());
+}
+
 TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
   ScratchDir dir;
   const std::string path = dir.File("holes.bin");
@@ -421,8 +435,13 @@ TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
   for (uint64_t off = 0; off < kSize / 2; off += kMiB) {  // the first half into the page cache
     ASSERT_EQ(::pread(fd, buf.data(), kMiB, static_cast<off_t>(off)), static_cast<ssize_t>(kMiB));
   }
-  auto all = ResidentFraction(fd, 0, kSize);        // 96 MiB: sampled
-  auto first = ResidentFraction(fd, 0, kSize / 2);  // 48 MiB: exact
+  auto all = ResidentFraction(fd, 0, kSize);  // 96 MiB: sampled
+  // 48 MiB: exact. The kernel may reclaim a page of it meanwhile (make test
+  // runs suites side by side): exact means equal to a count of the pages
+  // taken just before or just after.
+  const double before = CountResident(fd, 0, kSize / 2);
+  auto first = ResidentFraction(fd, 0, kSize / 2);
+  const double after = CountResident(fd, 0, kSize / 2);
   auto second = ResidentFraction(fd, kSize / 2, kSize / 2);
   auto edge = ResidentFraction(fd, kSize / 2 - 4096, 8192);  // one cached page, one not
   ::close(fd);
@@ -431,7 +450,9 @@ TEST(PageCacheTest, ResidentFractionIsExactWhenSmallAndSampledWhenLarge) {
   ASSERT_OK(second);
   ASSERT_OK(edge);
   EXPECT_NEAR(*all, 0.5, 0.02);
-  EXPECT_EQ(*first, 1.0);
+  EXPECT_GT(before, 0.99);
+  EXPECT_TRUE(*first == before || *first == after)
+      << *first << " counted " << before << " before and " << after << " after";
   EXPECT_EQ(*second, 0.0);
   EXPECT_EQ(*edge, 0.5);
 }
