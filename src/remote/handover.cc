@@ -551,6 +551,21 @@ Status VerifyDeviceChunks(const Manifest& manifest, Device& device,
   return Status::Ok();
 }
 
+// A handover's checkpoint: its one file report ("handed over on this host: "
+// and `what`), timed from t0.
+LoadedCheckpoint FinishHandover(CheckpointBuilder out, const Manifest& manifest,
+                                const std::string& url, uint64_t bytes, const std::string& what,
+                                std::chrono::steady_clock::time_point t0) {
+  FileReport f;
+  f.path = url;
+  f.reason = "handed over on this host: " + what;
+  f.bytes = bytes;
+  f.tensors = static_cast<uint32_t>(manifest.tensors.size());
+  out.files().push_back(std::move(f));
+  return std::move(out).Finish(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
 // TakeHandover of device memory (manifest.handover_device).
 Result<LoadedCheckpoint> TakeDeviceHandover(const Manifest& manifest, const std::string& url,
                                             const std::string& session, const TakeOptions& options,
@@ -598,18 +613,12 @@ Result<LoadedCheckpoint> TakeDeviceHandover(const Manifest& manifest, const std:
   if (options.verify) TL_RETURN_IF_ERROR(VerifyDeviceChunks(manifest, *device, memory, url));
   CheckpointBuilder out;
   const uint64_t bytes = AddWholeTensors(manifest, memory, device, &out);
-  FileReport f;
-  f.path = url;
-  f.reason = "handed over on this host: " + std::to_string(memory.size()) + " allocations of " +
-             device->name() + " " +
-             (options.copy_on_write ? "copied once on the device into its own memory"
-                                    : "mapped, no byte copied") +
-             (options.verify ? ", every chunk checked" : "");
-  f.bytes = bytes;
-  f.tensors = static_cast<uint32_t>(manifest.tensors.size());
-  out.files().push_back(std::move(f));
-  return std::move(out).Finish(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return FinishHandover(std::move(out), manifest, url, bytes,
+                        std::to_string(memory.size()) + " allocations of " + device->name() + " " +
+                            (options.copy_on_write ? "copied once on the device into its own memory"
+                                                   : "mapped, no byte copied") +
+                            (options.verify ? ", every chunk checked" : ""),
+                        t0);
 }
 
 }  // namespace
@@ -658,17 +667,11 @@ Result<LoadedCheckpoint> TakeHandover(const Manifest& manifest, const std::strin
   const uint64_t bytes = AddWholeTensors(
       manifest, std::vector<std::shared_ptr<Buffer>>(maps.begin(), maps.end()), nullptr, &out);
   if (options.verify) TL_RETURN_IF_ERROR(VerifyChunks(manifest, out.tensors(), url));
-  FileReport f;
-  f.path = url;
-  f.reason = "handed over on this host: " + std::to_string(maps.size()) +
-             " regions of sealed shared memory mapped " +
-             (options.copy_on_write ? "copy-on-write" : "read-only") +
-             (options.verify ? ", every chunk checked" : "");
-  f.bytes = bytes;
-  f.tensors = static_cast<uint32_t>(manifest.tensors.size());
-  out.files().push_back(std::move(f));
-  return std::move(out).Finish(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return FinishHandover(std::move(out), manifest, url, bytes,
+                        std::to_string(maps.size()) + " regions of sealed shared memory mapped " +
+                            (options.copy_on_write ? "copy-on-write" : "read-only") +
+                            (options.verify ? ", every chunk checked" : ""),
+                        t0);
 }
 
 }  // namespace tensorlift::remote

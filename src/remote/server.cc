@@ -668,6 +668,26 @@ Result<std::unique_ptr<PeerServer>> PeerServer::Serve(
   return remote::ServeShards(std::move(loaded), std::move(shards), key, options);
 }
 
+namespace remote {
+
+Result<uint64_t> BufferBytes(const PeerServer::Tensor& t, std::string_view what) {
+  const std::string where = std::string(what) + ": tensor '" + t.name + "'";
+  uint64_t elements = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0 || !CheckedMul(elements, static_cast<uint64_t>(d), &elements)) {
+      return InvalidArgumentError(where + " has a bad shape");
+    }
+  }
+  uint64_t bits = 0;
+  if (!CheckedMul(elements, static_cast<uint64_t>(DtypeBits(t.dtype)), &bits) || bits % 8) {
+    return InvalidArgumentError(where + " is not a whole number of bytes");
+  }
+  if (bits && !t.data) return InvalidArgumentError(where + " has no data");
+  return bits / 8;
+}
+
+}  // namespace remote
+
 Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(
     std::vector<Tensor> tensors, const PeerKey& key, const ServeOptions& options,
     std::shared_ptr<const void> keep_alive) {
@@ -675,17 +695,7 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(
   std::vector<remote::Span> regions;
   std::map<std::string, std::shared_ptr<Device>> devices;  // By name ("cuda:0").
   for (Tensor& t : tensors) {
-    uint64_t elements = 1;
-    for (int64_t d : t.shape) {
-      if (d < 0 || !CheckedMul(elements, static_cast<uint64_t>(d), &elements)) {
-        return InvalidArgumentError("serve: tensor '" + t.name + "' has a bad shape");
-      }
-    }
-    uint64_t bits = 0;
-    if (!CheckedMul(elements, static_cast<uint64_t>(DtypeBits(t.dtype)), &bits) || bits % 8) {
-      return InvalidArgumentError("serve: tensor '" + t.name + "' is not a whole number of bytes");
-    }
-    if (bits && !t.data) return InvalidArgumentError("serve: tensor '" + t.name + "' has no data");
+    TL_ASSIGN_OR_RETURN(const uint64_t nbytes, remote::BufferBytes(t, "serve"));
     std::shared_ptr<Device> device;
     if (t.device != "cpu") {
       auto& open = devices[t.device];
@@ -703,17 +713,17 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(
     s.start = t.shard_start;
     s.full_shape = t.full_shape.empty() ? t.shape : t.full_shape;
     auto* data = static_cast<std::byte*>(const_cast<void*>(t.data));
-    list.push_back({t.name, t.dtype, t.shape, data, bits / 8, s, device});
-    if (bits == 0) continue;
+    list.push_back({t.name, t.dtype, t.shape, data, nbytes, s, device});
+    if (nbytes == 0) continue;
     // UCX maps a GPU's memory at its device address, the emulated device's
     // at the host's own mapping of it.
     std::byte* map_at = data;
     if (device && remote::MemoryOf(device.get()) == remote::UcxMemory::kHost) {
-      Result<std::byte*> mapped = device->HostMapping(data, bits / 8);
+      Result<std::byte*> mapped = device->HostMapping(data, nbytes);
       if (!mapped.ok()) return mapped.status().WithContext("serve: tensor '" + t.name + "'");
       map_at = *mapped;
     }
-    regions.push_back({data, bits / 8, device, map_at});
+    regions.push_back({data, nbytes, device, map_at});
   }
   auto server = std::make_unique<remote::PeerServerImpl>(key, options);
   TL_RETURN_IF_ERROR(server->Start(std::move(list), std::move(regions), std::move(keep_alive)));

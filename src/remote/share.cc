@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "common/checked_math.h"
 #include "common/posix_file.h"
 #include "device/host_buffer.h"
 #include "load/checkpoint_builder.h"
+#include "remote/server.h"
 #include "tensorlift/remote.h"
 
 namespace tensorlift {
@@ -41,23 +41,13 @@ Result<SharedTensors> ShareTensors(const std::vector<PeerServer::Tensor>& tensor
     if (!names.insert(t.name).second) {
       return InvalidArgumentError("share: tensor '" + t.name + "' is given twice");
     }
-    uint64_t elements = 1;
-    for (int64_t d : t.shape) {
-      if (d < 0 || !CheckedMul(elements, static_cast<uint64_t>(d), &elements)) {
-        return InvalidArgumentError("share: tensor '" + t.name + "' has a bad shape");
-      }
-    }
-    uint64_t bits = 0;
-    if (!CheckedMul(elements, static_cast<uint64_t>(DtypeBits(t.dtype)), &bits) || bits % 8) {
-      return InvalidArgumentError("share: tensor '" + t.name + "' is not a whole number of bytes");
-    }
-    if (bits && !t.data) return InvalidArgumentError("share: tensor '" + t.name + "' has no data");
-    sizes.push_back(bits / 8);
+    TL_ASSIGN_OR_RETURN(const uint64_t bytes, remote::BufferBytes(t, "share"));
+    sizes.push_back(bytes);
     const uint64_t start = AlignUp(total);
-    if (start < total || start + bits / 8 < start) {
+    if (start < total || start + bytes < start) {
       return InvalidArgumentError("share: the tensors' sizes overflow");
     }
-    total = start + bits / 8;
+    total = start + bytes;
   }
   TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> shared,
                       HostBuffer::AllocateShared(std::max<uint64_t>(total, 1), name));
