@@ -8,7 +8,7 @@
 //   for (size_t i = 0; i < s->num_layers(); ++i) {
 //     auto layer = s->Acquire(i);   // Result<shared_ptr<const LoadedCheckpoint>>
 //     ...compute with (*layer)->Find("l0.w")...
-//     s->Release(i);
+//     s->Release(i);   // Status: on a device, Release(i, stream) (below)
 //   }
 //
 // Budget policy (decided once, in Open): a streamed layer costs its peak
@@ -28,6 +28,24 @@
 // each streamed layer released before the next one after it is acquired, keeps at most two streamed
 // layers live. Out of order, an Acquire of a layer that is neither loaded nor loading loads it on
 // the calling thread (a miss), and a prefetched layer nobody acquired is dropped to make room.
+//
+// On a device (LoadOptions::device "cuda:N", or "emulated" in tests), the
+// layers load into device memory that the streamer allocates once, in Open:
+// a buffer per resident layer and a ring of two buffers, each as large as the
+// largest streamed layer's load allocates (its tensors; for sparse-bitmask
+// groups, their stored parts and the dense tensors decoded from them on the
+// device; conversion slots with LoadOptions::dtype), reused by every streamed
+// layer in turn: streaming allocates no device memory. Each load reads by the
+// same rules as any load onto the device (LoadOptions::mode: auto reads a
+// file the page cache holds through it and the others with O_DIRECT; pinned
+// staging or GDS). The budget is then device memory: the resident layers'
+// buffers plus the ring must fit it (InvalidArgument naming the numbers), and
+// the device must have that much free (ResourceExhausted). A layer's buffer
+// is reused only when no tensor of the layer it held is alive (a tensor kept
+// past Release keeps its buffer: Acquire then fails with ResourceExhausted
+// rather than wait) and, after Release(i, stream), when the caller's work
+// queued on `stream` before the Release is done: the next load into the buffer
+// waits for it on the streamer's thread, never on the caller's.
 //
 // Ownership: Acquire returns shared ownership. Release(i) drops the streamer's
 // reference to a streamed layer; its memory is freed when the caller's last
@@ -80,14 +98,29 @@ class LayerStreamer {
   // if no prefetch did; then starts prefetching the next layer.
   Result<std::shared_ptr<const LoadedCheckpoint>> Acquire(size_t layer);
   // Drops the streamer's reference to a streamed layer (no-op for resident
-  // layers and for layers not acquired).
-  void Release(size_t layer);
+  // layers and for layers not acquired). On a device, `stream` is the
+  // caller's stream (a cudaStream_t as an integer; 0 the legacy default
+  // stream) whose work queued so far reads the layer: its buffer is reused only
+  // once that work is done. The emulated device takes only 0 (its callers
+  // compute on the host). Fails (InvalidArgument) only for a stream the
+  // device refuses; the layer is then still in use.
+  Status Release(size_t layer, uint64_t stream = 0);
 
   size_t num_layers() const;
   bool resident(size_t layer) const;
   uint64_t dense_bytes(size_t layer) const;   // Bytes of the layer's tensors once loaded.
   uint64_t stored_bytes(size_t layer) const;  // Bytes read from the files to load it.
   uint64_t peak_bytes(size_t layer) const;    // Memory it needs while it loads (see above).
+  // On a device: what its load allocates there (its buffer's bytes); 0 on the host.
+  uint64_t device_bytes(size_t layer) const;
+  // On a device: the bytes of its resident layers' buffers and of the ring,
+  // all the device memory the streamer holds; 0 on the host.
+  uint64_t device_memory() const;
+  // "cpu", or the device's name ("cuda:0").
+  std::string device() const;
+  // The layer's tensors are loaded or loading now (resident and loaded,
+  // prefetched, or acquired and not released).
+  bool in_memory(size_t layer) const;
   Stats stats() const;
 
  private:

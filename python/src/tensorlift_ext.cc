@@ -546,6 +546,22 @@ void BindLoaded(nb::module_& m) {
           nb::arg("name"), nb::arg("versioned") = true, nb::arg("raw_bytes") = true,
           "A DLPack capsule over the tensor's bytes (uint8 1-D when raw_bytes).")
       .def("files", &FileReports)
+      .def(
+          "host_bytes",
+          [](const PyLoaded& s, const std::string& name) {
+            const LoadedTensor& t = FindOrKeyError(s, name);
+            nb::bytearray out;
+            out.resize(t.nbytes);
+            Status st = Status::Ok();
+            {
+              nb::gil_scoped_release nogil;
+              st = s.get().CopyToHost(name, out.data());
+            }
+            if (!st.ok()) Raise(st);
+            return out;
+          },
+          nb::arg("name"),
+          "A copy of the tensor's bytes in host memory, from whatever device they are on.")
       .def_prop_ro("total_bytes", [](const PyLoaded& s) { return s.get().total_bytes(); })
       .def_prop_ro("seconds", [](const PyLoaded& s) { return s.get().seconds(); })
       .def_prop_ro(
@@ -576,9 +592,10 @@ void BindLoaded(nb::module_& m) {
 // streamer without the GIL.
 void InitStreamer(PyStreamer* self, const std::string& path,
                   std::vector<std::vector<std::string>> layers, uint64_t budget,
-                  const std::string& mode) {
+                  const std::string& mode, const std::string& device) {
   LoadOptions opts;
   opts.mode = Unwrap(ParseIoMode(mode));
+  opts.device = device;
   Result<LayerStreamer> r = InternalError("not run");
   {
     nb::gil_scoped_release nogil;  // Open reads the headers (and sparse groups' shapes).
@@ -593,7 +610,7 @@ void BindStreamer(nb::module_& m) {
   nb::class_<PyStreamer>(m, "LayerStreamer")
       .def(
           "__init__", &InitStreamer, nb::arg("path"), nb::arg("layers"), nb::arg("budget"),
-          nb::arg("mode") = "auto",
+          nb::arg("mode") = "auto", nb::arg("device") = "cpu",
           "Streams the layers (dense tensor names per layer, in execution order) of the checkpoint "
           "at `path` under a memory budget in bytes: those that fit stay resident, the next one "
           "is prefetched while the current one is in use (include/tensorlift/streamer.h).")
@@ -609,9 +626,34 @@ void BindStreamer(nb::module_& m) {
           },
           nb::arg("layer"), "The layer's tensors (a Loaded), waiting for its load without the GIL.")
       .def(
-          "release", [](PyStreamer& s, size_t layer) { s.streamer->Release(layer); },
-          nb::arg("layer"),
-          "Drops the streamer's reference to a streamed layer (tensors handed out keep theirs).")
+          "release",
+          [](PyStreamer& s, size_t layer, uint64_t stream) {
+            Status st = s.streamer->Release(layer, stream);
+            if (!st.ok()) Raise(st);
+          },
+          nb::arg("layer"), nb::arg("stream") = 0,
+          "Drops the streamer's reference to a streamed layer (tensors handed out keep theirs). "
+          "On a device, `stream` (a cudaStream_t as an int, 0 the default stream) is the stream "
+          "whose queued work reads the layer: its buffer is reused once that work is done.")
+      .def(
+          "in_memory",
+          [](const PyStreamer& s, size_t layer) {
+            if (layer >= s.streamer->num_layers()) Raise(OutOfRangeError("no such layer"));
+            return s.streamer->in_memory(layer);
+          },
+          nb::arg("layer"), "The layer is loaded or loading now.")
+      .def_prop_ro("device", [](const PyStreamer& s) { return s.streamer->device(); })
+      .def_prop_ro(
+          "device_memory", [](const PyStreamer& s) { return s.streamer->device_memory(); },
+          "Device bytes the streamer holds (resident layers' buffers and the ring); 0 on "
+          "the host.")
+      .def(
+          "device_bytes",
+          [](const PyStreamer& s, size_t layer) {
+            if (layer >= s.streamer->num_layers()) Raise(OutOfRangeError("no such layer"));
+            return s.streamer->device_bytes(layer);
+          },
+          nb::arg("layer"), "Device bytes the layer's load allocates (0 on the host).")
       .def("resident_layers",
            [](const PyStreamer& s) {
              std::vector<size_t> out;

@@ -133,6 +133,15 @@ class Device {
   virtual Result<std::unique_ptr<DeviceEvent>> CreateEvent() = 0;
   // Device memory free now, in bytes.
   virtual Result<uint64_t> FreeMemory() = 0;
+  // Records `event` (from CreateEvent() of this device) at the current end of
+  // a stream this library does not own: a framework's (a cudaStream_t as an
+  // integer, 0 the legacy default stream), so that work of ours can wait for
+  // the framework's work on memory it reads (a layer streamer reusing a
+  // block's buffer). Devices without such streams (the emulated and host
+  // devices: their callers compute on the host, synchronously) take only 0,
+  // which leaves nothing to wait for (`event` is then done); another value is
+  // InvalidArgument.
+  virtual Status RecordExternal(DeviceEvent& event, uint64_t stream);
   // The host's own mapping of device range [p, p + bytes), for memory that
   // host code can reach another way (the emulated device's worker mapping,
   // as Buffer::host_mapping gives for a whole buffer): valid while the

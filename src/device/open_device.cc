@@ -19,6 +19,12 @@ Result<std::byte*> Device::HostMapping(const std::byte*, uint64_t) {
   return UnimplementedError("the memory of " + name() + " has no host mapping");
 }
 
+Status Device::RecordExternal(DeviceEvent&, uint64_t stream) {
+  if (stream == 0) return Status::Ok();
+  return InvalidArgumentError(name() + " has no streams of other libraries (stream " +
+                              std::to_string(stream) + "); pass 0");
+}
+
 ExportedMemory::~ExportedMemory() {
   if (fd >= 0) ::close(fd);
 }

@@ -8,14 +8,19 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../common/assert_ok.h"
 #include "../common/scratch_dir.h"
+#include "device/device.h"
+#include "device/emulated_device.h"
 #include "tensorlift/bitmask.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
@@ -80,11 +85,16 @@ std::string NormName(size_t i) {
 // norm alone in c.safetensors (a file without groups: a sparse Load scans
 // every group's shape in every file, so only such a file can vanish without
 // failing the loads of the other layers).
-class StreamerTest : public ::testing::TestWithParam<bool> {
+struct StreamerParam {
+  bool sparse;
+  bool device;  // Onto the emulated device.
+};
+
+class StreamerTest : public ::testing::TestWithParam<StreamerParam> {
  protected:
   void SetUp() override {
     dir_ = scratch_.path();
-    const bool sparse = GetParam();
+    const bool sparse = GetParam().sparse;
     std::vector<std::vector<std::byte>> weights, norms;
     std::vector<Parts> parts;
     for (size_t i = 0; i < kLayers; ++i) {
@@ -115,6 +125,16 @@ class StreamerTest : public ::testing::TestWithParam<bool> {
     ckpt_ = std::move(ckpt).value();
     for (size_t i = 0; i < kLayers; ++i) layers_.push_back({WeightName(i), NormName(i)});
     options_.mode = IoMode::kDirect;  // As streaming uses it; falls back where refused.
+    if (GetParam().device) {
+      options_.device = "emulated";
+      options_.staging_bytes = 64 << 10;
+      options_.staging_buffers = 3;
+    }
+  }
+
+  // What a resident layer costs: its dense bytes, or on a device its buffer.
+  static uint64_t ResidentCost(const LayerStreamer& s, size_t i) {
+    return GetParam().device ? s.device_bytes(i) : s.dense_bytes(i);
   }
 
   Result<LayerStreamer> Open(uint64_t budget) {
@@ -127,7 +147,7 @@ class StreamerTest : public ::testing::TestWithParam<bool> {
     EXPECT_OK(all);
     uint64_t largest = 0;
     for (size_t i = 1; i < kLayers; ++i) largest = std::max(largest, all->peak_bytes(i));
-    return all->dense_bytes(0) + 2 * largest;
+    return ResidentCost(*all, 0) + 2 * largest;
   }
 
   test::ScratchDir scratch_{"tl_streamer"};
@@ -160,7 +180,7 @@ TEST_P(StreamerTest, LayersAreTheBytesOfAPlainLoad) {
         EXPECT_EQ(HostBytes(**layer, name), HostBytes(*full, name)) << name;
         EXPECT_EQ((*layer)->Find(name)->shape, full->Find(name)->shape) << name;
       }
-      s->Release(i);
+      EXPECT_OK(s->Release(i));
     }
   }
 }
@@ -171,7 +191,17 @@ TEST_P(StreamerTest, ResidentSplitFollowsTheBudget) {
   for (size_t i = 0; i < kLayers; ++i) {
     EXPECT_TRUE(all->resident(i));
     EXPECT_EQ(all->dense_bytes(i), (kRows * kCols + kCols) * 2);
-    if (GetParam()) {
+    if (GetParam().device) {
+      // Its buffer on the device: every allocation of its load (the tensors
+      // aligned; a sparse group's stored parts beside its decoded tensor).
+      EXPECT_GE(all->device_bytes(i), all->dense_bytes(i));
+      if (GetParam().sparse) {  // The parts but P.shape, and the decoded weight.
+        EXPECT_GE(all->device_bytes(i),
+                  all->dense_bytes(i) + all->stored_bytes(i) - kCols * 2 - 16);
+      }
+      EXPECT_EQ(all->peak_bytes(i), all->device_bytes(i));
+      EXPECT_EQ(all->device_bytes(i) % 256, 0u);
+    } else if (GetParam().sparse) {
       // The four parts, not the dense bytes; held beside the dense ones while decoding.
       EXPECT_NE(all->stored_bytes(i), all->dense_bytes(i));
       EXPECT_EQ(all->peak_bytes(i), all->dense_bytes(i) + all->stored_bytes(i) - kCols * 2);
@@ -196,7 +226,7 @@ TEST_P(StreamerTest, InOrderAcquiresHitThePrefetchAcrossPasses) {
   for (int pass = 0; pass < kPasses; ++pass) {
     for (size_t i = 0; i < kLayers; ++i) {
       ASSERT_OK(s->Acquire(i));
-      s->Release(i);
+      EXPECT_OK(s->Release(i));
     }
   }
   const LayerStreamer::Stats st = s->stats();
@@ -225,7 +255,7 @@ TEST_P(StreamerTest, OutOfOrderAcquireLoadsOnTheSpot) {
   EXPECT_NE((*layer)->Find(WeightName(2)), nullptr);
   EXPECT_EQ(s->stats().prefetch_misses, 1u);
   // Releasing drops the streamer's reference only: the caller's stays valid.
-  s->Release(2);
+  EXPECT_OK(s->Release(2));
   EXPECT_EQ(HostBytes(**layer, NormName(2)).size(), kCols * 2);
   EXPECT_OK(s->Acquire(1));
   EXPECT_EQ(s->Acquire(kLayers).status().code(), StatusCode::kOutOfRange);
@@ -262,7 +292,7 @@ TEST_P(StreamerTest, AMissingFileFailsThatAcquireOnly) {
   for (size_t i = 0; i < 3; ++i) {
     auto layer = s->Acquire(i);
     ASSERT_OK(layer) << i;
-    s->Release(i);
+    EXPECT_OK(s->Release(i));
   }
   for (int attempt = 0; attempt < 2; ++attempt) {  // Reported again, not cached as success.
     auto failed = s->Acquire(3);
@@ -278,8 +308,188 @@ TEST_P(StreamerTest, AMissingFileFailsThatAcquireOnly) {
   EXPECT_NE((*again)->Find(WeightName(1)), nullptr);
 }
 
-INSTANTIATE_TEST_SUITE_P(DenseAndSparse, StreamerTest, ::testing::Bool(),
-                         [](const auto& info) { return info.param ? "Sparse" : "Dense"; });
+// On a device only: the ring, its reuse, the prefetch order, a tensor kept
+// past its release, and a conversion on the device.
+class DeviceStreamerTest : public StreamerTest {
+ protected:
+  static std::shared_ptr<Device> Emulated() {
+    auto d = OpenDevice(DeviceType::kEmulated, 0);
+    EXPECT_OK(d);
+    return d.ok() ? *d : nullptr;
+  }
+  // The lowest address of a loaded layer's tensors.
+  static uintptr_t Base(const LoadedCheckpoint& l) {
+    uintptr_t lo = UINTPTR_MAX;
+    for (const auto& t : l.tensors()) lo = std::min(lo, reinterpret_cast<uintptr_t>(t.data));
+    return lo;
+  }
+  // Waits up to 10 s for `pred`.
+  template <typename F>
+  static bool Eventually(F pred) {
+    for (int i = 0; i < 1000; ++i) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return pred();
+  }
+};
+
+TEST_P(DeviceStreamerTest, TheRingIsAllocatedOnceAndReused) {
+  auto device = Emulated();
+  ASSERT_NE(device, nullptr);
+  auto before = GetEmulatedDeviceCounts(*device);
+  ASSERT_OK(before);
+  auto s = Open(OneResidentBudget());
+  ASSERT_OK(s);
+  EXPECT_EQ(s->device(), "emulated:0");
+  uint64_t largest = 0;
+  for (size_t i = 1; i < kLayers; ++i) largest = std::max(largest, s->device_bytes(i));
+  EXPECT_EQ(s->device_memory(), s->device_bytes(0) + 2 * largest);
+  EXPECT_LE(s->device_memory(), OneResidentBudget());
+  auto opened = GetEmulatedDeviceCounts(*device);
+  ASSERT_OK(opened);
+  // Layer 0's buffer and the ring's two.
+  EXPECT_EQ(opened->live_allocations, before->live_allocations + 3);
+  EXPECT_GE(opened->live_bytes - before->live_bytes, s->device_memory());
+  std::map<std::pair<size_t, int>, uintptr_t> base;  // (layer, pass) -> where it was.
+  constexpr int kPasses = 4;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    for (size_t i = 0; i < kLayers; ++i) {
+      auto layer = s->Acquire(i);
+      ASSERT_OK(layer);
+      base[std::make_pair(i, pass)] = Base(**layer);
+      auto now = GetEmulatedDeviceCounts(*device);
+      ASSERT_OK(now);
+      EXPECT_EQ(now->live_allocations, opened->live_allocations)
+          << "pass " << pass << " layer " << i;
+      layer->reset();
+      EXPECT_OK(s->Release(i));
+    }
+  }
+  // Three streamed layers take the two buffers in turn (1 A, 2 B, 3 A, 1 B,
+  // ...): each is where it was two passes before, and not where it was in the
+  // pass before; layer 0 never moves.
+  for (int pass = 2; pass < kPasses; ++pass) {
+    for (size_t i = 1; i < kLayers; ++i) {
+      EXPECT_EQ(base[std::make_pair(i, pass)], base[std::make_pair(i, pass - 2)])
+          << "layer " << i << " pass " << pass;
+      EXPECT_NE(base[std::make_pair(i, pass)], base[std::make_pair(i, pass - 1)])
+          << "layer " << i << " pass " << pass;
+    }
+    EXPECT_EQ(base[std::make_pair(size_t{0}, pass)], base[std::make_pair(size_t{0}, 0)]);
+  }
+}
+
+TEST_P(DeviceStreamerTest, PrefetchFollowsTheOrderWithinTheRing) {
+  auto s = Open(OneResidentBudget());
+  ASSERT_OK(s);
+  ASSERT_TRUE(s->resident(0));
+  ASSERT_OK(s->Acquire(0));
+  // Layer 1 is prefetched; 2 too (the ring's second buffer); 3 has no buffer.
+  EXPECT_TRUE(Eventually([&] { return s->in_memory(1) && s->in_memory(2); }));
+  EXPECT_FALSE(s->in_memory(3));
+  ASSERT_OK(s->Acquire(1));
+  EXPECT_FALSE(s->in_memory(3));
+  EXPECT_OK(s->Release(1));
+  EXPECT_FALSE(s->in_memory(1));
+  // Layer 1's buffer goes to layer 3, the next after 2.
+  EXPECT_TRUE(Eventually([&] { return s->in_memory(3); }));
+  ASSERT_OK(s->Acquire(2));
+  EXPECT_OK(s->Release(2));
+  // Wrap-around: layer 2's buffer goes to layer 1 of the next pass.
+  EXPECT_TRUE(Eventually([&] { return s->in_memory(1); }));
+  for (size_t i = 1; i < kLayers; ++i) {
+    int live = 0;
+    for (size_t k = 1; k < kLayers; ++k) live += s->in_memory(k);
+    EXPECT_LE(live, 2);
+  }
+  ASSERT_OK(s->Acquire(3));
+  EXPECT_OK(s->Release(3));
+  EXPECT_EQ(s->stats().prefetch_misses, 0u);
+  EXPECT_EQ(s->stats().prefetch_hits, 3u);
+}
+
+TEST_P(DeviceStreamerTest, ATensorKeptPastReleaseHoldsItsBuffer) {
+  auto s = Open(OneResidentBudget());
+  ASSERT_OK(s);
+  auto one = s->Acquire(1);
+  ASSERT_OK(one);
+  EXPECT_OK(s->Release(1));
+  auto two = s->Acquire(2);
+  ASSERT_OK(two);
+  EXPECT_OK(s->Release(2));
+  // Both buffers are still referenced: no room for layer 3, and no waiting.
+  auto three = s->Acquire(3);
+  ASSERT_FALSE(three.ok());
+  EXPECT_EQ(three.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(three.status().message().find("still referenced"), std::string::npos)
+      << three.status().message();
+  one->reset();
+  two->reset();
+  auto again = s->Acquire(3);
+  ASSERT_OK(again);
+  EXPECT_NE((*again)->Find(WeightName(3)), nullptr);
+  // A layer acquired and not released holds its buffer the same way.
+  auto four = s->Acquire(1);
+  ASSERT_OK(four);
+  auto held = s->Acquire(2);
+  EXPECT_EQ(held.status().code(), StatusCode::kResourceExhausted) << held.status().message();
+  EXPECT_NE(held.status().message().find("layer(s) 1, 3"), std::string::npos)
+      << held.status().message();
+}
+
+TEST_P(DeviceStreamerTest, AStreamTheDeviceDoesNotHaveIsRefused) {
+  auto s = Open(OneResidentBudget());
+  ASSERT_OK(s);
+  ASSERT_OK(s->Acquire(1));
+  Status st = s->Release(1, /*stream=*/42);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.message();
+  EXPECT_TRUE(s->in_memory(1));  // Still in use.
+  EXPECT_OK(s->Release(1, 0));
+  EXPECT_FALSE(s->in_memory(1));
+}
+
+TEST_P(DeviceStreamerTest, ConversionsOnTheDeviceFitTheRing) {
+  options_.dtype = Dtype::kF32;
+  auto s = Open(OneResidentBudget());
+  ASSERT_OK(s);
+  LoadOptions plain = options_;
+  auto full = Load(ckpt_, plain);
+  ASSERT_OK(full);
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < kLayers; ++i) {
+      auto layer = s->Acquire(i);
+      ASSERT_OK(layer);
+      for (const std::string& name : layers_[i]) {
+        EXPECT_EQ((*layer)->Find(name)->dtype, Dtype::kF32) << name;
+        EXPECT_EQ(HostBytes(**layer, name), HostBytes(*full, name)) << name;
+      }
+      layer->reset();
+      EXPECT_OK(s->Release(i));
+    }
+  }
+}
+
+TEST_P(DeviceStreamerTest, HostOnlyOptionsAreRefused) {
+  const uint64_t budget = OneResidentBudget();
+  options_.arena_pool = std::make_shared<ArenaPool>();
+  auto s = Open(budget);
+  EXPECT_EQ(s.status().code(), StatusCode::kInvalidArgument) << s.status().message();
+}
+
+INSTANTIATE_TEST_SUITE_P(DenseAndSparse, DeviceStreamerTest,
+                         ::testing::Values(StreamerParam{false, true}, StreamerParam{true, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.sparse ? "Sparse" : "Dense");
+                         });
+
+INSTANTIATE_TEST_SUITE_P(DenseAndSparse, StreamerTest,
+                         ::testing::Values(StreamerParam{false, false}, StreamerParam{true, false},
+                                           StreamerParam{false, true}, StreamerParam{true, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.sparse ? "Sparse" : "Dense") +
+                                  (info.param.device ? "OnDevice" : "");
+                         });
 
 }  // namespace
 }  // namespace tensorlift

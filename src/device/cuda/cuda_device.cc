@@ -462,6 +462,20 @@ class CudaDevice final : public Device {
     return static_cast<uint64_t>(free_bytes);
   }
 
+  Status RecordExternal(DeviceEvent& event, uint64_t stream) override {
+    auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
+    if (cuda_event == nullptr || cuda_event->device()->ordinal != state_->ordinal) {
+      return InvalidArgumentError("RecordExternal: the event is not from " + name());
+    }
+    TL_RETURN_IF_ERROR(SetDevice(state_->ordinal));
+    TL_RETURN_IF_ERROR(
+        CudaStatus(cudaEventRecord(cuda_event->get(),
+                                   reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(stream))),
+                   "cudaEventRecord (a caller's stream)"));
+    cuda_event->MarkRecorded();
+    return Status::Ok();
+  }
+
   std::string identity() const override { return state_->uuid; }
 
   // Legacy CUDA IPC: the handle opens the whole cudaMalloc allocation.
