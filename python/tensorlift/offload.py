@@ -14,28 +14,45 @@ block's tensors before the block runs, and a forward hook empties them again
 and releases the block afterwards. Everything outside the blocks (embeddings,
 final norm, lm_head; tied weights with them) is loaded once and stays. For
 inference: autograd would keep the streamed weights alive past the block.
+
+With device="cuda:N" the budget is GPU memory: the blocks stream from the
+disk into a ring of two GPU buffers allocated once (sparse groups decoded on
+the GPU), the rest and the blocks that fit stay on the GPU, and the model
+computes there (its buffers are moved to the GPU; inputs go there too). A
+block's buffer is reused once the GPU has finished the work queued on the
+current stream before the block's forward hook ran (an event, waited for on
+tensorlift's thread, never on Python's). device="emulated" is for tests: the
+same streaming into the emulated device, whose memory torch cannot touch, so
+each block's tensors are copied to host memory for the forward (the model
+computes on the CPU).
 """
 from __future__ import annotations
 
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ._core import load
-from ._tensors import tensor_from
-from ._tensorlift import LayerStreamer
+from ._tensors import device_name, tensor_from
+from ._tensorlift import Checkpoint, LayerStreamer
 
 
 class StreamHandle:
     """The hooks and the streamer of a model set up by stream_model."""
 
-    def __init__(self, streamer: LayerStreamer, hooks: list, rest_bytes: int):
+    def __init__(self, streamer: LayerStreamer, hooks: list, rest_bytes: int, budget_bytes: int):
         self.streamer = streamer
         self._hooks = hooks
         self.rest_bytes = rest_bytes
+        self.budget_bytes = budget_bytes
 
     def stats(self) -> dict:
-        """bytes_read, loads, prefetch_hits, prefetch_misses, wait_seconds."""
-        return self.streamer.stats()
+        """bytes_read, loads, prefetch_hits, prefetch_misses, wait_seconds; on a device also
+        device_bytes (all the device memory tensorlift holds for the model: the rest, the
+        resident blocks, the ring) and budget_bytes."""
+        out = self.streamer.stats()
+        if self.streamer.device != "cpu":
+            out["device_bytes"] = self.rest_bytes + self.streamer.device_memory
+            out["budget_bytes"] = self.budget_bytes
+        return out
 
     def resident_layers(self) -> List[int]:
         return self.streamer.resident_layers()
@@ -69,7 +86,7 @@ def _param_names(model) -> Dict[int, List[str]]:
 
 
 def stream_model(model, path, budget_bytes: int, layer_modules: Optional[Sequence] = None,
-                 mode: str = "direct") -> StreamHandle:
+                 mode: Optional[str] = None, device="cpu") -> StreamHandle:
     """Streams `model`'s blocks from the checkpoint at `path` within `budget_bytes`.
 
     layer_modules: the blocks in execution order (default: model.model.layers).
@@ -77,13 +94,23 @@ def stream_model(model, path, budget_bytes: int, layer_modules: Optional[Sequenc
     sparse-bitmask checkpoint); every parameter must be in it, with the
     parameter's shape and dtype. budget_bytes covers the parameters outside the
     blocks (loaded now, kept) and the streamer's (resident blocks, two streamed
-    ones in flight). mode: the read mode ("direct" bypasses the page cache, so
-    that a model larger than memory really streams from the disk).
-    Raises ValueError when the budget cannot hold the rest plus two blocks.
+    ones in flight): host memory on the CPU, GPU memory with device="cuda:N"
+    (the model is built on the CPU; its buffers are moved to the GPU).
+    mode: the read mode; None: "direct" on the CPU (bypasses the page cache, so
+    that a model larger than memory really streams from the disk), "auto" on a
+    device (files the page cache holds are read through it, others with
+    O_DIRECT). Raises ValueError when the budget cannot hold the rest plus two
+    blocks, MemoryError when the device has less memory free.
     """
     import torch
 
     path = os.fspath(path)
+    device = device_name(device)
+    on_device = device != "cpu"
+    if mode is None:
+        mode = "auto" if on_device else "direct"
+    emulated = device.startswith("emulated")
+    compute = torch.device("cpu") if device == "cpu" or emulated else torch.device(device)
     blocks = list(layer_modules) if layer_modules is not None else _default_blocks(model)
     prefix_of = {id(m): name for name, m in model.named_modules(remove_duplicate=False)}
     names_of = _param_names(model)
@@ -109,38 +136,61 @@ def stream_model(model, path, budget_bytes: int, layer_modules: Optional[Sequenc
     # predicate: the filter then applies to the dense names of sparse groups.
     params = dict(model.named_parameters(remove_duplicate=False))
     rest_names = [n for pid, ns in names_of.items() if pid not in in_block for n in ns]
-    loaded_rest = load(path, filter=rest_names, mode=mode)
+    ckpt = Checkpoint.open(path)
+    present = set(ckpt.load_names())
+    loaded_rest = ckpt.load(names=[n for n in rest_names if n in present], mode=mode, device=device)
+    loaded_names = set(loaded_rest.names())
     rest = []  # (parameter, its tensor)
     rest_bytes = 0
     for pid, names in names_of.items():
         if pid in in_block:
             continue
-        found = [n for n in names if n in loaded_rest]
+        found = [n for n in names if n in loaded_names]
         if not found:
             raise ValueError(f"tensorlift.offload: parameter {names[0]!r} is not in {path}")
         p = params[names[0]]
-        t = loaded_rest[found[0]]
+        t = _tensor(loaded_rest, found[0], emulated)
         _check(found[0], t, tuple(p.shape), p.dtype)
         rest.append((p, t))
         rest_bytes += t.numel() * t.element_size()
+    if on_device:  # What the device holds for them: the load's buffers.
+        rest_bytes = loaded_rest.device_plan()["device_bytes"]
     if budget_bytes <= rest_bytes:
         raise ValueError(f"tensorlift.offload: a budget of {budget_bytes} bytes does not hold the "
-                         f"parameters outside the blocks ({rest_bytes} bytes)")
+                         f"parameters outside the blocks ({rest_bytes} bytes"
+                         f"{' on ' + device if on_device else ''})")
     streamer = LayerStreamer(path, [[name for _, name, _, _ in entries] for entries in block_params],
-                             budget_bytes - rest_bytes, mode)
+                             budget_bytes - rest_bytes, mode, device)
 
     # Nothing is changed in the model until everything above succeeded.
     for p, t in rest:
         p.data = t
     for entries in block_params:
         for p, _, _, dtype in entries:
-            p.data = torch.empty(0, dtype=dtype, device=p.device)
+            p.data = torch.empty(0, dtype=dtype, device=compute)
+    if compute.type != "cpu":
+        for module in model.modules():
+            for key, buf in module._buffers.items():
+                if buf is not None and buf.device != compute:
+                    module._buffers[key] = buf.to(compute)
 
     hooks = []
     for i, (block, entries) in enumerate(zip(blocks, block_params)):
-        hooks.append(block.register_forward_pre_hook(_make_pre_hook(streamer, i, entries)))
-        hooks.append(block.register_forward_hook(_make_post_hook(streamer, i, entries)))
-    return StreamHandle(streamer, hooks, rest_bytes)
+        hooks.append(block.register_forward_pre_hook(_make_pre_hook(streamer, i, entries, emulated)))
+        hooks.append(block.register_forward_hook(_make_post_hook(streamer, i, entries, compute)))
+    return StreamHandle(streamer, hooks, rest_bytes, budget_bytes)
+
+
+def _tensor(loaded, name: str, emulated: bool):
+    """The tensor `name` of `loaded`: a view over its buffer, or for the
+    emulated device (whose memory torch cannot touch) a copy in host memory."""
+    if not emulated:
+        return tensor_from(loaded, name, "pt")
+    import torch
+    from . import _dtypes
+    dtype, shape, nbytes = loaded.info(name)
+    raw = torch.frombuffer(loaded.host_bytes(name), dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+    return _dtypes.torch_view(raw, dtype, shape)
 
 
 def _check(name: str, t, shape, dtype) -> None:
@@ -149,11 +199,11 @@ def _check(name: str, t, shape, dtype) -> None:
                          f"the model wants {dtype} {list(shape)}")
 
 
-def _make_pre_hook(streamer: LayerStreamer, i: int, entries):
+def _make_pre_hook(streamer: LayerStreamer, i: int, entries, emulated: bool):
     def pre_hook(module, args):
         loaded = streamer.acquire(i)
         for p, name, shape, dtype in entries:
-            t = tensor_from(loaded, name, "pt")
+            t = _tensor(loaded, name, emulated)
             _check(name, t, shape, dtype)
             p.data = t
         # The tensors hold their buffers; the streamer's reference goes at release.
@@ -161,11 +211,14 @@ def _make_pre_hook(streamer: LayerStreamer, i: int, entries):
     return pre_hook
 
 
-def _make_post_hook(streamer: LayerStreamer, i: int, entries):
+def _make_post_hook(streamer: LayerStreamer, i: int, entries, compute):
     import torch
 
     def post_hook(module, args, output):
         for p, _, _, dtype in entries:
-            p.data = torch.empty(0, dtype=dtype, device=p.device)
-        streamer.release(i)
+            p.data = torch.empty(0, dtype=dtype, device=compute)
+        # On a GPU: the block's buffer is reused once the work queued so far on
+        # the current stream (this block's forward) is done.
+        stream = torch.cuda.current_stream(compute).cuda_stream if compute.type == "cuda" else 0
+        streamer.release(i, stream)
     return post_hook

@@ -135,3 +135,75 @@ def test_tied_embeddings_stay_with_the_rest(tmp_path, input_ids):
     assert model.lm_head.weight is model.model.embed_tokens.weight
     with torch.no_grad():
         assert torch.equal(model(input_ids).logits, reference(input_ids).logits)
+
+
+# Onto a device: the emulated one here (torch cannot touch its memory, so each
+# block's tensors are copied to the host for the forward), a GPU when there is one.
+
+@pytest.mark.parametrize("which", ["dense", "sparse"])
+def test_streamed_onto_the_device_gives_the_loaded_model_s_logits(files, input_ids, reference_logits, which):
+    dense, sparse, _ = files
+    model = new_model()
+    budget = weight_bytes(model) // 4
+    handle = stream_model(model, dense if which == "dense" else sparse, budget, device="emulated")
+    streamed = handle.streamed_layers()
+    assert len(streamed) > CONFIG["num_hidden_layers"] // 2, handle.resident_layers()
+    held = handle.stats()["device_bytes"]
+    assert 0 < held <= budget
+    for _ in range(2):
+        with torch.no_grad():
+            assert torch.equal(model(input_ids).logits, reference_logits)
+    stats = handle.stats()
+    # The ring was allocated once: the device memory held has not moved.
+    assert stats["device_bytes"] == held and stats["budget_bytes"] == budget
+    assert stats["prefetch_misses"] <= 1 and stats["prefetch_hits"] >= 2 * len(streamed) - 1, stats
+    ring = 2 * max(handle.streamer.device_bytes(i) for i in streamed)
+    resident = sum(handle.streamer.device_bytes(i) for i in handle.resident_layers())
+    assert handle.streamer.device_memory == ring + resident
+
+
+def test_a_device_budget_too_small_names_the_numbers(files):
+    dense, _, _ = files
+    model = new_model()
+    with pytest.raises(ValueError, match=r"emulated:0 is below its ring of two buffers .*2 x \d+ bytes"):
+        stream_model(model, dense, weight_bytes(model) // 12, device="emulated")
+    # The model is left as it was.
+    assert all(p.numel() > 0 for p in model.parameters())
+    with pytest.raises(ValueError, match="does not hold the parameters outside the blocks"):
+        stream_model(model, dense, 1000, device="emulated")
+
+
+@pytest.mark.parametrize("device", ["cpu", "emulated"])
+def test_a_read_error_mid_stream_surfaces_in_the_forward(files, tmp_path, input_ids, device):
+    """The second half of the blocks in a shard of their own, which disappears
+    after the model is set up: the forward raises, naming the block."""
+    _, _, pruned = files
+    half = CONFIG["num_hidden_layers"] // 2
+    late = {k: v for k, v in pruned.items() if k.startswith("model.layers.") and int(k.split(".")[2]) >= half}
+    save_file({k: v for k, v in pruned.items() if k not in late}, str(tmp_path / "a.safetensors"))
+    save_file(late, str(tmp_path / "b.safetensors"))
+    model = new_model()
+    handle = stream_model(model, tmp_path, weight_bytes(model) // 4, device=device)
+    assert half in handle.streamed_layers()
+    (tmp_path / "b.safetensors").unlink()
+    with pytest.raises(OSError, match=f"layer {half}"), torch.no_grad():
+        model(input_ids)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("which", ["dense", "sparse"])
+def test_streamed_onto_a_gpu_generates_the_loaded_model_s_tokens(files, input_ids, which):
+    dense, sparse, pruned = files
+    reference = new_model()
+    reference.load_state_dict(pruned, strict=True)
+    reference = reference.to("cuda:0")
+    ids = input_ids.to("cuda:0")
+    model = new_model()
+    budget = weight_bytes(model) // 4
+    handle = stream_model(model, dense if which == "dense" else sparse, budget, device="cuda:0")
+    assert handle.streamed_layers() and handle.stats()["device_bytes"] <= budget
+    kwargs = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, reference(ids).logits, rtol=0, atol=1e-2)
+        assert torch.equal(model.generate(ids, **kwargs), reference.generate(ids, **kwargs))
+    assert handle.stats()["prefetch_misses"] <= 1
