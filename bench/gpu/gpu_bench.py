@@ -23,6 +23,13 @@ Kernels (tl_gpu_kernels_bench): realignment and bf16->f16/f32 conversion
 against a device-to-device memcpy, and the sparse decoder at 50 % density
 against a memcpy of the dense bytes.
 
+Sparse (--parts sparse, issue 44; not in the default parts): the checkpoint
+pruned 50 % (`tensorlift sparsify --prune magnitude:0.5`, cached beside it as
+bench/sparse/load_bench.py caches it) and the same tensors stored dense,
+each loaded into device memory by tensorlift.load in a process of its own,
+cold and warm, --runs rounds; medians (min–max), the ratio dense time over
+sparse time (target cold 1.6x), and whether both gave the same tensors.
+
 Writes DIR/results.json and DIR/results.md (the table docs/gpu.md shows).
 With --device emulated (the dry run `make test` makes) only tensorlift runs,
 on tensorlift's emulated device as a GPU's model (its memory faulted in when
@@ -166,6 +173,114 @@ def torch_h2d(device, mib=1024, reps=5):
     return {"gbps": src.numel() / best / 1e9, "bytes": src.numel(), "reps": reps}
 
 
+def sparse_checkpoints(args, shards_dir):
+    """The load checkpoint pruned 50 % (`tensorlift sparsify --prune magnitude:0.5`) and the very same
+    tensors stored dense (tl_sparse_densify, or tensorlift.load and safetensors where the build has no
+    tl_sparse_densify), cached next to it as bench/sparse/load_bench.py caches them (the same names)."""
+    sparse_dir = shards_dir.rstrip("/") + "-pruned50-sparse"
+    dense_dir = shards_dir.rstrip("/") + "-pruned50-dense"
+    if not os.path.exists(os.path.join(sparse_dir, ".complete")):
+        subprocess.run(["rm", "-rf", sparse_dir, dense_dir], check=True)
+        subprocess.run([os.path.join(args.build, "tensorlift"), "sparsify", shards_dir, sparse_dir,
+                        "--prune", "magnitude:0.5", "--max-shard-size", "1GB"], check=True, stdout=subprocess.DEVNULL)
+        open(os.path.join(sparse_dir, ".complete"), "w").close()
+    if not os.path.exists(os.path.join(dense_dir, ".complete")):
+        subprocess.run(["rm", "-rf", dense_dir], check=True)
+        densify = os.path.join(args.build, "tl_sparse_densify")
+        if os.path.exists(densify):
+            subprocess.run([densify, sparse_dir, dense_dir], check=True, stdout=subprocess.DEVNULL)
+        else:
+            import tensorlift
+            from safetensors.torch import save_file
+            os.makedirs(dense_dir)
+            tensors = tensorlift.load(sparse_dir)
+            names = sorted(tensors)
+            shard, size, k = {}, 0, 1
+            for i, name in enumerate(names):  # about 1 GiB a shard, in name order (as tl_sparse_densify)
+                shard[name] = tensors[name].contiguous()
+                size += shard[name].numel() * shard[name].element_size()
+                if size >= 1 << 30 or i == len(names) - 1:
+                    save_file(shard, os.path.join(dense_dir, f"dense-{k:05d}.safetensors"))
+                    shard, size, k = {}, 0, k + 1
+        for f in shard_files(dense_dir):
+            fd = os.open(f, os.O_RDONLY)
+            os.fsync(fd)
+            os.close(fd)
+        open(os.path.join(dense_dir, ".complete"), "w").close()
+    return sparse_dir, dense_dir
+
+
+def shard_files(d):
+    return sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".safetensors"))
+
+
+def sparse_loads(args, shards_dir):
+    """The sparse part: a 50 %-pruned checkpoint stored sparse against the same tensors stored dense,
+    each loaded into device memory by tensorlift.load(files, device) in a process of its own
+    (contender.py's "tensorlift"), cold (every file of both evicted) and warm (both read through),
+    --runs rounds alternating which goes first. Both must give the same tensors (checksums on the
+    device); the figure is the dense load's median time over the sparse one's (target cold 1.6x)."""
+    sparse_dir, dense_dir = sparse_checkpoints(args, shards_dir)
+    files = {"sparse": shard_files(sparse_dir), "dense": shard_files(dense_dir)}
+    everything = files["sparse"] + files["dense"]
+    out = {"sparse_dir": sparse_dir, "dense_dir": dense_dir, "target_cold": 1.6,
+           "file_bytes": {k: sum(os.path.getsize(f) for f in fs) for k, fs in files.items()}, "loads": {}}
+    env = dict(os.environ)
+    if not args.device.startswith("cuda"):
+        env["TENSORLIFT_EMULATED_PREFAULT_GB"] = f"{out['file_bytes']['dense'] / 1e9 * 1.05 + 0.2:.3f}"
+    for state in args.states.split(","):
+        for r in range(args.runs):
+            for kind in (("sparse", "dense") if r % 2 == 0 else ("dense", "sparse")):
+                if state == "cold":
+                    evict(everything)
+                else:
+                    read_through(everything)
+                res, err = run_json([sys.executable, os.path.join(HERE, "contender.py"), "tensorlift", args.device]
+                                    + files[kind], timeout=args.load_timeout, env=env)
+                out["loads"].setdefault(kind, {}).setdefault(state, []).append(res if res else {"error": err})
+                print(f"gpu-bench: sparse part, {state} run {r + 1}/{args.runs} {kind}: "
+                      + (f"{res['load_s']:.3f} s" if res else f"failed: {err}"), flush=True)
+                yield out
+
+
+def sparse_lines(sp):
+    """The sparse part's table: medians (min–max), GB/s of dense tensor bytes, the same tensors, the ratio."""
+    lines = ["", f"Sparse checkpoint (50 % pruned, {sp['file_bytes']['sparse'] / 1e9:.2f} GB of files) against the "
+             f"same tensors dense ({sp['file_bytes']['dense'] / 1e9:.2f} GB), tensorlift.load into device memory, "
+             "medians (min–max):", "",
+             "| checkpoint | cold s | warm s | GB/s of tensors, cold | same tensors as the other |",
+             "|---|---|---|---|---|"]
+    loads = sp["loads"]
+    ok = {(k, s): sorted(r["load_s"] for r in loads.get(k, {}).get(s, []) if "load_s" in r)
+          for k in ("sparse", "dense") for s in ("cold", "warm")}
+    medians = {key: statistics.median(v) if v else None for key, v in ok.items()}
+    sums = {r.get("checksum") for states in loads.values() for runs in states.values() for r in runs if "checksum" in r}
+    same = "n/a (emulated)" if any(str(c).startswith("n/a") for c in sums) else (
+        "yes" if len(sums) == 1 else "**NO: WRONG BYTES**" if sums else "–")
+    sp["same_tensors"] = same
+    for kind in ("sparse", "dense"):
+        cells = []
+        for state in ("cold", "warm"):
+            v, m = ok[(kind, state)], medians[(kind, state)]
+            cells.append(f"{m:.3f} ({v[0]:.3f}–{v[-1]:.3f})" if m and len(v) > 1 else f"{m:.3f}" if m else "–")
+        nbytes = next((r["bytes"] for runs in loads.get(kind, {}).values() for r in runs if "bytes" in r), None)
+        cold = medians[(kind, "cold")]
+        gbps = f"{nbytes / cold / 1e9:.2f}" if nbytes and cold else "–"
+        errors = [" ".join(r["error"]) for runs in loads.get(kind, {}).values() for r in runs if "error" in r]
+        note = f" (failed: {errors[0]})" if errors else ""
+        lines.append(f"| {kind}{note} | {cells[0]} | {cells[1]} | {gbps} | {same} |")
+    ratios = {}
+    for state in ("cold", "warm"):
+        s_, d = medians[("sparse", state)], medians[("dense", state)]
+        ratios[state] = d / s_ if s_ and d else None
+    sp["ratio_dense_over_sparse"] = ratios
+    target = (f" (target cold {sp['target_cold']}x: {'met' if ratios['cold'] >= sp['target_cold'] else 'NOT met'})"
+              if ratios["cold"] else "")
+    lines += ["", "sparse vs dense (dense time / sparse time): " + ", ".join(
+        f"{state} {r:.2f}x" if r else f"{state} –" for state, r in ratios.items()) + target]
+    return lines
+
+
 def measure(args):
     shards_dir = gen_checkpoint.checkpoint_dir(args.gb, args.shards)
     shards = gen_checkpoint.shard_paths(shards_dir)
@@ -199,6 +314,10 @@ def measure(args):
         # through torch's own copy, so that the warm limit is there from the start.
         data["h2d_torch"] = torch_h2d(args.device)
         save(args, data)
+    if "sparse" in parts:
+        for sparse in sparse_loads(args, shards_dir):
+            data["sparse"] = sparse
+            save(args, data)
     if "loads" not in parts:
         if "peer" in parts:
             data["peer_pull"] = peer_pull(args, shards_dir)
@@ -328,9 +447,10 @@ def summarize(data):
     ref_sum = {s: next((r.get("checksum") for r in runs if "checksum" in r), None) for s, runs in ref.items()}
     lines = [f"GPU benchmark, {data['date']}: {data['gpu']}, device {data['device']}, "
              f"{ckpt / 1e9:.2f} GB in {data['checkpoint']['shards']} shards, medians of {data['runs']} runs",
-             "", f"GDS: {'works' if data['gds']['works'] else 'unavailable'} ({data['gds']['reason']})", "",
-             "| contender | cold s | cold GB/s | cold vs limit | warm s | warm GB/s | warm vs limit | peak RSS GiB |",
-             "|---|---|---|---|---|---|---|---|"]
+             "", f"GDS: {'works' if data['gds']['works'] else 'unavailable'} ({data['gds']['reason']})"]
+    if data["loads"] or data["skipped"]:  # Not measured: --parts without loads.
+        lines += ["", "| contender | cold s | cold GB/s | cold vs limit | warm s | warm GB/s | warm vs limit | "
+                  "peak RSS GiB |", "|---|---|---|---|---|---|---|---|"]
     rows = {}
     for c, states in data["loads"].items():
         cells = []
@@ -357,7 +477,9 @@ def summarize(data):
         lines.append(f"| {c}{note} | " + " | ".join(cells) + f" | {rss_cell} |")
     for c, why in data["skipped"].items():
         lines.append(f"| {c} | not run: {why} |||||||")
-    lines += ["", "| limit | GB/s, median (min–max) of the rounds | seconds for the checkpoint |", "|---|---|---|"]
+    if h2d or od_gbps or pc_gbps:  # Not measured: --parts sparse alone on the emulated device.
+        lines += ["", "| limit | GB/s, median (min–max) of the rounds | seconds for the checkpoint |",
+                  "|---|---|---|"]
 
     def spread(g, lo, hi):
         return f"{g:.2f} ({lo:.2f}–{hi:.2f})" if lo is not None and hi is not None and lo != hi else f"{g:.2f}"
@@ -371,7 +493,8 @@ def summarize(data):
             (f"page cache read, warm (best of the sweep: {pc.get('point', '?').replace('x', ' threads x ')})",
              pc_gbps, pc_lo, pc_hi),
             ("warm limit = min(H2D, page cache read)", warm_limit_gbps, None, None)):
-        lines.append(f"| {name} | {spread(g, lo, hi)} | {ckpt / g / 1e9:.3f} |" if g else f"| {name} | – | – |")
+        if h2d or od_gbps or pc_gbps:
+            lines.append(f"| {name} | {spread(g, lo, hi)} | {ckpt / g / 1e9:.3f} |" if g else f"| {name} | – | – |")
     for key, what in (("odirect", "O_DIRECT sweep (cold, s; queue depth x block)"),
                       ("buffered", "page cache sweep (warm, s; threads x block)")):
         sweep = limits.get(f"{key}_sweep") or {}
@@ -386,6 +509,8 @@ def summarize(data):
                   "device with TENSORLIFT_EMULATED_DISCARD_COPIES=1 (the copies take the copy model's time but "
                   "move no bytes, so the CPUs that read do not also do the copies a GPU's DMA engines do); "
                   "its tensors' bytes are wrong."]
+    if data.get("sparse"):
+        lines += sparse_lines(data["sparse"])
     if "peer_pull" in data:  # Not measured: --parts without peer.
         lines += peer_lines(data["peer_pull"] or {}, ops.get("d2d", {}).get("gbps_out"))
     if ops:
@@ -451,12 +576,14 @@ def main():
     ap.add_argument("--parts", default="kernels,loads,peer",
                     help="what to measure, comma-separated: kernels (tl_gpu_kernels_bench and the pinned H2D "
                          "limit), loads (the limits' sweeps and every contender, cold and warm), peer (a pull "
-                         "from a seed process); a lease measures the loads from the wheel first, the rest "
+                         "from a seed process), sparse (the checkpoint pruned 50 %% and stored sparse against "
+                         "the same tensors dense, tensorlift cold and warm; not in the default: a lease runs "
+                         "it in its offload step); a lease measures the loads from the wheel first, the rest "
                          "after the source build")
     args = ap.parse_args()
-    bad = set(args.parts.split(",")) - {"kernels", "loads", "peer"}
+    bad = set(args.parts.split(",")) - {"kernels", "loads", "peer", "sparse"}
     if bad:
-        ap.error(f"--parts: unknown part(s) {', '.join(sorted(bad))} (kernels, loads, peer)")
+        ap.error(f"--parts: unknown part(s) {', '.join(sorted(bad))} (kernels, loads, peer, sparse)")
     os.makedirs(args.out, exist_ok=True)
     data = measure(args)
     save(args, data)
