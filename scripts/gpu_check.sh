@@ -28,6 +28,14 @@
 #           (CUDA IPC; mapped, and copied once device to device), time to
 #           usable tensors against the 0.1 s target (after setup;
 #           GPU_HANDOVER_ARGS adds to its arguments).
+#   offload  (after setup) gpu_bench.py --parts sparse: a 50 %-pruned checkpoint
+#           stored sparse against the same tensors dense, into device memory,
+#           cold and warm ($OUT/sparse/results.json, .md; SPARSE_BENCH_ARGS adds
+#           to --gb 2 --runs 3); then bench/sparse/offload_bench.py --quick:
+#           greedy generation with the blocks streamed onto the device within
+#           half the weights' bytes, tensorlift dense and sparse against
+#           accelerate's disk and CPU offload ($OUT/offload.json, its table
+#           $OUT/offload.md; OFFLOAD_BENCH_ARGS adds to its arguments).
 #
 # Each step fits one 10-minute command. Results: $OUT (default
 # bench/out/gpu/): results.json, results.md (printed at the end), and each
@@ -42,8 +50,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 step=${STEP:-all}
 out=${OUT:-$root/bench/out/gpu}
-case "$step" in setup|test|bench|all|bundle|wheel|disturbance|handover) ;; *)
-  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all, wheel, disturbance, handover or bundle)" >&2; exit 2 ;;
+case "$step" in setup|test|bench|all|bundle|wheel|disturbance|handover|offload) ;; *)
+  echo "gpu-check: unknown STEP '$step' (setup, test, bench, all, wheel, disturbance, handover, offload or bundle)" >&2
+  exit 2 ;;
 esac
 
 # The files this check needs; a missing or broken one fails the dry run too.
@@ -55,7 +64,7 @@ check_scripts() {
     n=$((n + 1))
   done
   for f in bench/gpu/gpu_bench.py bench/gpu/contender.py bench/load/gen_checkpoint.py \
-      bench/remote/gpu_handover_bench.py; do
+      bench/remote/gpu_handover_bench.py bench/sparse/offload_bench.py; do
     [ -f "$f" ] || { echo "gpu-check: $f is missing" >&2; return 1; }
     python3 -c "import ast, sys; ast.parse(open(sys.argv[1]).read(), sys.argv[1])" "$f" \
       || { echo "gpu-check: $f does not parse" >&2; return 1; }
@@ -410,6 +419,21 @@ case "$step" in
     [ "$mode" = emulated ] && hargs=(--build "$build" --device emulated:0 --gb 0.05 --runs 1 --out "$out/gpu-handover.json")
     # shellcheck disable=SC2086
     "$py" bench/remote/gpu_handover_bench.py "${hargs[@]}" ${GPU_HANDOVER_ARGS:-} || failed=1 ;;
+  offload)
+    load_env
+    log "offload"
+    # The sparse part first: short and bounded; the offload bench saves each row as it goes.
+    sargs=(--build "$root/$build" --device "$device" --out "$out/sparse" --parts sparse --gb 2 --runs 3)
+    oargs=(--build "$root/$build" --device "$device" --quick --out "$out/offload.json")
+    if [ "$mode" = emulated ]; then
+      sargs=(--build "$root/$build" --device emulated --out "$out/sparse" --parts sparse --gb 0.05 --runs 1)
+      oargs+=(--runs 1)
+    fi
+    # shellcheck disable=SC2086
+    "$py" bench/gpu/gpu_bench.py "${sargs[@]}" ${SPARSE_BENCH_ARGS:-} || failed=1
+    cat "$out/sparse/results.md" 2>/dev/null || true
+    # shellcheck disable=SC2086
+    "$py" bench/sparse/offload_bench.py "${oargs[@]}" ${OFFLOAD_BENCH_ARGS:-} || failed=1 ;;
   all) do_setup; do_test; do_bench ;;
 esac
 if [ -f "$out/tests.jsonl" ] && [ "$step" != setup ] && [ "$step" != bench ]; then

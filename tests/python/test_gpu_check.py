@@ -13,7 +13,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # What the completeness check looks at (relative to the checkout).
 CHECKED = ["scripts/gpu_check.sh", "scripts/gpu_bundle.sh", "scripts/gpu_lease.sh", "bench/gpu/gpu_bench.py",
            "bench/gpu/contender.py", "tests/device/kernels_bench.cc", "bench/load/gen_checkpoint.py", "docs/gpu.md",
-           "tests/CMakeLists.txt", "bench/remote/gpu_handover_bench.py"]
+           "tests/CMakeLists.txt", "bench/remote/gpu_handover_bench.py", "bench/sparse/offload_bench.py"]
 
 
 def has_gpu():
@@ -37,7 +37,7 @@ def test_without_a_gpu_it_says_so_in_one_line_and_exits_0():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("gpu-check: no GPU here ("), p.stdout
-    assert "checked its 9 files" in lines[0]
+    assert "checked its 10 files" in lines[0]
 
 
 @pytest.mark.skipif(has_gpu(), reason="this machine has a GPU: gpu-check would run for real")
@@ -174,3 +174,28 @@ def test_the_disturbance_step_on_the_cpu(tmp_path):
         run0 = r["runs"][0]
         assert run0["alone_per_s"] > 0 and run0["during_per_s"] > 0 and run0["pulls"] >= 1, run0
     assert "| rate limit | served from |" in p.stdout
+
+
+def test_the_offload_step_on_the_emulated_device(tmp_path):
+    # STEP=offload: the sparse part of the GPU bench, then the offload bench's tensorlift rows
+    # (accelerate's need a CUDA device), each streamed row within its budget, the same tokens.
+    out = tmp_path / "gpu"
+    setup = run({"GPU_CHECK_EMULATED": "1", "OUT": str(out), "STEP": "setup"})
+    assert setup.returncode == 0, setup.stderr[-2000:]
+    p = run({"GPU_CHECK_EMULATED": "1", "OUT": str(out), "STEP": "offload"})
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    sparse = json.loads((out / "sparse" / "results.json").read_text())["sparse"]
+    for kind in ("sparse", "dense"):
+        for state in ("cold", "warm"):
+            runs = sparse["loads"][kind][state]
+            assert runs and all(r["load_s"] > 0 for r in runs), (kind, state, runs)
+    res = json.loads((out / "offload.json").read_text())
+    assert res["complete"] and res["tensorlift_tokens_identical"], res.get("errors")
+    assert set(res["rows"]) == {"tl-dense-cold", "tl-dense-warm", "tl-sparse-cold", "tl-sparse-warm"}
+    for name, row in res["rows"].items():
+        assert row["tokens_per_s"] > 0 and row["device_bytes_within_budget"], (name, row)
+        run0 = row["median_run"]
+        cached = run0["cached_bytes_before"]
+        assert cached <= 0.05 * run0["checkpoint_bytes"] if run0["state"] == "cold" else cached > 0, (name, run0)
+    assert "skipped" in res["accelerate"]
+    assert "| tl-sparse-cold | cold |" in (out / "offload.md").read_text()
