@@ -46,7 +46,9 @@ rm -rf "$icu_tmp"
 
 # PyPI: what the GPU image lacks (it has torch, safetensors, nanobind,
 # scikit-build-core, pytest, xxhash, ml-dtypes, psutil, tqdm, nvidia-cufile).
-wheels=(fastsafetensors runai-model-streamer instanttensor)
+# accelerate (0.4 MB, pure Python) is the offload benchmark's baseline
+# (bench/sparse/offload_bench.py), whether or not the image has it.
+wheels=(fastsafetensors runai-model-streamer instanttensor accelerate)
 for w in "${wheels[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
