@@ -38,9 +38,10 @@ apt_build=(cmake make g++ pkg-config libsimdjson-dev libcli11-dev libxxhash-dev 
            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libcpp-httplib-dev libxml2-dev
            libcurl4-openssl-dev python3 python3-venv)
 # The tests' and the full build's: clang for the sanitizer and fuzz builds, MPI and UCX for
-# the multi-rank and peer backends and their tests, etcd for the registry's tests.
+# the multi-rank and peer backends and their tests, etcd for the registry's tests, graphviz
+# for the docs' diagrams (scripts/render_diagrams.sh; tests/python/test_diagrams.py).
 apt_all=(clang clang-format libclang-rt-14-dev libopenmpi-dev openmpi-bin libucx-dev ucx-utils
-         etcd-server etcd-client iproute2)
+         etcd-server etcd-client iproute2 graphviz)
 apt_pkgs=("${apt_build[@]}")
 [ "$mode" = all ] && apt_pkgs+=("${apt_all[@]}")
 missing=()
