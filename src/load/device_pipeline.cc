@@ -11,6 +11,8 @@
 // or read. Each pinned slot is taken by the reader that first reads into it,
 // from a per-process pool (PinnedPool), so that a second load pays no pinned
 // allocation, else allocated then (pinning overlaps the other reads).
+#include "load/device_pipeline.h"
+
 #include <fcntl.h>
 
 #include <algorithm>
@@ -29,7 +31,6 @@
 #include "load/checkpoint_builder.h"
 #include "load/device_plan.h"
 #include "load/file_job.h"
-#include "load/loader_internal.h"
 #include "load/owners.h"
 #include "tensorlift/text.h"
 

@@ -7,9 +7,10 @@
 #include <utility>
 
 #include "common/checked_math.h"
+#include "load/device_pipeline.h"
 #include "load/device_plan.h"
 #include "load/file_job.h"
-#include "load/loader_internal.h"
+#include "load/sparse_load.h"
 
 namespace tensorlift {
 namespace {

@@ -2,6 +2,8 @@
 // stored parts are what is read; each group is decoded into its dense tensor
 // as soon as the files holding its parts are in, while the other files are
 // still being read; then the memory of the parts is given back.
+#include "load/sparse_load.h"
+
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -21,8 +23,9 @@
 #include "device/device.h"
 #include "device/host_buffer.h"
 #include "load/checkpoint_builder.h"
+#include "load/device_pipeline.h"
 #include "load/file_job.h"
-#include "load/loader_internal.h"
+#include "load/host_load.h"
 #include "load/owners.h"
 #include "tensorlift/bitmask.h"
 #include "tensorlift/sparse.h"
@@ -98,17 +101,22 @@ void Release(const std::byte* p, uint64_t bytes) {
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
-}  // namespace
-
 // What a host load of a sparse checkpoint reads and where it decodes.
-struct LoaderImpl::Selection {
+struct Selection {
   std::vector<const sparse::SparseTensor*> groups;  // Dense names passing the filter.
   std::vector<uint64_t> dense_offset;               // Of each group in the dense buffer.
   uint64_t dense_total = 0;
   std::vector<std::string> plain;  // Plain tensors passing the filter.
 };
 
-namespace {
+// Where a group was decoded.
+struct DecodedTensor {
+  std::byte* data;
+  Dtype dtype;
+  uint64_t nbytes;
+  DeviceType device;
+  int device_index;
+};
 
 // The groups and plain tensors the load's filter accepts; only those groups'
 // shapes are read.
@@ -117,8 +125,8 @@ Result<sparse::SparseCatalog> CatalogFor(const Checkpoint& ckpt, const TensorFil
 }
 
 // The catalog holds only what the load's filter accepts (CatalogFor).
-LoaderImpl::Selection Select(const Checkpoint& ckpt, const sparse::SparseCatalog& catalog) {
-  LoaderImpl::Selection sel;
+Selection Select(const Checkpoint& ckpt, const sparse::SparseCatalog& catalog) {
+  Selection sel;
   for (const auto& g : catalog.sparse) {
     sel.groups.push_back(&g);
     sel.dense_offset.push_back(sel.dense_total);
@@ -148,9 +156,9 @@ Status DecodeGroup(const Checkpoint& ckpt, const sparse::SparseTensor& g, const 
 }
 
 // The host-decoded tensors of a selection, in `dense`.
-std::vector<LoaderImpl::DecodedTensor> HostDecoded(const LoaderImpl::Selection& sel,
-                                                   const std::shared_ptr<HostBuffer>& dense) {
-  std::vector<LoaderImpl::DecodedTensor> out;
+std::vector<DecodedTensor> HostDecoded(const Selection& sel,
+                                       const std::shared_ptr<HostBuffer>& dense) {
+  std::vector<DecodedTensor> out;
   for (size_t i = 0; i < sel.groups.size(); ++i) {
     out.push_back({dense->data() + sel.dense_offset[i], sel.groups[i]->dtype,
                    sel.groups[i]->dense_bytes(), DeviceType::kCpu, 0});
@@ -164,17 +172,30 @@ int DecodeThreads() {
   return std::clamp<int>(static_cast<int>(std::thread::hardware_concurrency()), 1, 2);
 }
 
+Result<CheckpointBuilder> RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
+                                          const EngineWrapper& wrap, const Selection& sel,
+                                          const std::shared_ptr<HostBuffer>& dense);
+Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
+                                          const EngineWrapper& wrap, const Selection& sel,
+                                          const std::shared_ptr<HostBuffer>& dense);
+// The loaded plain tensors of `in` with the decoded groups (owned by
+// `owner`); the parts' host arenas are given back.
+CheckpointBuilder Assemble(const Checkpoint& ckpt, CheckpointBuilder in,
+                           const std::vector<const sparse::SparseTensor*>& groups,
+                           const std::vector<DecodedTensor>& decoded,
+                           const std::shared_ptr<Buffer>& owner);
+
 }  // namespace
 
-Result<LoadedCheckpoint> LoaderImpl::RunSparse(const Checkpoint& ckpt, const LoadOptions& options,
-                                               const EngineWrapper& wrap) {
+Result<LoadedCheckpoint> LoadSparseOnHost(const Checkpoint& ckpt, const LoadOptions& options,
+                                          const EngineWrapper& wrap) {
   const auto t0 = std::chrono::steady_clock::now();
   TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, CatalogFor(ckpt, options.filter));
   const Selection sel = Select(ckpt, catalog);
   if (sel.groups.empty()) {  // The plain tensors only (a filter may still match parts' names).
     LoadOptions plain = options;
     plain.filter = TensorFilter::Names(sel.plain);
-    return Run(ckpt, plain, wrap);
+    return LoadOnHost(ckpt, plain, wrap);
   }
   std::shared_ptr<HostBuffer> dense;
   if (sel.dense_total > 0) {
@@ -188,13 +209,13 @@ Result<LoadedCheckpoint> LoaderImpl::RunSparse(const Checkpoint& ckpt, const Loa
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
+namespace {
+
 // mmap: the parts are read through the files' mappings (the page cache); each
 // group is decoded from there once its files are mapped.
-Result<CheckpointBuilder> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt,
-                                                      const LoadOptions& options,
-                                                      const EngineWrapper& wrap,
-                                                      const Selection& sel,
-                                                      const std::shared_ptr<HostBuffer>& dense) {
+Result<CheckpointBuilder> RunSparseMapped(const Checkpoint& ckpt, const LoadOptions& options,
+                                          const EngineWrapper& wrap, const Selection& sel,
+                                          const std::shared_ptr<HostBuffer>& dense) {
   const auto& groups = sel.groups;
   std::vector<std::string> stored = sel.plain;
   // Per stored part (by shard and index): its group and which part it is.
@@ -239,7 +260,7 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt,
   };
   LoadOptions stored_options = options;
   stored_options.filter = TensorFilter::Names(std::move(stored));
-  Result<LoadedCheckpoint> raw = Run(ckpt, stored_options, wrap, &hooks);
+  Result<LoadedCheckpoint> raw = LoadOnHost(ckpt, stored_options, wrap, &hooks);
   Status decoded = queue.Finish(/*abort=*/!raw.ok());
   if (!raw.ok()) return raw.status();
   TL_RETURN_IF_ERROR(decoded);
@@ -251,11 +272,9 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseMapped(const Checkpoint& ckpt,
 // a few reused staging slots (so the only fresh memory is the dense tensors',
 // as in a dense load), and decoded from there by other threads while the next
 // group is read.
-Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt,
-                                                      const LoadOptions& options,
-                                                      const EngineWrapper& wrap,
-                                                      const Selection& sel,
-                                                      const std::shared_ptr<HostBuffer>& dense) {
+Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOptions& options,
+                                          const EngineWrapper& wrap, const Selection& sel,
+                                          const std::shared_ptr<HostBuffer>& dense) {
   const auto& groups = sel.groups;
   // The plain tensors first, as a dense load of them (its progress counts
   // toward the whole).
@@ -275,7 +294,7 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt,
       options.progress(whole);
     };
   }
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint plain_loaded, Run(ckpt, plain_options, wrap));
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint plain_loaded, LoadOnHost(ckpt, plain_options, wrap));
   CheckpointBuilder plain(std::move(plain_loaded));
 
   // The files holding parts, opened once (the mode per file, as for any load).
@@ -467,10 +486,10 @@ Result<CheckpointBuilder> LoaderImpl::RunSparseStaged(const Checkpoint& ckpt,
 
 // The loaded plain tensors with the decoded ones, in name order; the parts'
 // memory, where it is a host arena of the load, goes back to the system.
-CheckpointBuilder LoaderImpl::Assemble(const Checkpoint& ckpt, CheckpointBuilder in,
-                                       const std::vector<const sparse::SparseTensor*>& groups,
-                                       const std::vector<DecodedTensor>& decoded,
-                                       const std::shared_ptr<Buffer>& owner) {
+CheckpointBuilder Assemble(const Checkpoint& ckpt, CheckpointBuilder in,
+                           const std::vector<const sparse::SparseTensor*>& groups,
+                           const std::vector<DecodedTensor>& decoded,
+                           const std::shared_ptr<Buffer>& owner) {
   std::unordered_map<std::string_view, bool> part;
   for (const auto* g : groups) {
     for (auto loc : {g->values, g->bitmask, g->row_offsets, g->shape_tensor})
@@ -504,6 +523,8 @@ CheckpointBuilder LoaderImpl::Assemble(const Checkpoint& ckpt, CheckpointBuilder
   return in;  // Finish puts the tensors in name order.
 }
 
+}  // namespace
+
 bool MayBeSparse(const Checkpoint& ckpt) {
   for (auto loc : ckpt.tensors()) {
     if (ckpt.info(loc).name.ends_with(sparse::kBitmaskSuffix)) return true;
@@ -515,7 +536,7 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
                                                  const std::shared_ptr<Device>& device) {
   const auto t0 = std::chrono::steady_clock::now();
   TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, CatalogFor(ckpt, options.filter));
-  const LoaderImpl::Selection sel = Select(ckpt, catalog);
+  const Selection sel = Select(ckpt, catalog);
   if (sel.groups.empty()) {  // The plain tensors only (a filter may still match parts' names).
     LoadOptions plain = options;
     plain.filter = TensorFilter::Names(sel.plain);
@@ -580,14 +601,13 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
   TL_RETURN_IF_ERROR(st);
   TL_RETURN_IF_ERROR(synced);
 
-  std::vector<LoaderImpl::DecodedTensor> decoded;
+  std::vector<DecodedTensor> decoded;
   for (size_t i = 0; i < groups.size(); ++i) {
     const LoadedTensor* values = in.Find(ckpt.info(groups[i]->values).name);
     decoded.push_back({dense ? dense->data() + offset[i] : nullptr, dtype[i],
                        shape[i].dense_bytes(), values->device, values->device_index});
   }
-  CheckpointBuilder out =
-      LoaderImpl::Assemble(ckpt, CheckpointBuilder(std::move(in)), groups, decoded, dense);
+  CheckpointBuilder out = Assemble(ckpt, CheckpointBuilder(std::move(in)), groups, decoded, dense);
   out.device_plan().device_bytes += total;
   return std::move(out).Finish(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -379,7 +379,7 @@ Result<std::string> MergeConfig(const std::string& text, const std::string& spar
   return out + "\n";
 }
 
-Result<std::string> ReadSmall(const std::string& path, uint64_t size) {
+Result<std::string> ReadCompanion(const std::string& path, uint64_t size) {
   TL_ASSIGN_OR_RETURN(PosixFile f, PosixFile::OpenForRead(path));
   std::string data(size, '\0');
   TL_RETURN_IF_ERROR(ReadExactlyAt(f.fd(), 0, data.data(), size));
@@ -409,7 +409,7 @@ Status CopyCompanions(const std::string& dir, const SparsifyOptions& opts,
                                              std::to_string(opts.max_copy_bytes));
       continue;
     }
-    auto read = ReadSmall(path, size);
+    auto read = ReadCompanion(path, size);
     if (!read.ok()) return read.status().WithContext(path);
     std::string data = std::move(read).value();
     if (name == "config.json" && !sparsity_config.empty() && opts.write_sparsity_config) {

@@ -5,6 +5,8 @@
 // in flight when they complete out of order; pinned slots are kept for the
 // next load; the device-memory plan is computed first and respected; errors
 // free everything.
+#include "load/device_pipeline.h"
+
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -25,7 +27,6 @@
 #include "io/direct_reader.h"
 #include "io/page_cache.h"
 #include "load/device_plan.h"
-#include "load/loader_internal.h"
 #include "load/planner.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/convert.h"

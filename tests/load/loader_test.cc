@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "../common/assert_ok.h"
+#include "device/populate.h"
 #include "io/page_cache.h"
 #include "load/arena_pool.h"
 #include "load/checkpoint_builder.h"
