@@ -1,5 +1,5 @@
 // The MPI communicator (built when mpi.h is found; mpi_none.cc otherwise). MPI
-// itself is opened at run time (dist/mpi_api.h): every MPI call below goes
+// itself is opened at run time (ranks/mpi_api.h): every MPI call below goes
 // through the table LoadMpi fills.
 #include <mpi.h>
 
@@ -12,7 +12,7 @@
 #include <mutex>
 #include <string>
 
-#include "dist/mpi_api.h"
+#include "ranks/mpi_api.h"
 #include "tensorlift/communicator.h"
 
 namespace tensorlift {

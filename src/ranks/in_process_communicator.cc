@@ -1,4 +1,4 @@
-#include "dist/in_process_communicator.h"
+#include "ranks/in_process_communicator.h"
 
 #include <condition_variable>
 #include <cstddef>

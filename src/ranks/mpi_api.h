@@ -8,8 +8,8 @@
 // The library: $TENSORLIFT_MPI_LIB, else the soname of the implementation
 // whose mpi.h this was built with (Open MPI's libmpi.so.40, MPICH's
 // libmpi.so.12), opened RTLD_GLOBAL, as Open MPI's own components need.
-#ifndef TENSORLIFT_DIST_MPI_API_H_
-#define TENSORLIFT_DIST_MPI_API_H_
+#ifndef TENSORLIFT_RANKS_MPI_API_H_
+#define TENSORLIFT_RANKS_MPI_API_H_
 
 #include <mpi.h>
 
@@ -91,4 +91,4 @@ const MpiApi& Mpi();
 #define MPI_ERRORS_RETURN (static_cast<MPI_Errhandler>(::tensorlift::Mpi().errors_return))
 #endif
 
-#endif  // TENSORLIFT_DIST_MPI_API_H_
+#endif  // TENSORLIFT_RANKS_MPI_API_H_

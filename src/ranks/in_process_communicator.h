@@ -14,8 +14,8 @@
 // default), device addresses with the emulated device or a GPU, copied on the
 // receiving rank's stream of that device (device to device, as NCCL moves
 // GPU buffers). All ranks share the one device.
-#ifndef TENSORLIFT_DIST_IN_PROCESS_COMMUNICATOR_H_
-#define TENSORLIFT_DIST_IN_PROCESS_COMMUNICATOR_H_
+#ifndef TENSORLIFT_RANKS_IN_PROCESS_COMMUNICATOR_H_
+#define TENSORLIFT_RANKS_IN_PROCESS_COMMUNICATOR_H_
 
 #include <memory>
 #include <vector>
@@ -33,4 +33,4 @@ Result<std::vector<std::unique_ptr<Communicator>>> MakeInProcessCommunicators(
 
 }  // namespace tensorlift
 
-#endif  // TENSORLIFT_DIST_IN_PROCESS_COMMUNICATOR_H_
+#endif  // TENSORLIFT_RANKS_IN_PROCESS_COMMUNICATOR_H_

@@ -1,5 +1,5 @@
 // MPI by dlopen (mpi_api.h).
-#include "dist/mpi_api.h"
+#include "ranks/mpi_api.h"
 
 #include <mutex>
 #include <string>
