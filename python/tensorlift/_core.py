@@ -6,13 +6,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _dtypes
 from ._errors import not_instance
+from ._sources import is_object_url  # noqa: F401 (importable from here as before)
 from ._tensorlift import Checkpoint
 from ._tensors import device_name, require_framework, tensor_from
-
-
-def is_object_url(path) -> bool:
-    """True for s3:// and gs:// paths (object storage: docs/object-storage.md)."""
-    return isinstance(path, str) and path.startswith(("s3://", "gs://"))
 
 
 def check_metadata(metadata) -> None:

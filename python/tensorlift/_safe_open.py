@@ -571,7 +571,7 @@ class safe_open:
         # The reference's order: the arguments (filename, framework, device, backend), then
         # opening the file, then whether the framework takes the device, then the header.
         self._file = None
-        from ._core import is_object_url
+        from ._sources import is_object_url
         from .remote import Peer
         peer, url = isinstance(filename, Peer), is_object_url(filename)
         if not (peer or url):

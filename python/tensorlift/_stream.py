@@ -90,7 +90,8 @@ def stream(paths, device="cpu", framework: str = "pt",
     into memory reuse the memory of pieces whose tensors were dropped (an
     ArenaPool): a few pieces' worth is faulted in, not the whole checkpoint.
     """
-    from ._core import is_object_url, load
+    from ._core import load
+    from ._sources import is_object_url
     from ._tensorlift import ArenaPool
     from ._tensors import require_framework
     require_framework(framework, "tensorlift.stream")

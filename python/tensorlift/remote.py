@@ -24,7 +24,8 @@ import re
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 from . import _tensorlift as _tl
-from ._core import is_object_url as _is_object_url
+from ._sources import is_object_url as _is_object_url
+from ._sources import select_names as _select
 from ._tensors import tensor_from
 
 __all__ = ["Peer", "Server", "serve", "serve_tensors", "load_from_peer", "load_striped", "key_for", "last_report"]
@@ -311,18 +312,6 @@ class Peer:
 
     def __repr__(self):
         return f"tensorlift.remote.Peer({self.urls}, registry={self.registry!r}, key={self.key})"
-
-
-def _select(names: List[str], filter) -> List[str]:
-    if filter is None:
-        return names
-    if isinstance(filter, str):
-        rx = re.compile(filter)
-        return [n for n in names if rx.search(n)]
-    if callable(filter):
-        return [n for n in names if filter(n)]
-    wanted = set(filter)
-    return [n for n in names if n in wanted]
 
 
 def load_peer(peer: Peer, framework: str = "pt",

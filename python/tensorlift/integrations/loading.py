@@ -180,7 +180,8 @@ def iterate_striped(files: List[str], model_dir: str, device: str, options: Dict
     anyway). One piece is loaded ahead while the caller consumes the previous one."""
     import concurrent.futures
     from .. import remote
-    from .._core import is_object_url, tensor_from
+    from .._core import tensor_from
+    from .._sources import is_object_url
     from .._tensorlift import load_striped
     stripe = options["stripe"]
     # The peers serve the whole checkpoint under its key (its name and a digest of its headers).

@@ -74,7 +74,7 @@ def _make_loader_class() -> type:
             self._buckets = {}
 
         def _note(self, model_config) -> None:
-            from .._core import is_object_url
+            from .._sources import is_object_url
             self._model_config = model_config
             url = getattr(model_config, "model_weights", None) or ""
             if is_object_url(url):
@@ -193,7 +193,7 @@ def _keep_format_for_object_storage(server_args, previous) -> None:
     handle_model_source_paths, with runai-model-streamer) and ModelConfig keeps the URL in
     model_weights, where the loader finds it."""
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-    from .._core import is_object_url
+    from .._sources import is_object_url
     cfg = resolving_view(server_args)
     ours = isinstance(cfg.load_format, str) and cfg.load_format.lower() == NAME
     previous(server_args)

@@ -192,7 +192,7 @@ def _make_loader_class():
 def _weights_url(model_config) -> str:
     """The s3:// or gs:// URL of the model's weights ("" for a local or Hugging Face model): vLLM
     keeps it in model_weights once it has pulled the config and tokenizer to a local directory."""
-    from .._core import is_object_url
+    from .._sources import is_object_url
     url = getattr(model_config, "model_weights", "") or ""
     return url if is_object_url(url) else ""
 
