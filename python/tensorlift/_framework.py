@@ -7,29 +7,13 @@ ModuleNotFoundError of the framework's import (docs/python.md).
 """
 from __future__ import annotations
 
-import importlib
 import os
 from typing import Callable, Dict, Optional, Union
 
 import numpy as np
 
-
-def framework(name: str):
-    """The framework's module (ModuleNotFoundError, as the reference's import, when it is missing)."""
-    return importlib.import_module(name)
-
-
-def paddle_from_numpy(a: np.ndarray):
-    """A paddle Tensor of `a`'s values; bfloat16 and float8 arrays (ml_dtypes) through their bytes,
-    which paddle.to_tensor does not take."""
-    paddle = framework("paddle")
-    by_bytes = {"bfloat16": paddle.bfloat16, "float8_e4m3fn": paddle.float8_e4m3fn, "float8_e5m2": paddle.float8_e5m2}
-    dtype = by_bytes.get(a.dtype.name)
-    if dtype is None:
-        return paddle.to_tensor(a)
-    if a.size == 0:
-        return paddle.empty(list(a.shape), dtype=dtype)
-    return paddle.base.core.frombuffer(bytearray(a.tobytes()), dtype).reshape(list(a.shape))
+from . import numpy as _tl_np
+from ._framework_table import framework, paddle_from_numpy  # noqa: F401 (importable from here as before)
 
 
 class NumpyBridge:
@@ -58,20 +42,16 @@ class NumpyBridge:
         return tensors
 
     def save(self, tensors, metadata: Optional[Dict[str, str]] = None) -> bytes:
-        from . import numpy as _tl_np
         return _tl_np.save(self.to_np(tensors), metadata=metadata)
 
     def save_file(self, tensors, filename: Union[str, os.PathLike], metadata: Optional[Dict[str, str]] = None) -> None:
-        from . import numpy as _tl_np
         _tl_np.save_file(self.to_np(tensors), filename, metadata=metadata)
 
     def load(self, data: bytes):
-        from . import numpy as _tl_np
         framework(self.module)
         return self.from_np(_tl_np.load(data))
 
     def load_file(self, filename: Union[str, os.PathLike]):
-        from . import numpy as _tl_np
         framework(self.module)
         return self.from_np(_tl_np.load_file(filename))
 

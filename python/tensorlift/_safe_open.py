@@ -21,8 +21,8 @@ import numpy as np
 
 from . import _dtypes
 from ._tensors import _DLPackBytes, tensor_from
-from ._framework import framework as framework_module
-from ._framework import paddle_from_numpy
+from ._framework_table import FRAMEWORKS, FROM_NUMPY, REFERENCE_NAMES
+from ._framework_table import framework as framework_module
 from ._errors import FormatError, SafetensorError, deserializing, not_instance, path_argument
 from ._tensorlift import Checkpoint
 
@@ -33,19 +33,7 @@ __all__ = ["safe_open"]
 # microseconds instead of the loader's ~50-100 (thread start-up, planning).
 _LOADER_MIN_BYTES = 8 << 20
 
-_FRAMEWORKS = {"pt": "pt", "torch": "pt", "pytorch": "pt", "np": "np", "numpy": "np", "flax": "flax", "jax": "flax",
-               "tf": "tensorflow", "tensorflow": "tensorflow", "mlx": "mlx", "paddle": "paddle"}
-# The reference's names for the frameworks, in its messages.
-_FRAMEWORK_NAMES = {"pt": "pytorch", "np": "numpy"}
 _BACKENDS = ("mmap", "pread")
-# Frameworks read through numpy, then converted (the framework imported on first use:
-# ModuleNotFoundError, as the reference, when it is missing).
-_OTHER_FRAMEWORKS = {
-    "flax": lambda a: framework_module("jax.numpy").array(a),
-    "tensorflow": lambda a: framework_module("tensorflow").convert_to_tensor(a),
-    "mlx": lambda a: framework_module("mlx.core").array(a),
-    "paddle": lambda a: paddle_from_numpy(a),
-}
 
 
 class _TensorNotFound(SafetensorError, KeyError):
@@ -589,7 +577,7 @@ class safe_open:
         self._file = None
         if not isinstance(framework, str):
             raise not_instance("framework", framework, "str")
-        fw = _FRAMEWORKS.get(framework)
+        fw = FRAMEWORKS.get(framework)
         if fw is None:
             raise SafetensorError(f"framework {framework} is invalid")
         dev = _device(device)
@@ -598,13 +586,13 @@ class safe_open:
         if backend not in _BACKENDS:
             raise SafetensorError(f'backend "{backend}" is invalid (expected one of: "mmap", "pread")')
         # Other frameworks are read as numpy, then handed to the framework.
-        convert = _OTHER_FRAMEWORKS.get(fw)
+        convert = FROM_NUMPY.get(fw)
         self._framework = "pt" if fw == "pt" else "np"
         self._post = convert if convert is not None else (None if dev is None else (lambda t: t.to(dev)))
         self._paddle = fw == "paddle"
         self._device_error = None
         if dev is not None and fw != "pt":  # Only torch moves tensors to a device.
-            self._device_error = f"Device {dev} is not supported for framework {_FRAMEWORK_NAMES.get(fw, fw)}"
+            self._device_error = f"Device {dev} is not supported for framework {REFERENCE_NAMES.get(fw, fw)}"
 
     def _check_device(self) -> None:
         # (paddle: after its import, in _opened; the reference moves paddle Tensors to devices, so
