@@ -60,7 +60,7 @@ Result<std::unique_ptr<HostBuffer>> HostBuffer::AllocateOwned(uint64_t bytes) {
     }
     // No MADV_HUGEPAGE: measured on VMs that return freed memory to the host
     // (free page reporting), first touch of huge pages was 2-3x slower than of
-    // base pages (docs/performance.md).
+    // base pages (docs/performance-load.md, "Caveats of this machine").
     buf->mapped_ = true;
     buf->data_ = static_cast<std::byte*>(p);
   } else {

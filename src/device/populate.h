@@ -25,7 +25,7 @@ int FaultThreadCount(int requested);
 // Its threads are all started before any of them populates: a thread's start
 // maps its stack, which waits for the mmap lock that a populate step holds
 // (tens of ms each on the 2-CPU machine measured, during which no read was
-// submitted; docs/performance-load.md).
+// submitted; CHANGELOG.md, 2026-11-26).
 class PopulateAhead {
  public:
   struct Region {

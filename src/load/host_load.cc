@@ -177,7 +177,7 @@ class Deliverer {
 
 }  // namespace
 
-// Engine choice. Measured on this project's machines (docs/performance.md):
+// Engine choice. Measured on this project's machines (docs/loading.md, "Engines"):
 // io_uring keeps more O_DIRECT reads in flight than a thread pool of the same
 // size, while buffered io_uring reads are punted to io-wq workers and trail a
 // plain pread pool. So `auto` uses io_uring for direct reads and threads for
