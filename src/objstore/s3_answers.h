@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "objstore/s3_client.h"
+#include "objstore/object_info.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift::objstore {

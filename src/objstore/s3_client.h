@@ -31,6 +31,7 @@
 #include <string_view>
 #include <vector>
 
+#include "objstore/object_info.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift::objstore {
@@ -100,12 +101,6 @@ struct S3Settings {
   int retry_base_ms = 100;       // Backoff: base * 2^attempt, with jitter, capped at 5 s.
 };
 Result<S3Settings> ResolveS3Settings(std::string_view scheme, const S3Overrides& overrides);
-
-struct ObjectInfo {
-  std::string key;
-  uint64_t size = 0;
-  std::string etag;
-};
 
 // One ranged GET: bytes [offset, offset + bytes) of bucket/key land in
 // dst[0, bytes). A range past the object's end is an error ("short object").
