@@ -21,7 +21,7 @@ protocol; the C++ API is include/tensorlift/remote.h.
 """
 import os
 import re
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, Optional, Sequence, Union
 
 from . import _tensorlift as _tl
 from ._sources import is_object_url as _is_object_url
