@@ -31,7 +31,9 @@ import sys
 LAYERS = ["common", "kernels", "io", "format", "device", "sparse", "load", "ranks", "remote", "objstore", "sources", "capabilities"]
 OUTSIDE = ["include", "tools", "python/src", "bench", "examples"]
 # Headers their folder keeps to itself.
-PRIVATE = ["load/loader_internal.h", "load/owners.h"]
+PRIVATE = ["load/loader_internal.h", "load/owners.h", "load/host_load.h", "load/sparse_load.h",
+           "load/device_pipeline.h", "load/device_pipeline_steps.h", "load/pinned_pool.h",
+           "load/device_ring.h"]
 INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 SOURCES = (".h", ".cc", ".cu", ".cuh", ".cpp")
 # The Python package whose imports are checked for circles, and its compiled module (no source).
