@@ -13,7 +13,10 @@
 #   peer_reader.cc   PeerReader: byte ranges of a whole-tensor peer's tensors (the striper's peer source)
 #   peer_load.cc     LoadFromPeer: key check, manifest, pulls, checksums, fallback
 #   ucx_transport.cc the UCX data plane (TENSORLIFT_WITH_UCX = AUTO | ON | OFF),
-#                    else ucx_none.cc says "built without UCX" at run time.
+#                    else ucx_none.cc says "built without UCX" at run time; with
+#   ucx_core.cc      UCX's context and worker, shared by the two sides,
+#   ucx_server.cc    UcxServer (mapped regions, workers, the progress thread),
+#   ucx_client.cc    UcxClient (an endpoint, one-sided gets).
 #   ucx_api.cc       UCX's functions, loaded at run time (dlopen; UCX is not linked).
 find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 # Debian's cpp-httplib is a compiled library whose build macros (OpenSSL, zlib,
@@ -48,7 +51,8 @@ if(TENSORLIFT_HAVE_UCX)
   # UCX's headers only: the library is loaded at run time (ucx_api.cc), one
   # build per process, Debian's libucp.so.0 or $TENSORLIFT_UCX_LIB, so that a
   # CUDA build of UCX can replace it (docs/remote.md, "Devices").
-  target_sources(tl_remote PRIVATE remote/ucx_api.cc)
+  target_sources(tl_remote PRIVATE remote/ucx_api.cc remote/ucx_core.cc remote/ucx_server.cc
+                                   remote/ucx_client.cc)
   target_include_directories(tl_remote PRIVATE ${UCX_INCLUDE_DIRS})
   target_compile_options(tl_remote PRIVATE ${UCX_CFLAGS_OTHER})
   target_link_libraries(tl_remote PRIVATE ${CMAKE_DL_LIBS})
