@@ -1,8 +1,8 @@
 // libcurl, opened at run time (dlopen) rather than linked: the S3 client is
 // optional, and a wheel must import and load from disk on machines without
-// libcurl. s3_client.cc is written against curl.h as usual; this header,
-// included after curl.h, points each curl_* call it makes at the table that
-// LoadCurl fills.
+// libcurl. The client (s3_client.cc, s3_transfers.cc, s3_transfer_checks.cc)
+// is written against curl.h as usual; this header, included after curl.h,
+// points each curl_* call it makes at the table that LoadCurl fills.
 //
 // Where libcurl is looked for, in order: $TENSORLIFT_CURL_LIB; the system's
 // libcurl.so.4; the libcurl that PyPI's pycurl wheel carries

@@ -2,7 +2,8 @@
 // bodies, Content-Range headers, and the small pieces they are made of.
 // Everything here is untrusted input from the network, so each parser is
 // bounded and fuzzed (tests/fuzz/s3_answers_fuzz.cc). None of it needs
-// libcurl: the client (s3_client.cc) calls these on the bytes it received.
+// libcurl: the client (s3_client.cc, s3_transfer_checks.cc) calls these on
+// the bytes it received.
 #ifndef TENSORLIFT_OBJSTORE_S3_ANSWERS_H_
 #define TENSORLIFT_OBJSTORE_S3_ANSWERS_H_
 

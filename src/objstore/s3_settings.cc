@@ -1,5 +1,5 @@
 // Object URLs and S3 settings, found the way AWS's tools find them (see
-// s3_client.h): overrides, then AWS_* variables, then the shared credentials
+// s3_settings.h): overrides, then AWS_* variables, then the shared credentials
 // and config files of the profile.
 //
 // The files are INI text: "[section]" headers, "key = value" lines, full-line
@@ -7,6 +7,8 @@
 // value (config's nested "s3 =" settings), stored as "s3.key". They are read
 // with limits on size, line length and section count; a missing file is no
 // error, an unreadable or oversized one is.
+#include "objstore/s3_settings.h"
+
 #include <errno.h>
 #include <sys/stat.h>
 
@@ -21,7 +23,6 @@
 
 #include "common/posix_file.h"
 #include "io/read_op.h"
-#include "objstore/s3_client.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::objstore {
