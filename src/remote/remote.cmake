@@ -11,7 +11,11 @@
 #   share.cc         ShareTensors: a process's tensors into sealed shared memory
 #   control.cc       the control-plane client (signed requests, GET /v1/key)
 #   peer_reader.cc   PeerReader: byte ranges of a whole-tensor peer's tensors (the striper's peer source)
-#   peer_load.cc     LoadFromPeer: key check, manifest, pulls, checksums, fallback
+#   peer_load.cc     LoadFromPeer: finding sources, trying them, the fallback; with
+#   peer_pull.cc     Puller: a pull from one group of source ranks (gets, chunk checks),
+#   peer_check.cc    its sessions and manifests checked against the key, each other, the fallback,
+#   peer_plan.cc     the gets of each source rank and where they land,
+#   peer_content.cc  PeerKey::content checked on the bytes received.
 #   ucx_transport.cc the UCX data plane (TENSORLIFT_WITH_UCX = AUTO | ON | OFF),
 #                    else ucx_none.cc says "built without UCX" at run time; with
 #   ucx_core.cc      UCX's context and worker, shared by the two sides,
@@ -36,6 +40,10 @@ add_library(tl_remote STATIC
   remote/share.cc
   remote/control.cc
   remote/peer_load.cc
+  remote/peer_pull.cc
+  remote/peer_check.cc
+  remote/peer_plan.cc
+  remote/peer_content.cc
   remote/peer_reader.cc
 )
 target_link_libraries(tl_remote PUBLIC tl_load tl_format tl_common
@@ -59,6 +67,6 @@ if(TENSORLIFT_HAVE_UCX)
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)
-  set_source_files_properties(remote/manifest.cc remote/registry.cc remote/server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/layout.cc remote/slice.cc
+  set_source_files_properties(remote/manifest.cc remote/registry.cc remote/server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/layout.cc remote/slice.cc
     PROPERTIES COMPILE_OPTIONS "-Wno-maybe-uninitialized")
 endif()

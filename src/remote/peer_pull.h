@@ -1,0 +1,142 @@
+// LoadFromPeer's pull from one group of source ranks (Puller), private to
+// remote/: the steps are defined in peer_check.cc (sessions, and what the
+// sources serve checked against the key, each other and the fallback
+// checkpoint) and peer_pull.cc (the gets, their checks, the result).
+#ifndef TENSORLIFT_REMOTE_PEER_PULL_H_
+#define TENSORLIFT_REMOTE_PEER_PULL_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "device/device.h"
+#include "load/checkpoint_builder.h"
+#include "remote/control.h"
+#include "remote/layout.h"
+#include "remote/manifest.h"
+#include "remote/peer_access.h"
+#include "remote/peer_plan.h"
+#include "remote/ucx_transport.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/loader.h"
+#include "tensorlift/remote.h"
+
+namespace tensorlift::remote {
+
+// A source rank's pull: its endpoint, session and manifest.
+struct Source {
+  const Control* control = nullptr;
+  const PeerInfo* info = nullptr;  // What its GET /v1/key said.
+  std::string session;
+  Manifest manifest;
+  std::unique_ptr<UcxClient> ucx;
+  std::vector<uint32_t> regions;  // Manifest region -> client region index.
+  uint64_t pulled = 0;
+  std::string transports;  // What UCX used, for the report.
+};
+
+// A tensor as the fallback checkpoint's headers give it (what a disk load
+// would hand out: sparse groups by their dense names).
+struct Expected {
+  std::string name;
+  Dtype dtype;
+  std::vector<int64_t> shape;
+};
+
+// Pulls a checkpoint from a group of source ranks (one endpoint per rank):
+// one per LoadFromPeer, tried on group after group.
+class Puller {
+ public:
+  // Reads the fallback checkpoint's tensors (FallbackTensors, peer_check.cc).
+  Puller(const PeerKey& key, const PeerLoadOptions& options, std::shared_ptr<Device> device);
+
+  // Pulls from `group` (one endpoint per source rank, index = rank). On
+  // failure `failed_url` names the endpoint to blame (empty: the first).
+  Result<LoadedCheckpoint> Pull(const std::vector<const Control*>& group,
+                                const std::vector<const PeerInfo*>& infos,
+                                std::vector<ShardOf>* shards, PeerLoadReport* report,
+                                std::string* failed_url);
+
+ private:
+  // Opens a session on each source rank and checks its manifest: the key,
+  // and the rank and size it says against the group's.
+  Status OpenSessions(const std::vector<const Control*>& group, std::vector<Source>* sources,
+                      std::string* failed_url) const;
+
+  // Whether the one source rank offers this host a handover of exactly the
+  // tensors wanted, whole (PeerLoadOptions::handover).
+  bool HandsOverWhole(const std::vector<Source>& sources, const std::vector<Wanted>& wanted) const;
+
+  // The destination's tensors (rank 0's list), checked across the source
+  // ranks; `failed_url` is set to the rank that disagrees.
+  Result<std::vector<Wanted>> PlanWanted(const std::vector<const Control*>& group,
+                                         const std::vector<Source>& sources, const Layout& layout,
+                                         std::string* failed_url) const;
+
+  // A peer whose tensors (names, full shapes, and dtypes unless the key
+  // converts them) are not the fallback checkpoint's serves another model
+  // under this key: its checksums only say that its bytes are its own.
+  Status MatchesFallback(const std::string& url, const std::vector<Wanted>& wanted) const;
+
+  // Rank 0's tensor `t` as the destination wants it: split as the layout
+  // says, every rank holding its part, and this rank's part of it.
+  Result<Wanted> WantedFor(const ManifestTensor& t, const std::vector<const Control*>& group,
+                           const std::vector<Source>& sources, const Layout& layout,
+                           std::string* failed_url) const;
+
+  // Every source rank holds rank 0's tensor `t` (same dtype, full shape and
+  // split dim) and, when it is split, its own part of it.
+  static Status CheckRanksAgree(const ManifestTensor& t, const std::vector<const Control*>& group,
+                                const std::vector<Source>& sources, std::string* failed_url);
+
+  // Pulls source rank `r`'s part of the destination into `buffer`: the gets,
+  // then the copies out of the staging chunks, once every chunk has checked
+  // out. False when the rank holds nothing the destination wants.
+  Result<bool> PullRank(int r, int n, const std::string& url, const std::vector<Wanted>& wanted,
+                        Landing& landing, Source* src) const;
+
+  // Connects to the source's UCX worker and adds its manifest's regions.
+  Status ConnectSource(const std::string& url, Source* src) const;
+
+  // Runs the plan's gets, checking each chunk's XXH3 against the manifest as
+  // it lands; counts the bytes in src->pulled.
+  Status GetVerified(const std::string& url, const RankPlan& plan, Landing& landing,
+                     Source* src) const;
+
+  // kCorruption naming the chunk when `sum` is not the manifest's.
+  static Status CheckChunk(const std::string& url, const Manifest& mf, const RankPlan::Chunk& c,
+                           uint64_t bytes, uint64_t sum);
+
+  // Checks the chunks of `gets` that landed in device memory: copied to
+  // pinned host memory in windows of about 16 MiB (two, so that the next
+  // window's copy runs while this one is hashed) and hashed there.
+  static Status CheckStaged(const std::string& url, const Manifest& mf, const RankPlan& plan,
+                            const std::vector<size_t>& gets, Landing& landing);
+
+  // Where the pull lands: straight on the destination device when UCX can
+  // write its memory (a GPU's with a CUDA build of UCX; the emulated device's
+  // through its host mapping), else in host memory (then copied up).
+  Status Allocate(uint64_t total, Landing* landing) const;
+
+  // The pulled tensors (views into the landing buffer, which owns them) and
+  // each one's shard.
+  static void AddPulledTensors(const std::vector<Wanted>& wanted, const Landing& landing,
+                               CheckpointBuilder* out, std::vector<ShardOf>* shards);
+
+  // One file report per source rank: its endpoint, transports and bytes.
+  static void AddSourceReports(const std::vector<const Control*>& group,
+                               const std::vector<Source>& sources, const Landing& landing,
+                               CheckpointBuilder* out);
+
+  const PeerKey& key_;
+  const PeerLoadOptions& options_;
+  std::shared_ptr<Device> device_;  // The destination's; null: host memory.
+  // The fallback checkpoint's tensors, which a peer's must be (MatchesFallback).
+  std::optional<std::vector<Expected>> expected_;
+};
+
+}  // namespace tensorlift::remote
+
+#endif  // TENSORLIFT_REMOTE_PEER_PULL_H_
