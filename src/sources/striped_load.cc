@@ -1,17 +1,14 @@
 // LoadStriped: the planner's byte ranges shared among the local files, a
 // bucket and running peers at once, work-stealing from one queue, each chunk
 // checked where it lands (include/tensorlift/striped.h).
-#include <fcntl.h>
-#include <unistd.h>
-
+//
+// The plan is striped_plan.h's, the sources (disk, bucket, peers)
+// striped_sources.h's; here: the scheduler that shares the ranges among the
+// sources, and LoadStriped.
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <filesystem>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -21,227 +18,32 @@
 #include "device/device.h"
 #include "device/host_buffer.h"
 #include "device/populate.h"
-#include "io/faults.h"
 #include "io/page_cache.h"
 #include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/upload.h"
-#include "objstore/s3_client.h"
-#include "objstore/s3_store.h"
 #include "remote/peer_reader.h"
-#include "tensorlift/checksum.h"
+#include "sources/striped_plan.h"
+#include "sources/striped_sources.h"
 #include "tensorlift/sparse.h"
 #include "tensorlift/striped.h"
 
 namespace tensorlift {
 namespace {
 
+using sources::CheckRange;
+using sources::CutRanges;
+using sources::DiskSource;
+using sources::MatchShards;
+using sources::ObjectSource;
+using sources::PeerSource;
+using sources::Plan;
+using sources::Planned;
+using sources::PlanTensors;
+using sources::Range;
+using sources::Source;
+
 using Clock = std::chrono::steady_clock;
-
-// A wanted tensor, where its bytes land.
-struct Planned {
-  Checkpoint::Location loc;
-  uint64_t file_offset = 0;  // Absolute, in its shard's file.
-  uint64_t nbytes = 0;
-  std::byte* data = nullptr;
-  const remote::ManifestTensor* checked_by = nullptr;  // The reference manifest's entry.
-};
-
-// A checksum chunk of one tensor (or a piece of range_bytes when nothing is
-// checked): the unit ranges are made of.
-struct Unit {
-  uint32_t tensor = 0;  // Into the plan's tensors.
-  uint64_t offset = 0;  // In the tensor.
-  uint64_t bytes = 0;
-  int64_t chunk = -1;  // In the reference manifest; -1: unchecked.
-};
-
-// Bytes contiguous in one shard's file and in the destination: whole units.
-struct Range {
-  uint32_t shard = 0;
-  uint64_t file_offset = 0;
-  uint64_t bytes = 0;
-  std::byte* dst = nullptr;
-  size_t first_unit = 0, end_unit = 0;
-};
-
-struct Plan {
-  std::vector<Planned> tensors;  // In file order (shard, then offset).
-  std::vector<Unit> units;
-  std::vector<Range> ranges;
-  std::shared_ptr<HostBuffer> buffer;
-  uint64_t bytes = 0;
-};
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
-class Source {
- public:
-  explicit Source(std::string name) { report.name = std::move(name); }
-  virtual ~Source() = default;
-  // Fills every range; may be called from `workers` threads at once.
-  virtual Status Fetch(const std::vector<const Range*>& ranges, const Plan& plan) = 0;
-  int workers = 1;
-  int take = 1;  // Ranges a worker takes together.
-  // Guarded by the scheduler's mutex.
-  bool dead = false;
-  double busy_s = 0;  // Summed over its workers' successful fetches.
-  StripeSourceReport report;
-  // Bytes per second one of its workers fetches (0: not measured yet).
-  double WorkerRate() const { return busy_s > 0 ? report.bytes / busy_s : 0; }
-};
-
-class DiskSource final : public Source {
- public:
-  static Result<std::unique_ptr<DiskSource>> Open(const Checkpoint& ckpt, int threads) {
-    std::unique_ptr<DiskSource> d(new DiskSource("disk:" + ckpt.path()));
-    d->workers = threads;
-    for (const Checkpoint::Shard& shard : ckpt.shards()) {
-      auto f = PosixFile::OpenForRead(shard.path);
-      if (!f.ok()) return f.status().WithContext(shard.path);
-      TL_ASSIGN_OR_RETURN(FileIdentity id, f->Identity());
-      if (id != shard.identity) {
-        return IOError(shard.path + ": changed since its header was read");
-      }
-      // O_DIRECT where the filesystem has it (not tmpfs): buffered otherwise.
-      auto direct = PosixFile::OpenForRead(shard.path, O_DIRECT);
-      d->direct_.push_back(direct.ok() ? std::move(direct).value() : PosixFile());
-      d->files_.push_back(std::move(f).value());
-      d->paths_.push_back(shard.path);
-    }
-    return d;
-  }
-  // A range's whole 4 KiB blocks are read with O_DIRECT (the plan puts every
-  // byte at an address congruent to its file offset modulo 4 KiB, in a
-  // page-aligned buffer), its ends buffered: cold bytes come from the disk
-  // at its speed, without filling the page cache, as a disk load's do.
-  Status Fetch(const std::vector<const Range*>& ranges, const Plan&) override {
-    for (const Range* r : ranges) {
-      const uint64_t begin = r->file_offset, end = r->file_offset + r->bytes;
-      const uint64_t a = RoundUp(begin, kBlock), b = end / kBlock * kBlock;
-      if (direct_[r->shard].fd() < 0 || b <= a) {
-        TL_RETURN_IF_ERROR(ReadAt(files_[r->shard], r->shard, begin, end, r->dst));
-        continue;
-      }
-      TL_RETURN_IF_ERROR(ReadAt(files_[r->shard], r->shard, begin, a, r->dst));
-      TL_RETURN_IF_ERROR(ReadAt(direct_[r->shard], r->shard, a, b, r->dst + (a - begin)));
-      TL_RETURN_IF_ERROR(ReadAt(files_[r->shard], r->shard, b, end, r->dst + (b - begin)));
-    }
-    return Status::Ok();
-  }
-
- private:
-  static constexpr uint64_t kBlock = 4096;
-  // File bytes [begin, end) into dst, through `file`.
-  Status ReadAt(const PosixFile& file, uint32_t shard, uint64_t begin, uint64_t end,
-                std::byte* dst) const {
-    uint64_t done = 0;
-    while (begin + done < end) {
-      const ssize_t n =
-          io::Pread(file.fd(), dst + done, end - begin - done, static_cast<off_t>(begin + done));
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n < 0) return PosixError(paths_[shard] + ": read", errno);
-      if (n == 0) {
-        return IOError(paths_[shard] + ": ends at " + std::to_string(begin + done) +
-                       ", before the range's end " + std::to_string(end));
-      }
-      done += static_cast<uint64_t>(n);
-    }
-    return Status::Ok();
-  }
-
-  using Source::Source;
-  std::vector<PosixFile> files_, direct_;
-  std::vector<std::string> paths_;
-};
-
-class ObjectSource final : public Source {
- public:
-  // `shard_of[s]`: the bucket checkpoint's shard holding the local plan's shard s.
-  static Result<std::unique_ptr<ObjectSource>> Open(const Checkpoint& bucket,
-                                                    const std::vector<uint32_t>& shard_of,
-                                                    const ObjectStoreOptions& store, int threads) {
-    std::unique_ptr<ObjectSource> o(new ObjectSource(bucket.path()));
-    o->workers = threads;
-    TL_ASSIGN_OR_RETURN(objstore::ObjectUrl url, objstore::ParseObjectUrl(bucket.path()));
-    TL_ASSIGN_OR_RETURN(o->client_, objstore::ClientForStore(url, store));
-    for (uint32_t s : shard_of) {
-      TL_ASSIGN_OR_RETURN(objstore::ObjectUrl u, objstore::ParseObjectUrl(bucket.shards()[s].path));
-      o->objects_.push_back(std::move(u));
-    }
-    return o;
-  }
-  Status Fetch(const std::vector<const Range*>& ranges, const Plan&) override {
-    std::vector<objstore::RangeRequest> requests;
-    for (const Range* r : ranges) {
-      const objstore::ObjectUrl& u = objects_[r->shard];
-      requests.push_back({u.bucket, u.key, r->file_offset, r->bytes, r->dst});
-    }
-    return client_->GetRanges(requests);
-  }
-
- private:
-  using Source::Source;
-  std::unique_ptr<objstore::S3Client> client_;
-  std::vector<objstore::ObjectUrl> objects_;
-};
-
-class PeerSource final : public Source {
- public:
-  // Fails when the peer does not serve every planned tensor as the headers
-  // say (name, dtype, shape, whole).
-  static Result<std::unique_ptr<PeerSource>> Open(std::unique_ptr<remote::PeerReader> reader,
-                                                  const Checkpoint& ckpt, const Plan& plan,
-                                                  int take) {
-    std::unique_ptr<PeerSource> p(new PeerSource(reader->url()));
-    p->take = take;
-    const remote::Manifest& mf = reader->manifest();
-    for (const Planned& t : plan.tensors) {
-      const TensorInfo& info = ckpt.info(t.loc);
-      const remote::ManifestTensor* m = mf.Find(info.name);
-      const bool same =
-          m && m->dtype == info.dtype && m->shard_dim == -1 && m->nbytes == info.nbytes() &&
-          std::equal(m->shape.begin(), m->shape.end(), info.shape.begin(), info.shape.end(),
-                     [](int64_t a, uint64_t b) { return a >= 0 && static_cast<uint64_t>(a) == b; });
-      if (!same) {
-        return InvalidArgumentError(reader->url() + ": tensor '" + info.name + "' is " +
-                                    (m ? "served with another dtype or shape" : "not served") +
-                                    " (the headers': " + std::string(DtypeName(info.dtype)) + ")");
-      }
-      p->served_.push_back(m);
-    }
-    TL_RETURN_IF_ERROR(reader->MapLocal(plan.buffer->data(), plan.buffer->size()));
-    p->reader_ = std::move(reader);
-    return p;
-  }
-  const remote::Manifest& manifest() const { return reader_->manifest(); }
-  const remote::ManifestTensor* served(uint32_t tensor) const { return served_[tensor]; }
-
-  Status Fetch(const std::vector<const Range*>& ranges, const Plan& plan) override {
-    std::vector<remote::PeerReader::Piece> pieces;
-    for (const Range* r : ranges) {
-      std::byte* dst = r->dst;
-      for (size_t u = r->first_unit; u < r->end_unit; ++u) {
-        const Unit& unit = plan.units[u];
-        // Adjacent units of one tensor are read as one piece.
-        if (!pieces.empty() && pieces.back().tensor == served_[unit.tensor] &&
-            pieces.back().offset + pieces.back().bytes == unit.offset &&
-            static_cast<std::byte*>(pieces.back().dst) + pieces.back().bytes == dst) {
-          pieces.back().bytes += unit.bytes;
-        } else {
-          pieces.push_back({served_[unit.tensor], unit.offset, unit.bytes, dst});
-        }
-        dst += unit.bytes;
-      }
-    }
-    return reader_->Read(pieces);
-  }
-
- private:
-  using Source::Source;
-  std::unique_ptr<remote::PeerReader> reader_;
-  std::vector<const remote::ManifestTensor*> served_;  // Per planned tensor.
-};
 
 // The fraction of the checkpoint's data in the page cache (its least cached
 // shard's).
@@ -283,123 +85,6 @@ Status RefuseOptions(const StripeOptions& o) {
     return refuse("needs a local path or an object URL: the headers come from one of them");
   if (!o.object_url.empty() && !IsObjectStoreUrl(o.object_url))
     return refuse("object_url must be s3:// or gs://, not '" + o.object_url + "'");
-  return Status::Ok();
-}
-
-std::string Basename(const std::string& p) {
-  const size_t slash = p.find_last_of('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
-// For each of `ref`'s shards, the shard of `other` with the same file name and
-// the same header; an error naming the first difference.
-Result<std::vector<uint32_t>> MatchShards(const Checkpoint& ref, const Checkpoint& other) {
-  std::map<std::string, uint32_t> by_name;
-  for (uint32_t s = 0; s < other.shards().size(); ++s)
-    by_name[Basename(other.shards()[s].path)] = s;
-  std::vector<uint32_t> out;
-  for (const Checkpoint::Shard& shard : ref.shards()) {
-    const std::string name = Basename(shard.path);
-    auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      return InvalidArgumentError(other.path() + ": has no " + name + " (" + ref.path() + " has)");
-    }
-    const Header& a = shard.header;
-    const Header& b = other.shards()[it->second].header;
-    bool same = a.data_offset() == b.data_offset() && a.tensors().size() == b.tensors().size();
-    for (size_t i = 0; same && i < a.tensors().size(); ++i) {
-      const TensorInfo &x = a.tensors()[i], &y = b.tensors()[i];
-      same = x.name == y.name && x.dtype == y.dtype && x.shape == y.shape && x.begin == y.begin &&
-             x.end == y.end;
-    }
-    if (!same) {
-      return InvalidArgumentError(other.path() + ": the header of " + name + " differs from " +
-                                  shard.path + "'s");
-    }
-    out.push_back(it->second);
-  }
-  return out;
-}
-
-// The wanted tensors in file order, where they land (runs of tensors
-// adjacent in a file stay adjacent, each run 64-byte aligned), in one buffer.
-Result<Plan> PlanTensors(const Checkpoint& ckpt, const TensorFilter& filter) {
-  Plan plan;
-  for (auto loc : ckpt.tensors()) {
-    if (filter.Matches(ckpt.info(loc).name)) plan.tensors.push_back({loc});
-  }
-  std::sort(plan.tensors.begin(), plan.tensors.end(), [&](const Planned& a, const Planned& b) {
-    if (a.loc.shard != b.loc.shard) return a.loc.shard < b.loc.shard;
-    return ckpt.info(a.loc).begin < ckpt.info(b.loc).begin;
-  });
-  uint64_t total = 0;
-  std::vector<uint64_t> at(plan.tensors.size());
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
-    Planned& t = plan.tensors[i];
-    const TensorInfo& info = ckpt.info(t.loc);
-    t.file_offset = ckpt.shards()[t.loc.shard].header.data_offset() + info.begin;
-    t.nbytes = info.nbytes();
-    const bool joins =
-        i > 0 && plan.tensors[i - 1].loc.shard == t.loc.shard &&
-        plan.tensors[i - 1].file_offset + plan.tensors[i - 1].nbytes == t.file_offset;
-    // A run starts at the address congruent to its file offset modulo 4 KiB
-    // (the buffer is page-aligned): the disk source reads its whole blocks
-    // with O_DIRECT straight into place.
-    if (!joins) total = RoundUp(total, 4096) + t.file_offset % 4096;
-    at[i] = total;
-    total += t.nbytes;
-  }
-  plan.bytes = 0;
-  for (const Planned& t : plan.tensors) plan.bytes += t.nbytes;
-  TL_ASSIGN_OR_RETURN(plan.buffer, HostBuffer::Allocate(total));
-  for (size_t i = 0; i < plan.tensors.size(); ++i)
-    plan.tensors[i].data = plan.buffer->data() + at[i];
-  return plan;
-}
-
-// Units (chunks of `chunk_bytes`, checked against `reference` when not null)
-// and ranges of up to `range_bytes`.
-void CutRanges(Plan& plan, uint64_t chunk_bytes, uint64_t range_bytes, bool checked) {
-  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
-    const Planned& t = plan.tensors[i];
-    for (uint64_t off = 0, c = 0; off < t.nbytes; off += chunk_bytes, ++c) {
-      plan.units.push_back(
-          {i, off, std::min(chunk_bytes, t.nbytes - off), checked ? static_cast<int64_t>(c) : -1});
-    }
-  }
-  for (size_t u = 0; u < plan.units.size(); ++u) {
-    const Unit& unit = plan.units[u];
-    const Planned& t = plan.tensors[unit.tensor];
-    const uint64_t file = t.file_offset + unit.offset;
-    std::byte* dst = t.data + unit.offset;
-    Range* last = plan.ranges.empty() ? nullptr : &plan.ranges.back();
-    if (last && last->shard == t.loc.shard && last->file_offset + last->bytes == file &&
-        last->dst + last->bytes == dst && last->bytes + unit.bytes <= range_bytes) {
-      last->bytes += unit.bytes;
-      last->end_unit = u + 1;
-    } else {
-      plan.ranges.push_back({t.loc.shard, file, unit.bytes, dst, u, u + 1});
-    }
-  }
-}
-
-// Checks the range's chunks against the reference manifest.
-Status CheckRange(const Range& r, const Plan& plan, const std::string& source) {
-  const std::byte* at = r.dst;
-  for (size_t u = r.first_unit; u < r.end_unit; ++u) {
-    const Unit& unit = plan.units[u];
-    if (unit.chunk >= 0) {
-      const remote::ManifestTensor& m = *plan.tensors[unit.tensor].checked_by;
-      const uint64_t sum = Xxh3_64(at, unit.bytes);
-      if (sum != m.chunk_xxh3[unit.chunk]) {
-        return CorruptionError(source + ": tensor '" + m.name + "' bytes " +
-                               std::to_string(unit.offset) + ".." +
-                               std::to_string(unit.offset + unit.bytes) + ": XXH3 " + HexU64(sum) +
-                               ", the peer manifest says " + HexU64(m.chunk_xxh3[unit.chunk]));
-      }
-    }
-    at += unit.bytes;
-  }
   return Status::Ok();
 }
 

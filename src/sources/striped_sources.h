@@ -1,0 +1,100 @@
+// The sources of a striped load (private to sources/): the local files, a
+// bucket and running peers, each filling ranges of the plan
+// (striped_plan.h) into place. A source's Fetch may be called from its
+// `workers` threads at once; the scheduler (striped_load.cc) guards the rest
+// of its state with its own mutex.
+#ifndef TENSORLIFT_SOURCES_STRIPED_SOURCES_H_
+#define TENSORLIFT_SOURCES_STRIPED_SOURCES_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/posix_file.h"
+#include "objstore/s3_client.h"
+#include "remote/peer_reader.h"
+#include "sources/striped_plan.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/objstore.h"
+#include "tensorlift/status.h"
+#include "tensorlift/striped.h"
+
+namespace tensorlift::sources {
+
+class Source {
+ public:
+  explicit Source(std::string name) { report.name = std::move(name); }
+  virtual ~Source() = default;
+  // Fills every range; may be called from `workers` threads at once.
+  virtual Status Fetch(const std::vector<const Range*>& ranges, const Plan& plan) = 0;
+  int workers = 1;
+  int take = 1;  // Ranges a worker takes together.
+  // Guarded by the scheduler's mutex.
+  bool dead = false;
+  double busy_s = 0;  // Summed over its workers' successful fetches.
+  StripeSourceReport report;
+  // Bytes per second one of its workers fetches (0: not measured yet).
+  double WorkerRate() const { return busy_s > 0 ? report.bytes / busy_s : 0; }
+};
+
+// The local files of the checkpoint, as opened (each checked to be the file
+// its header was read from).
+class DiskSource final : public Source {
+ public:
+  static Result<std::unique_ptr<DiskSource>> Open(const Checkpoint& ckpt, int threads);
+  // A range's whole 4 KiB blocks are read with O_DIRECT (the plan puts every
+  // byte at an address congruent to its file offset modulo 4 KiB, in a
+  // page-aligned buffer), its ends buffered: cold bytes come from the disk
+  // at its speed, without filling the page cache, as a disk load's do.
+  Status Fetch(const std::vector<const Range*>& ranges, const Plan&) override;
+
+ private:
+  static constexpr uint64_t kBlock = 4096;
+  // File bytes [begin, end) into dst, through `file`.
+  Status ReadAt(const PosixFile& file, uint32_t shard, uint64_t begin, uint64_t end,
+                std::byte* dst) const;
+
+  using Source::Source;
+  std::vector<PosixFile> files_, direct_;
+  std::vector<std::string> paths_;
+};
+
+// The checkpoint's copy in a bucket: ranged GETs straight into place.
+class ObjectSource final : public Source {
+ public:
+  // `shard_of[s]`: the bucket checkpoint's shard holding the local plan's shard s.
+  static Result<std::unique_ptr<ObjectSource>> Open(const Checkpoint& bucket,
+                                                    const std::vector<uint32_t>& shard_of,
+                                                    const ObjectStoreOptions& store, int threads);
+  Status Fetch(const std::vector<const Range*>& ranges, const Plan&) override;
+
+ private:
+  using Source::Source;
+  std::unique_ptr<objstore::S3Client> client_;
+  std::vector<objstore::ObjectUrl> objects_;
+};
+
+// A running peer serving the tensors (remote/peer_reader.h).
+class PeerSource final : public Source {
+ public:
+  // Fails when the peer does not serve every planned tensor as the headers
+  // say (name, dtype, shape, whole).
+  static Result<std::unique_ptr<PeerSource>> Open(std::unique_ptr<remote::PeerReader> reader,
+                                                  const Checkpoint& ckpt, const Plan& plan,
+                                                  int take);
+  const remote::Manifest& manifest() const { return reader_->manifest(); }
+  const remote::ManifestTensor* served(uint32_t tensor) const { return served_[tensor]; }
+
+  Status Fetch(const std::vector<const Range*>& ranges, const Plan& plan) override;
+
+ private:
+  using Source::Source;
+  std::unique_ptr<remote::PeerReader> reader_;
+  std::vector<const remote::ManifestTensor*> served_;  // Per planned tensor.
+};
+
+}  // namespace tensorlift::sources
+
+#endif  // TENSORLIFT_SOURCES_STRIPED_SOURCES_H_
