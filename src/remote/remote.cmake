@@ -6,7 +6,8 @@
 #   layout.cc        tensor-parallel layouts and slice arithmetic
 #   slice.cc         a rank's slices of a loaded checkpoint (PeerAccess)
 #   registry.cc      seed discovery on etcd (v3 JSON gateway, cpp-httplib)
-#   server.cc        PeerServer: control endpoint (cpp-httplib) + UCX regions
+#   server.cc        PeerServer's entry points: what to serve (checkpoints, tensors, buffers)
+#   peer_server.cc   the running server: control endpoint (cpp-httplib) + UCX regions, sessions
 #   handover.cc      same-host handover: sealed memfds over an abstract Unix socket
 #   share.cc         ShareTensors: a process's tensors into sealed shared memory
 #   control.cc       the control-plane client (signed requests, GET /v1/key)
@@ -36,6 +37,7 @@ add_library(tl_remote STATIC
   remote/slice.cc
   remote/registry.cc
   remote/server.cc
+  remote/peer_server.cc
   remote/handover.cc
   remote/share.cc
   remote/control.cc
@@ -67,6 +69,6 @@ if(TENSORLIFT_HAVE_UCX)
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)
-  set_source_files_properties(remote/manifest.cc remote/registry.cc remote/server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/layout.cc remote/slice.cc
+  set_source_files_properties(remote/manifest.cc remote/registry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/layout.cc remote/slice.cc
     PROPERTIES COMPILE_OPTIONS "-Wno-maybe-uninitialized")
 endif()
