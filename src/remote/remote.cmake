@@ -1,6 +1,7 @@
 # remote: loading from a running peer (include/tensorlift/remote.h).
 #   key.cc           PeerKey
-#   manifest.cc      the per-rank manifest (untrusted input: ParseManifest)
+#   manifest.cc      the per-rank manifest: the type, its JSON, chunk checksums
+#   manifest_parse.cc its validating parser (untrusted input: ParseManifest)
 #   frame.cc         the frame around UCX's wire blobs (untrusted input: Unframe)
 #   auth.cc          HMAC-SHA256 request signing (OpenSSL's libcrypto)
 #   layout.cc        tensor-parallel layouts and slice arithmetic
@@ -31,6 +32,7 @@ pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET GLOBAL cpp-httplib)
 add_library(tl_remote STATIC
   remote/key.cc
   remote/manifest.cc
+  remote/manifest_parse.cc
   remote/frame.cc
   remote/auth.cc
   remote/layout.cc
@@ -69,6 +71,6 @@ if(TENSORLIFT_HAVE_UCX)
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)
-  set_source_files_properties(remote/manifest.cc remote/registry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/layout.cc remote/slice.cc
+  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/layout.cc remote/slice.cc
     PROPERTIES COMPILE_OPTIONS "-Wno-maybe-uninitialized")
 endif()
