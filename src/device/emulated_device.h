@@ -2,7 +2,8 @@
 // tests look at: how much memory is live, quarantined and pinned, and what the
 // "device" holds at an address, poisoned freed memory included.
 //
-// How the emulated device works (emulated_device.cc):
+// How the emulated device works (emulated_device.cc, emulated_memory.cc,
+// emulated_stream.cc):
 // - Each Allocate() is mapped twice: PROT_NONE at the address handed out
 //   (the "device address": a host access faults) and read/write for the
 //   stream workers only (private memory; a memfd shared with other
@@ -25,12 +26,10 @@
 #include <memory>
 
 #include "device/device.h"
+#include "device/emulated_counts.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift {
-
-// The byte freed device memory is filled with.
-inline constexpr std::byte kEmulatedPoison{0xDB};
 
 // The default bound on quarantined (freed, still mapped) device memory.
 inline constexpr uint64_t kEmulatedQuarantineBytes = 256ull << 20;
@@ -38,19 +37,6 @@ inline constexpr uint64_t kEmulatedQuarantineBytes = 256ull << 20;
 // MakeEmulatedDevice with a given quarantine bound (0: unmap at once).
 std::shared_ptr<Device> MakeEmulatedDeviceWithQuarantine(const EmulatedDeviceOptions& options,
                                                          uint64_t quarantine_bytes);
-
-struct EmulatedDeviceCounts {
-  uint64_t live_allocations = 0;
-  uint64_t live_bytes = 0;  // As counted against memory_bytes.
-  uint64_t quarantined_allocations = 0;
-  uint64_t quarantined_bytes = 0;
-  uint64_t pinned_allocations = 0;
-  uint64_t pinned_bytes = 0;
-  // Memory another process (or device) exported, mapped by Import: not
-  // counted against memory_bytes, never poisoned.
-  uint64_t imported_allocations = 0;
-  uint64_t imported_bytes = 0;
-};
 
 // The counts of an emulated device; InvalidArgument for any other device.
 // Thread-safe.
