@@ -15,21 +15,12 @@
 #include <string_view>
 #include <vector>
 
+#include "remote/registry_entry.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift::remote {
 
-struct SeedInfo {
-  std::string key_digest;  // PeerKey::Digest().
-  std::string url;         // The seed's control endpoint, "http://host:port".
-  int rank = 0;
-  int world = 1;
-  double load = 0;  // Active sessions (lower is better).
-  std::string id;   // Unique per registration (random hex).
-  // The content identity root of what it serves (32 lowercase hex digits),
-  // or empty; an entry with any other value is skipped.
-  std::string content;
-};
+// SeedInfo, RangePage and ParseRangePage: registry_entry.h.
 
 class Registration {
  public:
@@ -52,24 +43,6 @@ class Registry {
   // Live seeds for `key_digest` (all ranks), least loaded first, ties by id.
   virtual Result<std::vector<SeedInfo>> List(std::string_view key_digest) = 0;
 };
-
-// One page of etcd's reply to a range request for the seeds of `key_digest`
-// (POST /v3/kv/range; the reply's JSON, untrusted; fuzzed by
-// tests/fuzz/registry_fuzz.cc).
-struct RangePage {
-  std::vector<SeedInfo> seeds;  // The valid entries, in the reply's order.
-  size_t entries = 0;           // Entries in the reply, valid or not.
-  size_t skipped = 0;           // Entries left out as invalid.
-  bool more = false;            // etcd has more after this page.
-  std::string last_key;         // The page's last key; the one given when it has none.
-};
-// kCorruption (the reason) for a reply that is not a JSON object, holds more
-// than `limit` entries, or a key outside the digest's prefix or not after
-// `last_key` (the previous page's last key, "" for the first) and the key
-// before it; kInvalidArgument for a malformed digest. An entry whose value is
-// not a valid seed, or whose key disagrees with its value, is skipped.
-Result<RangePage> ParseRangePage(std::string_view reply, std::string_view key_digest, size_t limit,
-                                 std::string last_key = "");
 
 }  // namespace tensorlift::remote
 

@@ -7,6 +7,7 @@
 #   layout.cc        tensor-parallel layouts and slice arithmetic
 #   slice.cc         a rank's slices of a loaded checkpoint (PeerAccess)
 #   registry.cc      seed discovery on etcd (v3 JSON gateway, cpp-httplib)
+#   registry_entry.cc its entries: keys, values, their checks, etcd's range replies
 #   server.cc        PeerServer's entry points: what to serve (checkpoints, tensors, buffers)
 #   peer_server.cc   the running server: control endpoint (cpp-httplib) + UCX regions, sessions
 #   handover.cc      same-host handover: sealed memfds over an abstract Unix socket
@@ -38,6 +39,7 @@ add_library(tl_remote STATIC
   remote/layout.cc
   remote/slice.cc
   remote/registry.cc
+  remote/registry_entry.cc
   remote/server.cc
   remote/peer_server.cc
   remote/handover.cc
@@ -71,6 +73,6 @@ if(TENSORLIFT_HAVE_UCX)
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)
-  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/layout.cc remote/slice.cc
+  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/registry_entry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/layout.cc remote/slice.cc
     PROPERTIES COMPILE_OPTIONS "-Wno-maybe-uninitialized")
 endif()
