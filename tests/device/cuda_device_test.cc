@@ -367,7 +367,7 @@ TEST_F(CudaDeviceTest, BadOrdinalIsInvalidArgument) {
 }
 
 // OpenDevice gives the one Device of a GPU while a holder keeps it: a seed
-// matches its tensors to its registered regions by device (remote/server.cc),
+// matches its tensors to its registered regions by device (remote/peer_server.cc),
 // which failed on a GPU ("tensor ... is in no registered region") while each
 // call made a Device of its own.
 TEST_F(CudaDeviceTest, OpenDeviceGivesTheSameDeviceWhileOneIsHeld) {
