@@ -13,13 +13,6 @@
 #include "load/sparse_load.h"
 
 namespace tensorlift {
-namespace {
-
-// Decoded groups are placed at this alignment in their buffer (sparse_load.cc).
-constexpr uint64_t kDenseAlign = 64;
-
-}  // namespace
-
 uint64_t DeviceLoadBytes(const Checkpoint& ckpt, const std::vector<std::string>& plain,
                          const std::vector<const sparse::SparseTensor*>& groups,
                          const LoadOptions& options) {
@@ -49,13 +42,6 @@ uint64_t DeviceLoadBytes(const Checkpoint& ckpt, const std::vector<std::string>&
   }
   if (!groups.empty() && dense_total > 0) total += AlignUp(dense_total, kDeviceAlign);
   return total;
-}
-
-Result<LoadedCheckpoint> LoadOntoDevice(const Checkpoint& ckpt, const LoadOptions& options,
-                                        const std::shared_ptr<Device>& device) {
-  if (options.decode_sparse && MayBeSparse(ckpt))
-    return LoadSparseThroughDevice(ckpt, options, device);
-  return LoadThroughDevice(ckpt, options, device, nullptr);
 }
 
 struct SlotDevice::State {

@@ -30,12 +30,6 @@ uint64_t DeviceLoadBytes(const Checkpoint& ckpt, const std::vector<std::string>&
                          const std::vector<const sparse::SparseTensor*>& groups,
                          const LoadOptions& options);
 
-// A load onto `device` (any Device: a SlotDevice too) of the tensors
-// options.filter selects, sparse groups decoded on it when
-// options.decode_sparse. options.device is not looked at.
-Result<LoadedCheckpoint> LoadOntoDevice(const Checkpoint& ckpt, const LoadOptions& options,
-                                        const std::shared_ptr<Device>& device);
-
 // A device that is `base` except for Allocate(): consecutive 256-byte aligned
 // pieces of `slot` (memory of `base`), starting over at the slot's start
 // whenever none of the pieces handed out is alive. FreeMemory() is what is

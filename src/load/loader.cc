@@ -1,6 +1,6 @@
 // The loader: the public types of include/tensorlift/loader.h, and Load,
-// which sends each load down its path: the host path (host_load.h), the staged
-// pipeline onto a device (device_pipeline.h) or a sparse load (sparse_load.h).
+// which sends each load down its path: the host path (host_load.h), a sparse
+// load on the host, or a load onto a device (sparse_load.h, LoadOntoDevice).
 // See include/tensorlift/loader.h for the contract.
 #include "tensorlift/loader.h"
 
@@ -11,7 +11,6 @@
 
 #include "device/device.h"
 #include "load/checkpoint_builder.h"
-#include "load/device_pipeline.h"
 #include "load/host_load.h"
 #include "load/loader_internal.h"
 #include "load/owners.h"
@@ -188,9 +187,8 @@ Result<LoadedCheckpoint> LoadAnyPath(const Checkpoint& checkpoint, const LoadOpt
   LoadOptions inner = options;
   inner.on_tensor = nullptr;
   inner.content_hash = ContentHashMode::kOff;
-  Result<LoadedCheckpoint> r = !device  ? LoadSparseOnHost(checkpoint, inner, nullptr)
-                               : sparse ? LoadSparseThroughDevice(checkpoint, inner, device)
-                                        : LoadThroughDevice(checkpoint, inner, device, nullptr);
+  Result<LoadedCheckpoint> r = device ? LoadOntoDevice(checkpoint, inner, device)
+                                      : LoadSparseOnHost(checkpoint, inner, nullptr);
   if (r.ok() && options.on_tensor) TL_RETURN_IF_ERROR(HandOutAll(*r, options.on_tensor));
   return r;
 }

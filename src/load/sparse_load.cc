@@ -33,8 +33,6 @@
 namespace tensorlift {
 namespace {
 
-constexpr uint64_t kDenseAlign = 64;
-
 // Decodes groups handed to it on a few threads, in the order they are ready;
 // every group pushed is handed to `decode`, even after an error (which may
 // hold resources to give back); Finish returns the first error.
@@ -611,6 +609,13 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
   out.device_plan().device_bytes += total;
   return std::move(out).Finish(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+Result<LoadedCheckpoint> LoadOntoDevice(const Checkpoint& ckpt, const LoadOptions& options,
+                                        const std::shared_ptr<Device>& device) {
+  if (options.decode_sparse && MayBeSparse(ckpt))
+    return LoadSparseThroughDevice(ckpt, options, device);
+  return LoadThroughDevice(ckpt, options, device, nullptr);
 }
 
 }  // namespace tensorlift

@@ -4,6 +4,7 @@
 #ifndef TENSORLIFT_LOAD_SPARSE_LOAD_H_
 #define TENSORLIFT_LOAD_SPARSE_LOAD_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "load/host_load.h"
@@ -13,6 +14,10 @@
 namespace tensorlift {
 
 class Device;
+
+// Decoded groups are placed at this alignment in their buffer (a streamer on a
+// device sizes its buffers by the same rule: device_ring.cc).
+inline constexpr uint64_t kDenseAlign = 64;
 
 // Whether `ckpt` has tensors named like sparse-bitmask parts (cheap; the
 // catalog itself is sparse::FindSparse).
@@ -29,6 +34,12 @@ Result<LoadedCheckpoint> LoadSparseOnHost(const Checkpoint& ckpt, const LoadOpti
 Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& checkpoint,
                                                  const LoadOptions& options,
                                                  const std::shared_ptr<Device>& device);
+
+// A load onto `device` (options.device is not looked at): sparse groups
+// decoded there when options.decode_sparse and the checkpoint has any
+// (LoadSparseThroughDevice), else the staged pipeline (LoadThroughDevice).
+Result<LoadedCheckpoint> LoadOntoDevice(const Checkpoint& ckpt, const LoadOptions& options,
+                                        const std::shared_ptr<Device>& device);
 
 }  // namespace tensorlift
 

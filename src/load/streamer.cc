@@ -12,6 +12,7 @@
 
 #include "device/device.h"
 #include "load/device_ring.h"
+#include "load/sparse_load.h"
 #include "tensorlift/sparse.h"
 
 namespace tensorlift {
