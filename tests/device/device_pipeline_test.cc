@@ -15,10 +15,16 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <set>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "../common/assert_ok.h"
 #include "../load/test_files.h"
@@ -326,30 +332,263 @@ void ExpectTraceConsistent(const PipelineTrace& trace, int slots) {
   }
 }
 
+// A blocking fake for the pipeline's reads and copies, so that a test decides
+// the order in which things happen instead of measuring when they did: the
+// pipeline's reads (PipelineTrace::before_read) wait until the test releases
+// them, and while copies are held the slots' events (Done, Synchronize) say
+// that the copies before them are still running, so that no slot is given
+// back to the readers. The test then counts what the pipeline has *issued* at
+// each step (reads started, blocks whose copies were enqueued), which does not
+// depend on how busy the machine is.
+class PipelineGate {
+ public:
+  PipelineGate() = default;
+  // Lets everything go and waits for the load, on every path out of the test.
+  ~PipelineGate() {
+    HoldReads(false);
+    HoldCopies(false);
+    if (load_.joinable()) load_.join();
+  }
+  PipelineGate(const PipelineGate&) = delete;
+  PipelineGate& operator=(const PipelineGate&) = delete;
+
+  // Reads wait for Release (else they go at once, counted).
+  void HoldReads(bool hold) { Set(&hold_reads_, hold); }
+  // Slots' events say "not done" until HoldCopies(false).
+  void HoldCopies(bool hold) { Set(&hold_copies_, hold); }
+
+  // `device`, with its streams and events seen through the gate.
+  std::shared_ptr<Device> Wrap(std::shared_ptr<Device> device);
+
+  // Starts LoadThroughDevice on a thread of its own, with the gate's trace.
+  void Start(const Checkpoint& ckpt, const LoadOptions& opts, std::shared_ptr<Device> device) {
+    trace_.before_read = [this](int64_t k) { return BeforeRead(k); };
+    load_ = std::thread([this, &ckpt, opts, device] {
+      result_.emplace(LoadThroughDevice(ckpt, opts, device, &trace_));
+    });
+  }
+
+  // Waits until `done(issued, in_flight, enqueued)` holds: `issued` the
+  // blocks whose reads started, in the order they did; `in_flight` those not
+  // yet released; `enqueued` the blocks whose copies were enqueued. A stalled
+  // pipeline never gets there: false after a minute (a watchdog, not a
+  // measure: each step is microseconds of work).
+  using Pred = std::function<bool(const std::vector<int64_t>& issued,
+                                  const std::set<int64_t>& in_flight, int64_t enqueued)>;
+  bool WaitUntil(const Pred& done) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::seconds(60),
+                        [&] { return done(issued_, in_flight_, enqueued_); });
+  }
+  // Reads in flight (issued, not released) and blocks enqueued, now.
+  std::set<int64_t> InFlight() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return in_flight_;
+  }
+  std::string Describe() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string s = std::to_string(issued_.size()) + " reads issued, in flight:";
+    for (int64_t k : in_flight_) s += " " + std::to_string(k);
+    return s + "; " + std::to_string(enqueued_) + " blocks' copies enqueued";
+  }
+  // The most reads in flight at once so far.
+  size_t MostInFlight() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return most_in_flight_;
+  }
+
+  // Lets read `k` go (it must be in flight).
+  void Release(int64_t k) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ASSERT_EQ(in_flight_.erase(k), 1u) << "read " << k << " is not in flight";
+      released_.insert(k);
+    }
+    cv_.notify_all();
+  }
+
+  // Lets everything go and returns the load's result.
+  Result<LoadedCheckpoint> Finish() {
+    HoldReads(false);
+    HoldCopies(false);
+    if (load_.joinable()) load_.join();
+    if (!result_) return Status(StatusCode::kInternal, "not started");
+    return std::move(*result_);
+  }
+
+  const PipelineTrace& trace() const { return trace_; }
+
+ private:
+  class Event;
+  class Stream;
+  class WrappedDevice;
+
+  void Set(bool* flag, bool value) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      *flag = value;
+    }
+    cv_.notify_all();
+  }
+
+  Status BeforeRead(int64_t k) {
+    std::unique_lock<std::mutex> lock(mu_);
+    issued_.push_back(k);
+    if (hold_reads_) {
+      in_flight_.insert(k);
+      most_in_flight_ = std::max(most_in_flight_, in_flight_.size());
+      cv_.notify_all();
+      cv_.wait(lock, [&] { return released_.count(k) || !hold_reads_; });
+      in_flight_.erase(k);
+    }
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool hold_reads_ = false;
+  bool hold_copies_ = false;
+  std::vector<int64_t> issued_;
+  std::set<int64_t> in_flight_;
+  std::set<int64_t> released_;
+  size_t most_in_flight_ = 0;
+  int64_t enqueued_ = 0;  // Records of a slot's event: one a block.
+  PipelineTrace trace_;
+  std::optional<Result<LoadedCheckpoint>> result_;
+  std::thread load_;
+};
+
+class PipelineGate::Event : public DeviceEvent {
+ public:
+  Event(PipelineGate* gate, std::unique_ptr<DeviceEvent> inner)
+      : gate_(gate), inner_(std::move(inner)) {}
+  Status Synchronize() override {
+    {
+      std::unique_lock<std::mutex> lock(gate_->mu_);
+      gate_->cv_.wait(lock, [&] { return !gate_->hold_copies_; });
+    }
+    return inner_->Synchronize();
+  }
+  bool Done() override {
+    {
+      std::lock_guard<std::mutex> lock(gate_->mu_);
+      if (gate_->hold_copies_) return false;
+    }
+    return inner_->Done();
+  }
+  double CompletedAtMicros() override { return inner_->CompletedAtMicros(); }
+  DeviceEvent& inner() { return *inner_; }
+
+ private:
+  PipelineGate* gate_;
+  std::unique_ptr<DeviceEvent> inner_;
+};
+
+class PipelineGate::Stream : public DeviceStream {
+ public:
+  Stream(PipelineGate* gate, std::unique_ptr<DeviceStream> inner)
+      : gate_(gate), inner_(std::move(inner)) {}
+  Status CopyToDevice(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    return inner_->CopyToDevice(dst, src, bytes);
+  }
+  Status CopyOnDevice(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    return inner_->CopyOnDevice(dst, src, bytes);
+  }
+  Status CopyToHost(std::byte* dst, const std::byte* src, uint64_t bytes) override {
+    return inner_->CopyToHost(dst, src, bytes);
+  }
+  Status Convert(std::byte* dst, Dtype to, const std::byte* src, Dtype from,
+                 uint64_t count) override {
+    return inner_->Convert(dst, to, src, from, count);
+  }
+  Status DecodeBitmask(std::byte* dst, const std::byte* values, uint64_t nnz,
+                       const uint8_t* bitmask, const int64_t* row_offsets, uint64_t rows,
+                       uint64_t cols, uint32_t elem_bytes) override {
+    return inner_->DecodeBitmask(dst, values, nnz, bitmask, row_offsets, rows, cols, elem_bytes);
+  }
+  // The pipeline records a slot's event once a block, after its copies.
+  Status Record(DeviceEvent& event) override {
+    Status st = inner_->Record(static_cast<Event&>(event).inner());
+    {
+      std::lock_guard<std::mutex> lock(gate_->mu_);
+      ++gate_->enqueued_;
+    }
+    gate_->cv_.notify_all();
+    return st;
+  }
+  Status Synchronize() override { return inner_->Synchronize(); }
+
+ private:
+  PipelineGate* gate_;
+  std::unique_ptr<DeviceStream> inner_;
+};
+
+class PipelineGate::WrappedDevice : public Device {
+ public:
+  WrappedDevice(PipelineGate* gate, std::shared_ptr<Device> inner)
+      : gate_(gate), inner_(std::move(inner)) {}
+  DeviceType kind() const override { return inner_->kind(); }
+  int ordinal() const override { return inner_->ordinal(); }
+  std::string name() const override { return inner_->name(); }
+  int dlpack_device_type() const override { return inner_->dlpack_device_type(); }
+  Result<std::shared_ptr<Buffer>> Allocate(uint64_t bytes) override {
+    return inner_->Allocate(bytes);
+  }
+  Result<std::shared_ptr<Buffer>> AllocatePinned(uint64_t bytes) override {
+    return inner_->AllocatePinned(bytes);
+  }
+  Result<std::unique_ptr<DeviceStream>> CreateStream() override {
+    TL_ASSIGN_OR_RETURN(auto s, inner_->CreateStream());
+    return std::unique_ptr<DeviceStream>(new Stream(gate_, std::move(s)));
+  }
+  Result<std::unique_ptr<DeviceEvent>> CreateEvent() override {
+    TL_ASSIGN_OR_RETURN(auto e, inner_->CreateEvent());
+    return std::unique_ptr<DeviceEvent>(new Event(gate_, std::move(e)));
+  }
+  Result<uint64_t> FreeMemory() override { return inner_->FreeMemory(); }
+  std::string identity() const override { return inner_->identity(); }
+
+ private:
+  PipelineGate* gate_;
+  std::shared_ptr<Device> inner_;
+};
+
+std::shared_ptr<Device> PipelineGate::Wrap(std::shared_ptr<Device> device) {
+  return std::make_shared<WrappedDevice>(this, std::move(device));
+}
+
+// While the copies out of the first slots are still running (held: none
+// completes), the readers go on reading the next blocks into the other slots:
+// with 4 slots, four blocks are read while the first block's copies run. (A
+// pipeline that read a block only once the last one was copied would stop at
+// one.) The loading thread, once every slot is taken, waits for the oldest
+// copy and enqueues the blocks read meanwhile after it, so how many were
+// enqueued by then depends on which thread ran first: at least one.
 TEST(DevicePipelineTest, ReadsOverlapCopies) {
   ScratchDir dir;
   const std::string path = dir.File("m.safetensors");
-  WriteRaw(path, {Random("w", Dtype::kBF16, {1024, 1024}, 3)}, 0);  // 2 MiB.
+  const RawTensor w = Random("w", Dtype::kBF16, {1024, 1024}, 3);  // 2 MiB.
+  WriteRaw(path, {w}, 0);
   auto ckpt = Checkpoint::Open(path);
   ASSERT_OK(ckpt);
-  // 64 KiB blocks copied at 64 MB/s (1 ms each) while reads from the page
-  // cache take microseconds: with 4 slots, block k+1 is read while block k is
-  // still being copied.
   auto device = Emulated(1ull << 30, 64e6);
   LoadOptions opts;
   opts.mode = IoMode::kBuffered;
   opts.staging_bytes = 64 << 10;
   opts.staging_buffers = 4;
-  PipelineTrace trace;
-  auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+  PipelineGate gate;
+  gate.HoldCopies(true);
+  gate.Start(*ckpt, opts, gate.Wrap(device));
+  EXPECT_TRUE(gate.WaitUntil([](auto& issued, auto&, int64_t enqueued) {
+    return issued.size() == 4 && enqueued >= 1;
+  })) << "reads wait for copies: "
+      << gate.Describe();
+  auto got = gate.Finish();
   ASSERT_OK(got);
-  ASSERT_EQ(trace.blocks.size(), 32u);
-  ExpectTraceConsistent(trace, 4);
-  int overlapped = 0;
-  for (size_t k = 0; k + 1 < trace.blocks.size(); ++k) {
-    if (trace.blocks[k + 1].read_end_us < trace.blocks[k].copied_us) ++overlapped;
-  }
-  EXPECT_GT(overlapped, 16) << "the next block's read should finish while this block copies";
+  ExpectLoaded(*device, {{"w", w}}, *got, std::nullopt, "overlap");
+  ASSERT_EQ(gate.trace().blocks.size(), 32u);
+  ExpectTraceConsistent(gate.trace(), 4);
 }
 
 // `w` written alone (after `lead` bytes of header padding) and opened.
@@ -359,28 +598,37 @@ Result<Checkpoint> OneTensorFile(const ScratchDir& dir, const RawTensor& w, size
   return Checkpoint::Open(path);
 }
 
-// Of 200 points evenly spread over [from, to] (trace microseconds), how many
-// have fewer than `depth` reads in flight (started, not ended); *most: the
-// most reads in flight at any of them.
-int PointsBelowDepth(const PipelineTrace& trace, double from, double to, int depth, int* most) {
-  int below = 0;
-  for (int i = 0; i < 200; ++i) {
-    const double t = from + (to - from) * (i + 0.5) / 200;
-    int in_flight = 0;
-    for (const auto& b : trace.blocks) in_flight += b.read_start_us <= t && t < b.read_end_us;
-    if (in_flight < depth) ++below;
-    *most = std::max(*most, in_flight);
-  }
-  return below;
+// The blocks a load of the one-shard checkpoint `ckpt` reads through the
+// page cache (the pipeline's plan, PlanFiles).
+int64_t BufferedBlocks(const Checkpoint& ckpt, const LoadOptions& opts) {
+  const Header& h = ckpt.shards()[0].header;
+  std::vector<uint32_t> all(h.tensors().size());
+  for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+  return static_cast<int64_t>(
+      PlanDeviceFile(h, all, std::nullopt, false, opts.staging_bytes).blocks.size());
 }
 
-// Reads that take uneven times (every fourth 120 ms, the others 20 ms) and
-// fast copies: the readers never wait for a slow read's neighbours, so
-// through the load's steady state a read is in flight on every slot but the
-// spare one (readers = slots - 1), blocks are copied in the order their reads
-// complete, and the bytes are the file's. (Slots tied to blocks k mod slots,
-// copied in load order, had fewer than half of them reading for most of each
-// slow read.)
+// The pipeline's state once `released` of `nblocks` reads have completed and
+// it has caught up: those blocks' copies enqueued, and a read in flight on
+// every one of `readers` readers (or on every block left), none beyond.
+PipelineGate::Pred Settled(int readers, int64_t nblocks, int64_t released) {
+  const size_t want = std::min<int64_t>(readers, nblocks - released);
+  return [=](const std::vector<int64_t>& issued, const std::set<int64_t>& in_flight,
+             int64_t enqueued) {
+    return in_flight.size() == want && enqueued == released &&
+           issued.size() == static_cast<size_t>(released) + want;
+  };
+}
+
+// Reads that complete out of order (every fourth block's read is slow: held
+// until five later reads completed) while the test releases one read at a
+// time: after every release the pipeline has a read in flight on every
+// reader (readers = slots - 1) again, as long as blocks remain, so no reader
+// waits for a slow read's neighbours; each block's copies are enqueued as soon
+// as its read completes, in the order the reads complete; and the first read to
+// complete while every copy is held still finds a slot (the spare one). The
+// bytes are the file's. (Slots tied to blocks k mod slots, copied in load
+// order, stalled here with fewer than half of the readers reading.)
 TEST(DevicePipelineTest, ReadsStayInFlightWhenTheyCompleteOutOfOrder) {
   ScratchDir dir;
   const RawTensor w = Random("w", Dtype::kBF16, {2048, 1024}, 5);  // 4 MiB: 64 blocks.
@@ -392,41 +640,61 @@ TEST(DevicePipelineTest, ReadsStayInFlightWhenTheyCompleteOutOfOrder) {
   opts.mode = IoMode::kBuffered;
   opts.staging_bytes = 64 << 10;
   opts.staging_buffers = kSlots;
-  PipelineTrace trace;
-  trace.before_read = [](int64_t k) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(k % 4 == 1 ? 120 : 20));
-    return Status::Ok();
-  };
-  auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+  const int64_t nblocks = BufferedBlocks(*ckpt, opts);
+  ASSERT_GE(nblocks, 64);
+  PipelineGate gate;
+  gate.HoldReads(true);
+  gate.HoldCopies(true);
+  gate.Start(*ckpt, opts, gate.Wrap(device));
+  auto settled = [&](int64_t released) { return Settled(kReaders, nblocks, released); };
+  ASSERT_TRUE(gate.WaitUntil(settled(0))) << gate.Describe();
+  // Every copy held: the read that completes takes the spare slot.
+  gate.Release(0);
+  ASSERT_TRUE(gate.WaitUntil(settled(1))) << "no spare slot: " << gate.Describe();
+  gate.HoldCopies(false);
+
+  std::map<int64_t, int64_t> released_at;  // Block -> how many were released before it.
+  std::map<int64_t, int64_t> held_since;   // Slow block -> releases when it was first seen.
+  released_at[0] = 0;
+  for (int64_t released = 1; released < nblocks; ++released) {
+    const std::set<int64_t> in_flight = gate.InFlight();
+    ASSERT_FALSE(in_flight.empty()) << gate.Describe();
+    int64_t next = -1;
+    for (int64_t k : in_flight) {
+      held_since.emplace(k, released);
+      const bool slow = k % 4 == 1 && released - held_since[k] < 5;
+      if (!slow) {
+        next = k;
+        break;
+      }
+    }
+    if (next < 0) next = *in_flight.begin();
+    released_at[next] = released;
+    gate.Release(next);
+    ASSERT_TRUE(gate.WaitUntil(settled(released + 1)))
+        << "after " << released + 1 << " reads completed: " << gate.Describe();
+  }
+  EXPECT_EQ(gate.MostInFlight(), static_cast<size_t>(kReaders)) << "one read a reader";
+  auto got = gate.Finish();
   ASSERT_OK(got);
   ExpectLoaded(*device, {{"w", w}}, *got, std::nullopt, "uneven reads");
-  ASSERT_GE(trace.blocks.size(), 64u);
+  const PipelineTrace& trace = gate.trace();
+  ASSERT_EQ(trace.blocks.size(), static_cast<size_t>(nblocks));
   ExpectTraceConsistent(trace, kSlots);
   int out_of_order = 0;
-  for (size_t k = 0; k < trace.blocks.size(); ++k) {
-    if (trace.blocks[k].enqueued != static_cast<int64_t>(k)) ++out_of_order;
+  for (int64_t k = 0; k < nblocks; ++k) {
+    EXPECT_EQ(trace.blocks[k].enqueued, released_at[k]) << "copies wait for earlier reads: " << k;
+    if (released_at[k] != k) ++out_of_order;
   }
-  EXPECT_GT(out_of_order, 16) << "copies wait for the reads before them";
-  // Reads in flight (started, not ended) at 200 points of the steady state:
-  // from the end of the first slow read to the start of the last block's read.
-  const double from = trace.blocks[1].read_end_us, to = trace.blocks.back().read_start_us;
-  ASSERT_LT(from, to);
-  int most = 0;
-  const int below = PointsBelowDepth(trace, from, to, kReaders, &most);
-  EXPECT_EQ(most, kReaders) << "one read a reader";
-  // Between two reads a reader takes a lock, and waits for a copy (64 us)
-  // only when two copies run at once: little against reads of 20 ms or more,
-  // even on a loaded machine.
-  EXPECT_LE(below, 20) << "points of the steady state (of 200) with fewer than " << kReaders
-                       << " reads in flight";
+  EXPECT_GT(out_of_order, 16) << "the release order should differ from the load order";
 }
 
-// Reads that complete together (a virtual disk completes them in batches) and
-// copies that take half as long as a read for a batch: with the default slots
-// every reader finds a spare slot at once, so through the steady state every
-// reader has a read in flight. (With a single spare slot, as before, all but
-// one of a batch's readers waited for copies: fewer reads in flight at about
-// half of the points.)
+// Reads that complete together (a virtual disk completes them in batches),
+// with every copy held: with the default slots every reader finds a spare slot
+// at once and reads its next block, so the disk never waits for the copies.
+// (With a single spare slot, as before, all but one of a batch's readers
+// waited for copies.) Then batch after batch with the copies running: every
+// reader reads again after each batch, and the bytes are the file's.
 TEST(DevicePipelineTest, ReadsThatCompleteTogetherNeverWaitForCopies) {
   ScratchDir dir;
   const RawTensor w = Random("w", Dtype::kBF16, {2048, 1024}, 6);  // 4 MiB: 64 blocks.
@@ -436,39 +704,33 @@ TEST(DevicePipelineTest, ReadsThatCompleteTogetherNeverWaitForCopies) {
   opts.mode = IoMode::kBuffered;
   opts.staging_bytes = 64 << 10;
   const int slots = StagingSlots(opts), readers = StagingReaders(opts, slots);
-  // Each read 30 ms, all of a batch started together; a block's copy
-  // 15 ms / readers, so a batch is copied in 15 ms, within the next reads.
-  constexpr double kReadSeconds = 0.030;
-  const double copy_seconds = kReadSeconds / 2 / readers;
-  auto device = Emulated(1ull << 30, static_cast<double>(opts.staging_bytes) / copy_seconds);
-  PipelineTrace trace;
-  trace.before_read = [&](int64_t) {
-    // Every read ends on the next multiple of 30 ms: reads complete in batches.
-    const auto now = std::chrono::steady_clock::now().time_since_epoch();
-    const auto period = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-        std::chrono::duration<double>(kReadSeconds));
-    std::this_thread::sleep_until(
-        std::chrono::steady_clock::time_point((now / period + 1) * period));
-    return Status::Ok();
-  };
-  auto got = LoadThroughDevice(*ckpt, opts, device, &trace);
+  const int64_t nblocks = BufferedBlocks(*ckpt, opts);
+  ASSERT_GE(nblocks, 64);
+  auto device = Emulated(1ull << 30, 1e9);
+  PipelineGate gate;
+  gate.HoldReads(true);
+  gate.HoldCopies(true);
+  gate.Start(*ckpt, opts, gate.Wrap(device));
+  auto settled = [&](int64_t released) { return Settled(readers, nblocks, released); };
+  ASSERT_TRUE(gate.WaitUntil(settled(0))) << gate.Describe();
+  int64_t released = 0;
+  bool first = true;
+  while (released < nblocks) {
+    const std::set<int64_t> batch = gate.InFlight();
+    ASSERT_FALSE(batch.empty()) << gate.Describe();
+    for (int64_t k : batch) gate.Release(k);
+    released += static_cast<int64_t>(batch.size());
+    ASSERT_TRUE(gate.WaitUntil(settled(released)))
+        << (first ? "readers waited for copies: " : "") << gate.Describe();
+    if (first) gate.HoldCopies(false);
+    first = false;
+  }
+  EXPECT_EQ(gate.MostInFlight(), static_cast<size_t>(readers));
+  auto got = gate.Finish();
   ASSERT_OK(got);
   ExpectLoaded(*device, {{"w", w}}, *got, std::nullopt, "batched reads");
-  ASSERT_GE(trace.blocks.size(), 64u);
-  ExpectTraceConsistent(trace, slots);
-  // Reads in flight at 200 points from the end of the first batch to the
-  // start of the last block's read.
-  double from = trace.blocks[0].read_end_us;
-  for (int k = 0; k < readers; ++k) from = std::max(from, trace.blocks[k].read_end_us);
-  const double to = trace.blocks.back().read_start_us;
-  ASSERT_LT(from, to);
-  int most = 0;
-  const int below = PointsBelowDepth(trace, from, to, readers, &most);
-  EXPECT_LE(most, readers);
-  // A reader takes a lock and a slot between two reads: microseconds against
-  // 30 ms, even on a loaded machine.
-  EXPECT_LE(below, 30) << "points of the steady state (of 200) with fewer than " << readers
-                       << " reads in flight";
+  ASSERT_EQ(gate.trace().blocks.size(), static_cast<size_t>(nblocks));
+  ExpectTraceConsistent(gate.trace(), slots);
 }
 
 // Auto reads a partly cached file per block: the cached blocks through the
@@ -561,19 +823,23 @@ TEST(DevicePipelineTest, DefaultStagingFollowsTheCpuCount) {
   LoadOptions dflt;
   dflt.mode = IoMode::kBuffered;
   dflt.staging_bytes = 64 << 10;
-  PipelineTrace trace;
-  trace.before_read = [](int64_t) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    return Status::Ok();
-  };
-  auto got = LoadThroughDevice(*ckpt, dflt, device, &trace);
+  // Every reader reading at once (the reads held), each into a slot of its own.
+  PipelineGate gate;
+  gate.HoldReads(true);
+  gate.Start(*ckpt, dflt, gate.Wrap(device));
+  EXPECT_TRUE(gate.WaitUntil([&](auto&, auto& in_flight, int64_t) {
+    return in_flight.size() == static_cast<size_t>(readers);
+  })) << gate.Describe();
+  const std::set<int64_t> first = gate.InFlight();
+  auto got = gate.Finish();
   ASSERT_OK(got);
   ExpectLoaded(*device, {{"w", w}}, *got, std::nullopt, "default staging");
+  const PipelineTrace& trace = gate.trace();
   ExpectTraceConsistent(trace, slots);
   std::set<int> used;
-  for (const auto& b : trace.blocks) used.insert(b.slot);
-  // Each reader starts on a slot of its own (ExpectTraceConsistent: none beyond).
-  EXPECT_GE(static_cast<int>(used.size()), readers) << "a reader a slot";
+  for (int64_t k : first) used.insert(trace.blocks[k].slot);
+  EXPECT_EQ(static_cast<int>(used.size()), readers) << "a reader a slot";
+  EXPECT_EQ(gate.MostInFlight(), static_cast<size_t>(readers));
 
   for (int refused : {-1, 65}) {
     dflt.staging_buffers = refused;
