@@ -12,11 +12,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <thread>
 
 #include "../common/assert_ok.h"
 #include "device/populate.h"
@@ -880,6 +881,7 @@ struct Handed {
   std::map<std::string, std::string> bytes;  // name -> bytes seen in the call
   std::map<std::string, DLManagedTensorVersioned*> exports;
   std::atomic<int> calls{0};
+  std::condition_variable called;  // Notified after each call.
   ~Handed() {
     for (auto& [name, e] : exports) e->deleter(e);
   }
@@ -895,8 +897,15 @@ struct Handed {
         exports[lt.name] = *e;
       }
       ++calls;
+      called.notify_all();
       return Status::Ok();
     };
+  }
+  // Waits until `n` calls were made, from another thread than the callback's;
+  // false after `timeout`, a watchdog only.
+  bool WaitForCalls(int n, std::chrono::seconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    return called.wait_for(lock, timeout, [&] { return calls.load() >= n; });
   }
 };
 
@@ -956,10 +965,10 @@ TEST(OnTensorTest, TensorsComeOutWhileLaterReadsAreStillToCome) {
       return std::make_unique<FaultEngine>(std::move(e), [&, n = 0](size_t i) mutable {
         ++n;
         if (i == 5) {  // The last tensor's read: the first ones were handed out already.
-          const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-          while (h.calls.load() < 5 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-          }
+          // Their callbacks run on another thread: this read waits for them. A
+          // loader that held them back until every read was done would never
+          // make them; the 60 s are a watchdog, not a measure.
+          h.WaitForCalls(5, std::chrono::seconds(60));
           seen_before_last = h.calls.load();
         }
         return Status::Ok();

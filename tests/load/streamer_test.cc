@@ -323,14 +323,16 @@ class DeviceStreamerTest : public StreamerTest {
     for (const auto& t : l.tensors()) lo = std::min(lo, reinterpret_cast<uintptr_t>(t.data));
     return lo;
   }
-  // Waits up to 10 s for `pred`.
+  // Waits for `pred`, which the streamer's background thread makes true when
+  // it has loaded a layer; false after 60 s, a watchdog, not a measure.
   template <typename F>
   static bool Eventually(F pred) {
-    for (int i = 0; i < 1000; ++i) {
-      if (pred()) return true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!pred()) {
+      if (std::chrono::steady_clock::now() > deadline) return pred();
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    return pred();
+    return true;
   }
 };
 

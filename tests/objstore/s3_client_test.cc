@@ -422,7 +422,9 @@ TEST(S3ClientDeadServerTest, FailsAfterRetries) {
   EXPECT_THAT(st.message(), HasSubstr(server.endpoint()));
   EXPECT_THAT(st.message(), HasSubstr("failed 2 times"));
   EXPECT_GE((*client)->retries(), 1u);
-  EXPECT_LT(seconds.count(), 10.0);
+  // Refused connections and a 10 ms backoff end it in well under a second; a
+  // watchdog of 60 s, not a measure.
+  EXPECT_LT(seconds.count(), 60.0);
 }
 
 TEST(S3ClientCreateTest, RejectsBadSettings) {

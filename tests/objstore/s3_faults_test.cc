@@ -9,16 +9,13 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "../common/assert_ok.h"
@@ -223,6 +220,8 @@ TEST_F(S3FaultsTest, RawClientRetriesEveryKindByteExact) {
 }
 
 // A transfer that stalls under the low-speed limit times out and is retried.
+// Waited out, the stall would end in the whole body at the first attempt: the
+// one retry shows it was cut short (the seconds are printed, not asserted).
 TEST_F(S3FaultsTest, AStalledTransferTimesOutAndIsRetried) {
   Serve("slow:1", /*slow_seconds=*/6);
   auto client = Client(/*retries=*/2, 1, /*low_speed_timeout_s=*/1);
@@ -237,21 +236,23 @@ TEST_F(S3FaultsTest, AStalledTransferTimesOutAndIsRetried) {
   EXPECT_EQ(got, bytes.substr(1000, got.size()));
   EXPECT_EQ(client->retries(), 1u);
   EXPECT_EQ(server_->Stat("fault_slow"), 1u);
-  EXPECT_LT(seconds, 6.0);  // The stall was cut short, not waited out.
   std::printf("[ info ] stalled transfer retried after %.2f s\n", seconds);
 }
 
 // A slowloris body (2 KiB/s, over curl's old floor of 1 KiB/s) is cut off by the minimum
 // rate (64 KiB/s by default) instead of holding the range for as long as it trickles: 100 KB
-// would take 50 s. Below a floor of 1 KiB/s the same trickle is waited out, which shows that
-// the bytes really come a piece at a time.
+// would take 50 s, and end in the whole range, not "Operation too slow". Below a floor of
+// 1 KiB/s the same trickle is waited out, which shows that the bytes really come a piece at a
+// time: 6,000 bytes cannot come in under 2.9 s (the server sleeps 0.1 s after each 204), a
+// lower bound the trickle forces. There the low-speed window is 10 s, longer than the whole
+// trickle, so that a server slowed down by a loaded machine is not cut off.
 TEST_F(S3FaultsTest, ASlowlorisBodyIsCutOffAtTheMinimumRate) {
   Serve("trickle:2");
   EXPECT_EQ(objstore::S3Settings{}.min_rate, 64u << 10);
   EXPECT_EQ(ObjectStoreOptions{}.min_rate, 64u << 10);
   const std::string bytes = ReadFile(root_.File("s3/models/mixed/model.safetensors"));
   {
-    auto client = Client(/*retries=*/0, 1, /*low_speed_timeout_s=*/1, /*min_rate=*/1024);
+    auto client = Client(/*retries=*/0, 1, /*low_speed_timeout_s=*/10, /*min_rate=*/1024);
     ASSERT_NE(client, nullptr);
     const TimedGet got = Get(*client, 1000, 6000);
     ASSERT_OK(got.status);
@@ -266,14 +267,15 @@ TEST_F(S3FaultsTest, ASlowlorisBodyIsCutOffAtTheMinimumRate) {
   EXPECT_EQ(got.status.code(), StatusCode::kUnavailable) << got.status.ToString();
   EXPECT_THAT(got.status.message(),
               AllOf(HasSubstr("Operation too slow"), HasSubstr("65536 bytes/sec")));
-  EXPECT_LT(got.seconds, 5.0);
   EXPECT_EQ(server_->Stat("fault_trickle"), 2u);
   std::printf("[ info ] a 2 KiB/s slowloris cut off after %.2f s: %s\n", got.seconds,
               got.status.ToString().c_str());
 }
 
 // A slowloris head (a byte of the status line and headers every 100 ms) is cut off after
-// the low-speed window, then retried, and a clear error once the retries are spent.
+// the low-speed window, then retried, and a clear error once the retries are spent. Not cut
+// off, each attempt would end in the server's reset after 20 s ("Failure when receiving
+// data"), not "Operation too slow".
 TEST_F(S3FaultsTest, ASlowlorisHeadIsCutOffAndRetried) {
   Serve("slowheaders:2", /*slow_seconds=*/20);
   auto client = Client(/*retries=*/1, 1, /*low_speed_timeout_s=*/1);
@@ -284,7 +286,6 @@ TEST_F(S3FaultsTest, ASlowlorisHeadIsCutOffAndRetried) {
   EXPECT_THAT(got.status.message(), HasSubstr("Operation too slow"));
   EXPECT_EQ(client->retries(), 1u);
   EXPECT_EQ(server_->Stat("fault_slowheaders"), 2u);
-  EXPECT_LT(got.seconds, 8.0);  // Two 1 s windows and a backoff, not 2 x 20 s.
   std::printf("[ info ] a slowloris head cut off twice in %.2f s: %s\n", got.seconds,
               got.status.ToString().c_str());
 }
@@ -350,52 +351,43 @@ TEST_F(S3FaultsTest, MoreFaultsThanRetriesIsAClearError) {
 }
 
 // The server killed while a 64 MB object is being fetched (1 MB requests,
-// 2 connections): an error naming the endpoint within a bounded time.
+// 2 connections): an error naming the endpoint, never a hang. The kill comes
+// from the progress callback, on the thread that drives the transfers, so
+// nothing is fetched between the first bytes and the kill. Both first data
+// GETs stall for 1 s after their first 1,000 bytes: no request completes
+// before then, so the first progress report (at most one every 100 ms, on a
+// completed request) comes while 62 of the 64 requests are still to go.
 TEST_F(S3FaultsTest, AServerKilledMidLoadIsAnErrorNotAHang) {
   const std::string big = root_.File("s3/models/big.safetensors");
   WriteRaw(big, {Random("w", Dtype::kU8, {64ull << 20}, 5)});
-  Serve("none");
+  Serve("ok:1,slow:2", /*slow_seconds=*/1);  // The header probe, then the two stalls.
   ObjectStoreOptions store = store_;
   store.request_bytes = 1 << 20;
   store.max_in_flight_bytes = 2 << 20;
 
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t first_bytes = 0;
-  std::thread killer([&] {
-    std::unique_lock lock(mu);
-    if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return first_bytes > 0; })) return;
-    server_->Kill();
-  });
   LoadOptions options;
-  uint64_t last_done = 0;
+  uint64_t killed_at = 0, last_done = 0;
   options.progress = [&](const Progress& p) {
     last_done = p.bytes_done;
-    if (p.bytes_done == 0) return;
-    std::lock_guard lock(mu);
-    if (first_bytes == 0) {
-      first_bytes = p.bytes_done;
-      cv.notify_all();
-    }
+    if (p.bytes_done == 0 || killed_at != 0) return;
+    killed_at = p.bytes_done;
+    server_->Kill();
   };
   const auto start = Clock::now();
   auto got = LoadFromObjectStore("s3://models/big.safetensors", options, store);
   const double seconds = SecondsSince(start);
-  {
-    std::lock_guard lock(mu);
-    if (first_bytes == 0) first_bytes = 1;  // Let the killer go.
-    cv.notify_all();
-  }
-  killer.join();
-  ASSERT_FALSE(got.ok()) << "the load finished before the kill (" << last_done << " bytes)";
-  EXPECT_LT(seconds, 60.0);
+  ASSERT_NE(killed_at, 0u) << "no progress before the load ended: " << got.status().ToString();
+  EXPECT_LT(killed_at, 64ull << 20);
+  ASSERT_FALSE(got.ok()) << "the load finished after the kill (" << last_done << " bytes)";
   EXPECT_LT(last_done, 64ull << 20);
   EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
   EXPECT_THAT(got.status().message(),
               AllOf(HasSubstr("s3://models/big.safetensors"), HasSubstr(server_->endpoint())));
+  // Retries of refused connections (5, backing off from 100 ms) end it in
+  // seconds; a watchdog of 60 s, not a measure, for an error that never came.
+  EXPECT_LT(seconds, 60.0);
   std::printf("[ info ] killed after %llu bytes; error after %.2f s: %s\n",
-              static_cast<unsigned long long>(first_bytes), seconds,
-              got.status().ToString().c_str());
+              static_cast<unsigned long long>(killed_at), seconds, got.status().ToString().c_str());
 }
 
 }  // namespace

@@ -30,6 +30,7 @@ using tensorlift::testing::Random;
 using tensorlift::testing::RawTensor;
 using tensorlift::testing::WriteRaw;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr const char* kLayout = "w0=0;w1=1;w3=2";
 
@@ -156,9 +157,8 @@ TEST_F(PeerTest, PullsWhatADiskLoadGives) {
     ASSERT_EQ(g->nbytes, d.nbytes);
     EXPECT_EQ(Xxh3_64(g->data, g->nbytes), Xxh3_64(d.data, d.nbytes)) << d.name;
   }
-  // The session was closed and its bytes counted.
-  for (int i = 0; i < 100 && server->active_sessions() != 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  // The session was closed and its bytes counted: the pull's DELETE is
+  // answered once the server has done both, before LoadFromPeer returns.
   EXPECT_EQ(server->active_sessions(), 0);
   EXPECT_EQ(server->served_bytes(), got->total_bytes());
 }
@@ -278,14 +278,14 @@ TEST_F(PeerTest, DeadPeerFailsOverWithinTheTimeOut) {
     url = gone->url();
   }
   auto good = Start(Serve());
-  const auto t0 = std::chrono::steady_clock::now();
   PeerLoadReport report;
   auto got = LoadFromPeer(key_, Pull({url, good->url()}), &report);
   ASSERT_OK(got);
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
   EXPECT_EQ(report.source, good->url());
   ASSERT_FALSE(report.failures.empty());
   EXPECT_THAT(report.failures[0], HasSubstr(url));
+  // Refused at once: the time-out never came into it (how soon is not asserted).
+  EXPECT_THAT(report.failures[0], Not(HasSubstr("time-out")));
 }
 
 // A source of one size serving a destination of another: each destination
@@ -531,9 +531,12 @@ TEST_F(PeerTest, IncompleteSourceGroupFallsBack) {
   EXPECT_THAT(report.failures.back(), HasSubstr("no live endpoint for rank 1"));
 }
 
+// A lower bound only, which the pacing forces: the client issues no get
+// before the bytes it issued so far are due at the granted rate, so the last
+// 256 KiB get of the 3 MiB tensor waits at least 2.75 MiB / 8 MiB/s = 0.34 s.
 TEST_F(PeerTest, RateLimitPacesThePull) {
   auto o = Serve();
-  o.rate_limit = 8 << 20;  // 8 MiB/s: the 3 MiB tensor takes about 0.4 s.
+  o.rate_limit = 8 << 20;  // 8 MiB/s, granted to the one client.
   auto server = Start(o);
   ASSERT_NE(server, nullptr);
   const auto t0 = std::chrono::steady_clock::now();
@@ -561,16 +564,15 @@ TEST_F(PeerTest, ASlowlorisPeerIsDroppedAtTheRequestTimeOut) {
   opts.request_timeout_ms = 1000;
   opts.fallback_path = path_;
   PeerLoadReport report;
-  const auto t0 = std::chrono::steady_clock::now();
   auto got = LoadFromPeer(key_, opts, &report);
-  const auto took = std::chrono::steady_clock::now() - t0;
   stopping = true;
   fake.stop();
   t.join();
   ASSERT_OK(got);
-  EXPECT_LT(took, std::chrono::seconds(5));
   EXPECT_EQ(report.source, "disk:" + path_);
   ASSERT_FALSE(report.failures.empty());
+  // The request's deadline ended it: the peer never stops dribbling, so
+  // nothing else would have (how soon is not asserted).
   EXPECT_THAT(report.failures[0], HasSubstr("no complete answer within 1000 ms"));
   ExpectRank(*got, 1, 0);
 }
@@ -625,18 +627,23 @@ TEST_F(PeerTest, APeerServingOtherShapesThanTheFallbackIsNotUsed) {
 TEST_F(PeerTest, MaxSessionsRefusesExtraClients) {
   auto o = Serve();
   o.max_sessions = 1;
-  o.rate_limit = 4 << 20;  // The first pull takes a while.
   auto server = Start(o);
   ASSERT_NE(server, nullptr);
-  std::thread first([&] { (void)LoadFromPeer(key_, Pull({server->url()})); });
-  for (int i = 0; i < 200 && server->active_sessions() == 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // The first client holds its session open until it is closed.
+  auto first = remote::PeerReader::Open(server->url(), key_, {});
+  ASSERT_OK(first);
+  ASSERT_EQ(server->active_sessions(), 1);
   PeerLoadReport report;
   auto second = LoadFromPeer(key_, Pull({server->url()}), &report);
-  first.join();
   ASSERT_FALSE(second.ok());
   ASSERT_FALSE(report.failures.empty());
   EXPECT_THAT(report.failures[0], HasSubstr("HTTP 503"));
+  // Once it is closed (its DELETE answered), the next client gets the session.
+  first->reset();
+  EXPECT_EQ(server->active_sessions(), 0);
+  auto third = LoadFromPeer(key_, Pull({server->url()}));
+  ASSERT_OK(third);
+  ExpectRank(*third, 1, 0);
 }
 
 // UCX keeps an entry for every peer a worker has met until the worker goes,
@@ -657,8 +664,10 @@ TEST_F(PeerTest, SessionsMoveToAFreshWorkerAndTheOldOneGoesWithItsLastSession) {
     ASSERT_OK(r.Read({{t, 0, got.size(), got.data()}}));
     EXPECT_TRUE(got == big.bytes);
   };
+  // A worker whose last session closed is destroyed by the server's progress
+  // thread, soon after: wait for it (60 s: a watchdog, not a measure).
   auto wait_for_workers = [&](int n) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (server->live_workers() != n && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return server->live_workers();
@@ -682,7 +691,9 @@ TEST_F(PeerTest, SessionsMoveToAFreshWorkerAndTheOldOneGoesWithItsLastSession) {
   EXPECT_EQ(wait_for_workers(1), 1);
   read_big(**c);
   c->reset();
-  // Whole pulls, one session each: never more than two workers, every pull right.
+  // Whole pulls, one session each: never more than two workers, every pull
+  // right, and a retired worker goes once its pull is over. (Each pull starts
+  // from one worker, so the one it may retire is never a third.)
   for (int i = 0; i < 7; ++i) {
     PeerLoadReport report;
     auto got = LoadFromPeer(key_, Pull({server->url()}), &report);
@@ -690,8 +701,8 @@ TEST_F(PeerTest, SessionsMoveToAFreshWorkerAndTheOldOneGoesWithItsLastSession) {
     EXPECT_EQ(report.source, server->url());
     ExpectRank(*got, 1, 0);
     EXPECT_LE(server->live_workers(), 2);
+    EXPECT_EQ(wait_for_workers(1), 1) << "pull " << i;
   }
-  EXPECT_EQ(wait_for_workers(1), 1);
 }
 
 TEST_F(PeerTest, ALoadedInstanceBecomesASeed) {

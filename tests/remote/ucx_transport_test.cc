@@ -487,6 +487,8 @@ TEST_P(UcxTransportTest, RateLimitIsRespected) {
 // Bytes that land too slowly end the run once it is stall_timeout old, though
 // a get finishes every few milliseconds (no stall): here the client paces
 // itself to 1 MiB/s, which is what it sees of a peer that sends at that rate.
+// Not before (a lower bound the check forces), and not by running its 8 s to
+// the end (that would be OK, not "too slow"; how soon is not asserted).
 TEST_P(UcxTransportTest, ARunBelowTheMinimumRateEndsLikeAStall) {
   Child child;
   std::unique_ptr<UcxClient> client;
@@ -509,10 +511,11 @@ TEST_P(UcxTransportTest, ARunBelowTheMinimumRateEndsLikeAStall) {
   EXPECT_THAT(st.message(), HasSubstr("too slow"));
   EXPECT_THAT(st.message(), HasSubstr("below the minimum of 4194304 bytes/s"));
   EXPECT_GE(secs, 0.45);
-  EXPECT_LT(secs, 5.0);
 }
 
-// cancelled() ends a run between progress rounds, its gets cancelled.
+// cancelled() ends a run between progress rounds, its gets cancelled: at
+// once, at the round where it first says so (it is not asked again), not by
+// running the rate-limited 64 s to the end.
 TEST_P(UcxTransportTest, ACancelledRunEndsAtOnce) {
   Child child;
   std::unique_ptr<UcxClient> client;
@@ -529,10 +532,9 @@ TEST_P(UcxTransportTest, ACancelledRunEndsAtOnce) {
   options.on_done = [&](size_t) { ++landed; };
   int asked = 0;
   options.cancelled = [&] { return ++asked > 3; };
-  const auto t0 = Clock::now();
   Status st = client->GetAll(gets, options);
   EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
-  EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  EXPECT_EQ(asked, 4);
   EXPECT_EQ(landed, 0);  // The one get (the whole region) never finished.
 }
 

@@ -44,7 +44,9 @@ class PeerProcess {
             ready_file.c_str(), "--rate-limit", rate_mb_s, static_cast<char*>(nullptr));
       _exit(127);
     }
-    for (int i = 0; i < 400 && pid_ > 0; ++i) {
+    // Until it says where it serves: a watchdog of 60 s (a loaded machine
+    // starts it slowly), not a measure.
+    for (int i = 0; i < 1200 && pid_ > 0; ++i) {
       std::ifstream f(ready_file);
       std::string url;
       if (f >> url && url.rfind("http://", 0) == 0) {
