@@ -53,19 +53,23 @@ def _burners():
 def test_run_waits_for_python_references_too():
     # A collective whose other holder lets go of the tensor's Python object a
     # moment after the C++ count is back (as gloo's worker does): _run must
-    # not return before that.
+    # not return before that. The sleep makes an early return likely to be
+    # seen; what is asserted is the order alone: the holder's reference is
+    # gone when _run returns (checked on the reference itself, not on a flag
+    # the holder would set after dropping it, which _run may beat).
     import threading
     comm = tlf._Comm(None, 2, 0, "cpu")
     t = torch.empty(16, dtype=torch.uint8)
-    released = threading.Event()
+    held = []  # the other holder's reference, taken by the collective
+    holder = threading.Thread(target=lambda: (time.sleep(0.2), held.clear()))
 
-    def hold(ref):
-        time.sleep(0.2)
-        del ref[:]
-        released.set()
+    def collective():
+        held.append(t)
+        holder.start()
 
-    comm._run("test", lambda: threading.Thread(target=hold, args=([t],)).start(), [t])
-    assert released.is_set()
+    comm._run("test", collective, [t])
+    assert not held
+    holder.join()
 
 
 def test_collectives_return_only_after_gloo_let_go_under_load():

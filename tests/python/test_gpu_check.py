@@ -172,6 +172,8 @@ def test_the_disturbance_step_on_the_cpu(tmp_path):
     for r in res["by_rate_limit"].values():
         assert r["served_from"] == "host" and len(r["runs"]) == 1, r
         run0 = r["runs"][0]
+        # The rates' values depend on the machine's load: the bench's to measure, not to assert.
+        # Each window lasts until at least one iteration and one pull ran, however late: never 0.
         assert run0["alone_per_s"] > 0 and run0["during_per_s"] > 0 and run0["pulls"] >= 1, run0
     assert "| rate limit | served from |" in p.stdout
 

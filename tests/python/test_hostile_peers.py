@@ -1,8 +1,9 @@
 """Peers and registries that lie, each in its own way (docs/security.md, "Hostile peers"): every
-`tensorlift fetch` here runs under `ulimit -v` and must end, within a bounded time, in the next
-source (the disk fallback, with a `fallback:` line that says what was wrong) or a clear error, and
-never hand out a tensor that is not the checkpoint's. A thousand failed fetches in one process
-leave its file descriptors, threads and RSS where the first ones left them.
+`tensorlift fetch` here runs under `ulimit -v` and must end (within a watchdog of 120 s; the
+slowloris lies at their --timeout-ms, which the fallback line names) in the next source (the disk
+fallback, with a `fallback:` line that says what was wrong) or a clear error, and never hand out a
+tensor that is not the checkpoint's. A thousand failed fetches in one process leave its file
+descriptors, threads and RSS where the first ones left them.
 
 The liar is an HTTP server in front of a real `tensorlift serve`: it passes the control plane
 through and rewrites what it was asked to lie about, so the bytes themselves move over UCX from a
@@ -34,8 +35,12 @@ CHUNK = 4 << 20  # The source's checksum granularity (ServeOptions::chunk_bytes'
 # Address space for a fetch (ulimit -v): an honest fetch of this checkpoint runs in 128 MiB here
 # (the CLI alone needs 96 MiB to start), the million-tensor manifest's 150 MB need more.
 VMEM_LIMIT = int(os.environ.get("TL_TEST_VMEM_LIMIT", 1 << 30))
+# --timeout-ms of the fetches a slowloris keeps waiting: the time-out is what ends them. Every
+# other fetch gets PATIENT_MS: its lie is found without waiting for anything, and a busy 2-core
+# machine must not time out an honest request first (the fallback line would name the time-out,
+# not the lie). How long a fetch takes is not asserted: bench/ measures speed.
 TIMEOUT_MS = 2000
-BOUND_S = 15  # Time-out, plus the fallback's load, with room for a busy 2-core machine.
+PATIENT_MS = 60000
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +70,11 @@ def limit_address_space():
     resource.setrlimit(resource.RLIMIT_AS, (VMEM_LIMIT, VMEM_LIMIT))
 
 
-def fetch(cli, *args, fallback=None, timeout_ms=TIMEOUT_MS):
-    """`tensorlift fetch` under ulimit -v; (CompletedProcess, seconds)."""
+def fetch(cli, *args, fallback=None, timeout_ms=PATIENT_MS):
+    """`tensorlift fetch` under ulimit -v (a watchdog of 120 s: a fetch that hangs fails the test)."""
     extra = ["--fallback", fallback] if fallback is not None else []
-    t0 = time.monotonic()
-    r = run(cli, "fetch", *args, *MODEL, *extra, "--checksum", "--timeout-ms", timeout_ms,
-            preexec_fn=limit_address_space, timeout=120)
-    return r, time.monotonic() - t0
+    return run(cli, "fetch", *args, *MODEL, *extra, "--checksum", "--timeout-ms", timeout_ms,
+               preexec_fn=limit_address_space, timeout=120)
 
 
 class Liar(ThreadingHTTPServer):
@@ -247,9 +250,8 @@ def liar(source):
         lie.close()
 
 
-def expect_fallback(r, took, ckpt, disk_checksums, *why):
+def expect_fallback(r, ckpt, disk_checksums, *why):
     assert r.returncode == 0, r.stderr
-    assert took < BOUND_S, f"took {took:.1f} s: {r.stderr}"
     assert f"from disk:{ckpt}" in r.stderr, r.stderr
     fallbacks = [line for line in r.stderr.splitlines() if line.startswith("fallback:")]
     assert fallbacks, r.stderr
@@ -261,7 +263,7 @@ def expect_fallback(r, took, ckpt, disk_checksums, *why):
 def test_an_honest_fetch_fits_the_address_space_limit(cli, ckpt, source, liar, disk_checksums):
     """The limit the lies below run under is not what makes them fail."""
     lie = liar("honest")
-    r, took = fetch(cli, lie.url, fallback=ckpt)
+    r = fetch(cli, lie.url, fallback=ckpt)
     assert r.returncode == 0, r.stderr
     assert f"from {lie.url}" in r.stderr and "fallback:" not in r.stderr, r.stderr
     assert r.stdout == disk_checksums
@@ -285,11 +287,11 @@ LIES = {
 @pytest.mark.parametrize("mode", LIES)
 def test_a_lying_peer_ends_in_the_fallback(cli, ckpt, source, liar, disk_checksums, mode):
     lie = liar(mode)
-    r, took = fetch(cli, lie.url, fallback=ckpt)
-    expect_fallback(r, took, ckpt, disk_checksums, lie.url, *LIES[mode])
+    timeout_ms = TIMEOUT_MS if mode.startswith("slowloris") else PATIENT_MS
+    r = fetch(cli, lie.url, fallback=ckpt, timeout_ms=timeout_ms)
+    expect_fallback(r, ckpt, disk_checksums, lie.url, *LIES[mode])
     # Without a fallback: an error that says why, and no tensors.
-    r, took = fetch(cli, lie.url)
-    assert took < BOUND_S
+    r = fetch(cli, lie.url, timeout_ms=timeout_ms)
     if mode == "shrink":  # Nothing to compare with: its tensors are its own (checksums match).
         assert r.returncode == 0, r.stderr
         assert r.stdout != disk_checksums
@@ -312,25 +314,25 @@ def test_a_reset_at_every_chunk_of_the_manifest(cli, ckpt, source, liar, disk_ch
     assert len(cuts) >= 2
     for at in cuts:
         lie = liar(f"reset@{at}")
-        r, took = fetch(cli, lie.url, fallback=ckpt)
-        expect_fallback(r, took, ckpt, disk_checksums, lie.url, "POST /v1/session")
+        r = fetch(cli, lie.url, fallback=ckpt)
+        expect_fallback(r, ckpt, disk_checksums, lie.url, "POST /v1/session")
 
 
 def test_a_manifest_of_a_million_tensors(cli, ckpt, source, liar, disk_checksums):
     """150 MB of well-formed manifest whose key answer agrees with it. Under the 1 GiB limit its
     JSON does not fit the parser: a clear out-of-memory error. With room for it (more address
     space), it is refused because the checkpoint has 3 tensors, or, without a fallback, because
-    its first chunk's checksum is wrong. Either way the next source, in bounded time."""
+    its first chunk's checksum is wrong. Either way the next source."""
     lie = liar("million")
     lie.million = million_manifest(source.url)
     assert len(lie.million) > 100_000_000
-    r, took = fetch(cli, lie.url, fallback=ckpt, timeout_ms=10000)
-    expect_fallback(r, took, ckpt, disk_checksums, lie.url)
+    r = fetch(cli, lie.url, fallback=ckpt)
+    expect_fallback(r, ckpt, disk_checksums, lie.url)
     line = next(x for x in r.stderr.splitlines() if x.startswith("fallback:"))
     assert "serves 1000000 tensors, 3 in the fallback checkpoint" in line or "memory" in line, line
-    r, took = fetch(cli, lie.url, timeout_ms=10000)
+    r = fetch(cli, lie.url)
     assert r.returncode == 1 and r.stdout == "", r.stderr
-    assert took < BOUND_S and ("XXH3" in r.stderr or "memory" in r.stderr), r.stderr
+    assert "XXH3" in r.stderr or "memory" in r.stderr, r.stderr
 
 
 def test_a_source_granting_less_than_the_minimum_rate_is_skipped(cli, ckpt, serving, disk_checksums):
@@ -338,10 +340,10 @@ def test_a_source_granting_less_than_the_minimum_rate_is_skipped(cli, ckpt, serv
     long as the source likes: skipped before any byte moves. (A slow data plane is ended by the
     same floor once the pull is --timeout-ms old: ucx_transport_test, MinimumRate.)"""
     s = serving(ckpt, *MODEL, "--rate-limit", "0.5")
-    r, took = fetch(cli, s.url, fallback=ckpt)
-    expect_fallback(r, took, ckpt, disk_checksums, s.url, "grants 500000 bytes/s, below the minimum of 1000000")
-    r, took = fetch(cli, s.url, "--min-rate", "0.6", fallback=ckpt)
-    expect_fallback(r, took, ckpt, disk_checksums, "below the minimum of 600000")
+    r = fetch(cli, s.url, fallback=ckpt)
+    expect_fallback(r, ckpt, disk_checksums, s.url, "grants 500000 bytes/s, below the minimum of 1000000")
+    r = fetch(cli, s.url, "--min-rate", "0.6", fallback=ckpt)
+    expect_fallback(r, ckpt, disk_checksums, "below the minimum of 600000")
 
 
 def etcd_put(url, key, value):
@@ -364,8 +366,8 @@ def test_a_registry_entry_that_points_at_the_registry(cli, ckpt, etcd, disk_chec
         time.sleep(0.05)
     etcd_put(etcd, f"/tensorlift/seeds/{digest}/0/00aa",
              json.dumps({"url": etcd, "rank": 0, "world": 1, "load": 0, "id": "00aa"}))
-    r, took = fetch(cli, "--registry", etcd, fallback=ckpt)
-    expect_fallback(r, took, ckpt, disk_checksums, etcd, "GET /v1/key: HTTP 404")
+    r = fetch(cli, "--registry", etcd, fallback=ckpt)
+    expect_fallback(r, ckpt, disk_checksums, etcd, "GET /v1/key: HTTP 404")
 
 
 LEAK_CHECK = textwrap.dedent("""
@@ -411,5 +413,5 @@ def test_a_thousand_failed_fetches_leave_nothing_behind(cli, source, liar, disk_
     assert last["threads"] == first["threads"], after
     assert last["rss_kb"] - first["rss_kb"] < 8 * 1024, after
     assert source.proc.poll() is None, source.proc.stderr.read()[-2000:]
-    r, _ = fetch(cli, source.url)
+    r = fetch(cli, source.url)
     assert r.returncode == 0 and r.stdout == disk_checksums, r.stderr

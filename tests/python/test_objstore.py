@@ -27,7 +27,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_for_port(port: int, proc, deadline_s: float = 20.0) -> None:
+def _wait_for_port(port: int, proc, deadline_s: float = 60.0) -> None:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if proc.poll() is not None:

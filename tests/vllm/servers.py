@@ -85,14 +85,14 @@ def s3_bucket(model, root, key):
                                  f"{S3_KEY},{S3_SECRET}", "--config", "/dev/null", str(root)],
                                 stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while True:
             assert proc.poll() is None, (root / "rclone.log").read_text()
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
                 break
             except OSError:
-                assert time.monotonic() < deadline, "rclone did not answer within 20 s"
+                assert time.monotonic() < deadline, "rclone did not answer within 60 s"
                 time.sleep(0.02)
         yield f"http://127.0.0.1:{port}"
     finally:

@@ -33,8 +33,9 @@ def illegal_instruction():
 
 
 def sleeper(pid_file):
-    with open(pid_file, "w") as f:
+    with open(pid_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)  # whole when it appears
     time.sleep(600)
 
 

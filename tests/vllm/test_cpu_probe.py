@@ -3,6 +3,7 @@ itself killed by SIGILL means float32; any other failure is an error, never a ve
 import os
 import pathlib
 import signal
+import subprocess
 import sys
 import time
 
@@ -48,17 +49,39 @@ def test_any_other_failure_is_an_error_not_a_verdict():
     assert "Expected a cuda device, but got: cpu" in str(e.value)
 
 
-def test_a_probe_past_its_time_is_an_error_and_leaves_no_process(tmp_path):
+def running(pid):
+    """Whether process pid runs: a zombie (killed, its status not yet collected by whoever adopted
+    it) does not."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_probe_past_its_time_is_an_error_and_leaves_no_process(tmp_path, monkeypatch):
     pid_file = tmp_path / "worker.pid"
+
+    class WorkerFirst(subprocess.Popen):
+        """The probe's wait for the engine starts once the stand-in's worker runs (it wrote its
+        pid): on a busy machine, starting the engine and its spawned worker can take longer than
+        the probe's 5 s, and the time-out must find the worker there to kill."""
+
+        def communicate(self, input=None, timeout=None):
+            if timeout is not None:
+                deadline = time.monotonic() + 120
+                while not pid_file.exists():
+                    assert self.poll() is None, "the stand-in exited before its worker started"
+                    assert time.monotonic() < deadline, "the stand-in's worker did not start in 120 s"
+                    time.sleep(0.05)
+            return super().communicate(input, timeout)
+
+    monkeypatch.setattr(subprocess, "Popen", WorkerFirst)
     with pytest.raises(cpu_probe.ProbeError, match="did not finish in 5 s"):
         cpu_probe.probe("vLLM", standin("hang", str(pid_file)), ENV, timeout=5)
     pid = int(pid_file.read_text())
-    deadline = time.monotonic() + 10
-    while True:  # the worker, in the probe's process group, was killed with it
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
+    deadline = time.monotonic() + 60
+    while running(pid):  # the worker, in the probe's process group, was killed with it
         assert time.monotonic() < deadline, f"the stand-in's worker {pid} outlived the probe"
         time.sleep(0.05)
 
