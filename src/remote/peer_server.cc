@@ -16,9 +16,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -445,8 +447,14 @@ class PeerServerImpl final : public PeerServer {
       ucx_->Unlease(it->second.worker);
       sessions_.erase(it);
     }
-    if (!body.empty() && body.size() <= 20 && std::all_of(body.begin(), body.end(), ::isdigit)) {
-      served_bytes_ += std::min<uint64_t>(std::stoull(body), manifest_.total_bytes);
+    // The bytes the client says it read: a decimal count, at most the whole
+    // checkpoint. Anything else (not a number, or above 2^64 - 1) is ignored:
+    // the session is closed either way, and the load below stays right.
+    uint64_t reported = 0;
+    const char* const end = body.data() + body.size();
+    const auto [stop, error] = std::from_chars(body.data(), end, reported);
+    if (!body.empty() && error == std::errc() && stop == end) {
+      served_bytes_ += std::min<uint64_t>(reported, manifest_.total_bytes);
     }
     UpdateLoad();
     res.set_content("closed", "text/plain");

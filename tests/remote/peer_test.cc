@@ -16,6 +16,7 @@
 #include "../load/test_files.h"
 #include "device/device.h"
 #include "load/checkpoint_builder.h"
+#include "remote/control.h"
 #include "remote/layout.h"
 #include "remote/peer_reader.h"
 #include "remote/ucx_transport.h"
@@ -178,6 +179,41 @@ TEST_F(PeerTest, WrongKeyFallsBackToDiskAndSaysWhy) {
   EXPECT_THAT(report.failures[0], HasSubstr("revision: 'r2' (ours) != 'r1' (peer's)"));
   EXPECT_EQ(server->active_sessions(), 0);  // No session: nothing moved.
   EXPECT_EQ(server->served_bytes(), 0u);
+  ExpectRank(*got, 1, 0);
+}
+
+// The bytes a client reports when it closes its session are parsed, never
+// thrown over: a count above 2^64 - 1 (20 digits) made std::stoull throw
+// inside the HTTP handler, after the session was erased and before the
+// registry's load was updated. Such a count, or one that is not a number, is
+// ignored; a count beyond the checkpoint counts as the checkpoint.
+TEST_F(PeerTest, ASessionClosedWithAHugeByteCountIsClosedAndCountsNothing) {
+  auto server = Start(Serve());
+  ASSERT_NE(server, nullptr);
+  auto c = remote::Control::Make(server->url(), "", 3000);
+  ASSERT_OK(c);
+  auto close_with = [&](const std::string& reported) {
+    std::string session;
+    auto opened = c->Send("POST", "/v1/session", "", 256 << 20, &session);
+    ASSERT_OK(opened);
+    ASSERT_EQ(server->active_sessions(), 1);
+    auto closed = c->Send("DELETE", "/v1/session/" + session, reported, 1024);
+    ASSERT_OK(closed) << reported;
+    EXPECT_EQ(*closed, "closed") << reported;
+    EXPECT_EQ(server->active_sessions(), 0) << reported;
+  };
+  for (const char* ignored : {"99999999999999999999", "18446744073709551616", "-1", "12x", "+5"}) {
+    close_with(ignored);
+    EXPECT_EQ(server->served_bytes(), 0u) << ignored;
+  }
+  close_with("18446744073709551615");  // 2^64 - 1: at most the whole checkpoint.
+  const uint64_t whole = server->served_bytes();
+  EXPECT_GT(whole, 0u);
+  close_with("7");
+  EXPECT_EQ(server->served_bytes(), whole + 7);
+  // The server still serves.
+  auto got = LoadFromPeer(key_, Pull({server->url()}));
+  ASSERT_OK(got);
   ExpectRank(*got, 1, 0);
 }
 
