@@ -107,6 +107,7 @@ class LayerStreamer {
   Status Release(size_t layer, uint64_t stream = 0);
 
   size_t num_layers() const;
+  // Past the last layer, the per-layer queries below say false or 0.
   bool resident(size_t layer) const;
   uint64_t dense_bytes(size_t layer) const;   // Bytes of the layer's tensors once loaded.
   uint64_t stored_bytes(size_t layer) const;  // Bytes read from the files to load it.

@@ -472,25 +472,30 @@ Status LayerStreamer::Release(size_t layer, uint64_t stream) {
 }
 
 size_t LayerStreamer::num_layers() const { return impl_->layers.size(); }
-bool LayerStreamer::resident(size_t layer) const { return impl_->layers.at(layer).resident; }
+// Past the last layer: false and 0, never an exception (the library never
+// throws; Acquire says OutOfRange).
+bool LayerStreamer::resident(size_t layer) const {
+  return layer < impl_->layers.size() && impl_->layers[layer].resident;
+}
 uint64_t LayerStreamer::dense_bytes(size_t layer) const {
-  return impl_->layers.at(layer).dense_bytes;
+  return layer < impl_->layers.size() ? impl_->layers[layer].dense_bytes : 0;
 }
 uint64_t LayerStreamer::stored_bytes(size_t layer) const {
-  return impl_->layers.at(layer).stored_bytes;
+  return layer < impl_->layers.size() ? impl_->layers[layer].stored_bytes : 0;
 }
 uint64_t LayerStreamer::peak_bytes(size_t layer) const {
-  return impl_->layers.at(layer).peak_bytes;
+  return layer < impl_->layers.size() ? impl_->layers[layer].peak_bytes : 0;
 }
 uint64_t LayerStreamer::device_bytes(size_t layer) const {
-  return impl_->layers.at(layer).device_bytes;
+  return layer < impl_->layers.size() ? impl_->layers[layer].device_bytes : 0;
 }
 uint64_t LayerStreamer::device_memory() const { return impl_->device_memory; }
 std::string LayerStreamer::device() const { return impl_->device ? impl_->device->name() : "cpu"; }
 
 bool LayerStreamer::in_memory(size_t layer) const {
+  if (layer >= impl_->layers.size()) return false;
   std::lock_guard<std::mutex> lock(impl_->mu);
-  const Impl::State st = impl_->layers.at(layer).state;
+  const Impl::State st = impl_->layers[layer].state;
   return st == Impl::State::kLoading || st == Impl::State::kReady || st == Impl::State::kInUse;
 }
 

@@ -219,6 +219,24 @@ TEST_P(StreamerTest, ResidentSplitFollowsTheBudget) {
   for (size_t i = 0; i < kLayers; ++i) EXPECT_FALSE(none->resident(i)) << i;
 }
 
+// A layer past the last: the queries say false or 0 and Acquire OutOfRange,
+// never an exception (they used .at(), which threw std::out_of_range).
+TEST_P(StreamerTest, ALayerPastTheLastIsNoLayerNotAnException) {
+  auto s = Open(~uint64_t{0});
+  ASSERT_OK(s);
+  ASSERT_EQ(s->num_layers(), kLayers);
+  for (size_t bad : {kLayers, kLayers + 1, ~size_t{0}}) {
+    EXPECT_FALSE(s->resident(bad)) << bad;
+    EXPECT_FALSE(s->in_memory(bad)) << bad;
+    EXPECT_EQ(s->dense_bytes(bad), 0u) << bad;
+    EXPECT_EQ(s->stored_bytes(bad), 0u) << bad;
+    EXPECT_EQ(s->peak_bytes(bad), 0u) << bad;
+    EXPECT_EQ(s->device_bytes(bad), 0u) << bad;
+    EXPECT_EQ(s->Acquire(bad).status().code(), StatusCode::kOutOfRange) << bad;
+  }
+  EXPECT_TRUE(s->resident(kLayers - 1));
+}
+
 TEST_P(StreamerTest, InOrderAcquiresHitThePrefetchAcrossPasses) {
   auto s = Open(OneResidentBudget());
   ASSERT_OK(s);
