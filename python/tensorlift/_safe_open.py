@@ -449,10 +449,85 @@ class _SafeSlice:
             if self._framework != "np":
                 raise
             kind = next(k for builtin, k in _SLICE_ERRORS if isinstance(e, builtin))
-            raise kind(str(e)) from None
+            raise kind(_reference_slice_error(index, self._shape) or str(e)) from None
         if self._post is not None:
             out = self._post(out)
         return out
+
+
+def _reference_slice_error(index, shape) -> Optional[str]:
+    """The message the reference's numpy slices give for `index` on a tensor of `shape` (the
+    header's), where numpy rejects it too; None where the reference's own error is not one of its
+    messages (pyo3's OverflowError for a negative slice bound, a SystemError for a start past the
+    stop), and numpy's message stands. Its rules, in its order (safetensors 0.8):
+    more than one Ellipsis; then each index left to right: a slice's bounds (not negative) and then
+    its step must be positive, an int
+    (a bool, a numpy integer) below -size is invalid (its dimension counted after the Ellipsis is
+    expanded; past the last, a size of 0), a list, None or any other type is unsupported (its
+    position, too, counted with the Ellipsis expanded; a bare
+    [] is the slice 0:0; a bare non-empty list is not implemented); then more indexes than
+    dimensions; then each dimension from the last to the first: an index, or a slice's start, at or
+    past the size, or a slice's stop past it."""
+    shape = list(shape)
+    if isinstance(index, list):
+        if index:
+            return "Non empty lists are not implemented"
+        index = slice(0, 0)
+    items = index if isinstance(index, tuple) else (index,)
+    if sum(1 for x in items if x is Ellipsis) > 1:
+        return "Only one ellipsis (...) is allowed in slice index"
+    expanded = []  # (kind, value): ("int", i) or ("slice", (start, stop, step)), Ellipsis expanded
+    for x in items:
+        pos = len(expanded)  # an index's position, the Ellipsis expanded
+        if x is Ellipsis:
+            expanded.extend([("slice", (None, None, None))] * max(len(shape) - (len(items) - 1), 0))
+            continue
+        if isinstance(x, slice):
+            bounds = []
+            for v in (x.start, x.stop, x.step):
+                if v is not None and not isinstance(v, (int, np.integer)):
+                    return None  # pyo3's TypeError: not one of the reference's messages
+                bounds.append(None if v is None else int(v))
+            start, stop, step = bounds
+            if (start is not None and start < 0) or (stop is not None and stop < 0):
+                return None  # pyo3's OverflowError (a negative bound to an unsigned int), before the step
+            if step is not None and step <= 0:
+                return f"Slice step must be a positive integer, got {step}"
+            expanded.append(("slice", (start, stop, step)))
+        elif isinstance(x, (bool, np.bool_, int, np.integer)):
+            i = int(x)
+            size = shape[pos] if pos < len(shape) else 0
+            if i < 0:
+                if i + size < 0:
+                    return f"Invalid index {i} for dimension {pos} of size {size}"
+                i += size
+            expanded.append(("int", i))
+        else:
+            return f"Unsupported slice index at position {pos}: expected slice, int, or ellipsis"
+
+    def text(kind, value):
+        if kind == "int":
+            return str(value)
+        start, stop, step = value
+        out = f"{'' if start is None else start}:{'' if stop is None else stop}"
+        return out + (f":{step}" if step not in (None, 1) else "")
+
+    where = f"Error during slicing [{', '.join(text(k, v) for k, v in expanded)}] with shape {shape}: "
+    if len(expanded) > len(shape):
+        return where + "more slicing indexes than dimensions in tensor"
+    for dim in reversed(range(len(expanded))):
+        kind, value = expanded[dim]
+        size = shape[dim]
+        if kind == "int":
+            asked = value if value >= size else None
+        else:
+            start, stop, _ = value
+            start = 0 if start is None else start
+            stop = size if stop is None else stop
+            asked = start if start >= size else (stop - 1 if stop > size else None)
+        if asked is not None:
+            return where + f"index {asked} out of bounds for tensor dimension #{dim} of size {size}"
+    return None  # in bounds: a start past its stop is the reference's SystemError (a negative size)
 
 
 def _row_window(idx: tuple, fshape) -> Optional[Tuple[int, int, Any]]:
