@@ -12,6 +12,15 @@ same model), peak RSS, and host_added_bytes: the host memory in use
 (MemTotal - MemAvailable) after LLM() minus before, less the page cache's
 growth (reclaimable), so that memory shared with another process counts once. With TL_HOLD=1 it stays up until stdin closes (a seed). TL_DTYPE is the
 model's dtype (bfloat16 when unset; vllm_bench.py sets the probe's choice).
+
+TL_RELOAD_RUNS=N (issue 54): after the start, reloads the weights in place from the model's own
+directory (`collective_rpc("reload_weights", kwargs={"weights_path": MODEL_DIR})`, as an RL
+loop does with each new checkpoint) N times cold (every shard fsync'ed and evicted before each,
+its residency checked) and N times warm (every shard read once before each), and adds
+"reloads": {"cold": [seconds, ...], "warm": [...], "resident": {"cold": [...], "warm": [...]}}
+(each reload's wall time around collective_rpc, and the shards' smallest resident fraction just
+before it) to the JSON line, with the greedy tokens after the last reload (they must be the
+start's).
 """
 import json
 import os
@@ -65,13 +74,39 @@ def main():
     ready = time.perf_counter() - t0
     used1, cache1 = host_used()
     out = llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(max_tokens=4, temperature=0))
-    print(json.dumps({"format": load_format, "extra": extra, "ready_s": ready,
-                      "weights_s": sum(timings) if timings else None,
-                      "tokens": list(out[0].outputs[0].token_ids),
-                      "host_added_bytes": (used1 - used0) - max(0, cache1 - cache0),
-                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), flush=True)
+    result = {"format": load_format, "extra": extra, "ready_s": ready,
+              "weights_s": sum(timings) if timings else None,
+              "tokens": list(out[0].outputs[0].token_ids),
+              "host_added_bytes": (used1 - used0) - max(0, cache1 - cache0),
+              "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if os.environ.get("TL_RELOAD_RUNS"):
+        result["reloads"] = reloads(llm, model, int(os.environ["TL_RELOAD_RUNS"]))
+        out = llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], SamplingParams(max_tokens=4, temperature=0))
+        result["tokens_after_reload"] = list(out[0].outputs[0].token_ids)
+    print(json.dumps(result), flush=True)
     if os.environ.get("TL_HOLD") == "1":
         sys.stdin.read()
+
+
+def reloads(llm, model, runs):
+    """runs cold and runs warm reloads of the model's own directory, each timed around
+    collective_rpc (see the module docstring)."""
+    import glob
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "load"))
+    from load_bench import evict, read_through, resident_fraction
+    shards = sorted(glob.glob(os.path.join(model, "*.safetensors")))
+    out = {"cold": [], "warm": [], "resident": {"cold": [], "warm": []}}
+    for state in ("cold", "warm"):
+        for _ in range(runs):
+            if state == "cold":
+                evict(shards)
+            else:
+                read_through(shards)
+            out["resident"][state].append(min(resident_fraction(f) for f in shards))
+            t0 = time.perf_counter()
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": model})
+            out[state].append(time.perf_counter() - t0)
+    return out
 
 
 if __name__ == "__main__":

@@ -34,6 +34,12 @@ engine runs in float32 instead. The verdict is printed and kept in the results; 
 chooses instead.
 
 Writes DIR/vllm.json and DIR/vllm.md (the table docs/inference-servers.md shows).
+
+--reload (issue 54): instead, vLLM's in-place reload, reload_weights, per format (safetensors,
+tensorlift; --formats): one engine per format, in a shuffled order, each reloading its own model
+directory --runs times cold (evicted before each, residency checked) and --runs times warm
+(bench/vllm/engine.py, TL_RELOAD_RUNS). Medians with min-max; the tokens after the reloads must be
+the start's. Writes DIR/vllm-reload.json and DIR/vllm-reload.md.
 """
 import argparse
 import datetime
@@ -157,6 +163,71 @@ def measure(args):
     return data
 
 
+def measure_reload(args):
+    d, meta = model_dir(args.gb)
+    data = {"kind": "reload", "date": datetime.date.today().isoformat(), "host": platform.node(),
+            "cpus": os.cpu_count(), "checkpoint": {"dir": d, "bytes": meta["bytes"], "shape": meta["shape"],
+                                                  "layers": meta["layers"],
+                                                  "shards": len(gen_checkpoint.shard_paths(d))},
+            "runs": args.runs, "results": {}}
+    verdict = cpu_probe.choose("vLLM", [VLLM_PY, os.path.join(HERE, "engine.py"), d, "safetensors"], ENV,
+                               timeout=1800, marker='{"format"')
+    print(f"vllm bench: {verdict.line()}", flush=True)
+    ENV["TL_DTYPE"] = data["dtype"] = verdict.dtype
+    data["bf16_probe"] = verdict.line()
+    data["vllm"] = subprocess.run([VLLM_PY, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
+                                  text=True, env=ENV).stdout.strip().splitlines()[-1:]
+    formats = args.formats.split(",")
+    random.Random(54).shuffle(formats)
+    for fmt in formats:
+        ENV["TL_RELOAD_RUNS"] = str(args.runs)
+        try:
+            res = engine(d, fmt)
+        finally:
+            del ENV["TL_RELOAD_RUNS"]
+        data["results"][fmt] = res
+        if "reloads" in res:
+            r = res["reloads"]
+            print(f"vllm bench: reload {fmt}: cold {[round(x, 2) for x in r['cold']]} s, "
+                  f"warm {[round(x, 2) for x in r['warm']]} s", flush=True)
+        else:
+            print(f"vllm bench: reload {fmt}: failed: {res.get('error')}", flush=True)
+    return data
+
+
+def summarize_reload(data):
+    gb = data["checkpoint"]["bytes"] / 1e9
+    vllm = data.get("vllm") or [""]
+    lines = [f"vLLM {vllm[0] if isinstance(vllm, list) else vllm} on the CPU, {data['date']}: reload_weights "
+             f"(collective_rpc, weights_path = the model's own directory), {data['checkpoint']['shape']} shapes, "
+             f"{data['checkpoint']['layers']} layers, {gb:.2f} GB bf16 in {data['checkpoint']['shards']} shards; "
+             f"the engines in {data.get('dtype', 'bfloat16')}; medians of {data['runs']} reloads (min-max) in one "
+             f"engine per format; {data['cpus']} CPUs", "",
+             "| format | cold: reload s | warm: reload s | cold GB/s | warm GB/s "
+             "| vs safetensors (cold / warm) | shards resident before (cold / warm) | tokens after = before |",
+             "|---|---|---|---|---|---|---|---|"]
+    base = {}
+    st = data["results"].get("safetensors", {}).get("reloads")
+    if st:
+        base = {s: statistics.median(st[s]) for s in ("cold", "warm")}
+    for fmt, res in data["results"].items():
+        r = res.get("reloads")
+        if not r:
+            lines.append(f"| {fmt} | failed: {res.get('error')} |||||||")
+            continue
+        cells, rates, ratio, resident = [], [], [], []
+        for s in ("cold", "warm"):
+            m = statistics.median(r[s])
+            cells.append(f"{m:.2f} ({min(r[s]):.2f}-{max(r[s]):.2f})")
+            rates.append(f"{gb / m:.2f}")
+            ratio.append(f"{m / base[s]:.2f}x" if base.get(s) else "–")
+            resident.append(f"{max(r['resident'][s]):.2f}" if s == "cold" else f"{min(r['resident'][s]):.2f}")
+        same = "yes" if res.get("tokens_after_reload") == res.get("tokens") else "NO"
+        lines.append(f"| {fmt} | " + " | ".join(cells) + " | " + " | ".join(rates) + f" | {' / '.join(ratio)} | "
+                     f"{' / '.join(resident)} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
 def med(runs, key):
     xs = [r[key] for r in runs if r.get(key) is not None]
     return statistics.median(xs) if xs else None
@@ -205,22 +276,33 @@ def main():
     ap.add_argument("--formats", default=",".join(FORMATS))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out"))
     ap.add_argument("--report", metavar="JSON", help="print the table of a saved run and exit")
+    ap.add_argument("--reload", action="store_true", help="time reload_weights instead of the start (issue 54)")
     args = ap.parse_args()
     if args.report:
-        print(summarize(json.load(open(args.report))), end="")
+        data = json.load(open(args.report))
+        print((summarize_reload if data.get("kind") == "reload" else summarize)(data), end="")
         return
     os.makedirs(args.out, exist_ok=True)
+    if args.reload:
+        if args.formats == ",".join(FORMATS):
+            args.formats = "safetensors,tensorlift"
+        data = measure_reload(args)
+        write(args.out, "vllm-reload", data, summarize_reload(data))
+        return
     data = measure(args)
     data["vllm"] = subprocess.run([VLLM_PY, "-c", "import vllm; print(vllm.__version__)"], capture_output=True,
                                   text=True, env=ENV).stdout.strip().splitlines()[-1:]
     data["vllm"] = data["vllm"][0] if data["vllm"] else ""
-    with open(os.path.join(args.out, "vllm.json"), "w") as f:
+    write(args.out, "vllm", data, summarize(data))
+
+
+def write(out, name, data, md):
+    """out/NAME.json (the runs) and out/NAME.md (the table), and the table on stdout."""
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(data, f, indent=1)
-    md = summarize(data)
-    with open(os.path.join(args.out, "vllm.md"), "w") as f:
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(md)
     print(md, end="")
-
 
 if __name__ == "__main__":
     main()

@@ -350,3 +350,116 @@ def test_a_bucket_model_refuses_a_local_read_mode():
     with pytest.raises(ValueError, match="mode applies to local files; s3://models/llama/ is in object storage"):
         next(tlv.iterate_bucket("s3://models/llama/", "cpu", {"mode": "direct"}, lambda *a: logged.append(a)))
     assert not logged
+
+
+# --- a reload's checks (issue 54): every new file whole, its tensors the engine's -----------------
+
+class _Config:
+    """A server's model config: the fields that name its weights."""
+
+    def __init__(self, model):
+        self.model, self.revision = model, None
+
+
+def _checkpoint(root, name, seed, shapes=None, index=True):
+    """A two-shard checkpoint directory like `shards`, with an index unless index=False."""
+    import json
+    d = root / name
+    d.mkdir()
+    g = torch.Generator().manual_seed(seed)
+    weight_map = {}
+    for k in range(2):
+        f = f"model-0000{k + 1}-of-00002.safetensors"
+        tensors = {f"layers.{k}.w{i}": torch.randn(*(shapes or {}).get(f"layers.{k}.w{i}", (64, 32)), generator=g)
+                   for i in range(3)}
+        save_file(tensors, str(d / f))
+        weight_map.update({n: f for n in tensors})
+    if index:
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return d
+
+
+def _files(d):
+    return sorted(str(p) for p in d.glob("*.safetensors"))
+
+
+def _reload(config, where, options=None):
+    """check_reload as a server's loader calls it, the restore recorded."""
+    restored = []
+
+    def restore(fields):
+        restored.append(fields)
+        for k, v in fields.items():
+            setattr(config, k, v)
+    config.model = str(where)  # the server points its config at the new path first
+    sources, shapes = tlv.check_reload(config, str(where), lambda: [("", _files(where))], options or {}, restore)
+    return sources, shapes, restored
+
+
+def test_a_reload_takes_a_checkpoint_of_the_same_tensors_even_in_another_dtype(tmp_path):
+    old = _checkpoint(tmp_path, "old", 1)
+    config = _Config(str(old))
+    tlv.remember_loaded(config, {"model": str(old)}, tlv.checkpoint_shapes(_files(old)))
+    new = _checkpoint(tmp_path, "new", 2)
+    sources, shapes, restored = _reload(config, new)
+    assert sources == [("", _files(new))] and not restored
+    assert shapes == {n: (str(new / f"model-0000{int(n[7]) + 1}-of-00002.safetensors"), (64, 32))
+                      for n in tlv.loaded(config)["shapes"]}
+    half = tmp_path / "half"  # the same names and shapes in bf16: the weight loaders convert
+    half.mkdir()
+    for f in _files(new):
+        save_file({n: t.to(torch.bfloat16) for n, t in load_file(f).items()}, str(half / f.split("/")[-1]))
+    _reload(config, half)
+    assert tlv.loaded(_Config(str(old))) is None  # what a config loaded is its own
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated", "other shapes", "extra", "lacking", "no directory",
+                                   "empty"])
+def test_a_bad_reload_is_refused_naming_the_file_and_the_config_is_put_back(tmp_path, fault):
+    import os
+    old = _checkpoint(tmp_path, "old", 1)
+    config = _Config(str(old))
+    tlv.remember_loaded(config, {"model": str(old), "revision": "r1"}, tlv.checkpoint_shapes(_files(old)))
+    new = _checkpoint(tmp_path, "new", 2, shapes={"layers.1.w2": (65, 32)} if fault == "other shapes" else None,
+                      index=fault not in ("extra", "lacking"))
+    second = str(new / "model-00002-of-00002.safetensors")
+    if fault == "missing":
+        os.unlink(second)
+        want = "model-00002-of-00002.safetensors"
+    elif fault == "truncated":
+        data = open(second, "rb").read()
+        open(second, "wb").write(data[:-4])
+        want = f"{second}: MetadataIncompleteBuffer"
+    elif fault == "other shapes":
+        want = f"{second}: tensor 'layers.1.w2' has shape [65, 32], the engine's [64, 32]"
+    elif fault == "extra":
+        save_file({"lm_head.weight": torch.zeros(4, 4)}, str(new / "model-00003-of-00003.safetensors"))
+        want = "model-00003-of-00003.safetensors: tensor 'lm_head.weight' is not one of the engine's"
+    elif fault == "lacking":  # no index: a shard left out is seen by its tensors
+        os.unlink(second)
+        want = f"{new}: 3 of the engine's tensors are in none of its files"
+    elif fault == "no directory":
+        new = tmp_path / "nowhere"
+        want = f"{new}: no such directory"
+    else:
+        new = tmp_path / "empty"
+        new.mkdir()
+        want = "6 of the engine's tensors are in none of its files"
+    with pytest.raises(ValueError) as err:
+        _reload(config, new)
+    msg = str(err.value)
+    assert msg.startswith(f"tensorlift load format: reloading the weights from {new} was refused before any "
+                          "weight was written; the engine keeps serving the weights it had: "), msg
+    assert want in msg, msg
+    assert (config.model, config.revision) == (str(old), "r1")  # named the weights it still has
+    assert tlv.loaded(config)["source"] == {"model": str(old), "revision": "r1"}
+
+
+def test_a_reload_with_a_filter_checks_the_matching_tensors_only(tmp_path):
+    old = _checkpoint(tmp_path, "old", 1)
+    config = _Config(str(old))
+    opts = {"filter": r"\.w0$"}
+    tlv.remember_loaded(config, {"model": str(old)}, tlv.checkpoint_shapes(_files(old), None, opts["filter"]))
+    new = _checkpoint(tmp_path, "new", 2, shapes={"layers.0.w1": (8, 8)})  # not read: no matter
+    _, shapes, _ = _reload(config, new, opts)
+    assert sorted(shapes) == ["layers.0.w0", "layers.1.w0"]

@@ -63,10 +63,16 @@ def sglang_dtype(llama, request):
 
 
 @pytest.fixture(scope="module")
-def llama_reference(llama, sglang_dtype):
+def llama_fresh(llama, sglang_dtype):
+    """A fresh engine on llama with SGLang's own format: {"tokens", "logprobs", ...}."""
     if sglang_dtype.runs and sglang_dtype.command[2] == str(llama):
-        return sglang_dtype.result()["tokens"]  # the probe was this very run, in this dtype
-    return run_engine(llama, "safetensors")["tokens"]
+        return sglang_dtype.result()  # the probe was this very run, in this dtype
+    return run_engine(llama, "safetensors")
+
+
+@pytest.fixture(scope="module")
+def llama_reference(llama_fresh):
+    return llama_fresh["tokens"]
 
 
 def test_the_plugin_is_installed_and_adds_the_format():
@@ -86,11 +92,48 @@ def test_the_plugin_is_installed_and_adds_the_format():
     assert p.stdout.strip().splitlines()[-2:] == ["TensorliftSGLangLoader", "LoadFormat.SAFETENSORS"], p.stdout
 
 
-def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference):
+@pytest.fixture(scope="module")
+def reload_dirs(llama, tmp_path_factory):
+    """(new weights for llama, {kind: (a directory an update must refuse, the file to blame)}): the
+    bad ones are copies of llama with one fault each (tests/vllm/servers.py)."""
+    root = tmp_path_factory.mktemp("reload")
+    return servers.new_weights(llama, root / "new"), servers.bad_copies(llama, root)
+
+
+@pytest.fixture(scope="module")
+def updated(llama, reload_dirs):
+    """An engine on llama with load_format tensorlift that then updates its weights in place
+    (`Engine.update_weights_from_disk(PATH, load_format="tensorlift")`): new weights, the three bad
+    directories, llama's again. Its result (run_sglang.py's JSON line)."""
+    new, bad = reload_dirs
+    env = engine_env(TL_RELOAD=json.dumps([str(new)] + [str(bad[k][0]) for k in bad] + [str(llama)]))
+    return servers.run_engine(engine_command(llama, "tensorlift"), env)
+
+
+def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference, updated):
     assert len(list(llama.glob("*.safetensors"))) >= 2  # sharded, with an index
-    got = run_engine(llama, "tensorlift")
-    assert got["tokens"] == llama_reference
-    assert "tensorlift: loading weights took" in got["output"]
+    assert updated["tokens"] == llama_reference
+    assert "tensorlift: loading weights took" in updated["output"]
+
+
+def test_update_weights_from_disk_with_the_tensorlift_format(llama_fresh, reload_dirs, updated):
+    """Issue 54: the same engine takes new weights; each bad directory is refused with tensorlift's
+    one error naming the file (SGLang: "Failed to get weights iterator", nothing written) and the
+    new weights keep serving (tokens and top-5 logprobs unchanged); llama's weights again by path
+    give, to the last bit of the logprobs, what a fresh engine on llama gives (SGLang's own format:
+    the dtype probe's run)."""
+    new, bad = reload_dirs
+    ref = llama_fresh
+    steps = updated["reloads"]
+    assert steps[0]["ok"] and steps[0]["tokens"] != ref["tokens"], steps[0]
+    for kind, step in zip(bad, steps[1:4]):
+        where, name = bad[kind]
+        assert not step["ok"], (kind, step)
+        assert "Failed to get weights iterator" in step["error"] and "was refused before any weight was written" \
+            in step["error"] and name in step["error"], (kind, step["error"][-2000:])
+        assert (step["tokens"], step["logprobs"]) == (steps[0]["tokens"], steps[0]["logprobs"]), kind
+    assert steps[4]["ok"], steps[4]
+    assert (steps[4]["tokens"], steps[4]["logprobs"]) == (ref["tokens"], ref["logprobs"])
 
 
 def test_a_striped_load_reads_from_the_files_and_a_peer_at_once(llama, llama_reference):
@@ -134,8 +177,12 @@ def test_an_unknown_option_is_refused(llama):
     assert "unknown option(s) ['bogus']" in err, err[-3000:]
 
 
-def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_reference, tmp_path):
-    # The server's own argument parser takes --load-format tensorlift: the plugin added the choice.
+def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_reference, reload_dirs, updated, tmp_path):
+    """The server's own argument parser takes --load-format tensorlift (the plugin added the
+    choice), and its POST /update_weights_from_disk with "load_format": "tensorlift" updates the
+    weights in place (issue 54): the new weights' tokens are the Engine's after the same update; a
+    truncated shard is refused (400, naming the file) and the new weights keep serving."""
+    new, bad = reload_dirs
     port = servers.free_port()
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(llama), "--load-format", "tensorlift",
            "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--attention-backend", "torch_native",
@@ -145,10 +192,25 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
     try:
         servers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", log.name)
-        out = servers.post_json(f"http://127.0.0.1:{port}/generate",
-                                {"input_ids": [1, 2, 3, 4], "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
-        assert out["output_ids"] == llama_reference[0], out
+        def generate():
+            return servers.post_json(f"http://127.0.0.1:{port}/generate",
+                                     {"input_ids": [1, 2, 3, 4],
+                                      "sampling_params": {"max_new_tokens": 8, "temperature": 0}})["output_ids"]
+
+        def update(path):
+            return servers.post_json(f"http://127.0.0.1:{port}/update_weights_from_disk",
+                                     {"model_path": str(path), "load_format": "tensorlift"}, status=True)
+
+        assert generate() == llama_reference[0]
         assert "tensorlift: loading weights took" in open(log.name).read()
+        code, answer = update(new)
+        assert code == 200 and answer["success"], answer
+        assert generate() == updated["reloads"][0]["tokens"][0]
+        where, name = bad["truncated"]
+        code, answer = update(where)
+        assert code == 400 and not answer["success"] and name in answer["message"], answer
+        assert "was refused before any weight was written" in answer["message"], answer
+        assert generate() == updated["reloads"][0]["tokens"][0]
     finally:
         servers.stop_group(proc)
         log.close()

@@ -12,7 +12,13 @@ processes): the same loader and load, a start several times faster. TL_TP=N
 runs it with tensor_parallel_size N (a worker process per rank). TL_CORRUPT=NAME
 (with TL_INPROC=1 and a seed) flips a bit of the served parameter NAME, making
 a lying seed. TL_DTYPE is the model's dtype (bfloat16 when unset; the tests' is cpu_probe's
-choice).
+choice). The JSON line also has "logprobs": each generated position's top 5 as [token, logprob]
+pairs (floats exact in JSON).
+
+TL_RELOAD='[PATH or null, ...]': after generating, reloads the weights in place once per entry
+(`llm.collective_rpc("reload_weights", kwargs={"weights_path": PATH})`; null: without a path, the
+engine's own model again) and generates again after each; "reloads" in the JSON line has, per
+entry, {"path", "ok", "error" (the error's text when it failed), "seconds", "tokens", "logprobs"}.
 """
 import json
 import os
@@ -38,8 +44,28 @@ def main():
     if os.environ.get("TL_CORRUPT"):  # a lying seed (tests): one served parameter's bytes flipped
         from tensorlift.integrations.loading import SERVERS
         SERVERS[-1].corrupt_for_testing(os.environ["TL_CORRUPT"])
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SamplingParams(max_tokens=8, temperature=0))
-    print(json.dumps({"tokens": [list(o.outputs[0].token_ids) for o in outs], "ready_s": ready}), flush=True)
+    params = SamplingParams(max_tokens=8, temperature=0, logprobs=5)
+
+    def generate():
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+        return {"tokens": [list(o.outputs[0].token_ids) for o in outs],
+                "logprobs": [[sorted([t, lp.logprob] for t, lp in pos.items()) for pos in o.outputs[0].logprobs]
+                             for o in outs]}
+
+    result = dict(generate(), ready_s=ready)
+    if os.environ.get("TL_RELOAD"):
+        result["reloads"] = []
+        for path in json.loads(os.environ["TL_RELOAD"]):
+            step = {"path": path, "ok": True, "error": ""}
+            t = time.perf_counter()
+            try:
+                llm.collective_rpc("reload_weights", kwargs={"weights_path": path} if path else {})
+            except Exception as e:  # the engine's answer: the test checks it, and that the engine still serves
+                step.update(ok=False, error=str(e))
+            step["seconds"] = time.perf_counter() - t
+            step.update(generate())
+            result["reloads"].append(step)
+    print(json.dumps(result), flush=True)
     if os.environ.get("TL_HOLD") == "1":
         sys.stdin.read()  # until the test closes our stdin
 

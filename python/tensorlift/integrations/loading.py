@@ -232,6 +232,106 @@ def iterate_striped(files: List[str], model_dir: str, device: str, options: Dict
         "; " + "; ".join(failed.values()) if failed else "")
 
 
+# --- reloading weights into a running engine -------------------------------------------------
+#
+# vLLM's reload_weights (and sleep mode level 2, and the RL frameworks' weight updates) and
+# SGLang's update_weights_from_disk write the new checkpoint into the running model as it is read:
+# neither can undo a half-written model (vLLM's in-place reload has moved every layer to the meta
+# device before the first tensor arrives; SGLang rolls back by reading the failed directory again).
+# So a reload reads nothing until every new file has been checked whole and its tensors match the
+# ones the engine loaded: what each engine loaded is remembered per model config (the object the
+# engine keeps, and passes to its loader again on a reload).
+
+_LOADED: Dict[int, Tuple[Any, Dict[str, Any]]] = {}  # id(model config) -> (the config, what it loaded)
+
+
+def remember_loaded(model_config, source: Dict[str, Any], shapes: Optional[Dict[str, Any]]) -> None:
+    """Records what an engine loaded: `source` (the config fields that name the weights, to put back
+    when a reload is refused) and `shapes` (checkpoint_shapes of its files; None when unknown)."""
+    _LOADED[id(model_config)] = (model_config, {"source": dict(source), "shapes": shapes})
+
+
+def loaded(model_config) -> Optional[Dict[str, Any]]:
+    """What remember_loaded recorded for this model config (None before its first load)."""
+    entry = _LOADED.get(id(model_config))
+    return entry[1] if entry is not None and entry[0] is model_config else None
+
+
+def checkpoint_shapes(files: List[str], directory: Optional[str] = None,
+                      regex: Optional[str] = None) -> Dict[str, Tuple[str, Optional[Tuple[int, ...]]]]:
+    """name -> (file, header shape) of every tensor the checkpoint's `files` load (a sparse-bitmask
+    tensor's dense name: shape None), the filter regex keeping matching names only. Opening each
+    file checks it whole: its header, every tensor's offsets, and its length against them (a
+    truncated file is a FormatError naming it); a `directory` with an index must have every shard
+    the index names (a FileNotFoundError naming the missing one)."""
+    import glob
+    from .._tensorlift import Checkpoint
+    if directory and os.path.isdir(directory) and glob.glob(os.path.join(glob.escape(directory), "*.index.json")):
+        Checkpoint.open(directory)  # every shard its index names, each checked
+    keep = re.compile(regex).search if regex else None
+    shapes: Dict[str, Tuple[str, Optional[Tuple[int, ...]]]] = {}
+    for f in files:
+        ckpt = Checkpoint.open(f)
+        stored = {t[0]: tuple(t[2]) for t in ckpt.tensors()}
+        for name in ckpt.load_names():
+            if keep is None or keep(name):
+                shapes[name] = (f, stored.get(name))
+    return shapes
+
+
+def check_same_tensors(new: Dict[str, Tuple[str, Optional[Tuple[int, ...]]]],
+                       old: Dict[str, Tuple[str, Optional[Tuple[int, ...]]]], where: str) -> None:
+    """Raises ValueError, naming the file, unless the new checkpoint's tensors are the old one's:
+    the same names and, where both headers give one, the same shapes (dtypes may differ: the model's
+    weight loaders convert)."""
+    missing = sorted(set(old) - set(new))
+    if missing:
+        raise ValueError(f"{where}: {len(missing)} of the engine's tensors are in none of its files, e.g. "
+                         f"{missing[:3]} (in {os.path.basename(old[missing[0]][0])} before)")
+    extra = sorted(set(new) - set(old))
+    if extra:
+        raise ValueError(f"{new[extra[0]][0]}: tensor {extra[0]!r} is not one of the engine's "
+                         f"({len(extra)} such: another model?)")
+    for name in sorted(new):
+        file, shape = new[name]
+        before = old[name][1]
+        if shape is not None and before is not None and shape != before:
+            raise ValueError(f"{file}: tensor {name!r} has shape {list(shape)}, the engine's {list(before)} "
+                             "(another model's shapes?)")
+
+
+Shapes = Dict[str, Tuple[str, Optional[Tuple[int, ...]]]]  # name -> (file, header shape): checkpoint_shapes
+
+
+def check_reload(model_config, where: str, find_files, options: Dict[str, Any], restore,
+                 compare: bool = True) -> Tuple[List[Tuple[str, List[str]]], Shapes]:
+    """Checks a reload's new checkpoint (at `where`: a directory or a bucket URL) before any byte of
+    it is read into the model: find_files() (the server's discovery: [(prefix, files)]), every file
+    whole (checkpoint_shapes) and its tensors against what this engine loaded
+    (check_same_tensors; compare False: the files only, for a source the engine's record does not
+    cover). Returns (the sources, their shapes). On any problem: restore(source) puts
+    back the config fields the server changed to the new path (to what was loaded, so that the
+    engine's config still names the weights it serves), and one ValueError says why, naming the
+    file."""
+    before = loaded(model_config)
+    try:
+        if not os.path.exists(where) and os.path.isabs(where):
+            raise FileNotFoundError(f"{where}: no such directory")
+        sources = find_files()
+        shapes: Dict[str, Tuple[str, Optional[Tuple[int, ...]]]] = {}
+        for prefix, files in sources:
+            got = checkpoint_shapes(files, where if prefix == "" else None, options.get("filter"))
+            shapes.update({prefix + name: v for name, v in got.items()})
+        if compare and before is not None and before["shapes"] is not None:
+            check_same_tensors(shapes, before["shapes"], where)
+        return sources, shapes
+    except (OSError, ValueError, RuntimeError) as e:
+        if before is not None:
+            restore(before["source"])
+        raise ValueError(f"{FORMAT}: reloading the weights from {where} was refused before any weight was "
+                         f"written; the engine keeps serving the weights it had: {e}") from e
+
+
 # The peer servers this process runs (kept for the life of the process: a
 # seed serves until the server exits).
 SERVERS: List[Any] = []

@@ -40,8 +40,9 @@ import os
 import time
 from typing import Any, Optional
 
-from .loading import (FORMAT, describe_plan, iterate_bucket, iterate_striped, iterate_weights, model_device,
-                      parse_options, peer_layout, pull_parameters, serve_parameters)
+from .loading import (FORMAT, check_reload, checkpoint_shapes, describe_plan, iterate_bucket, iterate_striped,
+                      iterate_weights, loaded, model_device, parse_options, peer_layout, pull_parameters,
+                      remember_loaded, serve_parameters)
 
 NAME = "tensorlift"
 _loader_class: Optional[type] = None
@@ -95,15 +96,44 @@ def _make_loader_class() -> type:
             finally:
                 self.load_config.load_format = ours
 
-        def _get_weights_iterator(self, source, *, resolved_source=None, **_prefetch_flags: Any):
-            if resolved_source is None:
-                _, files, use_safetensors = self._prepare_weights(
-                    source.model_or_path, source.revision, False, source.allow_patterns_overrides)
-            else:
-                files, use_safetensors = list(resolved_source.weight_files), resolved_source.use_safetensors
+        def _files(self, source):
+            _, files, use_safetensors = self._prepare_weights(
+                source.model_or_path, source.revision, False, source.allow_patterns_overrides)
             if not use_safetensors:
                 raise ValueError(f"{FORMAT}: {source.model_or_path} has no .safetensors weights "
                                  f"(found {[os.path.basename(f) for f in files][:4]})")
+            return list(files)
+
+        def _get_weights_iterator(self, source, *, resolved_source=None, **_prefetch_flags: Any):
+            from .._sources import is_object_url
+            config = getattr(source, "model_config", None)
+            if is_object_url(source.model_or_path):  # update_weights_from_disk("s3://...")
+                self._buckets[source.model_or_path] = source.model_or_path
+            if config is not None and loaded(config) is not None and resolved_source is None:
+                # A reload (update_weights_from_disk: SGLang has pointed model_path at the new
+                # checkpoint): every new file is checked whole, and its tensors against what this
+                # engine loaded, before SGLang starts writing them into the model (its rollback
+                # reads the failed path again). This runs when SGLang asks for the iterator, which
+                # SGLang reports as "Failed to get weights iterator" with nothing written.
+                def restore(fields):
+                    for field, value in fields.items():
+                        setattr(config, field, value)
+
+                url = self._buckets.get(source.model_or_path, "")
+                sources, shapes = check_reload(
+                    config, url or source.model_or_path, lambda: [(source.prefix, self._files(source))],
+                    self.options, restore, compare=source.prefix == "")
+                files = sources[0][1]
+                self._loaded = (config, source.prefix, files, shapes if source.prefix == "" else None)
+            else:
+                if resolved_source is None:
+                    files = self._files(source)
+                else:
+                    files, use_safetensors = list(resolved_source.weight_files), resolved_source.use_safetensors
+                    if not use_safetensors:
+                        raise ValueError(f"{FORMAT}: {source.model_or_path} has no .safetensors weights "
+                                         f"(found {[os.path.basename(f) for f in files][:4]})")
+                self._loaded = (config, source.prefix, files, None)
             url = self._buckets.get(source.model_or_path)
             if "stripe" in self.options:  # every source of the checkpoint at once
                 weights = iterate_striped(list(files), url or os.path.dirname(files[0]), self._device, self.options,
@@ -157,7 +187,21 @@ def _make_loader_class() -> type:
                 # and post-processes them itself.
                 serve_parameters(model, self.options, *peer, logger.info)
             DefaultModelLoader.postprocess_weights(model, target_device)
+            self._remember()
             logger.info("tensorlift: loading weights took %.2f seconds", time.perf_counter() - t0)
+
+        def _remember(self) -> None:
+            """Records what this engine loaded (its own checkpoint), for a reload's checks."""
+            config, prefix, files, shapes = getattr(self, "_loaded", (None, "", [], None))
+            if config is None or prefix != "":
+                return
+            if shapes is None:
+                try:
+                    shapes = checkpoint_shapes(files, None, self.options.get("filter"))
+                except (OSError, ValueError):  # a peer load whose own files are not all there
+                    shapes = None
+            remember_loaded(config, {f: getattr(config, f) for f in ("model_path", "model_weights")
+                                     if hasattr(config, f)}, shapes)
 
         def download_model(self, model_config):
             self._note(model_config)

@@ -70,17 +70,25 @@ Many sources at once (the checkpoint's files, not parameters):
             A local copy in the page cache is read from alone (its views cost
             nothing); page_cache false stripes anyway.
 Any other key is refused with a ValueError naming the allowed ones.
+
+Reloading in place (`llm.collective_rpc("reload_weights", kwargs={"weights_path": DIR})`, or
+without weights_path; sleep mode level 2; RL frameworks' weight updates): vLLM asks the loader
+for get_all_weights, which yields what load_weights reads, after checking the new checkpoint
+whole (every shard the index names, every file's header, offsets and length) and its tensors
+against the ones this engine loaded (names and shapes). A bad directory is refused with one
+ValueError naming the file before any byte is written, and vLLM's config is pointed back at the
+weights the engine still serves (docs/inference-servers.md, "Reloading weights").
 """
 from __future__ import annotations
 
 import os
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from .loading import (ALLOWED_OPTIONS, FORMAT, GROUP_BYTES, MODES, SERVE_OPTIONS, describe_plan,  # noqa: F401
-                      iterate_bucket, iterate_striped, iterate_weights, model_device, natural_key, parameter_key,
-                      parse_options, plan_groups,
-                      peer_layout, pull_parameters, serve_parameters)
+from .loading import (ALLOWED_OPTIONS, FORMAT, GROUP_BYTES, MODES, SERVE_OPTIONS, check_reload,  # noqa: F401
+                      checkpoint_shapes, describe_plan, iterate_bucket, iterate_striped, iterate_weights, loaded,
+                      model_device, natural_key, parameter_key, parse_options, plan_groups, peer_layout,
+                      pull_parameters, remember_loaded, serve_parameters)
 
 
 def _make_loader_class():
@@ -120,13 +128,27 @@ def _make_loader_class():
             if not _weights_url(model_config):
                 self._files(model_config.model, model_config.revision)
 
-        def _weights(self, model: nn.Module, model_config: ModelConfig, device: str):
+        def _sources(self, model: nn.Module, model_config: ModelConfig) -> List[Tuple[str, List[str]]]:
+            """(prefix, files) of every checkpoint the model loads: its own (local, from the Hugging
+            Face cache, or its shards in the bucket vLLM was given) and any secondary weights."""
+            url = _weights_url(model_config)
+            if url:
+                from .._stream import shard_files
+                return [("", shard_files(url))]
+            sources = [("", model_config.model, model_config.revision, None,
+                        getattr(model, "allow_patterns_overrides", None))]
+            for s in getattr(model, "secondary_weights", ()):
+                sources.append((s.prefix, s.model_or_path, s.revision, s.subfolder, s.allow_patterns_overrides))
+            return [(prefix, self._files(path, revision, subfolder, patterns))
+                    for prefix, path, revision, subfolder, patterns in sources]
+
+        def _weights(self, model: nn.Module, model_config: ModelConfig, device: str,
+                     sources: List[Tuple[str, List[str]]]):
             url = _weights_url(model_config)
             if "stripe" in self.options:
                 # Every source at once: the local files (or the bucket vLLM was given), a copy in a
                 # bucket and peers serving the files.
-                from .._stream import shard_files
-                files = shard_files(url) if url else self._files(model_config.model, model_config.revision)
+                files = sources[0][1]
                 key_dir = model_config.model if os.path.isdir(model_config.model) else files[0]
                 yield from iterate_striped(files, key_dir if not url else url, device, self.options, logger.info)
                 return
@@ -135,14 +157,76 @@ def _make_loader_class():
                 # directory (model_config.model); the weights stream from the bucket.
                 yield from iterate_bucket(url, device, self.options, logger.info)
                 return
-            sources = [("", model_config.model, model_config.revision, None,
-                        getattr(model, "allow_patterns_overrides", None))]
-            for s in getattr(model, "secondary_weights", ()):
-                sources.append((s.prefix, s.model_or_path, s.revision, s.subfolder, s.allow_patterns_overrides))
-            for prefix, path, revision, subfolder, patterns in sources:
-                files = self._files(path, revision, subfolder, patterns)
+            for prefix, files in sources:
                 for name, tensor in iterate_weights(files, device, self.options, self._ranks()):
                     yield prefix + name, tensor
+
+        def _remember(self, model_config: ModelConfig, sources: Optional[List[Tuple[str, List[str]]]],
+                      shapes=None) -> None:
+            """Records what this engine loaded, for a reload's checks (loading.check_reload)."""
+            if shapes is None and sources is not None:
+                shapes = {}
+                for prefix, files in sources:
+                    got = checkpoint_shapes(files, None, self.options.get("filter"))
+                    shapes.update({prefix + name: v for name, v in got.items()})
+            remember_loaded(model_config, _source_fields(model_config), shapes)
+
+        def get_all_weights(self, model_config: ModelConfig, model: nn.Module):
+            """What load_weights would load, for vLLM's in-place reload (reload_weights, with or
+            without weights_path; sleep mode level 2's wake-up; RL frameworks' weight updates).
+            vLLM has already pointed model_config at the new path; nothing is read into the model
+            until every new file has been checked whole and its tensors (names, shapes) are those
+            the engine loaded: otherwise one ValueError names the file, model_config names the
+            weights the engine still has, and the model is untouched (vLLM cannot undo a failed
+            in-place reload). Not a generator: the checks run when vLLM asks, before it prepares
+            the model for loading."""
+            url = _weights_url(model_config)
+            where = url or model_config.model
+
+            def restore(source):
+                for field, value in source.items():
+                    setattr(model_config, field, value)
+
+            def find():
+                if self.from_peer and not url and not os.path.isdir(model_config.model):
+                    raise ValueError(f"{model_config.model} is not a local directory: this engine pulled its weights "
+                                     "from a peer (the peer / registry option of --model-loader-extra-config) and "
+                                     "has no checkpoint files to reload: give reload_weights a weights_path")
+                return self._sources(model, model_config)
+
+            try:
+                sources, shapes = check_reload(model_config, where, find, self.options, restore)
+                refused = None
+            except ValueError as e:
+                refused = e
+            # Every rank checks the same files; the ranks agree before any of them answers. vLLM's
+            # multiprocess executor (0.32) raises on the first failed rank's answer and leaves the
+            # later ranks' answers queued, where the next call to collective_rpc reads them as its
+            # own: a good reload after a refused one would report the refusal. So only the last
+            # rank raises; the others load nothing (vLLM puts every layer's tensors back) and
+            # answer after it, in order.
+            said, last = _agree(None if refused is None else str(refused))
+            if said is not None:
+                if refused is None:  # this rank's files were fine, another rank's were not
+                    before = loaded(model_config)
+                    if before is not None:
+                        restore(before["source"])
+                if last:
+                    if refused is not None:
+                        raise refused
+                    raise ValueError(said)
+                logger.warning("tensorlift: %s (the last rank raises it; this rank loads nothing)", said)
+                return iter(())
+            param = next(model.parameters(), None)
+            device = model_device(param.device if param is not None else torch.device("cpu"))
+
+            def weights():
+                t0 = time.perf_counter()
+                yield from self._weights(model, model_config, device, sources)
+                self._remember(model_config, sources, shapes)
+                logger.info("tensorlift: read the new weights from %s in %.2f seconds", where,
+                            time.perf_counter() - t0)
+            return weights()
 
         @staticmethod
         def _ranks() -> int:
@@ -174,7 +258,17 @@ def _make_loader_class():
                                                        logger.info)):
                 if ranks > 1:
                     logger.info("tensorlift: %d ranks: %s", ranks, describe_plan(device, self.options, ranks))
-                loaded = model.load_weights(self._weights(model, model_config, device))
+                sources = self._sources(model, model_config)
+                loaded = model.load_weights(self._weights(model, model_config, device, sources))
+                self._remember(model_config, sources)
+            elif os.path.isdir(model_config.model):
+                # From a peer: a reload checks new files against this model's own.
+                try:
+                    self._remember(model_config, self._sources(model, model_config))
+                except (OSError, ValueError):
+                    self._remember(model_config, None)
+            else:
+                self._remember(model_config, None)
             if self.options.get("serve") is not None:
                 # As loaded, before vLLM's post-processing (next, in load_model): a new
                 # instance pulls these and post-processes them itself.
@@ -187,6 +281,27 @@ def _make_loader_class():
                 self._finder.track_weights_loading(model, loaded)
 
     return TensorliftModelLoader
+
+
+def _agree(refusal: Optional[str]) -> Tuple[Optional[str], bool]:
+    """(the first refusal of any rank of vLLM's world group, or None; whether this is the last rank):
+    every rank passes its own (None: its checks passed). A collective over the group's CPU group."""
+    from vllm.distributed import get_world_group
+    group = get_world_group()
+    if group.world_size == 1:
+        return refusal, True
+    import torch
+    said: List[Optional[str]] = [None] * group.world_size
+    torch.distributed.all_gather_object(said, refusal, group=group.cpu_group)
+    first = next(((rank, text) for rank, text in enumerate(said) if text), None)
+    text = None if first is None else (first[1] if first[1] == refusal else f"rank {first[0]}: {first[1]}")
+    return text, group.rank_in_group == group.world_size - 1
+
+
+def _source_fields(model_config) -> dict:
+    """The fields of vLLM's ModelConfig that name its weights (vLLM's reload_weights changes them to
+    the new path before it asks the loader; a refused reload puts them back)."""
+    return {f: getattr(model_config, f) for f in ("model", "revision", "model_weights") if hasattr(model_config, f)}
 
 
 def _weights_url(model_config) -> str:
