@@ -287,7 +287,10 @@ def _agree(refusal: Optional[str]) -> Tuple[Optional[str], bool]:
     """(the first refusal of any rank of vLLM's world group, or None; whether this is the last rank):
     every rank passes its own (None: its checks passed). A collective over the group's CPU group."""
     from vllm.distributed import get_world_group
-    group = get_world_group()
+    try:
+        group = get_world_group()
+    except AssertionError:  # no engine around this loader (vLLM's distributed state is not set up)
+        return refusal, True
     if group.world_size == 1:
         return refusal, True
     import torch
