@@ -1,6 +1,7 @@
 """One timed load from S3 by one contender, in this (fresh) process.
 
     python bench/objstore/contender.py tl URL
+    python bench/objstore/contender.py tl-device URL         (onto the emulated device, its copies discarded)
     python bench/objstore/contender.py runai URL             (RUNAI_STREAMER_CONCURRENCY from the env)
     python bench/objstore/contender.py boto3 URL TMPDIR
     python bench/objstore/contender.py limit PLAN.json THREADS
@@ -21,6 +22,10 @@ tensors: their count and bytes are summed from the shapes (no data touched).
 Prints one JSON object: seconds, bytes, tensors (and what the contender adds).
 
 tl: tensorlift.load(URL) with its defaults, nothing else.
+tl-device: the same checkpoint onto the emulated device (Checkpoint.open(URL).load(device=
+  "emulated:0"), the defaults otherwise) with TENSORLIFT_EMULATED_DISCARD_COPIES=1 from the bench:
+  the device's memory is never touched, so the child's peak RSS is host memory alone (the staged
+  pipeline's pinned slots, or a whole host copy if the load built one).
 runai: runai-model-streamer's S3 backend as vLLM drives it: list_safetensors(URL)
   then SafetensorsStreamer.stream_files(files) and every tensor of get_tensors()
   (owned=True, the default: the tensors stay valid).
@@ -52,6 +57,17 @@ def run_tl(url):
     tensors = tensorlift.load(url)
     t1 = time.perf_counter()
     return {"seconds": t1 - t0, "tensors": len(tensors), "bytes": sum(nbytes(t) for t in tensors.values())}
+
+
+def run_tl_device(url):
+    import tensorlift  # noqa: F401
+    from tensorlift._tensorlift import Checkpoint
+
+    t0 = time.perf_counter()
+    loaded = Checkpoint.open(url).load(device="emulated:0")
+    t1 = time.perf_counter()
+    return {"seconds": t1 - t0, "tensors": len(loaded.names()), "bytes": loaded.total_bytes,
+            "discard_copies": os.environ.get("TENSORLIFT_EMULATED_DISCARD_COPIES")}
 
 
 def run_runai(url):
@@ -266,6 +282,8 @@ def main():
         res = run_imports()
     elif kind == "tl":
         res = run_tl(sys.argv[2])
+    elif kind == "tl-device":
+        res = run_tl_device(sys.argv[2])
     elif kind == "runai":
         res = run_runai(sys.argv[2])
     elif kind == "boto3":

@@ -291,6 +291,9 @@ class Bench:
     def contenders(self):
         """[(label, group, kind, args, extra env)]"""
         out = [("tensorlift", "tensorlift", "tl", [self.url], {})]
+        # Onto the emulated device, its copies discarded: the peak RSS is host memory alone.
+        out += [("tensorlift -> emulated device", "tensorlift-device", "tl-device", [self.url],
+                 {"TENSORLIFT_EMULATED_DISCARD_COPIES": "1"})]
         out += [(f"runai c{c}", "runai", "runai", [self.url], {"RUNAI_STREAMER_CONCURRENCY": str(c)})
                 for c in self.args.runai_concurrency]
         out += [("boto3 + load_file", "boto3", "boto3", [self.url], {})]
@@ -466,6 +469,19 @@ def summarize(data):
                      f"tensorlift / limit ({rt['limit_best']}) = {f(rt['tensorlift_over_limit'])}; "
                      f"tensorlift / boto3 + load_file = {f(rt['tensorlift_over_boto3'])}; "
                      f"runai best / limit = {f(rt['runai_best_over_limit'])} (ratios of GB/s: above 1, faster)")
+    # The staged pipeline's pinned pool with the defaults: 2 slots per reader, a reader per CPU
+    # (4 to 16), 16 MiB each (LoadOptions::staging_buffers, staging_bytes).
+    pool = 2 * min(16, max(4, data["machine"]["nproc"])) * (16 << 20)
+    base = data.get("baseline_rss_bytes")
+    for r in rows:
+        if r["group"] == "tensorlift-device" and "median_s" in r and isinstance(base, int):
+            beyond = r["peak_rss_bytes"] - base
+            r["host_beyond_baseline_bytes"] = beyond
+            r["host_beyond_over_staging_pool"] = beyond / pool
+            r["host_beyond_over_checkpoint"] = beyond / tb
+            lines.append(f"- {r['state']}: onto the emulated device, host memory beyond the baseline "
+                         f"{fmt_gib(beyond)} GiB = {beyond / pool:.2f}x the staging pool ({fmt_gib(pool)} GiB) "
+                         f"= {beyond / tb:.2f}x the checkpoint (target: within 1.1x the pool)")
     for r in rows:
         if r["group"] == "boto3" and "median_s" in r:
             lines.append(f"- {r['state']}: boto3 + load_file = download {r['median_download_s']:.2f} s + load_file "

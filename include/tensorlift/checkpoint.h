@@ -14,7 +14,10 @@
 #define TENSORLIFT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -31,9 +34,21 @@ inline constexpr uint64_t kMaxIndexSize = 256ull << 20;
 // default of Checkpoint::Open), or another store such as a bucket
 // (include/tensorlift/objstore.h). Paths are the store's own ("dir/file",
 // "s3://bucket/prefix/file"); a directory's entries are joined with '/'.
+//
+// A checkpoint opened through a store it keeps (Open with a shared_ptr) is
+// loaded through the store's ReadRanges: the loader plans it as it plans local
+// files and every load option works for it (docs/loading.md, "Sources"). A
+// store must then be safe to call from several threads at once.
 class CheckpointStore {
  public:
   virtual ~CheckpointStore() = default;
+  // A byte range of one of the store's files, and where it lands.
+  struct Range {
+    const std::string* path = nullptr;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    std::byte* dest = nullptr;
+  };
   struct Entry {
     std::string name;  // Without the directory.
     bool directory = false;
@@ -48,6 +63,17 @@ class CheckpointStore {
   // The file's header, read and validated as Header::ReadFile does (errors
   // start with the path), and its identity (at least its size).
   virtual Result<Header> ReadHeader(const std::string& path, FileIdentity* identity) = 0;
+  // Reads every range, any number at once, in any order. `landed(i, n)` (may
+  // be empty), from the calling thread only: n more bytes of range i are in
+  // place; range i is complete when they sum to its length. A range past the
+  // file's end is an error (OutOfRange, naming the file); so is any failure,
+  // after which the rest may be cancelled. The default refuses: a store that
+  // only opens checkpoints (headers, indexes) is not a source of tensor bytes.
+  virtual Status ReadRanges(std::span<const Range> ranges,
+                            const std::function<void(size_t range, uint64_t bytes)>& landed);
+  // How this store reads `path`, for the load's FileReport::reason
+  // ("object storage: ranged GETs").
+  virtual std::string Describe(const std::string& path) const;
 };
 
 class Checkpoint {
@@ -72,6 +98,8 @@ class Checkpoint {
   static Result<Checkpoint> Open(const std::string& path);
   // The same, reading through `store` (not kept).
   static Result<Checkpoint> Open(const std::string& path, CheckpointStore& store);
+  // The same, keeping `store`: loads read the tensors' bytes through it.
+  static Result<Checkpoint> Open(const std::string& path, std::shared_ptr<CheckpointStore> store);
   // Opens `path` as one safetensors file, whatever its name.
   static Result<Checkpoint> OpenFile(const std::string& path);
   // Opens several safetensors files as the shards of one checkpoint (kind
@@ -81,6 +109,11 @@ class Checkpoint {
   static Result<Checkpoint> OpenFiles(const std::vector<std::string>& paths);
 
   Kind kind() const { return kind_; }
+  // The store its files are read from; null for local files.
+  const std::shared_ptr<CheckpointStore>& store() const { return store_; }
+  // This checkpoint read through `store` instead (the same files, e.g. a
+  // bucket through other transfer settings); null: as local files.
+  Checkpoint WithStore(std::shared_ptr<CheckpointStore> store) const;
   const std::string& path() const { return path_; }
   const std::vector<Shard>& shards() const { return shards_; }
   // The index's "metadata" object, flattened to strings (numbers are kept as
@@ -107,6 +140,7 @@ class Checkpoint {
   Metadata index_metadata_;
   std::vector<std::string> warnings_;
   std::vector<Location> tensors_;
+  std::shared_ptr<CheckpointStore> store_;
 };
 
 }  // namespace tensorlift

@@ -343,7 +343,20 @@ class LoadedCheckpoint {
 
 // Loads the tensors of `checkpoint` that pass options.filter into host memory,
 // or onto options.device.
+//
+// Sources (one rule for every one): a checkpoint opened through a store it
+// keeps (Checkpoint::store(): a bucket, OpenObjectStoreCheckpoint) loads
+// through this same path, its files planned as local files read buffered and
+// their bytes read by the store: dtype, on_tensor, filters, progress, sparse
+// decoding, content_hash, arena_pool, shared_memory, copy (always owned
+// memory) and a device (the staged pipeline: host memory bounded by the
+// staging slots, not by the checkpoint) all work. The options about local
+// files' reads (mode other than auto, engine other than auto, threads) are
+// refused (InvalidArgument, naming the option), never ignored; gds is not
+// used (there is no local file to read straight to the device).
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options = {});
+// CheckSourceOptions's refusals (the rule above), for loaders built on Load.
+Status CheckSourceOptions(const Checkpoint& checkpoint, const LoadOptions& options);
 // Opens `path` (file, index or directory) and loads it.
 Result<LoadedCheckpoint> Load(const std::string& path, const LoadOptions& options = {});
 

@@ -87,9 +87,36 @@ class LocalStore final : public CheckpointStore {
 
 }  // namespace
 
+Status CheckpointStore::ReadRanges(std::span<const Range> ranges,
+                                   const std::function<void(size_t, uint64_t)>& /*landed*/) {
+  if (ranges.empty()) return Status::Ok();
+  return UnimplementedError(
+             "this checkpoint store opens checkpoints but does not read tensor "
+             "bytes (it has no ReadRanges)")
+      .WithContext(*ranges.front().path);
+}
+
+std::string CheckpointStore::Describe(const std::string& /*path*/) const {
+  return "read through its store";
+}
+
 Result<Checkpoint> Checkpoint::Open(const std::string& path) {
   LocalStore local;
   return Open(path, local);
+}
+
+Result<Checkpoint> Checkpoint::Open(const std::string& path,
+                                    std::shared_ptr<CheckpointStore> store) {
+  if (!store) return Open(path);
+  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Open(path, *store));
+  ckpt.store_ = std::move(store);
+  return ckpt;
+}
+
+Checkpoint Checkpoint::WithStore(std::shared_ptr<CheckpointStore> store) const {
+  Checkpoint copy = *this;
+  copy.store_ = std::move(store);
+  return copy;
 }
 
 Result<Checkpoint> Checkpoint::Open(const std::string& path, CheckpointStore& store) {

@@ -136,9 +136,11 @@ Status DevicePipeline::PlanFiles() {
     }
     const bool direct = job.report.mode == IoMode::kDirect;
     // Reads out of the page cache in smaller blocks: a block is still in the
-    // CPU's cache when it is copied out of its slot.
-    const uint64_t block =
-        direct ? options_.staging_bytes : std::min(options_.staging_bytes, kCachedBlockBytes);
+    // CPU's cache when it is copied out of its slot. A store's reads (a
+    // bucket's ranged GETs) are whole slots: fewer, larger requests.
+    const uint64_t block = direct || job.store
+                               ? options_.staging_bytes
+                               : std::min(options_.staging_bytes, kCachedBlockBytes);
     job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype, direct, block);
     for (const DeviceBlock& b : job.plan.blocks)
       largest_read = std::max(largest_read, b.read_length);
@@ -297,9 +299,11 @@ Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const L
                                            const std::shared_ptr<Device>& device,
                                            PipelineTrace* trace) {
   const DeviceType type = device->kind();
-  // GDS only for CUDA devices (or a test's reader), and only when asked.
+  // GDS only for CUDA devices (or a test's reader), only when asked, and only
+  // for local files (a store's bytes come through the host).
   const bool allow_gds =
-      options.gds && (device->kind() == DeviceType::kCuda || (trace && trace->open_direct_reader));
+      options.gds && !checkpoint.store() &&
+      (device->kind() == DeviceType::kCuda || (trace && trace->open_direct_reader));
   std::string gds_failure;
   auto got =
       DevicePipeline::Run(checkpoint, options, device, type, trace, allow_gds, "", &gds_failure);

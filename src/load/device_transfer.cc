@@ -11,6 +11,7 @@
 #include "io/read_op.h"
 #include "load/device_pipeline.h"
 #include "load/device_pipeline_steps.h"
+#include "load/store_reads.h"
 
 namespace tensorlift {
 namespace {
@@ -120,6 +121,9 @@ Status DevicePipeline::ReadBlock(int64_t k, int slot) {
   if (trace_ && trace_->before_read) TL_RETURN_IF_ERROR(trace_->before_read(k));
   if (gds_) {
     TL_RETURN_IF_ERROR(ReadDirect(blocks_[k].file, b, slot));
+  } else if (job.store) {
+    TL_ASSIGN_OR_RETURN(std::byte* const into, SlotMemory(slot));
+    TL_RETURN_IF_ERROR(ReadFromStore(*job.store, job.shard->path, b.read_offset, b.min_read, into));
   } else {
     bool cached = job.report.mode != IoMode::kDirect;
     if (job.per_block) {

@@ -18,6 +18,17 @@ namespace tensorlift {
 
 Status OpenForLoad(OpenedFile& job, IoMode mode, bool cached_views, bool misaligned_views) {
   const Header& h = job.shard->header;
+  if (job.store) {
+    if (mode != IoMode::kAuto && mode != IoMode::kBuffered) {
+      return InvalidArgumentError("the I/O mode " + std::string(IoModeName(mode)) +
+                                  " applies to local files; this file is read through its store");
+    }
+    job.identity = job.shard->identity;
+    job.report.mode = IoMode::kBuffered;
+    job.report.path = job.shard->path;
+    job.report.reason = job.store->Describe(job.shard->path);
+    return Status::Ok();
+  }
   TL_ASSIGN_OR_RETURN(job.buffered, PosixFile::OpenForRead(job.shard->path));
   TL_ASSIGN_OR_RETURN(job.identity, job.buffered.Identity());
   if (job.identity.size != h.file_size()) {
@@ -98,6 +109,7 @@ Result<bool> OpenDirect(OpenedFile& job) {
 }
 
 Status CheckUnchanged(const OpenedFile& job) {
+  if (job.store) return Status::Ok();
   TL_ASSIGN_OR_RETURN(FileIdentity now, job.buffered.Identity());
   if (now.size != job.identity.size || now.mtime_ns != job.identity.mtime_ns) {
     return IOError("the file was modified during the load (size " +

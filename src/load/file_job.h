@@ -17,6 +17,8 @@ namespace tensorlift {
 
 struct OpenedFile {
   const Checkpoint::Shard* shard = nullptr;
+  // The store it is read through (Checkpoint::store()); null: a local file.
+  CheckpointStore* store = nullptr;
   std::vector<uint32_t> wanted;  // Indices into shard->header.tensors(), increasing.
   PosixFile buffered;
   PosixFile direct;  // Open when report.mode is kDirect.
@@ -25,6 +27,8 @@ struct OpenedFile {
   FileReport report;     // path, mode (never kAuto) and reason filled in.
 };
 
+// A store's file (file.store set): nothing to open; read as buffered, the
+// store saying how in the report. Otherwise:
 // Opens the file for reading, checks it is the one whose header was read
 // (size, identity), and decides the mode: `mode`, or for kAuto, when at least
 // half of the wanted bytes are in the page cache, kMmap if `cached_views` (the
@@ -40,7 +44,8 @@ Status OpenForLoad(OpenedFile& file, IoMode mode, bool cached_views = false,
 // filesystem has no O_DIRECT (tmpfs, some FUSE).
 Result<bool> OpenDirect(OpenedFile& file);
 
-// Fails when the file changed (size, mtime, identity) since OpenForLoad.
+// Fails when the file changed (size, mtime, identity) since OpenForLoad
+// (a store's files: the store checks its own reads).
 Status CheckUnchanged(const OpenedFile& file);
 
 // One job per shard of `ckpt` (Job derives from OpenedFile), each with the
@@ -50,7 +55,10 @@ template <typename Job>
 std::vector<Checkpoint::Location> SelectTensors(const Checkpoint& ckpt, const TensorFilter& filter,
                                                 std::vector<Job>& jobs) {
   jobs.resize(ckpt.shards().size());
-  for (size_t s = 0; s < jobs.size(); ++s) jobs[s].shard = &ckpt.shards()[s];
+  for (size_t s = 0; s < jobs.size(); ++s) {
+    jobs[s].shard = &ckpt.shards()[s];
+    jobs[s].store = ckpt.store().get();
+  }
   std::vector<Checkpoint::Location> selected;
   for (auto loc : ckpt.tensors()) {
     if (!filter.Matches(ckpt.info(loc).name)) continue;

@@ -18,6 +18,7 @@
 #include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/planner.h"
+#include "load/store_reads.h"
 
 namespace tensorlift {
 
@@ -183,7 +184,12 @@ class Deliverer {
 // plain pread pool. So `auto` uses io_uring for direct reads and threads for
 // buffered ones; an explicit choice applies to both.
 Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool direct,
-                                               std::span<const ReadOp> ops, IoEngine* chosen) {
+                                               std::span<const ReadOp> ops, IoEngine* chosen,
+                                               CheckpointStore* store) {
+  if (store) {
+    *chosen = IoEngine::kThreads;  // The store's own transfers.
+    return MakeStoreEngine(*store);
+  }
   const int threads = options.threads > 0 ? options.threads : DefaultThreads();
   // A handful of small reads (one tensor of a safe_open, say): starting
   // threads or a ring would cost more than the reads.
@@ -395,8 +401,8 @@ Result<LoadedCheckpoint> LoadOnHost(const Checkpoint& ckpt, const LoadOptions& o
   std::unique_ptr<ReadEngine> engines[2];
   for (int direct : {1, 0}) {
     if (ops[direct].empty()) continue;
-    TL_ASSIGN_OR_RETURN(engines[direct],
-                        MakeEngine(options, direct == 1, ops[direct], &engine_kind[direct]));
+    TL_ASSIGN_OR_RETURN(engines[direct], MakeEngine(options, direct == 1, ops[direct],
+                                                    &engine_kind[direct], ckpt.store().get()));
     if (wrap) engines[direct] = wrap(std::move(engines[direct]));
   }
   {

@@ -24,9 +24,11 @@ class Buffer;
 using EngineWrapper = std::function<std::unique_ptr<ReadEngine>(std::unique_ptr<ReadEngine>)>;
 
 // The engine for a batch of reads (host_load.cc, "Engine choice"); *chosen
-// says which kind it is.
+// says which kind it is. With `store`, the store's engine (store_reads.h):
+// the ops read that store's files.
 Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool direct,
-                                               std::span<const ReadOp> ops, IoEngine* chosen);
+                                               std::span<const ReadOp> ops, IoEngine* chosen,
+                                               CheckpointStore* store = nullptr);
 
 // LoadOptions::fault_threads resolved (device/populate.h, FaultThreadCount).
 int FaultThreads(const LoadOptions& options);

@@ -195,7 +195,26 @@ Result<LoadedCheckpoint> LoadAnyPath(const Checkpoint& checkpoint, const LoadOpt
 
 }  // namespace
 
+Status CheckSourceOptions(const Checkpoint& checkpoint, const LoadOptions& options) {
+  if (!checkpoint.store()) return Status::Ok();
+  auto refuse = [&](const std::string& what) {
+    return InvalidArgumentError(what + " (" + checkpoint.path() +
+                                " is read through its store, not from local files)");
+  };
+  if (options.mode != IoMode::kAuto) {
+    return refuse("the I/O mode " + std::string(IoModeName(options.mode)) +
+                  " applies to local files; leave it auto");
+  }
+  if (options.engine != IoEngine::kAuto) {
+    return refuse("the I/O engine " + std::string(IoEngineName(options.engine)) +
+                  " applies to local files; leave it auto");
+  }
+  if (options.threads != 0) return refuse("threads (pread threads) apply to local files");
+  return Status::Ok();
+}
+
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
+  TL_RETURN_IF_ERROR(CheckSourceOptions(checkpoint, options));
   if (!options.shared_memory) return LoadAnyPath(checkpoint, options);
   TL_RETURN_IF_ERROR(CheckSharedMemoryOptions(options));
   // The arenas are shared memory (PlanJob); what else the load makes

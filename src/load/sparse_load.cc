@@ -306,6 +306,7 @@ Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOpti
     if (f.wanted.empty()) continue;
     std::sort(f.wanted.begin(), f.wanted.end());
     f.shard = &ckpt.shards()[s];
+    f.store = ckpt.store().get();
     f.report.path = f.shard->path;
     Status st = OpenForLoad(f, options.mode);
     if (!st.ok()) return st.WithContext(f.shard->path);
@@ -417,7 +418,7 @@ Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOpti
       for (int direct : {1, 0}) {
         if (ops[direct].empty() || !local.ok()) continue;
         IoEngine kind;
-        auto engine = MakeEngine(options, direct == 1, ops[direct], &kind);
+        auto engine = MakeEngine(options, direct == 1, ops[direct], &kind, ckpt.store().get());
         if (!engine.ok()) {
           local = engine.status();
           break;

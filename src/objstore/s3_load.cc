@@ -1,8 +1,11 @@
-// Checkpoints in a bucket: the files of Checkpoint::Open read through an
-// S3Client (S3Store), and LoadFromObjectStore, which plans the wanted
-// tensors' byte ranges per file, coalesces them into runs, and fetches the
-// runs in ranged GETs written straight into the final host buffers.
+// Checkpoints in a bucket: S3Store, the bucket's files for Checkpoint::Open and
+// the source of a load's bytes (ranged GETs written straight into place), and
+// LoadFromObjectStore, which loads through the one loader (Load) reading
+// through the store: every load option works as for local files. A
+// tensor-parallel rank's slices still have a loader of their own (LoadSlices)
+// until the planner plans slices.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -11,9 +14,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
+#include "common/posix_file.h"
 #include "device/device.h"
 #include "device/host_buffer.h"
+#include "io/read_op.h"
 #include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/upload.h"
@@ -38,17 +44,28 @@ constexpr uint64_t kHeaderProbeBytes = 1ull << 20;
 // bytes with them) rather than as two.
 constexpr uint64_t kMergeGap = 1ull << 20;
 
-// Checkpoint files in a bucket, for Checkpoint::Open. Object sizes seen in
-// listings and HEADs are kept, so each header costs one GET.
+// Checkpoint files in a bucket: for Checkpoint::Open (listings, headers), and
+// the source of a load's bytes (ReadRanges: ranged GETs, or the write-through
+// cache's copy of a file). Object sizes seen in listings and HEADs are kept,
+// so each header costs one GET. Thread-safe.
 class S3Store final : public CheckpointStore {
  public:
-  S3Store(S3Client& client, std::string scheme, std::string bucket)
-      : client_(client), scheme_(std::move(scheme)), bucket_(std::move(bucket)) {}
+  S3Store(std::shared_ptr<S3Client> client, std::string scheme, std::string bucket,
+          uint64_t request_bytes)
+      : client_(std::move(client)),
+        scheme_(std::move(scheme)),
+        bucket_(std::move(bucket)),
+        request_bytes_(request_bytes) {}
+
+  S3Client& client() { return *client_; }
+  // Ranged GETs of tensor data so far.
+  uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
+  void CountRequests(uint64_t n) { requests_.fetch_add(n, std::memory_order_relaxed); }
 
   Result<bool> IsDirectory(const std::string& path) override {
     TL_ASSIGN_OR_RETURN(ObjectUrl url, Parse(path));
     if (!url.key.empty() && !url.key.ends_with('/')) {
-      Result<objstore::ObjectInfo> head = client_.Head(url.bucket, url.key);
+      Result<objstore::ObjectInfo> head = client_->Head(url.bucket, url.key);
       if (head.ok()) {
         Remember(path, head->size, head->etag);
         return false;
@@ -77,7 +94,7 @@ class S3Store final : public CheckpointStore {
 
   Result<std::string> ReadSmall(const std::string& path, uint64_t limit) override {
     TL_ASSIGN_OR_RETURN(ObjectUrl url, Parse(path));
-    return client_.Get(url.bucket, url.key, limit);
+    return client_->Get(url.bucket, url.key, limit);
   }
 
   Result<Header> ReadHeader(const std::string& path, FileIdentity* identity) override {
@@ -86,7 +103,124 @@ class S3Store final : public CheckpointStore {
     return h;
   }
 
+  // Ranges of one object that follow each other in the object and in memory
+  // go as one GET of up to request_bytes; a file with a current copy in the
+  // cache (UseCache) is read from that copy instead.
+  Status ReadRanges(std::span<const Range> ranges,
+                    const std::function<void(size_t, uint64_t)>& landed) override {
+    std::vector<RangeRequest> requests;
+    // Per request, the ranges it carries (a piece of one, or several whole).
+    std::vector<std::vector<uint32_t>> carries;
+    std::unordered_map<const std::string*, ObjectUrl> urls;
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const Range& r = ranges[i];
+      if (r.length == 0) continue;
+      if (const std::string* copy = CachedCopy(*r.path)) {
+        TL_RETURN_IF_ERROR(ReadCopy(*copy, *r.path, r));
+        if (landed) landed(i, r.length);
+        continue;
+      }
+      auto [it, fresh] = urls.try_emplace(r.path);
+      if (fresh) {
+        TL_ASSIGN_OR_RETURN(it->second, Parse(*r.path));
+      }
+      const ObjectUrl& url = it->second;
+      RangeRequest* last = requests.empty() ? nullptr : &requests.back();
+      if (last && last->key == url.key && last->bucket == url.bucket &&
+          last->offset + last->bytes == r.offset && last->dst + last->bytes == r.dest &&
+          last->bytes + r.length <= request_bytes_) {
+        last->bytes += r.length;  // The whole range rides on the previous GET.
+        carries.back().push_back(static_cast<uint32_t>(i));
+        continue;
+      }
+      for (uint64_t off = 0; off < r.length; off += request_bytes_) {
+        requests.push_back({url.bucket, url.key, r.offset + off,
+                            std::min(request_bytes_, r.length - off), r.dest + off});
+        carries.push_back({static_cast<uint32_t>(i)});
+      }
+    }
+    requests_.fetch_add(requests.size(), std::memory_order_relaxed);
+    return client_->GetRanges(requests, [&](size_t q) {
+      if (!landed) return;
+      if (carries[q].size() == 1) {
+        landed(carries[q][0], requests[q].bytes);  // A piece of one range, or all of it.
+        return;
+      }
+      for (uint32_t i : carries[q]) landed(i, ranges[i].length);
+    });
+  }
+
+  std::string Describe(const std::string& path) const override {
+    if (const std::string* copy = CachedCopy(path)) {
+      return "from the cache of " + path + " (" + *copy + ")";
+    }
+    return "object storage: ranged GETs of up to " + std::to_string(request_bytes_ >> 10) + " KiB";
+  }
+
+  // The write-through cache (ObjectStoreOptions::cache_dir): an object's copy
+  // at DIR/BUCKET/KEY, valid while DIR/BUCKET/KEY.tl-etag holds the object's
+  // size and ETag as the bucket lists them now. Reads of `paths` whose copy is
+  // current come from it from now on.
+  void UseCache(const std::string& dir, const std::vector<std::string>& paths) {
+    std::lock_guard lock(mu_);
+    cache_dir_ = dir;
+    for (const std::string& path : paths) {
+      std::string hit = HitLocked(path);
+      if (!hit.empty()) cached_[path] = std::move(hit);
+    }
+  }
+  bool Cached(const std::string& path) const { return CachedCopy(path) != nullptr; }
+
+  // Writes the object at `path` into the cache from its header's bytes and
+  // its data section, which `write(out)` writes (in order) to the stream
+  // through a temporary file renamed into place, then its stamp.
+  Status WriteCache(const std::string& path, const std::function<Status(std::ostream&)>& write) {
+    Object o;
+    std::string file;
+    {
+      std::lock_guard lock(mu_);
+      o = objects_[path];
+      file = CacheFileLocked(path);
+    }
+    if (!o.known || o.etag.empty() || o.header.empty() || file.empty()) {
+      return UnavailableError("the object's ETag or header is not known");
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(file).parent_path(), ec);
+    if (ec) return IOError("cannot create " + file + "'s directory: " + ec.message());
+    const std::string tmp = file + ".tl-partial";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      f.write(reinterpret_cast<const char*>(o.header.data()),
+              static_cast<std::streamsize>(o.header.size()));
+      Status st = write(f);
+      f.close();
+      if (!st.ok()) {
+        std::filesystem::remove(tmp, ec);
+        return st;
+      }
+      if (!f) return IOError("cannot write " + tmp);
+    }
+    std::filesystem::remove(file + ".tl-etag", ec);
+    std::filesystem::rename(tmp, file, ec);
+    if (ec) return IOError("cannot rename " + tmp + ": " + ec.message());
+    std::ofstream stamp(file + ".tl-etag", std::ios::trunc);
+    stamp << Stamp(o);
+    stamp.close();
+    if (!stamp) return IOError("cannot write " + file + ".tl-etag");
+    return Status::Ok();
+  }
+
  private:
+  // What the listing or a HEAD said of the object at `path`, and its header's
+  // bytes once read (for the cache).
+  struct Object {
+    uint64_t size = 0;
+    std::string etag;
+    std::vector<std::byte> header;
+    bool known = false;
+  };
+
   Result<Header> ReadHeaderOf(const std::string& path, FileIdentity* identity) {
     TL_ASSIGN_OR_RETURN(ObjectUrl url, Parse(path));
     TL_ASSIGN_OR_RETURN(const uint64_t size, SizeOf(path, url));
@@ -97,14 +231,14 @@ class S3Store final : public CheckpointStore {
     }
     std::vector<std::byte> prefix(std::min(size, kHeaderProbeBytes));
     RangeRequest probe{url.bucket, url.key, 0, prefix.size(), prefix.data()};
-    TL_RETURN_IF_ERROR(client_.GetRanges({&probe, 1}));
+    TL_RETURN_IF_ERROR(client_->GetRanges({&probe, 1}));
     uint64_t n = 0;
     std::memcpy(&n, prefix.data(), 8);  // Little-endian, as the format says.
     if (n <= kMaxHeaderSize && 8 + n <= size && 8 + n > prefix.size()) {
       prefix.resize(8 + n);
       RangeRequest rest{url.bucket, url.key, kHeaderProbeBytes, 8 + n - kHeaderProbeBytes,
                         prefix.data() + kHeaderProbeBytes};
-      TL_RETURN_IF_ERROR(client_.GetRanges({&rest, 1}));
+      TL_RETURN_IF_ERROR(client_->GetRanges({&rest, 1}));
     }
     TL_ASSIGN_OR_RETURN(Header header, Header::ParsePrefix(prefix, size));  // Checks n.
     prefix.resize(8 + header.header_size());
@@ -113,22 +247,6 @@ class S3Store final : public CheckpointStore {
     return header;
   }
 
- public:
-  // What the listing or a HEAD said of the object at `path`, and its header's
-  // bytes once read (for the cache).
-  struct Object {
-    uint64_t size = 0;
-    std::string etag;
-    std::vector<std::byte> header;
-    bool known = false;
-  };
-  Object Seen(const std::string& path) {
-    std::lock_guard lock(mu_);
-    auto it = objects_.find(path);
-    return it == objects_.end() ? Object{} : it->second;
-  }
-
- private:
   Result<ObjectUrl> Parse(const std::string& path) const {
     TL_ASSIGN_OR_RETURN(ObjectUrl url, objstore::ParseObjectUrl(path));
     if (url.bucket != bucket_ || url.scheme != scheme_) {
@@ -143,9 +261,10 @@ class S3Store final : public CheckpointStore {
   static std::string Join(const std::string& dir, const std::string& name) {
     return dir.ends_with('/') ? dir + name : dir + "/" + name;
   }
+  static std::string Stamp(const Object& o) { return std::to_string(o.size) + " " + o.etag + "\n"; }
 
   Result<std::vector<objstore::ObjectInfo>> Listing(const ObjectUrl& url) {
-    return client_.List(url.bucket, Prefix(url.key), "/");
+    return client_->List(url.bucket, Prefix(url.key), "/");
   }
 
   void Remember(const std::string& path, uint64_t size, const std::string& etag) {
@@ -163,76 +282,49 @@ class S3Store final : public CheckpointStore {
         return it->second.size;
       }
     }
-    TL_ASSIGN_OR_RETURN(objstore::ObjectInfo info, client_.Head(url.bucket, url.key));
+    TL_ASSIGN_OR_RETURN(objstore::ObjectInfo info, client_->Head(url.bucket, url.key));
     Remember(path, info.size, info.etag);
     return info.size;
   }
 
-  S3Client& client_;
-  std::string scheme_, bucket_;
-  std::mutex mu_;
-  std::map<std::string, Object> objects_;
-};
-
-// The write-through cache (ObjectStoreOptions::cache_dir): an object's copy
-// at DIR/BUCKET/KEY, valid while DIR/BUCKET/KEY.tl-etag holds the object's
-// size and ETag as the bucket lists them now.
-struct Cache {
-  std::string dir;
-  S3Store* store = nullptr;
-
-  std::string PathOf(const std::string& url) const {
+  std::string CacheFileLocked(const std::string& url) const {
     Result<ObjectUrl> u = objstore::ParseObjectUrl(url);
-    return u.ok() ? dir + "/" + u->bucket + "/" + u->key : std::string();
-  }
-  static std::string Stamp(const S3Store::Object& o) {
-    return std::to_string(o.size) + " " + o.etag + "\n";
+    return u.ok() && !cache_dir_.empty() ? cache_dir_ + "/" + u->bucket + "/" + u->key
+                                         : std::string();
   }
   // The cached copy of `url` when it is current, else "".
-  std::string Hit(const std::string& url) const {
-    const S3Store::Object o = store->Seen(url);
-    const std::string path = PathOf(url);
-    if (!o.known || o.etag.empty() || path.empty()) return "";
+  std::string HitLocked(const std::string& url) const {
+    auto it = objects_.find(url);
+    const std::string path = CacheFileLocked(url);
+    if (it == objects_.end() || !it->second.known || it->second.etag.empty() || path.empty())
+      return "";
     std::error_code ec;
-    if (std::filesystem::file_size(path, ec) != o.size || ec) return "";
+    if (std::filesystem::file_size(path, ec) != it->second.size || ec) return "";
     std::ifstream stamp(path + ".tl-etag");
     std::string text((std::istreambuf_iterator<char>(stamp)), std::istreambuf_iterator<char>());
-    return text == Stamp(o) ? path : "";
+    return text == Stamp(it->second) ? path : "";
   }
-  // Writes the object from its header bytes and `data` (the pieces of its
-  // whole data section in order, which starts at file offset data_offset),
-  // through a temporary file renamed into place, then its stamp.
-  Status Write(const std::string& url,
-               const std::vector<std::pair<const std::byte*, uint64_t>>& data,
-               uint64_t data_offset) const {
-    const S3Store::Object o = store->Seen(url);
-    const std::string path = PathOf(url);
-    if (!o.known || o.etag.empty() || o.header.size() != data_offset || path.empty()) {
-      return UnavailableError("the object's ETag or header is not known");
-    }
-    std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
-    if (ec) return IOError("cannot create " + path + "'s directory: " + ec.message());
-    const std::string tmp = path + ".tl-partial";
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      f.write(reinterpret_cast<const char*>(o.header.data()),
-              static_cast<std::streamsize>(o.header.size()));
-      for (const auto& [bytes, n] : data) {
-        f.write(reinterpret_cast<const char*>(bytes), static_cast<std::streamsize>(n));
-      }
-      f.close();
-      if (!f) return IOError("cannot write " + tmp);
-    }
-    std::filesystem::remove(path + ".tl-etag", ec);
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) return IOError("cannot rename " + tmp + ": " + ec.message());
-    std::ofstream stamp(path + ".tl-etag", std::ios::trunc);
-    stamp << Stamp(o);
-    stamp.close();
-    if (!stamp) return IOError("cannot write " + path + ".tl-etag");
-    return Status::Ok();
+  const std::string* CachedCopy(const std::string& path) const {
+    std::lock_guard lock(mu_);
+    auto it = cached_.find(path);
+    return it == cached_.end() ? nullptr : &it->second;  // Never erased: stays valid.
   }
+  // A range of `url` from its cached copy `file`.
+  static Status ReadCopy(const std::string& file, const std::string& url, const Range& r) {
+    Result<PosixFile> f = PosixFile::OpenForRead(file);
+    if (!f.ok()) return f.status().WithContext(url + ": the cache (" + file + ")");
+    Status st = ReadExactlyAt(f->fd(), r.offset, r.dest, r.length);
+    return st.ok() ? st : st.WithContext(url + ": the cache (" + file + ")");
+  }
+
+  std::shared_ptr<S3Client> client_;
+  std::string scheme_, bucket_;
+  const uint64_t request_bytes_;
+  std::atomic<uint64_t> requests_{0};
+  mutable std::mutex mu_;
+  std::map<std::string, Object> objects_;
+  std::string cache_dir_;
+  std::map<std::string, std::string> cached_;  // URL -> its current copy in the cache.
 };
 
 objstore::S3Overrides OverridesFrom(const ObjectStoreOptions& o) {
@@ -275,18 +367,23 @@ Result<std::unique_ptr<S3Client>> ClientFor(const ObjectUrl& url, const ObjectSt
   return S3Client::Create(settings);
 }
 
-Status RefuseDiskOnlyOptions(const LoadOptions& options) {
+// A tensor-parallel rank's load of slices (LoadSlices) is still a loader of
+// its own: the options it does not take are refused here, never ignored.
+Status RefuseForSlices(const LoadOptions& options) {
   auto refuse = [](const char* what) {
-    return InvalidArgumentError(std::string("object storage: ") + what);
+    return InvalidArgumentError(std::string("object storage, a tensor-parallel rank's slices: ") +
+                                what);
   };
   if (options.mode != IoMode::kAuto)
     return refuse("the I/O mode applies to local files; leave it auto");
   if (options.engine != IoEngine::kAuto)
     return refuse("the I/O engine applies to local files; leave it auto");
-  if (options.copy) return refuse("copy applies to local files (views of the page cache)");
-  if (options.arena_pool) return refuse("an arena pool is not used for object storage loads");
-  if (options.dtype) return refuse("dtype conversion is not built for object storage loads yet");
-  if (options.on_tensor) return refuse("on_tensor is not built for object storage loads yet");
+  if (options.arena_pool) return refuse("an arena pool is not used for slices");
+  if (options.dtype) return refuse("dtype conversion is not built for slices yet");
+  if (options.on_tensor) return refuse("on_tensor is not built for slices yet");
+  if (options.shared_memory) return refuse("shared_memory is not built for slices yet");
+  if (options.content_hash == ContentHashMode::kOn)
+    return refuse("content_hash is the whole checkpoint's, not a rank's slices");
   return Status::Ok();
 }
 
@@ -297,6 +394,100 @@ struct Run {
 };
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// The store of `url`'s bucket over a client with `store`'s settings.
+Result<std::shared_ptr<S3Store>> StoreFor(const ObjectUrl& url, const ObjectStoreOptions& store) {
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(url, store));
+  return std::make_shared<S3Store>(std::shared_ptr<S3Client>(std::move(client)), url.scheme,
+                                   url.bucket, store.request_bytes);
+}
+
+void FillReport(S3Store& files, ObjectStoreReport* report) {
+  if (!report) return;
+  S3Client& client = files.client();
+  report->endpoint = client.settings().endpoint;
+  report->credential_source = client.settings().credential_source;
+  report->bytes = client.bytes_received();
+  report->requests = files.requests();
+  report->retries = client.retries();
+  report->connections = client.settings().max_connections;
+}
+
+// Writes shard `s` of `ckpt` into the cache from the load's tensors when they
+// are its stored bytes and cover its whole data section; returns what to add
+// to its report's reason ("" when the load did not take all of it).
+std::string WriteToCache(S3Store& files, const Checkpoint& ckpt, size_t s,
+                         const LoadedCheckpoint& loaded) {
+  const Checkpoint::Shard& shard = ckpt.shards()[s];
+  if (files.Cached(shard.path)) return "";
+  std::vector<const TensorInfo*> infos;
+  for (const TensorInfo& t : shard.header.tensors()) infos.push_back(&t);
+  std::sort(infos.begin(), infos.end(),
+            [](const TensorInfo* a, const TensorInfo* b) { return a->begin < b->begin; });
+  std::vector<const LoadedTensor*> tensors;
+  uint64_t at = 0;
+  bool covered = true;
+  for (const TensorInfo* t : infos) {
+    const LoadedTensor* got = loaded.Find(t->name);
+    if (got == nullptr) return "";  // A filtered load: not all of the object.
+    if (got->dtype != t->dtype || got->nbytes != t->nbytes()) {
+      return "; not cached (the load converted its tensors)";
+    }
+    covered &= t->begin == at;
+    at = t->end;
+    tensors.push_back(got);
+  }
+  const uint64_t data_bytes = shard.header.file_size() - shard.header.data_offset();
+  if (data_bytes == 0) return "";
+  if (!covered || at != data_bytes) {
+    return "; not cached (its data section has bytes no tensor covers)";
+  }
+  Status w = files.WriteCache(shard.path, [&](std::ostream& out) {
+    std::vector<std::byte> bounce;
+    for (const LoadedTensor* t : tensors) {
+      const std::byte* bytes = static_cast<const std::byte*>(t->data);
+      if (t->device != DeviceType::kCpu && t->nbytes > 0) {  // Through host memory, a tensor
+        bounce.resize(t->nbytes);                            // at a time.
+        TL_RETURN_IF_ERROR(loaded.CopyToHost(t->name, bounce.data()));
+        bytes = bounce.data();
+      }
+      out.write(reinterpret_cast<const char*>(bytes), static_cast<std::streamsize>(t->nbytes));
+    }
+    return Status::Ok();
+  });
+  return w.ok() ? "; written to the cache" : "; not cached: " + w.message();
+}
+
+// The one loader (Load) over `ckpt` read through `files`, then the cache's
+// writes and the report.
+Result<LoadedCheckpoint> LoadThroughStore(const Checkpoint& ckpt,
+                                          const std::shared_ptr<S3Store>& files,
+                                          const LoadOptions& options, bool cache,
+                                          ObjectStoreReport* report,
+                                          std::chrono::steady_clock::time_point start) {
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, Load(ckpt.WithStore(files), options));
+  std::vector<std::string> notes(ckpt.shards().size());
+  for (size_t s = 0; cache && s < notes.size(); ++s) {
+    notes[s] = WriteToCache(*files, ckpt, s, loaded);
+  }
+  // The same tensors where they are; the reports say what the cache did, and
+  // the time counts the listing and the headers too.
+  CheckpointBuilder out(std::move(loaded));
+  for (FileReport& f : out.files()) {
+    for (size_t s = 0; s < notes.size(); ++s) {
+      if (ckpt.shards()[s].path == f.path) f.reason += notes[s];
+    }
+  }
+  FillReport(*files, report);
+  return std::move(out).Finish(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+// A tensor-parallel rank's slices (ObjectStoreOptions::parallel): only the
+// slices' bytes are fetched.
+Result<LoadedCheckpoint> LoadSlices(S3Store& files, const Checkpoint& ckpt,
+                                    const LoadOptions& options, const ObjectStoreOptions& store,
+                                    std::chrono::steady_clock::time_point start);
 
 }  // namespace
 
@@ -334,63 +525,65 @@ ObjectStoreFallback(const ObjectStoreOptions& store) {
 Result<Checkpoint> OpenObjectStoreCheckpoint(const std::string& url,
                                              const ObjectStoreOptions& store) {
   TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));
-  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
-  S3Store files(*client, parsed.scheme, parsed.bucket);
-  return Checkpoint::Open(url, files);
+  TL_ASSIGN_OR_RETURN(std::shared_ptr<S3Store> files, StoreFor(parsed, store));
+  return Checkpoint::Open(url, std::shared_ptr<CheckpointStore>(files));
 }
-
-namespace {
-
-Result<LoadedCheckpoint> LoadWith(S3Client& client, const Checkpoint& ckpt,
-                                  const LoadOptions& options, const ObjectStoreOptions& store,
-                                  ObjectStoreReport* report,
-                                  std::chrono::steady_clock::time_point start, const Cache* cache);
-
-}  // namespace
 
 Result<LoadedCheckpoint> LoadFromObjectStore(const std::string& url, const LoadOptions& options,
                                              const ObjectStoreOptions& store,
                                              ObjectStoreReport* report) {
   const auto start = std::chrono::steady_clock::now();
-  TL_RETURN_IF_ERROR(RefuseDiskOnlyOptions(options));
   // One client for the listing, the headers and the data: one set of
   // connections, and the report counts all of it.
   TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));
-  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
-  S3Store files(*client, parsed.scheme, parsed.bucket);
-  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(url, files));
-  Cache cache{store.cache_dir, &files};
-  return LoadWith(*client, ckpt, options, store, report, start,
-                  store.cache_dir.empty() ? nullptr : &cache);
+  TL_ASSIGN_OR_RETURN(std::shared_ptr<S3Store> files, StoreFor(parsed, store));
+  if (store.parallel.size > 1) {
+    if (!store.cache_dir.empty()) {
+      return InvalidArgumentError(
+          "object storage: cache_dir keeps whole objects; a tensor-parallel rank's load fetches "
+          "slices");
+    }
+    TL_RETURN_IF_ERROR(RefuseForSlices(options));
+    TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(url, *files));
+    TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSlices(*files, ckpt, options, store, start));
+    FillReport(*files, report);
+    return loaded;
+  }
+  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(url, *files));
+  if (!store.cache_dir.empty()) {
+    std::vector<std::string> paths;
+    for (const auto& shard : ckpt.shards()) paths.push_back(shard.path);
+    files->UseCache(store.cache_dir, paths);
+  }
+  return LoadThroughStore(ckpt, files, options, !store.cache_dir.empty(), report, start);
 }
 
 Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& ckpt, const LoadOptions& options,
                                              const ObjectStoreOptions& store,
                                              ObjectStoreReport* report) {
   const auto start = std::chrono::steady_clock::now();
-  TL_RETURN_IF_ERROR(RefuseDiskOnlyOptions(options));
   if (!store.cache_dir.empty()) {
     return InvalidArgumentError(
         "object storage: cache_dir needs LoadFromObjectStore(url), which lists the objects' "
         "ETags; this checkpoint was opened before");
   }
   TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(ckpt.path()));
-  TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(parsed, store));
-  return LoadWith(*client, ckpt, options, store, report, start, nullptr);
+  TL_ASSIGN_OR_RETURN(std::shared_ptr<S3Store> files, StoreFor(parsed, store));
+  if (store.parallel.size > 1) {
+    TL_RETURN_IF_ERROR(RefuseForSlices(options));
+    TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSlices(*files, ckpt, options, store, start));
+    FillReport(*files, report);
+    return loaded;
+  }
+  return LoadThroughStore(ckpt, files, options, false, report, start);
 }
 
 namespace {
 
-Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
-                                  const LoadOptions& options, const ObjectStoreOptions& store,
-                                  ObjectStoreReport* report,
-                                  std::chrono::steady_clock::time_point start, const Cache* cache) {
-  S3Client* client = &client_ref;
-  if (cache && store.parallel.size > 1) {
-    return InvalidArgumentError(
-        "object storage: cache_dir keeps whole objects; a tensor-parallel rank's load fetches "
-        "slices");
-  }
+Result<LoadedCheckpoint> LoadSlices(S3Store& files, const Checkpoint& ckpt,
+                                    const LoadOptions& options, const ObjectStoreOptions& store,
+                                    std::chrono::steady_clock::time_point start) {
+  S3Client* client = &files.client();
   const std::string& url = ckpt.path();
   std::shared_ptr<Device> device;
   if (options.device != "cpu") {
@@ -441,22 +634,9 @@ Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
     std::byte* slot = nullptr;
   };
   std::vector<FilePlan> plans(ckpt.shards().size());
-  // Shards whose current copy is in the cache are read from it (their wanted
-  // tensors' names); the others' tensors, all wanted, are written to it.
-  std::vector<std::string> cached(ckpt.shards().size());
-  std::vector<std::vector<std::string>> cached_names(ckpt.shards().size());
-  std::vector<size_t> wanted_count(ckpt.shards().size());
-  if (cache) {
-    for (size_t s = 0; s < cached.size(); ++s) cached[s] = cache->Hit(ckpt.shards()[s].path);
-  }
   for (const auto loc : ckpt.tensors()) {
     const TensorInfo& t = ckpt.info(loc);
     if (!options.filter.Matches(t.name)) continue;
-    ++wanted_count[loc.shard];
-    if (!cached[loc.shard].empty()) {
-      cached_names[loc.shard].push_back(t.name);
-      continue;
-    }
     const int dim = store.parallel.size > 1 ? layout.DimFor(t.name) : -1;
     if (dim < 0 || dim >= static_cast<int>(t.shape.size())) {
       plans[loc.shard].whole.push_back(loc.index);
@@ -592,47 +772,7 @@ Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
   }
   progress.Report(done, true);
 
-  // Into the cache: each fetched object whose every tensor was wanted, when
-  // its runs cover its whole data section. A failed write leaves the load
-  // as it is (the report says why).
-  std::vector<std::string> cache_notes(plans.size());
-  for (size_t s = 0; cache && s < plans.size(); ++s) {
-    const FilePlan& plan = plans[s];
-    const Checkpoint::Shard& shard = ckpt.shards()[s];
-    if (!cached[s].empty() || wanted_count[s] != shard.header.tensors().size()) continue;
-    const uint64_t base = shard.header.data_offset(), end = shard.header.file_size();
-    if (end == base) continue;
-    // The runs (in file order) must tile the data section.
-    std::vector<std::pair<const std::byte*, uint64_t>> pieces;
-    uint64_t at = base;
-    for (const Run& run : plan.runs) {
-      if (run.begin != at) break;
-      pieces.emplace_back(plan.buffer->data() + run.at, run.end - run.begin);
-      at = run.end;
-    }
-    if (at != end) {
-      cache_notes[s] = "; not cached (its data section has bytes no tensor covers)";
-      continue;
-    }
-    Status w = cache->Write(shard.path, pieces, base);
-    cache_notes[s] = w.ok() ? "; written to the cache" : "; not cached: " + w.message();
-  }
-
   CheckpointBuilder out;
-  for (size_t s = 0; s < cached.size(); ++s) {
-    if (cached[s].empty() || cached_names[s].empty()) continue;
-    LoadOptions local;
-    local.filter = TensorFilter::Names(cached_names[s]);
-    local.decode_sparse = options.decode_sparse;
-    Result<LoadedCheckpoint> got = Load(cached[s], local);
-    if (!got.ok()) return got.status().WithContext(url + ": the cache");
-    const auto& owners = CheckpointBuilder::Owners(*got);
-    for (size_t i = 0; i < got->tensors().size(); ++i) out.Add(got->tensors()[i], owners[i]);
-    for (FileReport f : got->files()) {
-      f.reason = "from the cache of " + ckpt.shards()[s].path + " (" + f.reason + ")";
-      out.files().push_back(std::move(f));
-    }
-  }
   for (size_t s = 0; s < plans.size(); ++s) {
     const FilePlan& plan = plans[s];
     const Checkpoint::Shard& shard = ckpt.shards()[s];
@@ -640,9 +780,7 @@ Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
     const uint64_t base = shard.header.data_offset();
     FileReport f;
     f.path = shard.path;
-    if (!cached[s].empty()) continue;
-    f.reason = "object storage: " + std::to_string(plan.runs.size()) + " run(s) of ranged GETs" +
-               cache_notes[s];
+    f.reason = "object storage: " + std::to_string(plan.runs.size()) + " run(s) of ranged GETs";
     if (!plan.slices.empty()) {
       f.reason += ", " + std::to_string(plan.slices.size()) + " slice(s) for rank " +
                   std::to_string(store.parallel.rank) + " of " +
@@ -672,14 +810,7 @@ Result<LoadedCheckpoint> LoadWith(S3Client& client_ref, const Checkpoint& ckpt,
     }
     out.files().push_back(std::move(f));
   }
-  if (report) {
-    report->endpoint = client->settings().endpoint;
-    report->credential_source = client->settings().credential_source;
-    report->bytes = client->bytes_received();
-    report->requests = requests.size();
-    report->retries = client->retries();
-    report->connections = client->settings().max_connections;
-  }
+  files.CountRequests(requests.size());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   LoadedCheckpoint loaded = std::move(out).Finish(seconds);

@@ -209,7 +209,11 @@ Result<DistributedCheckpoint> LoadDistributed(const Checkpoint& ckpt, const Load
   //    checkpoint): agreed before any exchange sized by the headers.
   std::shared_ptr<Device> device;
   Status local = OpenDeviceFor(options, comm, dopts.device_comm, device);
-  if (local.ok() && options.dtype.has_value()) {
+  if (local.ok() && ckpt.store()) {
+    local = InvalidArgumentError(
+        "LoadDistributed reads local files; " + ckpt.path() +
+        " is read through its store (each rank can Load it, or load its slices from the bucket)");
+  } else if (local.ok() && options.dtype.has_value()) {
     local = InvalidArgumentError("LoadDistributed does not convert dtypes (LoadOptions::dtype)");
   } else if (local.ok() && options.on_tensor) {
     local = InvalidArgumentError(

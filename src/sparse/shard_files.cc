@@ -8,6 +8,15 @@ namespace tensorlift::sparse {
 
 Status ShardFiles::Read(Checkpoint::Location loc, uint64_t pos, void* buf, size_t n) {
   const Checkpoint::Shard& shard = ckpt_.shards()[loc.shard];
+  const TensorInfo& tensor = ckpt_.info(loc);
+  if (ckpt_.store()) {  // A checkpoint in a bucket: through its store.
+    if (pos > tensor.nbytes() || n > tensor.nbytes() - pos) {
+      return InternalError(shard.path + ": read past the end of a tensor");
+    }
+    const CheckpointStore::Range range{&shard.path, shard.header.data_offset() + tensor.begin + pos,
+                                       n, static_cast<std::byte*>(buf)};
+    return ckpt_.store()->ReadRanges({&range, 1}, {});
+  }
   std::unique_ptr<PosixFile>& file = files_[loc.shard];
   if (!file) {
     auto opened = PosixFile::OpenForRead(shard.path);

@@ -1,4 +1,5 @@
-// Reads tensor bytes of a Checkpoint's shards with pread, for the sparse
+// Reads tensor bytes of a Checkpoint's shards with pread (through its store
+// when it has one: Checkpoint::store()), for the sparse
 // code that needs a few bytes (a group's shape) or one tensor at a time
 // (sparsify) rather than a whole Load.
 //

@@ -1,7 +1,11 @@
 // LoadFromObjectStore against a real S3 server (rclone serve s3 on loopback,
 // checking SigV4): byte-exact against local loads of the same files across
 // dtypes, misaligned tensors, shards with an index and a prefix listing;
-// filters; small requests; the clear errors; a server gone mid-way.
+// filters; small requests; the clear errors; a server gone mid-way. Every
+// load option (dtype, on_tensor, content hashing, sparse decoding, an arena
+// pool, shared memory, progress, a device through the staged pipeline) gives
+// the bytes the same options give on the local copy: a bucket is a source of
+// the one loader, not a loader of its own.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,13 +14,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 
 #include "../common/assert_ok.h"
 #include "../load/test_files.h"
+#include "device/device.h"
+#include "device/emulated_device.h"
 #include "s3_server.h"
 #include "scoped_env.h"
 #include "tensorlift/objstore.h"
 #include "tensorlift/remote.h"
+#include "tensorlift/sparsify.h"
 
 namespace tensorlift {
 namespace {
@@ -37,6 +45,7 @@ class S3LoadTest : public ::testing::Test {
     std::filesystem::create_directories(root_.File("s3/models/sharded"));
     std::filesystem::create_directories(root_.File("s3/models/plain"));
     std::filesystem::create_directories(root_.File("s3/models/tp"));
+    std::filesystem::create_directories(root_.File("dense"));
     tp_ = {Random("a.w", Dtype::kF32, {64, 48}, 11),
            Random("b.proj", Dtype::kBF16, {40, 300}, 12),
            Random("c.big.w", Dtype::kF16, {2000, 1000}, 13),
@@ -67,6 +76,17 @@ class S3LoadTest : public ::testing::Test {
     std::filesystem::copy_file(whole, root_.File("s3/models/short.safetensors"));
     std::filesystem::resize_file(root_.File("s3/models/short.safetensors"),
                                  std::filesystem::file_size(whole) - 100);
+    // A sparse-bitmask checkpoint (tensorlift sparsify of a pruned one).
+    {
+      std::vector<RawTensor> dense = {Random("l.0.weight", Dtype::kF32, {64, 96}, 21),
+                                      Random("l.1.weight", Dtype::kBF16, {128, 64}, 22),
+                                      Random("l.1.bias", Dtype::kF32, {128}, 23)};
+      WriteRaw(root_.File("dense/model.safetensors"), dense);
+      sparse::SparsifyOptions sparsify;
+      sparsify.prune = 0.6;
+      ASSERT_OK(sparse::Sparsify(root_.File("dense/model.safetensors"),
+                                 root_.File("s3/models/sparse"), sparsify));
+    }
     server_ = std::make_unique<RcloneS3Server>(root_.File("s3"));
     if (!server_->ok()) GTEST_SKIP() << server_->error();
     store_.endpoint = server_->endpoint();
@@ -351,6 +371,156 @@ TEST_F(S3LoadTest, AServerThatIsGoneIsAnErrorNotAHang) {
   auto got = LoadFromObjectStore("s3://models/sharded", {}, quick);
   ASSERT_FALSE(got.ok());
   EXPECT_THAT(got.status().message(), HasSubstr(store_.endpoint));
+}
+
+// The bytes of tensor `name` of `loaded`, wherever they are.
+std::vector<std::byte> BytesOf(const LoadedCheckpoint& loaded, const std::string& name) {
+  const LoadedTensor* t = loaded.Find(name);
+  EXPECT_NE(t, nullptr) << name;
+  if (t == nullptr) return {};
+  std::vector<std::byte> bytes(t->nbytes);
+  EXPECT_OK(loaded.CopyToHost(name, bytes.data()));
+  return bytes;
+}
+
+TEST_F(S3LoadTest, EveryLoadOptionGivesTheBytesOfTheLocalCopy) {
+  const std::string url = "s3://models/sharded", local = root_.File("s3/models/sharded");
+  {  // dtype conversion (on the host: the staged pipeline over the host device).
+    LoadOptions f16;
+    f16.dtype = Dtype::kF16;
+    auto got = LoadFromObjectStore(url, f16, store_);
+    ASSERT_OK(got);
+    EXPECT_EQ(got->Find("layer.0.b")->dtype, Dtype::kF16);
+    ExpectSameAsLocal(*got, local, f16);
+    for (const FileReport& f : got->files()) EXPECT_THAT(f.reason, HasSubstr("object storage"));
+  }
+  {  // on_tensor: each tensor as it lands, its bytes then already right.
+    std::map<std::string, std::vector<std::byte>> seen;
+    LoadOptions streamed;
+    streamed.on_tensor = [&](const StreamedTensor& t) {
+      const auto* p = static_cast<const std::byte*>(t.tensor().data);
+      seen[t.tensor().name].assign(p, p + t.tensor().nbytes);
+      return Status::Ok();
+    };
+    auto got = LoadFromObjectStore(url, streamed, store_);
+    ASSERT_OK(got);
+    auto want = Load(local);
+    ASSERT_OK(want);
+    ASSERT_EQ(seen.size(), want->tensors().size());
+    for (const LoadedTensor& w : want->tensors()) EXPECT_EQ(seen[w.name], BytesOf(*want, w.name));
+  }
+  {  // The content identity, an arena pool, shared memory, progress, a filter.
+    LoadOptions options;
+    options.content_hash = ContentHashMode::kOn;
+    options.arena_pool = std::make_shared<ArenaPool>();
+    options.filter = TensorFilter::Names({"layer.0.w", "layer.1.w", "layer.1.b"});
+    Progress last;
+    options.progress = [&](const Progress& p) { last = p; };
+    auto got = LoadFromObjectStore(url, options, store_);
+    ASSERT_OK(got);
+    EXPECT_EQ(last.bytes_done, last.bytes_total);
+    EXPECT_EQ(last.bytes_total, got->total_bytes());
+    ExpectSameAsLocal(*got, local, options);
+    LoadOptions local_options = options;
+    local_options.mode = IoMode::kBuffered;
+    local_options.progress = nullptr;
+    auto want = Load(local, local_options);
+    ASSERT_OK(want);
+    ASSERT_NE(got->content(), nullptr);
+    ASSERT_NE(want->content(), nullptr);
+    EXPECT_EQ(got->content()->root, want->content()->root);
+    LoadOptions shared;
+    shared.shared_memory = true;
+    auto sealed = LoadFromObjectStore(url, shared, store_);
+    ASSERT_OK(sealed);
+    ExpectSameAsLocal(*sealed, local);
+  }
+  {  // The options about local files' reads are refused, naming the option, never ignored.
+    LoadOptions engine;
+    engine.engine = IoEngine::kUring;
+    LoadOptions threads;
+    threads.threads = 4;
+    for (const LoadOptions& o : {engine, threads}) {
+      auto refused = LoadFromObjectStore(url, o, store_);
+      ASSERT_FALSE(refused.ok());
+      EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+      EXPECT_THAT(refused.status().message(), HasSubstr("local files"));
+    }
+  }
+}
+
+TEST_F(S3LoadTest, ACheckpointOpenedInTheBucketLoadsThroughTheOneLoader) {
+  // OpenObjectStoreCheckpoint keeps its store: Load reads through it.
+  auto ckpt = OpenObjectStoreCheckpoint("s3://models/mixed/model.safetensors", store_);
+  ASSERT_OK(ckpt);
+  ASSERT_NE(ckpt->store(), nullptr);
+  auto got = Load(*ckpt);
+  ASSERT_OK(got);
+  ExpectSameAsLocal(*got, root_.File("s3/models/mixed/model.safetensors"));
+}
+
+TEST_F(S3LoadTest, SparseCheckpointsAreDecodedFromABucket) {
+  const std::string url = "s3://models/sparse", local = root_.File("s3/models/sparse");
+  for (const char* device : {"cpu", "emulated:0"}) {
+    SCOPED_TRACE(device);
+    LoadOptions options;
+    options.device = device;
+    auto got = LoadFromObjectStore(url, options, store_);
+    ASSERT_OK(got);
+    auto want = Load(local);  // Decoded on the host from the local copy.
+    ASSERT_OK(want);
+    ASSERT_EQ(got->tensors().size(), want->tensors().size());
+    ASSERT_NE(got->Find("l.0.weight"), nullptr);  // Dense names: decoded.
+    for (const LoadedTensor& w : want->tensors()) {
+      SCOPED_TRACE(w.name);
+      EXPECT_EQ(BytesOf(*got, w.name), BytesOf(*want, w.name));
+    }
+  }
+  LoadOptions parts;
+  parts.decode_sparse = false;
+  auto stored = LoadFromObjectStore(url, parts, store_);
+  ASSERT_OK(stored);
+  ExpectSameAsLocal(*stored, local, parts);
+}
+
+TEST_F(S3LoadTest, OntoADeviceThroughTheStagedPipelineNotAHostCopy) {
+  // Converted and on the device: the bytes come through the pinned staging
+  // slots (host memory: the slots, never the checkpoint).
+  LoadOptions options;
+  options.device = "emulated:0";
+  options.dtype = Dtype::kBF16;
+  options.staging_buffers = 2;
+  options.staging_bytes = 1 << 20;
+  auto got = LoadFromObjectStore("s3://models/sharded", options, store_);
+  ASSERT_OK(got);
+  for (const LoadedTensor& t : got->tensors()) EXPECT_EQ(t.device, DeviceType::kEmulated);
+  EXPECT_GT(got->device_plan().pinned_bytes, 0u);
+  EXPECT_LE(got->device_plan().pinned_bytes, 2u << 20);
+  ExpectSameAsLocal(*got, root_.File("s3/models/sharded"), options);
+}
+
+TEST_F(S3LoadTest, ABucketThatFailsMidLoadFreesEverything) {
+  auto device = OpenDevice(DeviceType::kEmulated, 0);
+  ASSERT_OK(device);
+  auto before = GetEmulatedDeviceCounts(**device);
+  ASSERT_OK(before);
+  ObjectStoreOptions quick = store_;
+  quick.retries = 1;
+  auto ckpt = OpenObjectStoreCheckpoint("s3://models/sharded", quick);  // Headers read.
+  ASSERT_OK(ckpt);
+  server_->Stop();  // Every read of the tensors' bytes fails.
+  for (const char* where : {"cpu", "emulated:0"}) {
+    SCOPED_TRACE(where);
+    LoadOptions options;
+    options.device = where;
+    auto got = Load(*ckpt, options);
+    ASSERT_FALSE(got.ok());
+    EXPECT_THAT(got.status().message(), HasSubstr(store_.endpoint));
+  }
+  auto after = GetEmulatedDeviceCounts(**device);
+  ASSERT_OK(after);
+  EXPECT_EQ(after->live_bytes, before->live_bytes);
+  EXPECT_EQ(after->live_allocations, before->live_allocations);
 }
 
 }  // namespace

@@ -89,6 +89,26 @@ def test_load_from_s3_matches_the_file(aws_env):
     assert list(got) == ["a"] and (got["a"] == want["a"].numpy()).all()
 
 
+def test_every_load_option_on_a_bucket_gives_the_local_copys_tensors(aws_env):
+    """A bucket is a source of the one loader: dtype, copy, progress, a filter and the content root
+    give what the same options give on the local copy (issue 55)."""
+    root, _ = aws_env
+    local = str(root / "models" / "tiny" / "model.safetensors")
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        got = tensorlift.load("s3://models/tiny", dtype=dtype)
+        want = tensorlift.load(local, dtype=dtype)
+        assert sorted(got) == sorted(want)
+        for name, t in want.items():
+            assert got[name].dtype == t.dtype and torch.equal(got[name], t), (dtype, name)
+    got = tensorlift.load("s3://models/medium", copy=True, progress=True, filter=r"layer\.1[0-9]\.w")
+    want = tensorlift.load(str(root / "models" / "medium"), filter=r"layer\.1[0-9]\.w")
+    assert sorted(got) == sorted(want) and len(got) == 10
+    assert all(torch.equal(got[n], want[n]) for n in want)
+    assert tensorlift.content_root("s3://models/tiny") == tensorlift.content_root(local)
+    with pytest.raises(ValueError, match="threads .* apply to local files"):
+        tensorlift.load("s3://models/tiny", threads=3)
+
+
 def test_checkpoint_open_takes_settings(bucket, monkeypatch):
     root, endpoint = bucket
     for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE"):

@@ -1,0 +1,52 @@
+// Reads through a checkpoint's store (store_reads.h).
+#include "load/store_reads.h"
+
+#include <vector>
+
+namespace tensorlift {
+namespace {
+
+class StoreEngine final : public ReadEngine {
+ public:
+  explicit StoreEngine(CheckpointStore& store) : store_(store) {}
+
+  Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
+    std::vector<CheckpointStore::Range> ranges;
+    ranges.reserve(ops.size());
+    for (const ReadOp& op : ops) {
+      if (op.path == nullptr) return InvalidArgumentError("a store's read names no file");
+      ranges.push_back({op.path, op.offset, op.length, op.dest});
+    }
+    // Bytes still to land per op: op_done once its last bytes are in.
+    std::vector<uint64_t> left(ops.size());
+    for (size_t i = 0; i < ops.size(); ++i) {
+      left[i] = ops[i].length;
+      if (left[i] == 0 && progress && progress->op_done) progress->op_done(ops[i]);
+    }
+    return store_.ReadRanges(ranges, [&](size_t i, uint64_t bytes) {
+      if (progress == nullptr) return;
+      progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
+      left[i] -= std::min(left[i], bytes);
+      if (left[i] == 0 && progress->op_done) progress->op_done(ops[i]);
+      // ReadRanges calls back on this (the calling) thread: ticks may come from here.
+      if (progress->tick) progress->tick();
+    });
+  }
+
+ private:
+  CheckpointStore& store_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReadEngine> MakeStoreEngine(CheckpointStore& store) {
+  return std::make_unique<StoreEngine>(store);
+}
+
+Status ReadFromStore(CheckpointStore& store, const std::string& path, uint64_t offset,
+                     uint64_t length, std::byte* dest) {
+  const CheckpointStore::Range range{&path, offset, length, dest};
+  return store.ReadRanges({&range, 1}, {});
+}
+
+}  // namespace tensorlift
