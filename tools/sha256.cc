@@ -1,31 +1,24 @@
 #include "sha256.h"
 
-#include <fcntl.h>
 #include <openssl/evp.h>
 #include <simdjson.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
-#include <mutex>
 #include <sstream>
 #include <thread>
 #include <utility>
 
+#include "tensorlift/read_file.h"
+
 namespace tensorlift::cli {
 namespace {
-
-constexpr size_t kChunk = size_t{8} << 20;  // Bytes per read, and per buffer.
-constexpr size_t kAlign = 4096;             // O_DIRECT's alignment (offsets, lengths, memory).
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
@@ -34,33 +27,6 @@ Status ErrnoStatus(const std::string& what, int err) {
   if (err == ENOENT) return NotFoundError(std::move(msg));
   if (err == EACCES || err == EPERM) return PermissionDeniedError(std::move(msg));
   return IOError(std::move(msg));
-}
-
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
-};
-using AlignedBuffer = std::unique_ptr<uint8_t[], FreeDeleter>;
-
-Result<AlignedBuffer> AllocateAligned(size_t bytes) {
-  void* p = std::aligned_alloc(kAlign, bytes);
-  if (p == nullptr) {
-    return ResourceExhaustedError("cannot allocate a " + std::to_string(bytes) + "-byte buffer");
-  }
-  return AlignedBuffer(static_cast<uint8_t*>(p));
 }
 
 // Lowercase hex of a digest.
@@ -94,147 +60,6 @@ std::string FinishHex(EVP_MD_CTX* ctx) {
   EVP_DigestFinal_ex(ctx, md, &len);
   return Hex(md, len);
 }
-
-// The fraction of the file's pages in the page cache (mincore); 0 when it
-// cannot tell.
-double ResidentFraction(int fd, uint64_t size) {
-  if (size == 0) return 1.0;
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-  if (map == MAP_FAILED) return 0.0;
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  const size_t pages = (size + page - 1) / page;
-  std::vector<unsigned char> vec(pages);
-  double fraction = 0.0;
-  if (::mincore(map, size, vec.data()) == 0) {
-    size_t resident = 0;
-    for (unsigned char v : vec) resident += v & 1;
-    fraction = static_cast<double>(resident) / static_cast<double>(pages);
-  }
-  ::munmap(map, size);
-  return fraction;
-}
-
-// Reads [0, size) of `fd` into two buffers in turn on a thread of its own,
-// handing each full one to the hashing side. With O_DIRECT the reads stay
-// aligned until the last; a short read that leaves them unaligned turns
-// O_DIRECT off for the rest.
-class DoubleBufferedReader {
- public:
-  DoubleBufferedReader(int fd, uint64_t size, bool direct, const std::string& path)
-      : fd_(fd), size_(size), direct_(direct), path_(path) {}
-  ~DoubleBufferedReader() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
-
-  Status Start() {
-    for (auto& slot : slots_) {
-      TL_ASSIGN_OR_RETURN(slot.data, AllocateAligned(kChunk));
-    }
-    thread_ = std::thread([this] { Run(); });
-    return Status::Ok();
-  }
-
-  // Hands `consume(data, len)` each buffer in file order; stops at the end
-  // of the file or at the first error.
-  template <typename F>
-  Status Consume(F&& consume) {
-    for (uint64_t i = 0;; ++i) {
-      Slot& slot = slots_[i % 2];
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return slot.full; });
-        if (!slot.status.ok()) return slot.status;
-      }
-      if (slot.len > 0) consume(slot.data.get(), slot.len);
-      const bool last = slot.last;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        slot.full = false;
-      }
-      cv_.notify_all();
-      if (last) return Status::Ok();
-    }
-  }
-
- private:
-  struct Slot {
-    AlignedBuffer data;
-    size_t len = 0;
-    bool full = false;
-    bool last = false;
-    Status status;
-  };
-
-  void Run() {
-    uint64_t offset = 0;
-    for (uint64_t i = 0;; ++i) {
-      Slot& slot = slots_[i % 2];
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return !slot.full || stop_; });
-        if (stop_) return;
-      }
-      size_t len = 0;
-      Status status = Fill(slot.data.get(), offset, &len);
-      offset += len;
-      const bool done = !status.ok() || offset >= size_;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        slot.len = len;
-        slot.status = std::move(status);
-        slot.last = done;
-        slot.full = true;
-      }
-      cv_.notify_all();
-      if (done) return;
-    }
-  }
-
-  // Reads up to kChunk bytes at `offset` (fewer only at the end of the file).
-  Status Fill(uint8_t* buf, uint64_t offset, size_t* len) {
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, size_ - offset));
-    size_t got = 0;
-    while (got < want) {
-      const uint64_t at = offset + got;
-      if (direct_ && at % kAlign != 0) {
-        const int flags = ::fcntl(fd_, F_GETFL);
-        if (flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_DIRECT);
-        direct_ = false;
-      }
-      // O_DIRECT lengths are multiples of the alignment; the last read asks
-      // for the rest of the block and gets the bytes up to the end.
-      size_t ask = want - got;
-      if (direct_) ask = (ask + kAlign - 1) / kAlign * kAlign;
-      const ssize_t n = ::pread(fd_, buf + got, ask, static_cast<off_t>(at));
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus(path_ + ": read at offset " + std::to_string(at), errno);
-      }
-      if (n == 0) {
-        return IOError(path_ + ": the file ended at byte " + std::to_string(at) + " of " +
-                       std::to_string(size_) + " while being hashed (did it change?)");
-      }
-      got += std::min(static_cast<size_t>(n), want - got);
-    }
-    *len = got;
-    return Status::Ok();
-  }
-
-  const int fd_;
-  const uint64_t size_;
-  bool direct_;  // The reader thread's alone once started.
-  const std::string& path_;
-  Slot slots_[2];
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
-};
 
 bool IsHex64(std::string_view s) {
   return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) {
@@ -410,29 +235,16 @@ std::string Sha256Hex(std::string_view data) {
 }
 
 Result<FileDigest> Sha256File(const std::string& path) {
-  int raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw < 0) return ErrnoStatus(path, errno);
-  Fd fd(raw);
-  struct stat st;
-  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(path + ": fstat", errno);
-  if (!S_ISREG(st.st_mode)) return InvalidArgumentError(path + ": not a regular file");
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  // O_DIRECT for a file mostly on disk, where the filesystem takes it (not
-  // tmpfs, some FUSE ones: EINVAL); plain reads with readahead otherwise.
-  bool direct = false;
-  if (size >= kChunk && ResidentFraction(fd.get(), size) < 0.5) {
-    const int flags = ::fcntl(fd.get(), F_GETFL);
-    direct = flags >= 0 && ::fcntl(fd.get(), F_SETFL, flags | O_DIRECT) == 0;
-  }
-  if (!direct) ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   TL_ASSIGN_OR_RETURN(Ctx ctx, NewSha256());
-  if (size > 0) {
-    DoubleBufferedReader reader(fd.get(), size, direct, path);
-    TL_RETURN_IF_ERROR(reader.Start());
-    TL_RETURN_IF_ERROR(reader.Consume(
-        [&](const uint8_t* data, size_t len) { EVP_DigestUpdate(ctx.get(), data, len); }));
-  }
-  return FileDigest{FinishHex(ctx.get()), size};
+  // The library's whole-file read: O_DIRECT for a file mostly out of the page
+  // cache, buffered with readahead otherwise, the next piece read while this
+  // one is hashed.
+  TL_ASSIGN_OR_RETURN(const ReadFileReport read,
+                      ReadFile(path, [&](const std::byte* data, size_t n) {
+                        EVP_DigestUpdate(ctx.get(), data, n);
+                        return Status::Ok();
+                      }));
+  return FileDigest{FinishHex(ctx.get()), read.bytes};
 }
 
 std::vector<Result<FileDigest>> Sha256Files(const std::vector<std::string>& paths, int threads) {

@@ -22,11 +22,11 @@ struct FileDigest {
 };
 
 // The SHA-256 of a file's bytes, with OpenSSL's EVP (which uses the CPU's
-// SHA extensions where it has them). A reader thread fills one 8 MiB buffer
-// while the caller hashes the other. A file mostly out of the page cache
-// (mincore) is read with O_DIRECT where its filesystem allows it, so that the
-// bytes go from the disk to the buffer once and the page cache is left alone;
-// a cached one with plain reads. Errors name the file.
+// SHA extensions where it has them), read by the library's ReadFile
+// (tensorlift/read_file.h): a reader thread fills one 8 MiB buffer while the
+// caller hashes the other; a file mostly out of the page cache is read with
+// O_DIRECT where its filesystem allows it, a cached one with plain reads.
+// Errors name the file.
 Result<FileDigest> Sha256File(const std::string& path);
 
 // Sha256File of each path, up to `threads` files at a time (0: one per core,
