@@ -237,7 +237,11 @@ struct PeerLoadOptions {
   TensorParallel parallel;  // The destination's position.
   // Where to load from when no peer works ("" = fail instead).
   std::string fallback_path;
-  LoadOptions fallback_load;  // For the disk fallback (filter and dtype are ignored on peers).
+  // For the disk fallback. The options that shape the tensors are the key's,
+  // for peers and disk alike: the fallback converts to PeerKey::dtype when it
+  // names one; fallback_load.dtype, when set, must be that dtype, and
+  // fallback_load.filter must be every tensor (else InvalidArgument).
+  LoadOptions fallback_load;
   // How fallback_path is loaded: Load when empty (a local path); another
   // source's loader otherwise, e.g. ObjectStoreFallback() (objstore.h) for
   // s3:// paths. The report's source is then the path itself, not "disk:".

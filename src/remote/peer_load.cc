@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "device/device.h"
@@ -24,6 +25,7 @@
 #include "remote/server.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/checksum.h"
+#include "tensorlift/dtype.h"
 
 namespace tensorlift {
 namespace remote {
@@ -45,6 +47,38 @@ Result<std::shared_ptr<Device>> DestinationDevice(const PeerLoadOptions& options
   if (dev.first == DeviceType::kCpu) return std::shared_ptr<Device>();
   return OpenDevice(dev.first, dev.second);
 }
+
+namespace {
+
+// One rule for the peers and the disk fallback: the options that shape the
+// tensors (which ones, their dtype) are the key's, so that a load gives the
+// same tensors from a peer or from disk; the fallback's others are its own.
+// The dtype the fallback converts to (the key's), or what is refused.
+Result<std::optional<Dtype>> FallbackDtype(const PeerKey& key, const PeerLoadOptions& options) {
+  const LoadOptions& disk = options.fallback_load;
+  if (!disk.filter.all()) {
+    return InvalidArgumentError(
+        "peer load: fallback_load.filter: a peer load takes every tensor its key names, from a "
+        "peer or from disk (filter the result, or Load the files)");
+  }
+  std::optional<Dtype> want;
+  if (key.dtype != "as-stored") {
+    want = DtypeFromName(key.dtype);
+    if (!want) {
+      return InvalidArgumentError("peer load: PeerKey::dtype \"" + key.dtype +
+                                  "\" is not \"as-stored\" or a dtype");
+    }
+  }
+  if (disk.dtype && disk.dtype != want) {
+    return InvalidArgumentError("peer load: fallback_load.dtype " +
+                                std::string(DtypeName(*disk.dtype)) +
+                                " differs from PeerKey::dtype \"" + key.dtype +
+                                "\" (set PeerKey::dtype: it applies to peers and disk)");
+  }
+  return want;
+}
+
+}  // namespace
 
 // The load, and each tensor's shard (for become-a-seed).
 Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLoadOptions& options,
@@ -74,6 +108,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
                                 "\" is not \"auto\" or \"off\"");
   }
   TL_ASSIGN_OR_RETURN(const std::shared_ptr<Device> device, DestinationDevice(options));
+  TL_ASSIGN_OR_RETURN(const std::optional<Dtype> dtype, FallbackDtype(key, options));
   // Disk loads that slice, and pulls that UCX cannot land on the device, are
   // in host memory: a device destination gets a copy.
   auto place = [&](Result<LoadedCheckpoint> r) -> Result<LoadedCheckpoint> {
@@ -197,6 +232,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
     return UnavailableError("peer load: no peer worked and there is no fallback path:" + why);
   }
   LoadOptions disk = options.fallback_load;
+  disk.dtype = dtype;  // The key's: the tensors a peer would have sent.
   // Nothing sliced: straight onto the device. Else slices are cut on the host.
   const bool whole_tensors = options.parallel.size == 1 || layout.empty();
   disk.device = whole_tensors ? options.device : "cpu";

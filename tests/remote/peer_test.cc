@@ -554,6 +554,41 @@ TEST_F(PeerTest, DeviceDestinationsSayWhatTheyCannotDo) {
   EXPECT_EQ(LoadFromPeer(key_, opts).status().code(), StatusCode::kInvalidArgument);
 }
 
+// The options that shape the tensors are the key's, from a peer or from disk:
+// a key naming a dtype makes the fallback convert to it; a fallback dtype
+// other than the key's, or a filter, is refused, never applied to one source
+// and ignored on the other.
+TEST_F(PeerTest, TheFallbackGivesTheTensorsAPeerWould) {
+  PeerKey f16 = key_;
+  f16.dtype = "F16";
+  auto opts = Pull({});
+  opts.fallback_path = path_;
+  auto got = LoadFromPeer(f16, opts);
+  ASSERT_OK(got);
+  LoadOptions convert;
+  convert.dtype = Dtype::kF16;
+  auto want = Load(path_, convert);
+  ASSERT_OK(want);
+  ASSERT_EQ(got->tensors().size(), want->tensors().size());
+  for (const LoadedTensor& w : want->tensors()) {
+    const LoadedTensor* g = got->Find(w.name);
+    ASSERT_NE(g, nullptr) << w.name;
+    EXPECT_EQ(g->dtype, w.dtype) << w.name;
+    ASSERT_EQ(g->nbytes, w.nbytes) << w.name;
+    EXPECT_EQ(Xxh3_64(g->data, g->nbytes), Xxh3_64(w.data, w.nbytes)) << w.name;
+  }
+  opts.fallback_load.dtype = Dtype::kF16;
+  EXPECT_OK(LoadFromPeer(f16, opts).status());  // The key's own dtype: fine.
+  auto conflicting = LoadFromPeer(key_, opts);  // As stored on peers, F16 from disk: no.
+  EXPECT_EQ(conflicting.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(conflicting.status().message(), HasSubstr("differs from PeerKey::dtype"));
+  opts.fallback_load.dtype.reset();
+  opts.fallback_load.filter = TensorFilter::Names({tensors_.front().name});
+  auto filtered = LoadFromPeer(key_, opts);
+  EXPECT_EQ(filtered.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(filtered.status().message(), HasSubstr("fallback_load.filter"));
+}
+
 TEST_F(PeerTest, IncompleteSourceGroupFallsBack) {
   auto rank0 = Start(Serve(2, 0));  // Rank 1 of 2 is missing.
   ASSERT_NE(rank0, nullptr);
