@@ -349,6 +349,8 @@ def test_a_bucket_model_refuses_a_local_read_mode():
     logged = []
     with pytest.raises(ValueError, match="mode applies to local files; s3://models/llama/ is in object storage"):
         next(tlv.iterate_bucket("s3://models/llama/", "cpu", {"mode": "direct"}, lambda *a: logged.append(a)))
+    with pytest.raises(ValueError, match="threads apply to local files .pread threads.; s3://models/llama/ is in"):
+        next(tlv.iterate_bucket("s3://models/llama/", "cpu", {"threads": 4}, lambda *a: logged.append(a)))
     assert not logged
 
 

@@ -160,12 +160,15 @@ def iterate_bucket(url: str, device: str, options: Dict[str, Any], log) -> Itera
     """(name, tensor) for every tensor of the checkpoint at an s3:// or gs:// URL (a prefix with its
     shards and index), streamed from the bucket in ~256 MiB pieces one ahead onto `device`. The
     server pulled the config and tokenizer to a local directory; every rank fetches the whole
-    checkpoint (the model's weight loaders cut their slices). `mode` is for local files."""
+    checkpoint (the model's weight loaders cut their slices). `mode` and `threads` are for local
+    files (refused, as the loader refuses them for every checkpoint read through its store)."""
     from .._stream import shard_files, stream
     if options.get("mode", "auto") != "auto":
         raise ValueError(f"{FORMAT}: mode applies to local files; {url} is in object storage")
+    if options.get("threads"):
+        raise ValueError(f"{FORMAT}: threads apply to local files (pread threads); {url} is in object storage")
     log("tensorlift: weights from %s", url)
-    yield from stream(shard_files(url), device=device, filter=options.get("filter"), threads=options.get("threads"),
+    yield from stream(shard_files(url), device=device, filter=options.get("filter"),
                       progress=options.get("progress", False), piece_bytes=GROUP_BYTES)
 
 
