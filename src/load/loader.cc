@@ -1,6 +1,6 @@
 // The loader: the public types of include/tensorlift/loader.h, and Load,
 // which sends each load down its path: the host path (host_load.h), a sparse
-// load on the host, or a load onto a device (sparse_load.h, LoadOntoDevice).
+// load on the host, or a load onto a device (device_load.h, LoadOntoDevice).
 // See include/tensorlift/loader.h for the contract.
 #include "tensorlift/loader.h"
 
@@ -11,6 +11,7 @@
 
 #include "device/device.h"
 #include "load/checkpoint_builder.h"
+#include "load/device_load.h"
 #include "load/host_load.h"
 #include "load/loader_internal.h"
 #include "load/owners.h"

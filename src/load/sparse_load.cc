@@ -612,11 +612,4 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& ckpt, const L
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
-Result<LoadedCheckpoint> LoadOntoDevice(const Checkpoint& ckpt, const LoadOptions& options,
-                                        const std::shared_ptr<Device>& device) {
-  if (options.decode_sparse && MayBeSparse(ckpt))
-    return LoadSparseThroughDevice(ckpt, options, device);
-  return LoadThroughDevice(ckpt, options, device, nullptr);
-}
-
 }  // namespace tensorlift

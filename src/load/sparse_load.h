@@ -35,12 +35,6 @@ Result<LoadedCheckpoint> LoadSparseThroughDevice(const Checkpoint& checkpoint,
                                                  const LoadOptions& options,
                                                  const std::shared_ptr<Device>& device);
 
-// A load onto `device` (options.device is not looked at): sparse groups
-// decoded there when options.decode_sparse and the checkpoint has any
-// (LoadSparseThroughDevice), else the staged pipeline (LoadThroughDevice).
-Result<LoadedCheckpoint> LoadOntoDevice(const Checkpoint& ckpt, const LoadOptions& options,
-                                        const std::shared_ptr<Device>& device);
-
 }  // namespace tensorlift
 
 #endif  // TENSORLIFT_LOAD_SPARSE_LOAD_H_

@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "device/device.h"
+#include "load/device_load.h"
 #include "load/device_ring.h"
-#include "load/sparse_load.h"
 #include "tensorlift/sparse.h"
 
 namespace tensorlift {
