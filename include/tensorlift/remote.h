@@ -239,7 +239,8 @@ struct PeerLoadOptions {
   std::string fallback_path;
   // For the disk fallback. The options that shape the tensors are the key's,
   // for peers and disk alike: the fallback converts to PeerKey::dtype when it
-  // names one; fallback_load.dtype, when set, must be that dtype, and
+  // names F32, F16 or BF16 (or torch's float32, float16, bfloat16; another
+  // label is taken as stored); fallback_load.dtype, when set, must be that dtype, and
   // fallback_load.filter must be every tensor (else InvalidArgument).
   LoadOptions fallback_load;
   // How fallback_path is loaded: Load when empty (a local path); another

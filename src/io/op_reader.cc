@@ -43,18 +43,20 @@ Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, ui
     if (n == 0) break;
     got += static_cast<uint64_t>(n);
   }
-  if (got < min_read) {
-    return IOError("short read: " + std::to_string(got) + " of " + std::to_string(min_read) +
-                   " bytes at offset " + std::to_string(offset) +
-                   " (the file was truncated during the load)");
-  }
+  if (got < min_read) return ShortReadError(got, min_read, offset);
   return Status::Ok();
+}
+
+Status ShortReadError(uint64_t got, uint64_t wanted, uint64_t offset) {
+  return IOError("short read: " + std::to_string(got) + " of " + std::to_string(wanted) +
+                 " bytes at offset " + std::to_string(offset) +
+                 " (the file was truncated during the load)");
 }
 
 OpReader::~OpReader() { std::free(scratch_); }
 
 Status OpReader::Read(const ReadOp& op) {
-  if (!op.bounce) return ReadExactlyAt(op.fd, op.offset, op.dest, op.length);
+  if (!op.bounce) return ReadAtLeast(op.fd, op.dest, op.offset, op.length, op.length);
   // O_DIRECT: read the aligned span that covers the range, copy out the bytes.
   const uint64_t a0 = op.offset / kDirectAlign * kDirectAlign;
   const uint64_t a1 = (op.offset + op.length + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
@@ -74,10 +76,7 @@ Status OpReader::Read(const ReadOp& op) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return PosixError("read at offset " + std::to_string(a0 + done), errno);
     }
-    if (r == 0) {
-      return OutOfRangeError("unexpected end of file at offset " + std::to_string(a0 + done) +
-                             " (wanted bytes up to " + std::to_string(op.offset + op.length) + ")");
-    }
+    if (r == 0) return ShortReadError(done, need, a0);
     done += static_cast<uint64_t>(r);
   }
   std::memcpy(op.dest, scratch_ + (op.offset - a0), op.length);

@@ -67,6 +67,12 @@ bool UringBuiltIn();
 // token files, the rows a rank reads itself, sparse parts). Thread-safe.
 Status ReadExactlyAt(int fd, uint64_t offset, void* buf, size_t n);
 
+// The one verdict on a planned read that came back short, whatever read it
+// (the engines, the GPU pipeline's readers, ReadFile, a store's reads): an
+// IOError "short read: GOT of WANTED bytes at offset OFFSET (the file was
+// truncated during the load)"; the caller prefixes the file.
+Status ShortReadError(uint64_t got, uint64_t wanted, uint64_t offset);
+
 // Reads `length` bytes at `offset` of `fd` into `dest` with pread, retrying
 // EINTR, EAGAIN and short reads; the read may end early at the end of the
 // file (a block that runs past it, e.g. an O_DIRECT block's aligned span), but
@@ -75,7 +81,8 @@ Status ReadExactlyAt(int fd, uint64_t offset, void* buf, size_t n);
 Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, uint64_t min_read);
 
 // Reads one op synchronously with pread (retrying EINTR/EAGAIN and short
-// reads); `scratch` is grown as needed for bounce ops (4 KiB aligned).
+// reads; a premature end of file is ShortReadError); `scratch` is grown as
+// needed for bounce ops (4 KiB aligned).
 class OpReader {
  public:
   OpReader() = default;

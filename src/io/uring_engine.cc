@@ -123,10 +123,7 @@ class UringEngine final : public ReadEngine {
           Status st =
               res < 0
                   ? PosixError("read at offset " + std::to_string(op.offset + slots[s].done), -res)
-                  : OutOfRangeError("unexpected end of file at offset " +
-                                    std::to_string(op.offset + slots[s].done) + " (wanted " +
-                                    std::to_string(op.length) + " bytes at offset " +
-                                    std::to_string(op.offset) + ")");
+                  : ShortReadError(slots[s].done, op.length, op.offset);
           error = op.path ? st.WithContext(*op.path) : st;
         }
         free_slots.push_back(s);

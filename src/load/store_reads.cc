@@ -6,6 +6,13 @@
 namespace tensorlift {
 namespace {
 
+// A store's range past its file's end (OutOfRange) is the loads' one verdict
+// on a short read (read_op.h, ShortReadError): IOError, "short read".
+Status ShortReadVerdict(Status st) {
+  if (st.code() != StatusCode::kOutOfRange) return st;
+  return IOError("short read: " + st.message() + " (the file was truncated during the load)");
+}
+
 class StoreEngine final : public ReadEngine {
  public:
   explicit StoreEngine(CheckpointStore& store) : store_(store) {}
@@ -23,7 +30,7 @@ class StoreEngine final : public ReadEngine {
       left[i] = ops[i].length;
       if (left[i] == 0 && progress && progress->op_done) progress->op_done(ops[i]);
     }
-    return store_.ReadRanges(ranges, [&](size_t i, uint64_t bytes) {
+    Status st = store_.ReadRanges(ranges, [&](size_t i, uint64_t bytes) {
       if (progress == nullptr) return;
       progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
       left[i] -= std::min(left[i], bytes);
@@ -31,6 +38,7 @@ class StoreEngine final : public ReadEngine {
       // ReadRanges calls back on this (the calling) thread: ticks may come from here.
       if (progress->tick) progress->tick();
     });
+    return ShortReadVerdict(std::move(st));
   }
 
  private:
@@ -46,7 +54,7 @@ std::unique_ptr<ReadEngine> MakeStoreEngine(CheckpointStore& store) {
 Status ReadFromStore(CheckpointStore& store, const std::string& path, uint64_t offset,
                      uint64_t length, std::byte* dest) {
   const CheckpointStore::Range range{&path, offset, length, dest};
-  return store.ReadRanges({&range, 1}, {});
+  return ShortReadVerdict(store.ReadRanges({&range, 1}, {}));
 }
 
 }  // namespace tensorlift

@@ -61,13 +61,23 @@ Result<std::optional<Dtype>> FallbackDtype(const PeerKey& key, const PeerLoadOpt
         "peer load: fallback_load.filter: a peer load takes every tensor its key names, from a "
         "peer or from disk (filter the result, or Load the files)");
   }
+  // The key's dtype is a label ("as-stored", or what a seed converted to, in
+  // safetensors' or torch's spelling): the fallback converts to the ones the
+  // loader converts to, and takes any other label as stored.
   std::optional<Dtype> want;
-  if (key.dtype != "as-stored") {
-    want = DtypeFromName(key.dtype);
-    if (!want) {
-      return InvalidArgumentError("peer load: PeerKey::dtype \"" + key.dtype +
-                                  "\" is not \"as-stored\" or a dtype");
-    }
+  static const std::pair<const char*, Dtype> kNames[] = {{"F32", Dtype::kF32},
+                                                         {"F16", Dtype::kF16},
+                                                         {"BF16", Dtype::kBF16},
+                                                         {"float32", Dtype::kF32},
+                                                         {"float16", Dtype::kF16},
+                                                         {"bfloat16", Dtype::kBF16},
+                                                         {"float", Dtype::kF32},
+                                                         {"half", Dtype::kF16},
+                                                         {"torch.float32", Dtype::kF32},
+                                                         {"torch.float16", Dtype::kF16},
+                                                         {"torch.bfloat16", Dtype::kBF16}};
+  for (const auto& [name, dtype] : kNames) {
+    if (key.dtype == name) want = dtype;
   }
   if (disk.dtype && disk.dtype != want) {
     return InvalidArgumentError("peer load: fallback_load.dtype " +

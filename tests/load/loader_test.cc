@@ -587,6 +587,23 @@ TEST_P(LoaderFaultTest, SameSizeFileSwappedInAfterTheHeaderWasRead) {
   EXPECT_THAT(got.status().message(), HasSubstr("modified or replaced after its header was read"));
 }
 
+// One verdict on a short read, whichever engine read it (buffered: the
+// thread pool; direct: io_uring and its bounce reads): the file emptied
+// before the first read, so that read itself comes back short.
+TEST_P(LoaderFaultTest, AFileCutShortDuringTheLoadIsAShortReadOnEveryEngine) {
+  if (GetParam() == IoMode::kMmap) GTEST_SKIP() << "views are not read (a cut file faults them)";
+  auto got = LoadWithFault([&](size_t i) {
+    if (i == 0) {
+      EXPECT_EQ(::truncate(path_.c_str(), 0), 0);
+    }
+    return Status::Ok();
+  });
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kIOError) << got.status().ToString();
+  EXPECT_THAT(got.status().message(), HasSubstr(path_));
+  EXPECT_THAT(got.status().message(), HasSubstr("short read"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, LoaderFaultTest,
                          ::testing::Values(IoMode::kBuffered, IoMode::kDirect, IoMode::kMmap));
 

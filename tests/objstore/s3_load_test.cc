@@ -499,6 +499,25 @@ TEST_F(S3LoadTest, OntoADeviceThroughTheStagedPipelineNotAHostCopy) {
   ExpectSameAsLocal(*got, root_.File("s3/models/sharded"), options);
 }
 
+// A short read from a bucket is the same verdict as from a local file:
+// IOError, "short read", naming the object (here: cut after its header was read).
+TEST_F(S3LoadTest, AnObjectCutShortAfterItsHeaderIsAShortRead) {
+  auto ckpt = OpenObjectStoreCheckpoint("s3://models/mixed/model.safetensors", store_);
+  ASSERT_OK(ckpt);
+  const std::string file = root_.File("s3/models/mixed/model.safetensors");
+  std::filesystem::resize_file(file, ckpt->shards()[0].header.data_offset() + 8);
+  for (const char* where : {"cpu", "emulated:0"}) {
+    SCOPED_TRACE(where);
+    LoadOptions options;
+    options.device = where;
+    auto got = Load(*ckpt, options);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kIOError) << got.status().ToString();
+    EXPECT_THAT(got.status().message(), HasSubstr("short read"));
+    EXPECT_THAT(got.status().message(), HasSubstr("models/mixed/model.safetensors"));
+  }
+}
+
 TEST_F(S3LoadTest, ABucketThatFailsMidLoadFreesEverything) {
   auto device = OpenDevice(DeviceType::kEmulated, 0);
   ASSERT_OK(device);
