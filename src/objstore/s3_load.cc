@@ -115,7 +115,7 @@ class S3Store final : public CheckpointStore {
     for (size_t i = 0; i < ranges.size(); ++i) {
       const Range& r = ranges[i];
       if (r.length == 0) continue;
-      if (const std::string* copy = CachedCopy(*r.path)) {
+      if (const CachedFile* copy = CachedCopy(*r.path)) {
         TL_RETURN_IF_ERROR(ReadCopy(*copy, *r.path, r));
         if (landed) landed(i, r.length);
         continue;
@@ -151,8 +151,8 @@ class S3Store final : public CheckpointStore {
   }
 
   std::string Describe(const std::string& path) const override {
-    if (const std::string* copy = CachedCopy(path)) {
-      return "from the cache of " + path + " (" + *copy + ")";
+    if (const CachedFile* copy = CachedCopy(path)) {
+      return "from the cache of " + path + " (" + copy->path + ")";
     }
     return "object storage: ranged GETs of up to " + std::to_string(request_bytes_ >> 10) + " KiB";
   }
@@ -160,13 +160,16 @@ class S3Store final : public CheckpointStore {
   // The write-through cache (ObjectStoreOptions::cache_dir): an object's copy
   // at DIR/BUCKET/KEY, valid while DIR/BUCKET/KEY.tl-etag holds the object's
   // size and ETag as the bucket lists them now. Reads of `paths` whose copy is
-  // current come from it from now on.
+  // current come from it from now on (each copy opened once, here; one that
+  // does not open is not a hit).
   void UseCache(const std::string& dir, const std::vector<std::string>& paths) {
     std::lock_guard lock(mu_);
     cache_dir_ = dir;
     for (const std::string& path : paths) {
       std::string hit = HitLocked(path);
-      if (!hit.empty()) cached_[path] = std::move(hit);
+      if (hit.empty()) continue;
+      Result<PosixFile> file = PosixFile::OpenForRead(hit);
+      if (file.ok()) cached_[path] = CachedFile{std::move(hit), std::move(file).value()};
     }
   }
   bool Cached(const std::string& path) const { return CachedCopy(path) != nullptr; }
@@ -304,17 +307,20 @@ class S3Store final : public CheckpointStore {
     std::string text((std::istreambuf_iterator<char>(stamp)), std::istreambuf_iterator<char>());
     return text == Stamp(it->second) ? path : "";
   }
-  const std::string* CachedCopy(const std::string& path) const {
+  // A current copy in the cache, open for reading.
+  struct CachedFile {
+    std::string path;
+    PosixFile file;
+  };
+  const CachedFile* CachedCopy(const std::string& path) const {
     std::lock_guard lock(mu_);
     auto it = cached_.find(path);
     return it == cached_.end() ? nullptr : &it->second;  // Never erased: stays valid.
   }
-  // A range of `url` from its cached copy `file`.
-  static Status ReadCopy(const std::string& file, const std::string& url, const Range& r) {
-    Result<PosixFile> f = PosixFile::OpenForRead(file);
-    if (!f.ok()) return f.status().WithContext(url + ": the cache (" + file + ")");
-    Status st = ReadExactlyAt(f->fd(), r.offset, r.dest, r.length);
-    return st.ok() ? st : st.WithContext(url + ": the cache (" + file + ")");
+  // A range of `url` from its cached copy.
+  static Status ReadCopy(const CachedFile& copy, const std::string& url, const Range& r) {
+    Status st = ReadExactlyAt(copy.file.fd(), r.offset, r.dest, r.length);
+    return st.ok() ? st : st.WithContext(url + ": the cache (" + copy.path + ")");
   }
 
   std::shared_ptr<S3Client> client_;
@@ -324,7 +330,7 @@ class S3Store final : public CheckpointStore {
   mutable std::mutex mu_;
   std::map<std::string, Object> objects_;
   std::string cache_dir_;
-  std::map<std::string, std::string> cached_;  // URL -> its current copy in the cache.
+  std::map<std::string, CachedFile> cached_;  // URL -> its current copy in the cache.
 };
 
 objstore::S3Overrides OverridesFrom(const ObjectStoreOptions& o) {
