@@ -36,7 +36,7 @@ PRIVATE = ["load/loader_internal.h", "load/owners.h", "load/host_load.h", "load/
            "load/device_ring.h", "load/store_reads.h", "load/device_load.h", "device/emulated_memory.h",
            "device/emulated_stream.h",
            "ranks/distributed_state.h", "objstore/s3_transfers.h", "sources/striped_plan.h",
-           "sources/striped_sources.h", "remote/ucx_core.h", "remote/peer_pull.h",
+           "sources/striped_sources.h", "sources/striped_store.h", "remote/ucx_core.h", "remote/peer_pull.h",
            "remote/peer_plan.h", "remote/peer_content.h", "remote/peer_server.h",
            "remote/registry_entry.h"]
 INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')

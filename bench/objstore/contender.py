@@ -9,7 +9,7 @@
     python bench/objstore/contender.py imports               (the baseline: imports only, for peak RSS)
     python bench/objstore/contender.py disk DIR              (tensorlift.load of the local copy)
     python bench/objstore/contender.py peer URL DIR          (tensorlift.remote.load_from_peer, DIR's key)
-    python bench/objstore/contender.py stripe DIR|- URL|- PEER|- KEYDIR
+    python bench/objstore/contender.py stripe DIR|- URL|- PEER|- KEYDIR [DEVICE]
                                       (tensorlift.remote.load_striped over the given sources, with
                                        its defaults; the peers' key is KEYDIR's, as tensorlift serve's)
 
@@ -246,18 +246,25 @@ def run_peer(url, path):
             "source": rep["source"]}
 
 
-def run_stripe(path, url, peer, keydir):
+def run_stripe(path, url, peer, keydir, device="cpu"):
     import torch  # noqa: F401
     from tensorlift import remote
 
     path, url, peer = (None if a == "-" else a for a in (path, url, peer))
     key = remote.key_for(keydir)  # not timed: headers only
     t0 = time.perf_counter()
-    tensors = remote.load_striped(path, url, peers=[peer] if peer else None, model=key["model"],
-                                  revision=key["revision"])
+    if device == "cpu":
+        tensors = remote.load_striped(path, url, peers=[peer] if peer else None, model=key["model"],
+                                      revision=key["revision"])
+        count, total = len(tensors), sum(nbytes(t) for t in tensors.values())
+        rep = remote.last_report()
+    else:  # The emulated device has no framework tensors: the loaded checkpoint itself.
+        from tensorlift import _tensorlift as _tl
+        loaded, rep = _tl.load_striped(path=path or "", object_url=url or "", peers=[peer] if peer else [],
+                                       key={"model": key["model"], "revision": key["revision"]}, device=device)
+        count, total = len(loaded.names()), loaded.total_bytes
     t1 = time.perf_counter()
-    rep = remote.last_report()
-    return {"seconds": t1 - t0, "tensors": len(tensors), "bytes": sum(nbytes(t) for t in tensors.values()),
+    return {"seconds": t1 - t0, "tensors": count, "bytes": total,
             "sources": [{k: s[k] for k in ("name", "bytes", "ranges", "seconds", "failure")}
                         for s in rep["sources"]],
             "checked": rep["checked"], "refetched": rep["refetched"], "note": rep["note"]}
@@ -295,7 +302,7 @@ def main():
     elif kind == "peer":
         res = run_peer(sys.argv[2], sys.argv[3])
     elif kind == "stripe":
-        res = run_stripe(*sys.argv[2:6])
+        res = run_stripe(*sys.argv[2:7])
     elif kind == "verify":
         res = run_verify(sys.argv[2], sys.argv[3:])
     else:

@@ -74,6 +74,11 @@ class Peer:
                 self.proc.wait()
 
 
+# Every source at once onto the emulated device (its copies discarded: the peak RSS is host
+# memory), set against the GPU pipeline's staging pool.
+DEVICE = "-> emulated device"
+
+
 def label(combo):
     return " + ".join(combo) if len(combo) > 1 else f"{combo[0]} alone"
 
@@ -87,7 +92,7 @@ def command(python, script, combo, path, url, peer_url):
             return [python, script, "tl", url]
         return [python, script, "peer", peer_url, path]
     return [python, script, "stripe", path if "disk" in combo else "-", url if "s3" in combo else "-",
-            peer_url if "peer" in combo else "-", path]
+            peer_url if "peer" in combo else "-", path] + (["emulated:0"] if DEVICE in combo else [])
 
 
 def summarize(data):
@@ -117,7 +122,7 @@ def summarize(data):
                 lines.append(f"| {label(combo)} | {state} | failed | | | |")
                 continue
             ratio = ""
-            if len(combo) > 1:
+            if len(combo) > 1 and DEVICE not in combo:
                 alone = [med.get(((s,), state)) for s in combo]
                 if all(alone):
                     total = sum(a["gbps"] for a in alone)
@@ -132,6 +137,17 @@ def summarize(data):
                 shares = ", ".join(parts)
             lines.append(f"| {label(combo)} | {state} | {m['gbps']:.2f} | {ratio} | {m['rss'] / 2**30:.2f} | "
                          f"{shares} |")
+    # The staged pipeline's pinned pool with the defaults (as objstore_bench.py): 2 slots per
+    # reader, a reader per CPU (4 to 16), 16 MiB each.
+    pool = 2 * min(16, max(4, data["machine"]["nproc"])) * (16 << 20)
+    lines.append("")
+    for combo in data["combos"]:
+        for state in data["states_run"]:
+            m = med.get((tuple(combo), state))
+            if DEVICE in combo and m:
+                lines.append(f"- {state}: {label(combo)}: the whole process peaked at {m['rss'] / 2**30:.2f} GiB "
+                             f"RSS = {m['rss'] / pool:.2f}x the staging pool ({pool / 2**30:.3f} GiB) = "
+                             f"{m['rss'] / tb:.2f}x the checkpoint, the interpreter and torch included")
     return "\n".join(lines)
 
 
@@ -158,6 +174,7 @@ def measure(args):
                     "AWS_CONFIG_FILE": os.path.join(workdir, "none"),
                     "AWS_SHARED_CREDENTIALS_FILE": os.path.join(workdir, "none")})
         combos = [c for n in range(1, 4) for c in itertools.combinations(SOURCES, n)]
+        combos.append(SOURCES + (DEVICE,))
         print(f"striped bench: {ckpt_dir}: {len(shards)} shards, {n_tensors} tensors, {tensor_bytes / 1e9:.2f} GB; "
               f"peer {peer.url} (ready in {peer.ready_s:.1f} s); {args.runs} runs per cell", flush=True)
         script = os.path.join(HERE, "contender.py")
@@ -176,6 +193,8 @@ def measure(args):
                     server = ob.Rclone(args.rclone, os.path.join(workdir, "root"),
                                        os.path.join(workdir, "rclone.log"))
                     run_env = dict(env, AWS_ENDPOINT_URL=server.endpoint)
+                    if DEVICE in combo:
+                        run_env["TENSORLIFT_EMULATED_DISCARD_COPIES"] = "1"
                     if state == "cold":
                         for _ in range(3):
                             ob.evict(files)

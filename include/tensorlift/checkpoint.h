@@ -74,6 +74,10 @@ class CheckpointStore {
   // How this store reads `path`, for the load's FileReport::reason
   // ("object storage: ranged GETs").
   virtual std::string Describe(const std::string& path) const;
+  // Whether reads should land at addresses congruent to their file offsets
+  // modulo 4 KiB (a store that reads local files with O_DIRECT): the loader
+  // then places a file's tensors as it does for O_DIRECT reads.
+  virtual bool WantsFileAlignment() const { return false; }
 };
 
 class Checkpoint {

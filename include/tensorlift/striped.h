@@ -15,16 +15,20 @@
 // the local copy's.
 //
 // A local copy that is in the page cache is loaded from alone (use_page_cache).
-// Otherwise the tensors' bytes are cut into ranges (a peer's checksum chunks, grouped up
-// to range_bytes, never across a gap between tensors); every source has
-// workers that take the next range from one queue, so a faster source takes
-// more (work stealing); near the end a slow source leaves the last ranges to
-// faster ones that would finish them all sooner. A range lands straight in the tensors' final host
-// buffer and, when any peer's manifest is at hand, each of its chunks is
-// checked against that manifest's XXH3 where it lands, whichever source
-// fetched it. A source that fails, or whose bytes do not match, is dropped and
-// its ranges go to the others; the load fails (returning no tensors) only when
-// every source has. docs/object-storage.md, "Many sources at once".
+// Otherwise the sources join one store and the loader reads through it as it
+// reads any checkpoint (host memory, or a device through the GPU pipeline's
+// staging slots: host memory bounded by the staging pool, not the
+// checkpoint). Each read is cut into pieces (a peer's checksum chunks, grouped
+// up to range_bytes); every source has workers that take the next piece from
+// one queue, so a faster source takes more (work stealing); near the end a
+// slow source leaves the last pieces to faster ones that would finish them all
+// sooner. A piece lands straight where the read asked and, when any peer's
+// manifest is at hand, each of its chunks is checked against that manifest's
+// XXH3 where it lands, whichever source fetched it (a chunk a read asks only
+// part of is fetched whole, checked, and the rest kept for the read that asks
+// for it). A source that fails, or whose bytes do not match, is dropped and its
+// pieces go to the others; the load fails (freeing everything) only when every
+// source has. docs/object-storage.md, "Many sources at once".
 //
 // Thread safety: LoadStriped may run concurrently; callbacks are called from
 // the sources' worker threads, one at a time.
@@ -53,10 +57,11 @@ struct StripeOptions {
   // The peers' key; model empty: PeerKeyForCheckpoint of the checkpoint (a
   // peer serving a copy of the same files has it).
   PeerKey key;
-  // filter, device (the tensors are copied there from host memory) and
-  // progress apply; local-file and conversion options are refused.
+  // Every option applies as to a local load (dtype, filter, on_tensor, sparse
+  // decoding, device, progress, ...), except those that choose how local
+  // files are read (mode, engine, threads: refused; see disk_threads).
   LoadOptions load;
-  uint64_t range_bytes = 8ull << 20;  // The most bytes one range holds.
+  uint64_t range_bytes = 8ull << 20;  // The most bytes one piece holds.
   int disk_threads = 4;               // Workers reading the local files.
   // Workers fetching from the bucket (each one ranged GET at a time);
   // 0: store.connections, bounded by store.max_in_flight_bytes / range_bytes.
@@ -72,15 +77,15 @@ struct StripeOptions {
   int stall_timeout_ms = 10000;
   uint64_t min_rate = 1000000;
   std::string transports;
-  // Called as each range lands and checks out: the source's name (as in the
-  // report) and the range's bytes.
+  // Called as each batch of pieces lands and checks out: the source's name
+  // (as in the report) and the bytes it delivered.
   std::function<void(const std::string& source, uint64_t bytes)> on_range;
 };
 
 struct StripeSourceReport {
   std::string name;     // "disk:PATH", the object URL, or the peer's URL.
   uint64_t bytes = 0;   // Tensor bytes it delivered (and that checked out).
-  uint64_t ranges = 0;  // Ranges it delivered.
+  uint64_t ranges = 0;  // Pieces it delivered.
   double seconds = 0;   // From the start of the transfers to its last range.
   std::string failure;  // Empty unless it was dropped: why.
 };
@@ -90,8 +95,8 @@ struct StripeReport {
   // Sources that could not join (a peer with another key, ...), one line each.
   std::vector<std::string> failures;
   uint64_t bytes = 0;      // Tensor bytes loaded.
-  uint64_t ranges = 0;     // Ranges in the plan.
-  uint64_t refetched = 0;  // Ranges fetched again after their source failed.
+  uint64_t ranges = 0;     // Pieces the loader's reads were cut into.
+  uint64_t refetched = 0;  // Pieces fetched again after their source failed.
   bool checked = false;    // Every chunk was checked against a peer's manifest.
   std::string note;        // Why the load did not stripe, when it did not.
   double seconds = 0;

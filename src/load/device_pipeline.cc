@@ -141,7 +141,9 @@ Status DevicePipeline::PlanFiles() {
     const uint64_t block = direct || job.store
                                ? options_.staging_bytes
                                : std::min(options_.staging_bytes, kCachedBlockBytes);
-    job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype, direct, block);
+    // A store that reads local files with O_DIRECT: blocks placed for it.
+    const bool place_direct = direct || (job.store && job.store->WantsFileAlignment());
+    job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype, place_direct, block);
     for (const DeviceBlock& b : job.plan.blocks)
       largest_read = std::max(largest_read, b.read_length);
     job.report.bytes = job.plan.tensor_bytes;

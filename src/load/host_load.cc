@@ -95,7 +95,9 @@ Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
   TL_RETURN_IF_ERROR(OpenForLoad(job, options.mode, cached_views, options.misaligned_views));
   const Header& h = job.shard->header;
   const IoMode mode = job.report.mode;
-  job.plan = PlanFile(h, job.wanted, mode, options.block_size, options.misaligned_views);
+  // A store that reads local files with O_DIRECT: tensors placed for it.
+  const IoMode place = job.store && job.store->WantsFileAlignment() ? IoMode::kDirect : mode;
+  job.plan = PlanFile(h, job.wanted, place, options.block_size, options.misaligned_views);
   if (job.plan.misaligned_views > 0) {
     job.report.reason += (job.report.reason.empty() ? "" : "; ") +
                          std::to_string(job.plan.misaligned_views) +

@@ -1,12 +1,15 @@
 # sources: loads that use several sources at once (include/tensorlift/striped.h).
-#   striped_load.cc     LoadStriped: the local files, a bucket and peers share one
-#                       load's ranges (work stealing), each chunk checked where it lands
-#   striped_plan.cc     the plan: the wanted tensors, where they land, units and ranges, checks
+#   striped_load.cc     LoadStriped: the sources that can join, then the one loader over
+#                       a striped store
+#   striped_store.cc    the store: every read cut into pieces the sources' workers share
+#                       (work stealing), each chunk checked where it lands
+#   striped_plan.cc     the checkpoint's layout, pieces (whole checksum chunks), checks
 #   striped_sources.cc  the sources: local files (O_DIRECT), a bucket, peers
 add_library(tl_sources STATIC
   sources/striped_load.cc
   sources/striped_plan.cc
   sources/striped_sources.cc
+  sources/striped_store.cc
 )
 target_link_libraries(tl_sources PUBLIC tl_objstore tl_remote tl_sparse tl_load tl_device tl_format tl_common
                       PRIVATE Threads::Threads)

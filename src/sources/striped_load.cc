@@ -1,47 +1,31 @@
-// LoadStriped: the planner's byte ranges shared among the local files, a
-// bucket and running peers at once, work-stealing from one queue, each chunk
-// checked where it lands (include/tensorlift/striped.h).
-//
-// The plan is striped_plan.h's, the sources (disk, bucket, peers)
-// striped_sources.h's; here: the scheduler that shares the ranges among the
-// sources, and LoadStriped.
+// LoadStriped: one load's reads shared among the local files, a bucket and
+// running peers at once (include/tensorlift/striped.h). The sources join a
+// striped store (striped_store.h) and the loader's one path reads through it:
+// host memory, the GPU pipeline, dtype conversion, sparse decoding and
+// on_tensor as for any checkpoint.
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <thread>
 
 #include "common/posix_file.h"
-#include "device/device.h"
-#include "device/host_buffer.h"
-#include "device/populate.h"
 #include "io/page_cache.h"
-#include "load/checkpoint_builder.h"
-#include "load/file_job.h"
-#include "load/upload.h"
 #include "remote/peer_reader.h"
 #include "sources/striped_plan.h"
 #include "sources/striped_sources.h"
-#include "tensorlift/sparse.h"
+#include "sources/striped_store.h"
 #include "tensorlift/striped.h"
 
 namespace tensorlift {
 namespace {
 
-using sources::CheckRange;
-using sources::CutRanges;
 using sources::DiskSource;
+using sources::Layout;
 using sources::MatchShards;
 using sources::ObjectSource;
 using sources::PeerSource;
-using sources::Plan;
-using sources::Planned;
-using sources::PlanTensors;
-using sources::Range;
 using sources::Source;
+using sources::StripedStore;
 
 using Clock = std::chrono::steady_clock;
 
@@ -68,10 +52,7 @@ Status RefuseOptions(const StripeOptions& o) {
   if (l.mode != IoMode::kAuto) return refuse("the I/O mode is chosen per source; leave it auto");
   if (l.engine != IoEngine::kAuto)
     return refuse("the I/O engine is chosen per source; leave it auto");
-  if (l.copy) return refuse("copy (views of the page cache) does not apply to striped loads");
-  if (l.arena_pool) return refuse("an arena pool is not used for striped loads");
-  if (l.dtype) return refuse("dtype conversion is not built for striped loads yet");
-  if (l.on_tensor) return refuse("on_tensor is not built for striped loads yet");
+  if (l.threads != 0) return refuse("threads (pread threads) are set per source: disk_threads");
   if (o.store.parallel.size > 1 || !o.store.layout.empty())
     return refuse("tensor-parallel slices are not built for striped loads yet (whole tensors)");
   if (!o.store.cache_dir.empty()) return refuse("cache_dir applies to object-storage loads alone");
@@ -88,229 +69,14 @@ Status RefuseOptions(const StripeOptions& o) {
   return Status::Ok();
 }
 
-// The queue every source's workers take ranges from.
-class Scheduler {
- public:
-  Scheduler(const Plan& plan, std::vector<std::unique_ptr<Source>>& sources,
-            const StripeOptions& options)
-      : plan_(plan),
-        sources_(sources),
-        options_(options),
-        progress_(options.load.progress, plan.bytes) {
-    for (size_t i = 0; i < plan.ranges.size(); ++i) {
-      queue_.push_back(i);
-      queued_bytes_ += plan.ranges[i].bytes;
-    }
-    alive_ = static_cast<int>(sources.size());
-  }
-
-  // Runs every source's workers until the ranges are all in or every source
-  // has failed; true when all are in.
-  bool Run(uint64_t* refetched) {
-    start_ = Clock::now();
-    // Every worker starts with a batch of its own, dealt round-robin over the
-    // sources, so that every source is used (and measured) from the start
-    // however fast the others are; then they all take from the queue.
-    struct Worker {
-      Source* source;
-      std::vector<size_t> first;
-    };
-    std::vector<Worker> workers;
-    int most = 0;
-    for (auto& s : sources_) most = std::max(most, s->workers);
-    for (int w = 0; w < most; ++w) {
-      for (auto& s : sources_) {
-        if (w >= s->workers) continue;
-        Worker worker{s.get(), {}};
-        while (!queue_.empty() && static_cast<int>(worker.first.size()) < s->take) {
-          worker.first.push_back(queue_.front());
-          queued_bytes_ -= plan_.ranges[queue_.front()].bytes;
-          queue_.pop_front();
-        }
-        workers.push_back(std::move(worker));
-      }
-    }
-    std::vector<std::thread> threads;
-    for (Worker& w : workers) {
-      threads.emplace_back([this, &w] { Work(*w.source, std::move(w.first)); });
-    }
-    for (auto& t : threads) t.join();
-    *refetched = refetched_;
-    if (done_ == plan_.ranges.size()) progress_.Report(bytes_, true);
-    return done_ == plan_.ranges.size();
-  }
-
- private:
-  // Fetches `ids` (its first batch), then batches from the queue, until the
-  // load is over or its source has failed.
-  void Work(Source& src, std::vector<size_t> ids) {
-    for (;; ids.clear()) {
-      std::vector<const Range*> mine;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (!ids.empty() && src.dead) {  // Another worker of its source failed first.
-          for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
-            queue_.push_front(*it);
-            queued_bytes_ += plan_.ranges[*it].bytes;
-          }
-          cv_.notify_all();
-          return;
-        }
-        if (ids.empty()) {
-          cv_.wait(lock,
-                   [&] { return (!queue_.empty() && !LeaveToOthers(src)) || Over() || src.dead; });
-          if (Over() || src.dead) return;
-          while (!queue_.empty() && static_cast<int>(ids.size()) < src.take) {
-            ids.push_back(queue_.front());
-            queued_bytes_ -= plan_.ranges[ids.back()].bytes;
-            queue_.pop_front();
-          }
-        }
-      }
-      for (size_t i : ids) mine.push_back(&plan_.ranges[i]);
-      const auto fetch_start = Clock::now();
-      Status st = src.Fetch(mine, plan_);
-      for (size_t k = 0; st.ok() && k < mine.size(); ++k)
-        st = CheckRange(*mine[k], plan_, src.report.name);
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!st.ok()) {
-        if (!src.dead) {
-          src.dead = true;
-          src.report.failure = st.message();
-          --alive_;
-        }
-        // Back to the front: the others take them next.
-        for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
-          queue_.push_front(*it);
-          queued_bytes_ += plan_.ranges[*it].bytes;
-        }
-        refetched_ += ids.size();
-        cv_.notify_all();
-        return;
-      }
-      uint64_t bytes = 0;
-      for (const Range* r : mine) bytes += r->bytes;
-      done_ += ids.size();
-      bytes_ += bytes;
-      src.busy_s += std::chrono::duration<double>(Clock::now() - fetch_start).count();
-      src.report.bytes += bytes;
-      src.report.ranges += ids.size();
-      src.report.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-      progress_.Report(bytes_, false);
-      if (options_.on_range) options_.on_range(src.report.name, bytes);
-      // Rates changed: workers that left the queue to the others ask again.
-      cv_.notify_all();
-    }
-  }
-  bool Over() const { return done_ == plan_.ranges.size() || alive_ == 0; }
-
-  // The tail of a load: whether a worker of `src` should leave the queue to
-  // the others, because they would fetch all of it before this worker
-  // fetched one batch (at the rates measured so far). The fastest source,
-  // and a source not measured yet, always take; so the queue is always
-  // drained. Re-asked whenever the queue or the sources change.
-  bool LeaveToOthers(const Source& src) const {
-    const double mine = src.WorkerRate();
-    if (mine <= 0) return false;
-    double others = 0, fastest = 0;
-    for (const auto& s : sources_) {
-      if (s->dead || s->WorkerRate() <= 0) continue;
-      const double rate = s->WorkerRate() * s->workers;
-      fastest = std::max(fastest, rate);
-      if (s.get() != &src) others += rate;
-    }
-    if (others <= 0 || mine * src.workers >= fastest) return false;
-    uint64_t batch = 0;
-    for (size_t k = 0; k < queue_.size() && static_cast<int>(k) < src.take; ++k)
-      batch += plan_.ranges[queue_[k]].bytes;
-    return batch / mine > queued_bytes_ / others;
-  }
-
-  const Plan& plan_;
-  std::vector<std::unique_ptr<Source>>& sources_;
-  const StripeOptions& options_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<size_t> queue_;
-  uint64_t queued_bytes_ = 0;  // Of the ranges in queue_.
-  size_t done_ = 0;
-  uint64_t bytes_ = 0;
-  uint64_t refetched_ = 0;
-  int alive_ = 0;
-  Clock::time_point start_;
-  ProgressReporter progress_;
-};
-
-}  // namespace
-
-Result<LoadedCheckpoint> LoadStriped(const StripeOptions& options, StripeReport* report) {
-  const auto t0 = Clock::now();
-  StripeReport local;
-  if (!report) report = &local;
-  *report = StripeReport{};
-  TL_RETURN_IF_ERROR(RefuseOptions(options));
-  std::shared_ptr<Device> device;
-  if (options.load.device != "cpu") {
-    TL_ASSIGN_OR_RETURN(const auto where, ParseDevice(options.load.device));
-    TL_ASSIGN_OR_RETURN(device, OpenDevice(where.first, where.second));
-  }
-
-  // The headers: the local copy's, else the bucket's.
-  std::optional<Checkpoint> disk, bucket;
-  if (!options.path.empty()) {
-    auto c = Checkpoint::Open(options.path);
-    if (c.ok()) {
-      disk = std::move(c).value();
-    } else if (options.object_url.empty()) {
-      return c.status();
-    } else {
-      report->failures.push_back("disk:" + options.path + ": " + c.status().message());
-    }
-  }
-  // A local copy in the page cache: its views cost no copy, no source is
-  // faster (and no other source is asked anything).
-  if (disk && options.use_page_cache) {
-    TL_ASSIGN_OR_RETURN(const double cached, CachedFraction(*disk));
-    if (cached >= 0.9) {
-      TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, Load(*disk, options.load));
-      StripeSourceReport only;
-      only.name = "disk:" + options.path;
-      only.bytes = loaded.total_bytes();
-      report->sources.push_back(only);
-      report->bytes = loaded.total_bytes();
-      report->note = "the local copy is in the page cache (" + std::to_string(int(cached * 100)) +
-                     "%): loaded from it alone";
-      report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      return loaded;
-    }
-  }
-  if (!options.object_url.empty()) {
-    auto c = OpenObjectStoreCheckpoint(options.object_url, options.store);
-    if (c.ok()) {
-      bucket = std::move(c).value();
-    } else if (!disk) {
-      return c.status();
-    } else {
-      report->failures.push_back(options.object_url + ": " + c.status().message());
-    }
-  }
-  const Checkpoint& ckpt = disk ? *disk : *bucket;
-  if (options.load.decode_sparse) {
-    TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(ckpt));
-    if (!catalog.empty()) {
-      return UnimplementedError(ckpt.path() +
-                                ": it has sparse-bitmask tensors, and decoding them is not built "
-                                "for striped loads yet; load with decode_sparse off to get the "
-                                "parts as stored");
-    }
-  }
-  TL_ASSIGN_OR_RETURN(Plan plan, PlanTensors(ckpt, options.load.filter));
-  PeerKey key = options.key;
-  if (key.model.empty()) {
-    TL_ASSIGN_OR_RETURN(key, PeerKeyForCheckpoint(ckpt));
-  }
-
-  // Sources that can join.
+// The sources that can join (each that cannot is listed in report->failures);
+// `reference`: the first peer's, whose manifest checks every chunk.
+std::vector<std::unique_ptr<Source>> JoinSources(const StripeOptions& options,
+                                                 const std::optional<Checkpoint>& disk,
+                                                 const std::optional<Checkpoint>& bucket,
+                                                 const Layout& layout, const PeerKey& key,
+                                                 StripeReport* report,
+                                                 const PeerSource** reference) {
   std::vector<std::unique_ptr<Source>> sources;
   if (disk) {
     auto d = DiskSource::Open(*disk, options.disk_threads);
@@ -349,76 +115,122 @@ Result<LoadedCheckpoint> LoadStriped(const StripeOptions& options, StripeReport*
   ro.stall_timeout_ms = options.stall_timeout_ms;
   ro.min_rate = options.min_rate;
   ro.transports = options.transports;
-  const PeerSource* reference = nullptr;
+  *reference = nullptr;
   for (const std::string& url : remote::PeerUrlsFor(
            key, options.peers, options.registry, options.request_timeout_ms, &report->failures)) {
     auto reader = remote::PeerReader::Open(url, key, ro);
     Result<std::unique_ptr<PeerSource>> p =
-        reader.ok()
-            ? PeerSource::Open(std::move(reader).value(), ckpt, plan, options.peer_ranges_at_once)
-            : Result<std::unique_ptr<PeerSource>>(reader.status());
+        reader.ok() ? PeerSource::Open(std::move(reader).value(), layout, options.load.filter,
+                                       options.peer_ranges_at_once)
+                    : Result<std::unique_ptr<PeerSource>>(reader.status());
     if (!p.ok()) {
       report->failures.push_back(p.status().message());
       continue;
     }
-    if (!reference) reference = p->get();
+    if (!*reference) *reference = p->get();
     sources.push_back(std::move(p).value());
   }
+  return sources;
+}
+
+// A local copy in the page cache: its views cost no copy, no source is
+// faster (and no other source is asked anything). Empty: not so cached.
+Result<std::optional<LoadedCheckpoint>> FromPageCache(const StripeOptions& options,
+                                                      const Checkpoint& disk,
+                                                      StripeReport* report) {
+  TL_ASSIGN_OR_RETURN(const double cached, CachedFraction(disk));
+  if (cached < 0.9) return std::optional<LoadedCheckpoint>();
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, Load(disk, options.load));
+  StripeSourceReport only;
+  only.name = "disk:" + options.path;
+  only.bytes = loaded.total_bytes();
+  report->sources.push_back(only);
+  report->bytes = loaded.total_bytes();
+  report->note = "the local copy is in the page cache (" + std::to_string(int(cached * 100)) +
+                 "%): loaded from it alone";
+  return std::optional<LoadedCheckpoint>(std::move(loaded));
+}
+
+}  // namespace
+
+Result<LoadedCheckpoint> LoadStriped(const StripeOptions& options, StripeReport* report) {
+  const auto t0 = Clock::now();
+  StripeReport local;
+  if (!report) report = &local;
+  *report = StripeReport{};
+  TL_RETURN_IF_ERROR(RefuseOptions(options));
+
+  // The headers: the local copy's, else the bucket's.
+  std::optional<Checkpoint> disk, bucket;
+  if (!options.path.empty()) {
+    auto c = Checkpoint::Open(options.path);
+    if (c.ok()) {
+      disk = std::move(c).value();
+    } else if (options.object_url.empty()) {
+      return c.status();
+    } else {
+      report->failures.push_back("disk:" + options.path + ": " + c.status().message());
+    }
+  }
+  if (disk && options.use_page_cache) {
+    TL_ASSIGN_OR_RETURN(std::optional<LoadedCheckpoint> cached,
+                        FromPageCache(options, *disk, report));
+    if (cached) {
+      report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      return std::move(*cached);
+    }
+  }
+  if (!options.object_url.empty()) {
+    auto c = OpenObjectStoreCheckpoint(options.object_url, options.store);
+    if (c.ok()) {
+      bucket = std::move(c).value();
+    } else if (!disk) {
+      return c.status();
+    } else {
+      report->failures.push_back(options.object_url + ": " + c.status().message());
+    }
+  }
+  const Checkpoint& ckpt = disk ? *disk : *bucket;
+  PeerKey key = options.key;
+  if (key.model.empty()) {
+    TL_ASSIGN_OR_RETURN(key, PeerKeyForCheckpoint(ckpt));
+  }
+  Layout layout = sources::LayOut(ckpt);
+  const PeerSource* reference = nullptr;
+  std::vector<std::unique_ptr<Source>> sources =
+      JoinSources(options, disk, bucket, layout, key, report, &reference);
   if (sources.empty()) {
     std::string why;
     for (const auto& f : report->failures) why += "\n  " + f;
     return UnavailableError("striped load: no source could join:" + why);
   }
-
-  // Ranges: the reference peer's chunks, each checked where it lands.
+  // Every chunk the reference peer serves is checked where it lands.
   if (reference) {
-    for (uint32_t i = 0; i < plan.tensors.size(); ++i)
-      plan.tensors[i].checked_by = reference->served(i);
-    const uint64_t cb = reference->manifest().chunk_bytes;
-    CutRanges(plan, cb, std::max(cb, options.range_bytes / cb * cb), true);
-  } else {
-    CutRanges(plan, options.range_bytes, options.range_bytes, false);
+    for (auto& shard : layout.shards) {
+      for (auto& t : shard) t.checked_by = reference->served(t);
+    }
+    layout.chunk_bytes = reference->manifest().chunk_bytes;
   }
   report->checked = reference != nullptr;
-  report->ranges = plan.ranges.size();
-
-  bool all_in = false;
-  {
-    // Fresh memory is faulted in ahead of the transfers (as a disk load does).
-    PopulateAhead populate({{plan.buffer->data(), plan.buffer->size()}},
-                           FaultThreadCount(options.load.fault_threads));
-    Scheduler scheduler(plan, sources, options);
-    all_in = scheduler.Run(&report->refetched);
-    populate.StopFresh();
-  }
-  for (const auto& s : sources) report->sources.push_back(s->report);
-  if (!all_in) {
+  StripedStore::Options so;
+  so.piece_bytes = reference
+                       ? std::max(layout.chunk_bytes,
+                                  options.range_bytes / layout.chunk_bytes * layout.chunk_bytes)
+                       : options.range_bytes;
+  so.on_range = options.on_range;
+  auto store = std::make_shared<StripedStore>(std::move(layout), std::move(sources), so);
+  Result<LoadedCheckpoint> loaded = Load(ckpt.WithStore(store), options.load);
+  report->sources = store->SourceReports();
+  report->refetched = store->refetched();
+  report->ranges = store->pieces();
+  if (!loaded.ok()) {
+    if (loaded.status().code() != StatusCode::kUnavailable) return loaded.status();
     std::string why;
-    for (const auto& s : sources) why += "\n  " + s->report.name + ": " + s->report.failure;
     for (const auto& f : report->failures) why += "\n  " + f;
-    return UnavailableError("striped load: every source failed:" + why);
+    return Status(loaded.status().code(), loaded.status().message() + why);
   }
-  sources.clear();  // Peer sessions closed; the buffer is no longer mapped.
-
-  CheckpointBuilder out;
-  std::vector<FileReport> files(ckpt.shards().size());
-  for (size_t s = 0; s < files.size(); ++s) {
-    files[s].path = ckpt.shards()[s].path;
-    files[s].reason = "striped over " + std::to_string(report->sources.size()) + " source(s)";
-  }
-  for (const Planned& t : plan.tensors) {
-    const TensorInfo& info = ckpt.info(t.loc);
-    out.Add(MakeTensor(info, info.dtype, t.nbytes ? t.data : nullptr, t.nbytes), plan.buffer);
-    files[t.loc.shard].bytes += t.nbytes;
-    ++files[t.loc.shard].tensors;
-  }
-  for (FileReport& f : files) {
-    if (f.tensors) out.files().push_back(std::move(f));
-  }
-  report->bytes = plan.bytes;
+  report->bytes = loaded->total_bytes();
   report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  LoadedCheckpoint loaded = std::move(out).Finish(report->seconds);
-  if (device) return UploadToDevice(std::move(loaded), device);
   return loaded;
 }
 

@@ -2,7 +2,10 @@
 #include "sources/striped_plan.h"
 
 #include <algorithm>
+#include <climits>
+#include <cstring>
 #include <map>
+#include <utility>
 
 #include "tensorlift/checksum.h"
 
@@ -44,70 +47,148 @@ Result<std::vector<uint32_t>> MatchShards(const Checkpoint& ref, const Checkpoin
   return out;
 }
 
-Result<Plan> PlanTensors(const Checkpoint& ckpt, const TensorFilter& filter) {
-  Plan plan;
-  for (auto loc : ckpt.tensors()) {
-    if (filter.Matches(ckpt.info(loc).name)) plan.tensors.push_back({loc});
+Layout LayOut(const Checkpoint& ckpt) {
+  Layout layout;
+  layout.shards.resize(ckpt.shards().size());
+  for (uint32_t s = 0; s < ckpt.shards().size(); ++s) {
+    const Checkpoint::Shard& shard = ckpt.shards()[s];
+    layout.shard_of[shard.path] = s;
+    for (const TensorInfo& info : shard.header.tensors()) {
+      layout.shards[s].push_back(
+          {&info, s, shard.header.data_offset() + info.begin, info.nbytes(), nullptr});
+    }
+    std::sort(layout.shards[s].begin(), layout.shards[s].end(),
+              [](const LaidOut& a, const LaidOut& b) { return a.file_offset < b.file_offset; });
   }
-  std::sort(plan.tensors.begin(), plan.tensors.end(), [&](const Planned& a, const Planned& b) {
-    if (a.loc.shard != b.loc.shard) return a.loc.shard < b.loc.shard;
-    return ckpt.info(a.loc).begin < ckpt.info(b.loc).begin;
-  });
-  uint64_t total = 0;
-  std::vector<uint64_t> at(plan.tensors.size());
-  for (size_t i = 0; i < plan.tensors.size(); ++i) {
-    Planned& t = plan.tensors[i];
-    const TensorInfo& info = ckpt.info(t.loc);
-    t.file_offset = ckpt.shards()[t.loc.shard].header.data_offset() + info.begin;
-    t.nbytes = info.nbytes();
-    const bool joins =
-        i > 0 && plan.tensors[i - 1].loc.shard == t.loc.shard &&
-        plan.tensors[i - 1].file_offset + plan.tensors[i - 1].nbytes == t.file_offset;
-    // A run starts at the address congruent to its file offset modulo 4 KiB
-    // (the buffer is page-aligned): the disk source reads its whole blocks
-    // with O_DIRECT straight into place.
-    if (!joins) total = RoundUp(total, 4096) + t.file_offset % 4096;
-    at[i] = total;
-    total += t.nbytes;
-  }
-  plan.bytes = 0;
-  for (const Planned& t : plan.tensors) plan.bytes += t.nbytes;
-  TL_ASSIGN_OR_RETURN(plan.buffer, HostBuffer::Allocate(total));
-  for (size_t i = 0; i < plan.tensors.size(); ++i)
-    plan.tensors[i].data = plan.buffer->data() + at[i];
-  return plan;
+  return layout;
 }
 
-void CutRanges(Plan& plan, uint64_t chunk_bytes, uint64_t range_bytes, bool checked) {
-  for (uint32_t i = 0; i < plan.tensors.size(); ++i) {
-    const Planned& t = plan.tensors[i];
-    for (uint64_t off = 0, c = 0; off < t.nbytes; off += chunk_bytes, ++c) {
-      plan.units.push_back(
-          {i, off, std::min(chunk_bytes, t.nbytes - off), checked ? static_cast<int64_t>(c) : -1});
+namespace {
+
+// Builds the pieces of one read: whole chunks joined up to piece_bytes, a
+// chunk the read covers only part of in a piece of its own (shared by every
+// range of the read that needs part of it).
+class Cutter {
+ public:
+  Cutter(const Layout& layout, uint64_t piece_bytes) : layout_(layout), piece_bytes_(piece_bytes) {}
+
+  // [offset, offset + length) of `t`'s bytes (offset in the tensor) into dst.
+  void Add(size_t request, const LaidOut& t, uint64_t offset, uint64_t length, std::byte* dst) {
+    const uint64_t cb = t.checked_by ? layout_.chunk_bytes : 0;
+    while (length > 0) {
+      if (cb == 0) {
+        const uint64_t n = std::min(length, piece_bytes_);
+        Append(request, {&t, offset, n, -1}, dst);
+        offset += n, dst += n, length -= n;
+        continue;
+      }
+      const uint64_t chunk = offset / cb, begin = chunk * cb;
+      const uint64_t end = std::min(begin + cb, t.nbytes);
+      const uint64_t n = std::min(length, end - offset);
+      if (offset == begin && n == end - begin) {
+        Append(request, {&t, offset, n, static_cast<int64_t>(chunk)}, dst);
+      } else {
+        Part(request, t, chunk, begin, end, offset, n, dst);
+      }
+      offset += n, dst += n, length -= n;
     }
   }
-  for (size_t u = 0; u < plan.units.size(); ++u) {
-    const Unit& unit = plan.units[u];
-    const Planned& t = plan.tensors[unit.tensor];
-    const uint64_t file = t.file_offset + unit.offset;
-    std::byte* dst = t.data + unit.offset;
-    Range* last = plan.ranges.empty() ? nullptr : &plan.ranges.back();
-    if (last && last->shard == t.loc.shard && last->file_offset + last->bytes == file &&
-        last->dst + last->bytes == dst && last->bytes + unit.bytes <= range_bytes) {
-      last->bytes += unit.bytes;
-      last->end_unit = u + 1;
-    } else {
-      plan.ranges.push_back({t.loc.shard, file, unit.bytes, dst, u, u + 1});
+
+  std::vector<Piece> Finish() && { return std::move(pieces_); }
+
+ private:
+  void Append(size_t request, const Unit& u, std::byte* dst) {
+    const uint64_t file = u.tensor->file_offset + u.offset;
+    Piece* last = open_ == SIZE_MAX ? nullptr : &pieces_[open_];
+    if (last && last->request == request && last->shard == u.tensor->shard &&
+        last->file_offset + last->bytes == file && last->dst + last->bytes == dst &&
+        last->bytes + u.bytes <= std::max(piece_bytes_, u.bytes)) {
+      last->bytes += u.bytes;
+      last->units.push_back(u);
+      return;
+    }
+    Piece p;
+    p.shard = u.tensor->shard;
+    p.file_offset = file;
+    p.bytes = u.bytes;
+    p.dst = dst;
+    p.units.push_back(u);
+    p.request = request;
+    open_ = pieces_.size();
+    pieces_.push_back(std::move(p));
+  }
+
+  void Part(size_t request, const LaidOut& t, uint64_t chunk, uint64_t begin, uint64_t end,
+            uint64_t offset, uint64_t n, std::byte* dst) {
+    open_ = SIZE_MAX;  // Whole units after it start a piece of their own.
+    const auto key = std::make_pair(&t, chunk);
+    auto it = parts_.find(key);
+    if (it == parts_.end()) {
+      Piece p;
+      p.shard = t.shard;
+      p.file_offset = t.file_offset + begin;
+      p.bytes = end - begin;
+      p.whole = std::shared_ptr<std::byte[]>(new std::byte[p.bytes]);
+      p.dst = p.whole.get();
+      p.units.push_back({&t, begin, p.bytes, static_cast<int64_t>(chunk)});
+      it = parts_.emplace(key, pieces_.size()).first;
+      pieces_.push_back(std::move(p));
+    }
+    pieces_[it->second].deliveries.push_back({request, offset - begin, n, dst});
+  }
+
+  const Layout& layout_;
+  const uint64_t piece_bytes_;
+  std::vector<Piece> pieces_;
+  size_t open_ = SIZE_MAX;  // The piece whole units may join.
+  std::map<std::pair<const LaidOut*, uint64_t>, size_t> parts_;
+};
+
+}  // namespace
+
+Result<std::vector<Piece>> CutPieces(const Layout& layout,
+                                     std::span<const CheckpointStore::Range> ranges,
+                                     uint64_t piece_bytes, std::vector<uint64_t>* zeroed) {
+  Cutter cutter(layout, piece_bytes);
+  zeroed->assign(ranges.size(), 0);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const CheckpointStore::Range& r = ranges[i];
+    auto shard = r.path ? layout.shard_of.find(*r.path) : layout.shard_of.end();
+    if (shard == layout.shard_of.end()) {
+      return InvalidArgumentError("striped load: a read of " + (r.path ? *r.path : "no file") +
+                                  ", which is not one of the checkpoint's files");
+    }
+    const std::vector<LaidOut>& tensors = layout.shards[shard->second];
+    uint64_t at = r.offset;
+    const uint64_t end = r.offset + r.length;
+    // The first tensor that ends after `at`.
+    auto t = std::upper_bound(tensors.begin(), tensors.end(), at, [](uint64_t v, const LaidOut& x) {
+      return v < x.file_offset + x.nbytes;
+    });
+    while (at < end) {
+      const uint64_t next = t == tensors.end() ? end : std::min(end, t->file_offset);
+      if (at < next) {  // Outside every tensor.
+        std::memset(r.dest + (at - r.offset), 0, next - at);
+        (*zeroed)[i] += next - at;
+        at = next;
+        continue;
+      }
+      const uint64_t stop = std::min(end, t->file_offset + t->nbytes);
+      if (stop > at) {
+        cutter.Add(i, *t, at - t->file_offset, stop - at, r.dest + (at - r.offset));
+        at = stop;
+      }
+      ++t;
     }
   }
+  return std::move(cutter).Finish();
 }
 
-Status CheckRange(const Range& r, const Plan& plan, const std::string& source) {
-  const std::byte* at = r.dst;
-  for (size_t u = r.first_unit; u < r.end_unit; ++u) {
-    const Unit& unit = plan.units[u];
+Status CheckPiece(const Piece& p, const std::string& source) {
+  const std::byte* at = p.dst;
+  for (const Unit& unit : p.units) {
     if (unit.chunk >= 0) {
-      const remote::ManifestTensor& m = *plan.tensors[unit.tensor].checked_by;
+      const remote::ManifestTensor& m = *unit.tensor->checked_by;
       const uint64_t sum = Xxh3_64(at, unit.bytes);
       if (sum != m.chunk_xxh3[unit.chunk]) {
         return CorruptionError(source + ": tensor '" + m.name + "' bytes " +

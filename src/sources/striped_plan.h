@@ -1,56 +1,77 @@
-// A striped load's plan (private to sources/): the wanted tensors in file
-// order and where their bytes land in one buffer, cut into units (checksum
-// chunks) and ranges (whole units contiguous in a file and in the buffer),
-// which the sources fill and CheckRange checks where they land.
+// What a striped store fetches (private to sources/): the checkpoint's
+// tensors per shard in file order (its layout), and the pieces a read of the
+// loader's is cut into: whole checksum chunks, contiguous in a file and in the
+// destination, that the sources fill and CheckPiece checks where they land. A
+// read that covers only part of a chunk gets a piece of its own that fetches
+// the whole chunk into a buffer of its own, checks it there and copies out the
+// part asked for.
 #ifndef TENSORLIFT_SOURCES_STRIPED_PLAN_H_
 #define TENSORLIFT_SOURCES_STRIPED_PLAN_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
-#include "device/host_buffer.h"
-#include "remote/peer_reader.h"
+#include "remote/manifest.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift::sources {
 
-// A wanted tensor, where its bytes land.
-struct Planned {
-  Checkpoint::Location loc;
+// A tensor of the checkpoint, where its bytes are in its file.
+struct LaidOut {
+  const TensorInfo* info = nullptr;
+  uint32_t shard = 0;
   uint64_t file_offset = 0;  // Absolute, in its shard's file.
   uint64_t nbytes = 0;
-  std::byte* data = nullptr;
   const remote::ManifestTensor* checked_by = nullptr;  // The reference manifest's entry.
 };
 
-// A checksum chunk of one tensor (or a piece of range_bytes when nothing is
-// checked): the unit ranges are made of.
+struct Layout {
+  std::vector<std::vector<LaidOut>> shards;  // Per shard, in file order.
+  std::map<std::string, uint32_t> shard_of;  // A shard's path: its index.
+  uint64_t chunk_bytes = 0;                  // The reference's; 0: nothing is checked.
+};
+
+// Bytes of one tensor inside a piece.
 struct Unit {
-  uint32_t tensor = 0;  // Into the plan's tensors.
+  const LaidOut* tensor = nullptr;
   uint64_t offset = 0;  // In the tensor.
   uint64_t bytes = 0;
   int64_t chunk = -1;  // In the reference manifest; -1: unchecked.
 };
 
-// Bytes contiguous in one shard's file and in the destination: whole units.
-struct Range {
+// Part of a whole chunk fetched for it, copied out once the chunk checks out.
+struct Delivery {
+  size_t request = 0;  // The range of the read it fills.
+  uint64_t from = 0;   // In the chunk.
+  uint64_t bytes = 0;
+  std::byte* to = nullptr;
+};
+
+// Bytes contiguous in one shard's file and in `dst`: whole units.
+struct Piece {
   uint32_t shard = 0;
   uint64_t file_offset = 0;
   uint64_t bytes = 0;
   std::byte* dst = nullptr;
-  size_t first_unit = 0, end_unit = 0;
-};
-
-struct Plan {
-  std::vector<Planned> tensors;  // In file order (shard, then offset).
   std::vector<Unit> units;
-  std::vector<Range> ranges;
-  std::shared_ptr<HostBuffer> buffer;
-  uint64_t bytes = 0;
+  size_t request = 0;  // The range of the read it fills (deliveries empty).
+  // A chunk fetched whole for parts of it (every part the read asks for):
+  // `dst` is `whole`, and each delivery is copied out once it checks out.
+  std::shared_ptr<std::byte[]> whole;
+  std::vector<Delivery> deliveries;
+  // The bytes of the read it fills.
+  uint64_t Delivers() const {
+    if (deliveries.empty()) return bytes;
+    uint64_t n = 0;
+    for (const Delivery& d : deliveries) n += d.bytes;
+    return n;
+  }
 };
 
 inline uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
@@ -59,16 +80,19 @@ inline uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 // the same header; an error naming the first difference.
 Result<std::vector<uint32_t>> MatchShards(const Checkpoint& ref, const Checkpoint& other);
 
-// The wanted tensors in file order, where they land (runs of tensors
-// adjacent in a file stay adjacent, each run 64-byte aligned), in one buffer.
-Result<Plan> PlanTensors(const Checkpoint& ckpt, const TensorFilter& filter);
+// Every tensor of `ckpt`, per shard in file order.
+Layout LayOut(const Checkpoint& ckpt);
 
-// Units (chunks of `chunk_bytes`, checked against `reference` when not null)
-// and ranges of up to `range_bytes`.
-void CutRanges(Plan& plan, uint64_t chunk_bytes, uint64_t range_bytes, bool checked);
+// Cuts `ranges` (the loader's reads) into pieces of at most `piece_bytes`
+// (whole chunks when the layout is checked). Bytes outside every tensor (a
+// header's, when a read is aligned down) are set to zero here, not fetched:
+// loads use tensor bytes alone. `zeroed[i]`: the bytes of range i so set.
+Result<std::vector<Piece>> CutPieces(const Layout& layout,
+                                     std::span<const CheckpointStore::Range> ranges,
+                                     uint64_t piece_bytes, std::vector<uint64_t>* zeroed);
 
-// Checks the range's chunks against the reference manifest.
-Status CheckRange(const Range& r, const Plan& plan, const std::string& source);
+// Checks the piece's chunks against the reference manifest.
+Status CheckPiece(const Piece& p, const std::string& source);
 
 }  // namespace tensorlift::sources
 

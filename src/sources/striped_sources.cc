@@ -31,17 +31,18 @@ Result<std::unique_ptr<DiskSource>> DiskSource::Open(const Checkpoint& ckpt, int
   return d;
 }
 
-Status DiskSource::Fetch(const std::vector<const Range*>& ranges, const Plan&) {
-  for (const Range* r : ranges) {
-    const uint64_t begin = r->file_offset, end = r->file_offset + r->bytes;
+Status DiskSource::Fetch(const std::vector<const Piece*>& pieces) {
+  for (const Piece* p : pieces) {
+    const uint64_t begin = p->file_offset, end = p->file_offset + p->bytes;
     const uint64_t a = RoundUp(begin, kBlock), b = end / kBlock * kBlock;
-    if (direct_[r->shard].fd() < 0 || b <= a) {
-      TL_RETURN_IF_ERROR(ReadAt(files_[r->shard], r->shard, begin, end, r->dst));
+    const bool aligned = (reinterpret_cast<uintptr_t>(p->dst) - begin) % kBlock == 0;
+    if (direct_[p->shard].fd() < 0 || b <= a || !aligned) {
+      TL_RETURN_IF_ERROR(ReadAt(files_[p->shard], p->shard, begin, end, p->dst));
       continue;
     }
-    TL_RETURN_IF_ERROR(ReadAt(files_[r->shard], r->shard, begin, a, r->dst));
-    TL_RETURN_IF_ERROR(ReadAt(direct_[r->shard], r->shard, a, b, r->dst + (a - begin)));
-    TL_RETURN_IF_ERROR(ReadAt(files_[r->shard], r->shard, b, end, r->dst + (b - begin)));
+    TL_RETURN_IF_ERROR(ReadAt(files_[p->shard], p->shard, begin, a, p->dst));
+    TL_RETURN_IF_ERROR(ReadAt(direct_[p->shard], p->shard, a, b, p->dst + (a - begin)));
+    TL_RETURN_IF_ERROR(ReadAt(files_[p->shard], p->shard, b, end, p->dst + (b - begin)));
   }
   return Status::Ok();
 }
@@ -78,58 +79,69 @@ Result<std::unique_ptr<ObjectSource>> ObjectSource::Open(const Checkpoint& bucke
   return o;
 }
 
-Status ObjectSource::Fetch(const std::vector<const Range*>& ranges, const Plan&) {
+Status ObjectSource::Fetch(const std::vector<const Piece*>& pieces) {
   std::vector<objstore::RangeRequest> requests;
-  for (const Range* r : ranges) {
-    const objstore::ObjectUrl& u = objects_[r->shard];
-    requests.push_back({u.bucket, u.key, r->file_offset, r->bytes, r->dst});
+  for (const Piece* p : pieces) {
+    const objstore::ObjectUrl& u = objects_[p->shard];
+    requests.push_back({u.bucket, u.key, p->file_offset, p->bytes, p->dst});
   }
   return client_->GetRanges(requests);
 }
 
 Result<std::unique_ptr<PeerSource>> PeerSource::Open(std::unique_ptr<remote::PeerReader> reader,
-                                                     const Checkpoint& ckpt, const Plan& plan,
-                                                     int take) {
+                                                     const Layout& layout,
+                                                     const TensorFilter& filter, int take) {
   std::unique_ptr<PeerSource> p(new PeerSource(reader->url()));
   p->take = take;
   const remote::Manifest& mf = reader->manifest();
-  for (const Planned& t : plan.tensors) {
-    const TensorInfo& info = ckpt.info(t.loc);
-    const remote::ManifestTensor* m = mf.Find(info.name);
-    const bool same =
-        m && m->dtype == info.dtype && m->shard_dim == -1 && m->nbytes == info.nbytes() &&
-        std::equal(m->shape.begin(), m->shape.end(), info.shape.begin(), info.shape.end(),
-                   [](int64_t a, uint64_t b) { return a >= 0 && static_cast<uint64_t>(a) == b; });
-    if (!same) {
-      return InvalidArgumentError(reader->url() + ": tensor '" + info.name + "' is " +
-                                  (m ? "served with another dtype or shape" : "not served") +
-                                  " (the headers': " + std::string(DtypeName(info.dtype)) + ")");
+  for (const std::vector<LaidOut>& shard : layout.shards) {
+    for (const LaidOut& t : shard) {
+      const TensorInfo& info = *t.info;
+      const remote::ManifestTensor* m = mf.Find(info.name);
+      const bool same =
+          m && m->dtype == info.dtype && m->shard_dim == -1 && m->nbytes == info.nbytes() &&
+          std::equal(m->shape.begin(), m->shape.end(), info.shape.begin(), info.shape.end(),
+                     [](int64_t a, uint64_t b) { return a >= 0 && static_cast<uint64_t>(a) == b; });
+      if (same) {
+        p->served_[&t] = m;
+      } else if (filter.Matches(info.name)) {
+        return InvalidArgumentError(reader->url() + ": tensor '" + info.name + "' is " +
+                                    (m ? "served with another dtype or shape" : "not served") +
+                                    " (the headers': " + std::string(DtypeName(info.dtype)) + ")");
+      }
     }
-    p->served_.push_back(m);
   }
-  TL_RETURN_IF_ERROR(reader->MapLocal(plan.buffer->data(), plan.buffer->size()));
   p->reader_ = std::move(reader);
   return p;
 }
 
-Status PeerSource::Fetch(const std::vector<const Range*>& ranges, const Plan& plan) {
-  std::vector<remote::PeerReader::Piece> pieces;
-  for (const Range* r : ranges) {
-    std::byte* dst = r->dst;
-    for (size_t u = r->first_unit; u < r->end_unit; ++u) {
-      const Unit& unit = plan.units[u];
+const remote::ManifestTensor* PeerSource::served(const LaidOut& t) const {
+  auto it = served_.find(&t);
+  return it == served_.end() ? nullptr : it->second;
+}
+
+Status PeerSource::Fetch(const std::vector<const Piece*>& pieces) {
+  std::vector<remote::PeerReader::Piece> reads;
+  for (const Piece* p : pieces) {
+    std::byte* dst = p->dst;
+    for (const Unit& unit : p->units) {
+      const remote::ManifestTensor* m = served(*unit.tensor);
+      if (!m) {
+        return NotFoundError(report.name + ": does not serve tensor '" + unit.tensor->info->name +
+                             "' as the headers say");
+      }
       // Adjacent units of one tensor are read as one piece.
-      if (!pieces.empty() && pieces.back().tensor == served_[unit.tensor] &&
-          pieces.back().offset + pieces.back().bytes == unit.offset &&
-          static_cast<std::byte*>(pieces.back().dst) + pieces.back().bytes == dst) {
-        pieces.back().bytes += unit.bytes;
+      if (!reads.empty() && reads.back().tensor == m &&
+          reads.back().offset + reads.back().bytes == unit.offset &&
+          static_cast<std::byte*>(reads.back().dst) + reads.back().bytes == dst) {
+        reads.back().bytes += unit.bytes;
       } else {
-        pieces.push_back({served_[unit.tensor], unit.offset, unit.bytes, dst});
+        reads.push_back({m, unit.offset, unit.bytes, dst});
       }
       dst += unit.bytes;
     }
   }
-  return reader_->Read(pieces);
+  return reader_->Read(reads);
 }
 
 }  // namespace tensorlift::sources

@@ -1,12 +1,13 @@
 // The sources of a striped load (private to sources/): the local files, a
-// bucket and running peers, each filling ranges of the plan
-// (striped_plan.h) into place. A source's Fetch may be called from its
-// `workers` threads at once; the scheduler (striped_load.cc) guards the rest
-// of its state with its own mutex.
+// bucket and running peers, each filling pieces (striped_plan.h) into place.
+// A source's Fetch may be called from its `workers` threads at once; the
+// striped store (striped_store.h) guards the rest of its state with its own
+// mutex.
 #ifndef TENSORLIFT_SOURCES_STRIPED_SOURCES_H_
 #define TENSORLIFT_SOURCES_STRIPED_SOURCES_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,10 +28,10 @@ class Source {
  public:
   explicit Source(std::string name) { report.name = std::move(name); }
   virtual ~Source() = default;
-  // Fills every range; may be called from `workers` threads at once.
-  virtual Status Fetch(const std::vector<const Range*>& ranges, const Plan& plan) = 0;
+  // Fills every piece; may be called from `workers` threads at once.
+  virtual Status Fetch(const std::vector<const Piece*>& pieces) = 0;
   int workers = 1;
-  int take = 1;  // Ranges a worker takes together.
+  int take = 1;  // Pieces a worker takes together.
   // Guarded by the scheduler's mutex.
   bool dead = false;
   double busy_s = 0;  // Summed over its workers' successful fetches.
@@ -44,11 +45,11 @@ class Source {
 class DiskSource final : public Source {
  public:
   static Result<std::unique_ptr<DiskSource>> Open(const Checkpoint& ckpt, int threads);
-  // A range's whole 4 KiB blocks are read with O_DIRECT (the plan puts every
-  // byte at an address congruent to its file offset modulo 4 KiB, in a
-  // page-aligned buffer), its ends buffered: cold bytes come from the disk
-  // at its speed, without filling the page cache, as a disk load's do.
-  Status Fetch(const std::vector<const Range*>& ranges, const Plan&) override;
+  // A piece's whole 4 KiB blocks are read with O_DIRECT when it lands at an
+  // address congruent to its file offset modulo 4 KiB (the loader places a
+  // striped store's tensors so), its ends buffered: cold bytes come from the
+  // disk at its speed, without filling the page cache, as a disk load's do.
+  Status Fetch(const std::vector<const Piece*>& pieces) override;
 
  private:
   static constexpr uint64_t kBlock = 4096;
@@ -68,7 +69,7 @@ class ObjectSource final : public Source {
   static Result<std::unique_ptr<ObjectSource>> Open(const Checkpoint& bucket,
                                                     const std::vector<uint32_t>& shard_of,
                                                     const ObjectStoreOptions& store, int threads);
-  Status Fetch(const std::vector<const Range*>& ranges, const Plan&) override;
+  Status Fetch(const std::vector<const Piece*>& pieces) override;
 
  private:
   using Source::Source;
@@ -79,20 +80,22 @@ class ObjectSource final : public Source {
 // A running peer serving the tensors (remote/peer_reader.h).
 class PeerSource final : public Source {
  public:
-  // Fails when the peer does not serve every planned tensor as the headers
-  // say (name, dtype, shape, whole).
+  // Fails when the peer does not serve every tensor that `filter` passes as
+  // the headers say (name, dtype, shape, whole). Pieces of a tensor it does
+  // not serve so are a failed fetch.
   static Result<std::unique_ptr<PeerSource>> Open(std::unique_ptr<remote::PeerReader> reader,
-                                                  const Checkpoint& ckpt, const Plan& plan,
+                                                  const Layout& layout, const TensorFilter& filter,
                                                   int take);
   const remote::Manifest& manifest() const { return reader_->manifest(); }
-  const remote::ManifestTensor* served(uint32_t tensor) const { return served_[tensor]; }
+  // Its entry for a tensor of the layout; null: not served as the headers say.
+  const remote::ManifestTensor* served(const LaidOut& t) const;
 
-  Status Fetch(const std::vector<const Range*>& ranges, const Plan& plan) override;
+  Status Fetch(const std::vector<const Piece*>& pieces) override;
 
  private:
   using Source::Source;
   std::unique_ptr<remote::PeerReader> reader_;
-  std::vector<const remote::ManifestTensor*> served_;  // Per planned tensor.
+  std::map<const LaidOut*, const remote::ManifestTensor*> served_;
 };
 
 }  // namespace tensorlift::sources

@@ -18,7 +18,10 @@
 #include "../load/test_files.h"
 #include "../objstore/s3_server.h"
 #include "../objstore/scoped_env.h"
+#include "device/device.h"
+#include "device/emulated_device.h"
 #include "remote/ucx_transport.h"
+#include "tensorlift/sparsify.h"
 #include "tensorlift/striped.h"
 
 namespace tensorlift {
@@ -148,8 +151,12 @@ class StripedLoadTest : public ::testing::Test {
     return options_;
   }
 
-  void ExpectSameAsLocal(const LoadedCheckpoint& got) {
-    auto want = Load(path_);
+  // Every tensor of `got` equals the local copy's loaded with `options` on the host.
+  void ExpectSameAsLocal(const LoadedCheckpoint& got, const LoadOptions& options = {},
+                         const std::string& local = "") {
+    LoadOptions host = options;
+    host.device = "cpu";
+    auto want = Load(local.empty() ? path_ : local, host);
     ASSERT_OK(want);
     ASSERT_EQ(got.tensors().size(), want->tensors().size());
     for (const LoadedTensor& w : want->tensors()) {
@@ -159,8 +166,10 @@ class StripedLoadTest : public ::testing::Test {
       EXPECT_EQ(g->dtype, w.dtype);
       EXPECT_EQ(g->shape, w.shape);
       ASSERT_EQ(g->nbytes, w.nbytes);
+      std::vector<std::byte> bytes(g->nbytes);
+      ASSERT_OK(got.CopyToHost(w.name, bytes.data()));
       if (w.nbytes) {
-        EXPECT_EQ(std::memcmp(g->data, w.data, w.nbytes), 0);
+        EXPECT_EQ(std::memcmp(bytes.data(), w.data, w.nbytes), 0);
       }
     }
   }
@@ -402,9 +411,12 @@ TEST_F(StripedLoadTest, SourcesThatCannotJoinAreListed) {
   StripeOptions bad = Defaults();
   bad.object_url = "/not/a/bucket";
   EXPECT_THAT(LoadStriped(bad).status().message(), HasSubstr("must be s3:// or gs://"));
-  StripeOptions dtype = Defaults();
-  dtype.load.dtype = Dtype::kF32;
-  EXPECT_THAT(LoadStriped(dtype).status().message(), HasSubstr("dtype conversion"));
+  StripeOptions threads = Defaults();
+  threads.load.threads = 3;
+  EXPECT_THAT(LoadStriped(threads).status().message(), HasSubstr("disk_threads"));
+  StripeOptions slices = Defaults();
+  slices.store.parallel.size = 2;
+  EXPECT_THAT(LoadStriped(slices).status().message(), HasSubstr("tensor-parallel"));
 }
 
 TEST_F(StripedLoadTest, ABucketWithOtherHeadersDoesNotJoin) {
@@ -422,6 +434,144 @@ TEST_F(StripedLoadTest, ABucketWithOtherHeadersDoesNotJoin) {
   ASSERT_EQ(report.failures.size(), 1u);
   EXPECT_THAT(report.failures[0], HasSubstr("s3://models/other-checkpoint/"));
   EXPECT_EQ(report.sources.size(), 1u);
+}
+
+// The striped load is the one loader over a store of many sources: every
+// option of LoadOptions gives what it gives on the local copy, on the host
+// and on a device (through the GPU pipeline's staging slots, whose blocks cut
+// the peer's checksum chunks: each chunk is still checked whole).
+TEST_F(StripedLoadTest, EveryLoadOptionGivesTheLocalCopysTensors) {
+  StartBucket();
+  const bool peer = remote::UcxBuilt();
+  if (peer) StartPeer();
+  for (const char* where : {"cpu", "emulated:0"}) {
+    struct Case {
+      const char* name;
+      LoadOptions options;
+    };
+    std::vector<Case> cases(4);
+    cases[0].name = "as stored";
+    cases[1].name = "dtype";
+    cases[1].options.dtype = Dtype::kF16;
+    cases[2].name = "filter";
+    cases[2].options.filter =
+        TensorFilter::Predicate([](std::string_view n) { return n.substr(0, 2) == "b."; });
+    cases[3].name = "small staging, arena pool";
+    cases[3].options.staging_bytes = 300 << 10;
+    cases[3].options.staging_buffers = 2;
+    cases[3].options.arena_pool = std::make_shared<ArenaPool>();
+    for (Case& c : cases) {
+      SCOPED_TRACE(std::string(where) + ": " + c.name);
+      StripeOptions o = Defaults();
+      o.load = c.options;
+      o.load.device = where;
+      if (o.load.device != "cpu") o.load.arena_pool = nullptr;  // Host loads alone.
+      std::vector<std::string> handed;
+      o.load.on_tensor = [&](const StreamedTensor& t) {
+        handed.push_back(t.tensor().name);
+        return Status::Ok();
+      };
+      StripeReport report;
+      auto got = LoadStriped(o, &report);
+      ASSERT_OK(got);
+      ExpectSameAsLocal(*got, c.options);
+      EXPECT_EQ(handed.size(), got->tensors().size());
+      EXPECT_EQ(report.checked, peer);
+      EXPECT_EQ(report.refetched, 0u);
+      EXPECT_GE(report.sources.size(), 2u);
+      for (const auto& s : report.sources) EXPECT_EQ(s.failure, "") << s.name;
+      for (const LoadedTensor& t : got->tensors()) {
+        EXPECT_EQ(t.device, std::string(where) == "cpu" ? DeviceType::kCpu : DeviceType::kEmulated);
+      }
+      ASSERT_FALSE(got->files().empty());
+      EXPECT_THAT(got->files()[0].reason, HasSubstr("striped over"));
+    }
+  }
+}
+
+TEST_F(StripedLoadTest, ASparseCheckpointIsDecodedAsFromTheLocalCopy) {
+  std::vector<RawTensor> dense = {Random("l.0.weight", Dtype::kF16, {256, 512}, 31),
+                                  Random("l.0.bias", Dtype::kF16, {256}, 32),
+                                  Random("l.1.weight", Dtype::kBF16, {512, 256}, 33)};
+  std::filesystem::create_directories(root_.File("dense"));
+  WriteRaw(root_.File("dense/model.safetensors"), dense);
+  sparse::SparsifyOptions sparsify;
+  sparsify.prune = 0.6;
+  const std::string dir = root_.File("s3/models/sparse");
+  ASSERT_OK(sparse::Sparsify(root_.File("dense/model.safetensors"), dir, sparsify));
+  StartBucket();
+  for (const char* where : {"cpu", "emulated:0"}) {
+    SCOPED_TRACE(where);
+    StripeOptions o;
+    o.path = dir;
+    o.object_url = "s3://models/sparse/";
+    o.store = options_.store;
+    o.range_bytes = 64 << 10;
+    o.use_page_cache = false;
+    o.load.device = where;
+    StripeReport report;
+    auto got = LoadStriped(o, &report);
+    ASSERT_OK(got);
+    ASSERT_NE(got->Find("l.0.weight"), nullptr);  // Dense names: decoded.
+    ExpectSameAsLocal(*got, {}, dir);
+    EXPECT_EQ(report.sources.size(), 2u);
+  }
+}
+
+// Every source failing mid-load: the load fails and frees what it took, on
+// the host and on a device.
+TEST_F(StripedLoadTest, EverySourceFailingMidLoadFreesEverything) {
+  auto device = OpenDevice(DeviceType::kEmulated, 0);
+  ASSERT_OK(device);
+  auto before = GetEmulatedDeviceCounts(**device);
+  ASSERT_OK(before);
+  for (const char* where : {"cpu", "emulated:0"}) {
+    SCOPED_TRACE(where);
+    StartBucket();
+    StripeOptions o = Defaults();
+    o.path.clear();
+    o.load.device = where;
+    o.load.staging_bytes = 256 << 10;
+    bool killed = false;
+    o.on_range = [&](const std::string&, uint64_t) {
+      if (!killed) {
+        killed = true;
+        server_->Stop();
+      }
+    };
+    auto got = LoadStriped(o, nullptr);
+    ASSERT_FALSE(got.ok());
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable) << got.status().ToString();
+    EXPECT_THAT(got.status().message(), HasSubstr("every source failed"));
+  }
+  auto after = GetEmulatedDeviceCounts(**device);
+  ASSERT_OK(after);
+  EXPECT_EQ(after->live_bytes, before->live_bytes);
+  EXPECT_EQ(after->live_allocations, before->live_allocations);
+}
+
+// A lying peer on the device path: its chunks are checked in the staging
+// slots (whole, where a slot cuts one) and it is dropped.
+TEST_F(StripedLoadTest, APeerThatLiesIsDroppedOnTheDevicePathToo) {
+  StartPeer();
+  auto want = Load(path_);
+  ASSERT_OK(want);
+  for (const LoadedTensor& t : want->tensors()) {
+    if (t.nbytes) {
+      ASSERT_OK(peer_->CorruptForTesting(t.name, 0));
+    }
+  }
+  StripeOptions o = Defaults();
+  o.load.device = "emulated:0";
+  o.load.staging_bytes = 300 << 10;
+  StripeReport report;
+  auto got = LoadStriped(o, &report);
+  ASSERT_OK(got);
+  ExpectSameAsLocal(*got);
+  const StripeSourceReport* peer = SourceNamed(report, "http://");
+  ASSERT_NE(peer, nullptr);
+  EXPECT_THAT(peer->failure, HasSubstr("XXH3"));
+  EXPECT_EQ(peer->bytes, 0u);
 }
 
 }  // namespace

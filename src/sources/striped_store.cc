@@ -1,0 +1,296 @@
+// The striped store (striped_store.h).
+#include "sources/striped_store.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tensorlift::sources {
+
+struct StripedStore::Read {
+  std::vector<Piece> pieces;
+  size_t left = 0;                                  // Pieces not landed yet.
+  size_t in_flight = 0;                             // Pieces a worker is fetching now.
+  std::vector<std::pair<size_t, uint64_t>> landed;  // Not yet told the caller.
+};
+
+StripedStore::StripedStore(Layout layout, std::vector<std::unique_ptr<Source>> sources,
+                           Options options)
+    : layout_(std::move(layout)), sources_(std::move(sources)), options_(std::move(options)) {
+  alive_ = static_cast<int>(sources_.size());
+  // Each source's workers in turn, so every source starts at once.
+  int most = 0;
+  for (auto& s : sources_) most = std::max(most, s->workers);
+  for (int w = 0; w < most; ++w) {
+    for (auto& s : sources_) {
+      if (w < s->workers) worker_source_.push_back(s.get());
+    }
+  }
+  first_.resize(worker_source_.size());
+  dealt_.assign(worker_source_.size(), false);
+  for (size_t k = 0; k < worker_source_.size(); ++k)
+    threads_.emplace_back([this, k] { Work(*worker_source_[k], k); });
+}
+
+StripedStore::~StripedStore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+Result<bool> StripedStore::IsDirectory(const std::string& path) {
+  return UnimplementedError(path + ": a striped store reads tensor bytes; it opens no checkpoint");
+}
+Result<std::vector<CheckpointStore::Entry>> StripedStore::List(const std::string& path) {
+  return UnimplementedError(path + ": a striped store reads tensor bytes; it opens no checkpoint");
+}
+Result<std::string> StripedStore::ReadSmall(const std::string& path, uint64_t) {
+  return UnimplementedError(path + ": a striped store reads tensor bytes; it opens no checkpoint");
+}
+Result<Header> StripedStore::ReadHeader(const std::string& path, FileIdentity*) {
+  return UnimplementedError(path + ": a striped store reads tensor bytes; it opens no checkpoint");
+}
+
+std::string StripedStore::Describe(const std::string&) const {
+  return "striped over " + std::to_string(sources_.size()) + " source(s)";
+}
+
+Status StripedStore::ReadRanges(std::span<const Range> ranges,
+                                const std::function<void(size_t range, uint64_t bytes)>& landed) {
+  std::vector<uint64_t> zeroed;
+  Read read;
+  TL_ASSIGN_OR_RETURN(read.pieces, CutPieces(layout_, ranges, options_.piece_bytes, &zeroed));
+  if (landed) {
+    for (size_t i = 0; i < zeroed.size(); ++i) {
+      if (zeroed[i]) landed(i, zeroed[i]);
+    }
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!started_) {
+    started_ = true;
+    start_ = Clock::now();
+  }
+  if (alive_ == 0) return UnavailableError("striped load: every source failed:" + EveryFailure());
+  pieces_ += read.pieces.size();
+  for (size_t i = 0; i < read.pieces.size(); ++i) {
+    if (FromKept(read.pieces[i], read)) continue;
+    queue_.push_back({&read, i});
+    queued_bytes_ += read.pieces[i].bytes;
+    ++read.left;
+  }
+  DealFirstBatches();
+  work_cv_.notify_all();
+  for (;;) {
+    read_cv_.wait(lock, [&] {
+      return !read.landed.empty() || read.left == 0 || (alive_ == 0 && read.in_flight == 0);
+    });
+    std::vector<std::pair<size_t, uint64_t>> now;
+    now.swap(read.landed);
+    if (landed && !now.empty()) {
+      lock.unlock();
+      for (const auto& [range, bytes] : now) landed(range, bytes);
+      lock.lock();
+    }
+    if (read.left == 0 && read.landed.empty()) return Status::Ok();
+    if (alive_ == 0 && read.in_flight == 0) {
+      // Its pieces still queued go (no worker takes them any more).
+      std::erase_if(queue_, [&](const Queued& q) { return q.read == &read; });
+      return UnavailableError("striped load: every source failed:" + EveryFailure());
+    }
+  }
+}
+
+bool StripedStore::FromKept(Piece& p, Read& read) {
+  if (!p.whole) return false;
+  auto it = kept_.find({p.units[0].tensor, p.units[0].chunk});
+  if (it == kept_.end()) return false;
+  Kept& k = it->second;
+  uint64_t bytes = 0;
+  for (const Delivery& d : p.deliveries) {
+    std::memcpy(d.to, k.bytes.get() + d.from, d.bytes);
+    read.landed.emplace_back(d.request, d.bytes);
+    bytes += d.bytes;
+  }
+  sources_[k.source]->report.bytes += bytes;
+  k.left -= std::min(k.left, bytes);
+  if (k.left == 0) kept_.erase(it);
+  return true;
+}
+
+void StripedStore::DealFirstBatches() {
+  for (size_t k = 0; k < worker_source_.size() && !queue_.empty(); ++k) {
+    Source& src = *worker_source_[k];
+    if (dealt_[k] || src.dead) continue;
+    dealt_[k] = true;
+    while (!queue_.empty() && static_cast<int>(first_[k].size()) < src.take) {
+      const Queued q = queue_.front();
+      queue_.pop_front();
+      queued_bytes_ -= q.read->pieces[q.piece].bytes;
+      ++q.read->in_flight;
+      first_[k].push_back(q);
+    }
+  }
+}
+
+void StripedStore::Work(Source& src, size_t worker) {
+  for (;;) {
+    std::vector<Queued> mine;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      mine = Take(src, worker, lock);
+      if (mine.empty()) return;
+    }
+    std::vector<const Piece*> pieces;
+    for (const Queued& q : mine) pieces.push_back(&q.read->pieces[q.piece]);
+    const auto fetch_start = Clock::now();
+    Status st = src.Fetch(pieces);
+    for (size_t k = 0; st.ok() && k < pieces.size(); ++k)
+      st = CheckPiece(*pieces[k], src.report.name);
+    // A chunk fetched whole: its parts copied out (the destinations are the read's).
+    for (size_t k = 0; st.ok() && k < pieces.size(); ++k) {
+      for (const Delivery& d : pieces[k]->deliveries)
+        std::memcpy(d.to, pieces[k]->dst + d.from, d.bytes);
+    }
+    const double busy = std::chrono::duration<double>(Clock::now() - fetch_start).count();
+    if (st.ok()) {
+      Landed(src, mine, busy);
+    } else {
+      Failed(src, mine, st);
+      return;
+    }
+  }
+}
+
+std::vector<StripedStore::Queued> StripedStore::Take(Source& src, size_t worker,
+                                                     std::unique_lock<std::mutex>& lock) {
+  std::vector<Queued> ids;
+  work_cv_.wait(lock, [&] {
+    return stop_ || src.dead || !first_[worker].empty() || (!queue_.empty() && !LeaveToOthers(src));
+  });
+  if (stop_) return ids;  // No read is in progress: nothing was dealt.
+  if (src.dead) {
+    // A batch dealt to it goes back to the others.
+    std::vector<Queued>& first = first_[worker];
+    for (auto it = first.rbegin(); it != first.rend(); ++it) {
+      --it->read->in_flight;
+      queue_.push_front(*it);
+      queued_bytes_ += it->read->pieces[it->piece].bytes;
+    }
+    if (!first.empty()) {
+      first.clear();
+      read_cv_.notify_all();
+      work_cv_.notify_all();
+    }
+    return ids;
+  }
+  if (!first_[worker].empty()) {
+    ids.swap(first_[worker]);
+    return ids;
+  }
+  while (!queue_.empty() && static_cast<int>(ids.size()) < src.take) {
+    const Queued q = queue_.front();
+    queue_.pop_front();
+    queued_bytes_ -= q.read->pieces[q.piece].bytes;
+    ++q.read->in_flight;
+    ids.push_back(q);
+  }
+  return ids;
+}
+
+void StripedStore::Landed(Source& src, const std::vector<Queued>& mine, double busy_s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t bytes = 0;
+  for (const Queued& q : mine) {
+    Piece& p = q.read->pieces[q.piece];
+    if (p.deliveries.empty()) {
+      q.read->landed.emplace_back(p.request, p.bytes);
+    } else {
+      for (const Delivery& d : p.deliveries) q.read->landed.emplace_back(d.request, d.bytes);
+      // The rest of the chunk, for a later read that asks for it.
+      const uint64_t left = p.bytes - p.Delivers();
+      if (left > 0) {
+        size_t source = 0;
+        while (sources_[source].get() != &src) ++source;
+        kept_[{p.units[0].tensor, p.units[0].chunk}] = Kept{p.whole, source, left};
+      }
+    }
+    bytes += p.Delivers();
+    --q.read->in_flight;
+    --q.read->left;
+  }
+  src.busy_s += busy_s;
+  src.report.bytes += bytes;
+  src.report.ranges += mine.size();
+  src.report.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+  if (options_.on_range) options_.on_range(src.report.name, bytes);
+  read_cv_.notify_all();
+  // Rates changed: workers that left the queue to the others ask again.
+  work_cv_.notify_all();
+}
+
+void StripedStore::Failed(Source& src, const std::vector<Queued>& mine, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!src.dead) {
+    src.dead = true;
+    src.report.failure = why.message();
+    --alive_;
+  }
+  // Back to the front: the others take them next.
+  for (auto it = mine.rbegin(); it != mine.rend(); ++it) {
+    --it->read->in_flight;
+    queue_.push_front(*it);
+    queued_bytes_ += it->read->pieces[it->piece].bytes;
+  }
+  refetched_ += mine.size();
+  read_cv_.notify_all();
+  work_cv_.notify_all();
+}
+
+// The tail of a load: whether a worker of `src` should leave the queue to the
+// others, because they would fetch all of it before this worker fetched one
+// batch (at the rates measured so far). The fastest source, and a source not
+// measured yet, always take; so the queue is always drained. Re-asked
+// whenever the queue or the sources change.
+bool StripedStore::LeaveToOthers(const Source& src) const {
+  const double mine = src.WorkerRate();
+  if (mine <= 0) return false;
+  double others = 0, fastest = 0;
+  for (const auto& s : sources_) {
+    if (s->dead || s->WorkerRate() <= 0) continue;
+    const double rate = s->WorkerRate() * s->workers;
+    fastest = std::max(fastest, rate);
+    if (s.get() != &src) others += rate;
+  }
+  if (others <= 0 || mine * src.workers >= fastest) return false;
+  uint64_t batch = 0;
+  for (size_t k = 0; k < queue_.size() && static_cast<int>(k) < src.take; ++k)
+    batch += queue_[k].read->pieces[queue_[k].piece].bytes;
+  return batch / mine > queued_bytes_ / others;
+}
+
+std::string StripedStore::EveryFailure() const {
+  std::string why;
+  for (const auto& s : sources_) why += "\n  " + s->report.name + ": " + s->report.failure;
+  return why;
+}
+
+std::vector<StripeSourceReport> StripedStore::SourceReports() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<StripeSourceReport> out;
+  for (const auto& s : sources_) out.push_back(s->report);
+  return out;
+}
+
+uint64_t StripedStore::refetched() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return refetched_;
+}
+
+uint64_t StripedStore::pieces() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pieces_;
+}
+
+}  // namespace tensorlift::sources

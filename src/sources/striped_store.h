@@ -1,0 +1,119 @@
+// A striped load's store (private to sources/): a CheckpointStore whose reads
+// are shared among several sources at once (the local files, a bucket,
+// running peers). The loader runs its usual plan, host path or GPU pipeline
+// over it; every read it issues is cut into pieces (striped_plan.h) that the
+// sources' workers take from one queue, so a faster source takes more (work
+// stealing); near the end a slow source leaves the queue to faster ones that
+// would drain it sooner. Each piece's chunks are checked where they land
+// against the reference peer's manifest, whichever source fetched them; a
+// source that fails or whose bytes do not match is dropped and its pieces go
+// to the others. A read fails only when every source has.
+//
+// Thread safety: ReadRanges may be called from several threads at once (the
+// GPU pipeline's readers); the sources' workers live as long as the store.
+#ifndef TENSORLIFT_SOURCES_STRIPED_STORE_H_
+#define TENSORLIFT_SOURCES_STRIPED_STORE_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "sources/striped_plan.h"
+#include "sources/striped_sources.h"
+#include "tensorlift/checkpoint.h"
+#include "tensorlift/striped.h"
+
+namespace tensorlift::sources {
+
+class StripedStore final : public CheckpointStore {
+ public:
+  struct Options {
+    uint64_t piece_bytes = 8ull << 20;  // The most bytes one piece holds.
+    std::function<void(const std::string& source, uint64_t bytes)> on_range;
+  };
+  // `layout`'s tensors are checked against `reference`'s entries (set by the
+  // caller) when layout.chunk_bytes is not 0. Starts every source's workers.
+  StripedStore(Layout layout, std::vector<std::unique_ptr<Source>> sources, Options options);
+  // Stops the workers (no read is in progress by then), then closes the sources.
+  ~StripedStore() override;
+
+  // The checkpoint was opened before (from the local copy or the bucket):
+  // these refuse.
+  Result<bool> IsDirectory(const std::string& path) override;
+  Result<std::vector<Entry>> List(const std::string& path) override;
+  Result<std::string> ReadSmall(const std::string& path, uint64_t limit) override;
+  Result<Header> ReadHeader(const std::string& path, FileIdentity* identity) override;
+
+  Status ReadRanges(std::span<const Range> ranges,
+                    const std::function<void(size_t range, uint64_t bytes)>& landed) override;
+  std::string Describe(const std::string& path) const override;
+  bool WantsFileAlignment() const override { return true; }
+
+  // After the reads: each source's report, pieces fetched again after their
+  // source failed, and pieces cut.
+  std::vector<StripeSourceReport> SourceReports() const;
+  uint64_t refetched() const;
+  uint64_t pieces() const;
+
+ private:
+  struct Read;  // One ReadRanges call's pieces, and what has landed of them.
+  struct Queued {
+    Read* read;
+    size_t piece;
+  };
+  using Clock = std::chrono::steady_clock;
+
+  void Work(Source& src, size_t worker);
+  // Under mu_: takes the pieces `src`'s next fetch gets (none: it stops).
+  std::vector<Queued> Take(Source& src, size_t worker, std::unique_lock<std::mutex>& lock);
+  // Under mu_: a batch from the queue for each worker that has had none yet,
+  // dealt round-robin over the sources, so that every source is used (and
+  // measured) from the start however fast the others are.
+  void DealFirstBatches();
+  void Landed(Source& src, const std::vector<Queued>& mine, double busy_s);
+  void Failed(Source& src, const std::vector<Queued>& mine, const Status& why);
+  bool LeaveToOthers(const Source& src) const;
+  // A chunk fetched whole earlier for part of it: copies out what `p` needs.
+  bool FromKept(Piece& p, Read& read);
+  std::string EveryFailure() const;
+
+  const Layout layout_;
+  std::vector<std::unique_ptr<Source>> sources_;
+  const Options options_;
+  mutable std::mutex mu_;
+  std::condition_variable work_cv_;  // Workers: the queue or the sources changed.
+  std::condition_variable read_cv_;  // Readers: bytes landed, or every source failed.
+  std::deque<Queued> queue_;
+  uint64_t queued_bytes_ = 0;  // Of the pieces in queue_.
+  // Chunks fetched whole of which parts are still to be asked for: the
+  // source that fetched them and the bytes not yet copied out.
+  struct Kept {
+    std::shared_ptr<std::byte[]> bytes;
+    size_t source = 0;
+    uint64_t left = 0;
+  };
+  std::map<std::pair<const LaidOut*, int64_t>, Kept> kept_;
+  int alive_ = 0;
+  bool stop_ = false;
+  bool started_ = false;
+  Clock::time_point start_;
+  uint64_t refetched_ = 0;
+  uint64_t pieces_ = 0;
+  std::vector<std::thread> threads_;
+  std::vector<Source*> worker_source_;      // Per worker.
+  std::vector<std::vector<Queued>> first_;  // Per worker: its dealt batch.
+  std::vector<bool> dealt_;                 // Per worker: it has had one.
+};
+
+}  // namespace tensorlift::sources
+
+#endif  // TENSORLIFT_SOURCES_STRIPED_STORE_H_
