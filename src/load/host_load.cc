@@ -221,213 +221,199 @@ Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool 
 // (host_load.h) LoadOptions::fault_threads resolved.
 int FaultThreads(const LoadOptions& options) { return FaultThreadCount(options.fault_threads); }
 
-Result<LoadedCheckpoint> LoadOnHost(const Checkpoint& ckpt, const LoadOptions& options,
-                                    const EngineWrapper& wrap, const HostLoadHooks* hooks) {
+namespace {
+
+// One host load, cut at its seams: placement (plans, arenas, where each
+// tensor is), the read ops, content hashing, delivery to on_tensor, running
+// the reads, and the result. Each step runs once, in that order.
+class HostLoad {
+ public:
+  HostLoad(const Checkpoint& ckpt, const LoadOptions& options, const EngineWrapper& wrap,
+           const HostLoadHooks* hooks)
+      : ckpt_(ckpt), options_(options), wrap_(wrap), hooks_(hooks) {}
+
+  Result<LoadedCheckpoint> Run() {
+    const auto t0 = Clock::now();
+    if (options_.block_size == 0) return InvalidArgumentError("block_size must be positive");
+    TL_RETURN_IF_ERROR(Place());
+    BuildReadOps();
+    SetUpHashing();
+    SetUpDelivery();
+    TL_RETURN_IF_ERROR(RunReads());
+    return Finish(t0);
+  }
+
+ private:
   using Clock = std::chrono::steady_clock;
-  const auto t0 = Clock::now();
-  if (options.block_size == 0) return InvalidArgumentError("block_size must be positive");
-
-  std::vector<FileJob> jobs;
-  const std::vector<Checkpoint::Location> selected = SelectTensors(ckpt, options.filter, jobs);
-  for (auto& job : jobs) {
-    if (job.wanted.empty()) continue;
-    // Views of the page cache for auto's cached files, unless the caller asked for owned
-    // copies or places the tensors itself (hooks: its own buffers, served or broadcast).
-    Status st = PlanJob(job, options, !options.copy && !options.shared_memory && hooks == nullptr);
-    if (!st.ok()) return st.WithContext(job.shard->path);
-  }
-
-  // Plans list tensors in file order; find each selected one's placement.
-  std::vector<std::vector<const PlannedTensor*>> placed(jobs.size());
-  for (size_t s = 0; s < jobs.size(); ++s) {
-    placed[s].assign(ckpt.shards()[s].header.tensors().size(), nullptr);
-    for (const auto& pt : jobs[s].plan.tensors) placed[s][pt.index] = &pt;
-  }
-  auto address = [&](Checkpoint::Location loc) -> std::byte* {
-    const FileJob& job = jobs[loc.shard];
-    const PlannedTensor* pt = placed[loc.shard][loc.index];
-    return pt->in_arena
-               ? job.arena->data() + pt->arena_offset
-               : job.mapping->data() + job.shard->header.data_offset() + ckpt.info(loc).begin;
-  };
-  if (hooks && hooks->placed) {
-    for (auto loc : selected) hooks->placed(loc, address(loc));
-  }
-
-  // The result's tensors, in name order, before any read: on_tensor hands them
-  // out as their bytes land.
-  CheckpointBuilder out;
-  out.Reserve(selected.size());
-  for (auto loc : selected) {
-    const FileJob& job = jobs[loc.shard];
-    const TensorInfo& info = ckpt.info(loc);
-    out.Add(MakeTensor(info, info.dtype, address(loc), info.nbytes()),
-            placed[loc.shard][loc.index]->in_arena ? job.arena : job.mapping);
-  }
-
-  // Direct and buffered reads go to their own engines (see MakeEngine).
-  std::vector<ReadOp> ops[2];  // [0] buffered, [1] direct.
-  uint64_t read_bytes = 0;
-  uint32_t read_id = 0;  // Every read's number, across the files.
-  // Reads still to finish per shard, for hooks->file_done.
-  std::unique_ptr<std::atomic<uint64_t>[]> pending(new std::atomic<uint64_t>[jobs.size()]);
-  for (size_t s = 0; s < jobs.size(); ++s) {
-    auto& job = jobs[s];
-    pending[s] = 0;
-    if (job.wanted.empty()) continue;
-    for (const PlannedRead& r : job.plan.reads) {
-      ops[r.direct].push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset,
-                               r.length, job.arena->data() + r.arena_offset, r.bounce,
-                               &job.shard->path, static_cast<uint32_t>(s), read_id++});
-      read_bytes += r.length;
-      ++pending[s];
-    }
-  }
-
-  // Where each tensor's bytes sit in its file's arena (those read into it), per
-  // shard in arena order: which tensors a read fills.
+  // Where each tensor's bytes sit in its file's arena (those read into it).
   struct Span {
     uint64_t begin, end;
     uint32_t tensor;
   };
-  std::vector<std::vector<Span>> spans;
+
+  // Plans every file, then the result's tensors in name order, each at its
+  // place, before any read: on_tensor hands them out as their bytes land.
+  Status Place() {
+    selected_ = SelectTensors(ckpt_, options_.filter, jobs_);
+    for (auto& job : jobs_) {
+      if (job.wanted.empty()) continue;
+      // Views of the page cache for auto's cached files, unless the caller asked for owned
+      // copies or places the tensors itself (hooks: its own buffers, served or broadcast).
+      Status st =
+          PlanJob(job, options_, !options_.copy && !options_.shared_memory && hooks_ == nullptr);
+      if (!st.ok()) return st.WithContext(job.shard->path);
+    }
+    // Plans list tensors in file order; find each selected one's placement.
+    placed_.resize(jobs_.size());
+    for (size_t s = 0; s < jobs_.size(); ++s) {
+      placed_[s].assign(ckpt_.shards()[s].header.tensors().size(), nullptr);
+      for (const auto& pt : jobs_[s].plan.tensors) placed_[s][pt.index] = &pt;
+    }
+    if (hooks_ && hooks_->placed) {
+      for (auto loc : selected_) hooks_->placed(loc, Address(loc));
+    }
+    out_.Reserve(selected_.size());
+    for (auto loc : selected_) {
+      const FileJob& job = jobs_[loc.shard];
+      const TensorInfo& info = ckpt_.info(loc);
+      out_.Add(MakeTensor(info, info.dtype, Address(loc), info.nbytes()),
+               placed_[loc.shard][loc.index]->in_arena ? job.arena : job.mapping);
+    }
+    return Status::Ok();
+  }
+
+  std::byte* Address(Checkpoint::Location loc) const {
+    const FileJob& job = jobs_[loc.shard];
+    const PlannedTensor* pt = placed_[loc.shard][loc.index];
+    return pt->in_arena
+               ? job.arena->data() + pt->arena_offset
+               : job.mapping->data() + job.shard->header.data_offset() + ckpt_.info(loc).begin;
+  }
+
+  // Direct and buffered reads go to their own engines (see MakeEngine).
+  void BuildReadOps() {
+    pending_.reset(new std::atomic<uint64_t>[jobs_.size()]);
+    for (size_t s = 0; s < jobs_.size(); ++s) {
+      auto& job = jobs_[s];
+      pending_[s] = 0;
+      if (job.wanted.empty()) continue;
+      for (const PlannedRead& r : job.plan.reads) {
+        ops_[r.direct].push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset,
+                                  r.length, job.arena->data() + r.arena_offset, r.bounce,
+                                  &job.shard->path, static_cast<uint32_t>(s), read_id_++});
+        read_bytes_ += r.length;
+        ++pending_[s];
+      }
+    }
+  }
+
   // The content identity (LoadOptions::content_hash): pieces hashed as reads
   // complete them; views of the page cache are not read, so kAuto skips loads
   // that have any, and kOn hashes them after the reads.
-  std::optional<ContentHasher> hasher;
-  {
+  void SetUpHashing() {
     bool views = false;
-    for (auto loc : selected) views |= !placed[loc.shard][loc.index]->in_arena;
-    if (options.content_hash == ContentHashMode::kOn ||
-        (options.content_hash == ContentHashMode::kAuto && !views)) {
+    for (auto loc : selected_) views |= !placed_[loc.shard][loc.index]->in_arena;
+    if (options_.content_hash == ContentHashMode::kOn ||
+        (options_.content_hash == ContentHashMode::kAuto && !views)) {
       std::vector<TensorContent> contents;
       std::vector<const std::byte*> data;
-      contents.reserve(selected.size());
-      data.reserve(selected.size());
-      for (const LoadedTensor& t : out.tensors()) {
+      contents.reserve(selected_.size());
+      data.reserve(selected_.size());
+      for (const LoadedTensor& t : out_.tensors()) {
         contents.push_back({t.name, t.dtype, t.shape, t.nbytes, {}});
         data.push_back(static_cast<const std::byte*>(t.data));
       }
-      hasher.emplace(std::move(contents), std::move(data));
+      hasher_.emplace(std::move(contents), std::move(data));
     }
-  }
-  if (options.on_tensor || hasher) {
-    spans.resize(jobs.size());
-    for (size_t i = 0; i < selected.size(); ++i) {
-      const PlannedTensor* pt = placed[selected[i].shard][selected[i].index];
-      const uint64_t n = out.tensors()[i].nbytes;
+    if (!options_.on_tensor && !hasher_) return;
+    // Per shard in arena order: which tensors a read fills.
+    spans_.resize(jobs_.size());
+    for (size_t i = 0; i < selected_.size(); ++i) {
+      const PlannedTensor* pt = placed_[selected_[i].shard][selected_[i].index];
+      const uint64_t n = out_.tensors()[i].nbytes;
       if (pt->in_arena && n > 0) {
-        spans[selected[i].shard].push_back(
+        spans_[selected_[i].shard].push_back(
             {pt->arena_offset, pt->arena_offset + n, static_cast<uint32_t>(i)});
       }
     }
-    for (auto& sp : spans) {
+    for (auto& sp : spans_) {
       std::sort(sp.begin(), sp.end(),
                 [](const Span& a, const Span& b) { return a.begin < b.begin; });
     }
   }
-  // Calls f(span) for each tensor span that read `op` overlaps.
-  auto for_spans = [&](const ReadOp& op, auto&& f) {
-    const auto& sp = spans[op.tag];
-    const uint64_t lo = static_cast<uint64_t>(op.dest - jobs[op.tag].arena->data()),
+
+  // Calls f(span, lo, hi) for each tensor span that read `op` overlaps.
+  template <typename F>
+  void ForSpans(const ReadOp& op, F&& f) const {
+    const auto& sp = spans_[op.tag];
+    const uint64_t lo = static_cast<uint64_t>(op.dest - jobs_[op.tag].arena->data()),
                    hi = lo + op.length;
     // Tensors in an arena do not overlap: the first that ends after lo, then on.
     auto it =
         std::partition_point(sp.begin(), sp.end(), [&](const Span& t) { return t.end <= lo; });
     for (; it != sp.end() && it->begin < hi; ++it) f(*it, lo, hi);
-  };
+  }
 
   // on_tensor: which tensors each read fills, and how many reads each tensor waits for.
-  std::vector<std::vector<uint32_t>> read_tensors;
-  std::unique_ptr<std::atomic<uint32_t>[]> waiting;
-  std::optional<Deliverer> deliverer;
-  if (options.on_tensor) {
-    read_tensors.resize(read_id);
-    waiting.reset(new std::atomic<uint32_t>[selected.size()]);
-    for (size_t i = 0; i < selected.size(); ++i) waiting[i] = 0;
-    for (const auto& list : ops) {
+  void SetUpDelivery() {
+    if (!options_.on_tensor) return;
+    read_tensors_.resize(read_id_);
+    waiting_.reset(new std::atomic<uint32_t>[selected_.size()]);
+    for (size_t i = 0; i < selected_.size(); ++i) waiting_[i] = 0;
+    for (const auto& list : ops_) {
       for (const ReadOp& op : list) {
-        for_spans(op, [&](const Span& t, uint64_t, uint64_t) {
-          read_tensors[op.id].push_back(t.tensor);
-          ++waiting[t.tensor];
+        ForSpans(op, [&](const Span& t, uint64_t, uint64_t) {
+          read_tensors_[op.id].push_back(t.tensor);
+          ++waiting_[t.tensor];
         });
       }
     }
-    deliverer.emplace(options.on_tensor, out.tensors(), out.owners());
-    for (size_t i = 0; i < selected.size(); ++i) {
-      if (waiting[i] == 0) deliverer->Ready(i);  // Views, and tensors with no bytes.
+    deliverer_.emplace(options_.on_tensor, out_.tensors(), out_.owners());
+    for (size_t i = 0; i < selected_.size(); ++i) {
+      if (waiting_[i] == 0) deliverer_->Ready(i);  // Views, and tensors with no bytes.
     }
   }
 
-  ReadProgress progress;
-  ProgressReporter reporter(options.progress, read_bytes);
-  progress.tick = [&] {
-    reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), false);
-  };
-  const bool file_done = hooks && hooks->file_done;
-  // Where nothing is handed on while the reads run (a plain host load), the
-  // hashing is a thread's of its own; otherwise it happens before a tensor is
-  // handed out or a file handed on (whose memory may then be reused).
-  std::optional<BackgroundHasher> background;
-  if (hasher && !file_done && !deliverer) background.emplace(&*hasher);
-  if (file_done || deliverer || hasher) {
-    progress.op_done = [&](const ReadOp& op) {
-      // Hashed first: a tensor handed out, or a file handed on, is hashed.
-      if (hasher) {
-        for_spans(op, [&](const Span& t, uint64_t lo, uint64_t hi) {
-          const uint64_t from = std::max(lo, t.begin), to = std::min(hi, t.end);
-          if (background) {
-            background->Landed(t.tensor, from - t.begin, to - from);
-          } else {
-            hasher->Landed(t.tensor, from - t.begin, to - from);
-          }
-        });
-      }
-      if (file_done && pending[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1)
-        hooks->file_done(op.tag);
-      if (deliverer) {
-        for (uint32_t t : read_tensors[op.id]) {
-          if (waiting[t].fetch_sub(1, std::memory_order_acq_rel) == 1) deliverer->Ready(t);
+  // What happens as each read completes: hashing, handing files and tensors on.
+  void OnReadDone(const ReadOp& op, bool file_done) {
+    // Hashed first: a tensor handed out, or a file handed on, is hashed.
+    if (hasher_) {
+      ForSpans(op, [&](const Span& t, uint64_t lo, uint64_t hi) {
+        const uint64_t from = std::max(lo, t.begin), to = std::min(hi, t.end);
+        if (background_) {
+          background_->Landed(t.tensor, from - t.begin, to - from);
+        } else {
+          hasher_->Landed(t.tensor, from - t.begin, to - from);
         }
+      });
+    }
+    if (file_done && pending_[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1)
+      hooks_->file_done(op.tag);
+    if (deliverer_) {
+      for (uint32_t t : read_tensors_[op.id]) {
+        if (waiting_[t].fetch_sub(1, std::memory_order_acq_rel) == 1) deliverer_->Ready(t);
       }
-    };
-  }
-  if (file_done) {
-    for (size_t s = 0; s < jobs.size(); ++s) {
-      if (!jobs[s].wanted.empty() && pending[s] == 0) hooks->file_done(static_cast<uint32_t>(s));
     }
   }
-  IoEngine engine_kind[2] = {IoEngine::kThreads, IoEngine::kThreads};
-  // The engines first: their set-up maps memory (the ring, thread stacks), and an
-  // mmap waits for the mmap lock that the fault threads' populate steps hold.
-  std::unique_ptr<ReadEngine> engines[2];
-  for (int direct : {1, 0}) {
-    if (ops[direct].empty()) continue;
-    TL_ASSIGN_OR_RETURN(engines[direct], MakeEngine(options, direct == 1, ops[direct],
-                                                    &engine_kind[direct], ckpt.store().get()));
-    if (wrap) engines[direct] = wrap(std::move(engines[direct]));
-  }
-  {
-    // Fresh memory's first touch (page faults) costs as much as the reads
-    // themselves on some machines; a helper threads fault the arenas in, in
-    // file order, ahead of the reads (docs/loading.md, "Memory").
+
+  // auto's views of the page cache: their page tables filled in by the fault
+  // threads (after the fresh memory the reads need first), read-only (no
+  // copy-on-write), so that the consumer's first pass takes no page faults. An
+  // explicit mode=mmap stays lazy, as documented: its bytes come in on first touch.
+  std::vector<PopulateAhead::Region> RegionsToFault() const {
     std::vector<PopulateAhead::Region> regions;
-    for (const auto& job : jobs) {
+    for (const auto& job : jobs_) {
       // A buffer reused from an ArenaPool: only what it has not held before.
       const uint64_t from = job.arena ? job.arena->touched() / kPageAlign * kPageAlign : 0;
       if (!job.wanted.empty() && job.arena && from < job.arena->size()) {
         regions.push_back({job.arena->data() + from, job.arena->size() - from});
       }
     }
-    if (hooks) {
-      for (const auto& buf : hooks->populate) regions.push_back({buf->data(), buf->size()});
+    if (hooks_) {
+      for (const auto& buf : hooks_->populate) regions.push_back({buf->data(), buf->size()});
     }
-    // auto's views of the page cache: their page tables filled in by the same threads
-    // (after the fresh memory the reads need first), read-only (no copy-on-write), so that
-    // the consumer's first pass takes no page faults. An explicit mode=mmap stays lazy, as
-    // documented: its bytes come in on first touch.
-    for (const auto& job : jobs) {
-      if (job.wanted.empty() || !job.mapping || options.mode != IoMode::kAuto) continue;
+    for (const auto& job : jobs_) {
+      if (job.wanted.empty() || !job.mapping || options_.mode != IoMode::kAuto) continue;
       const Header& h = job.shard->header;
       const uint64_t first =
           (h.data_offset() + h.tensors()[job.wanted.front()].begin) / kPageAlign * kPageAlign;
@@ -436,32 +422,106 @@ Result<LoadedCheckpoint> LoadOnHost(const Checkpoint& ckpt, const LoadOptions& o
                          (last - first + kPageAlign - 1) / kPageAlign * kPageAlign,
                          /*read=*/true});
     }
-    PopulateAhead populate(regions, FaultThreads(options));
+    return regions;
+  }
+
+  Status RunReads() {
+    progress_.tick = [this] {
+      reporter_->Report(progress_.bytes_done.load(std::memory_order_relaxed), false);
+    };
+    reporter_.emplace(options_.progress, read_bytes_);
+    const bool file_done = hooks_ && hooks_->file_done;
+    // Where nothing is handed on while the reads run (a plain host load), the
+    // hashing is a thread's of its own; otherwise it happens before a tensor is
+    // handed out or a file handed on (whose memory may then be reused).
+    if (hasher_ && !file_done && !deliverer_) background_.emplace(&*hasher_);
+    if (file_done || deliverer_ || hasher_) {
+      progress_.op_done = [this, file_done](const ReadOp& op) { OnReadDone(op, file_done); };
+    }
+    if (file_done) {
+      for (size_t s = 0; s < jobs_.size(); ++s) {
+        if (!jobs_[s].wanted.empty() && pending_[s] == 0)
+          hooks_->file_done(static_cast<uint32_t>(s));
+      }
+    }
+    // The engines first: their set-up maps memory (the ring, thread stacks), and an
+    // mmap waits for the mmap lock that the fault threads' populate steps hold.
+    std::unique_ptr<ReadEngine> engines[2];
     for (int direct : {1, 0}) {
-      if (engines[direct]) TL_RETURN_IF_ERROR(engines[direct]->Run(ops[direct], &progress));
+      if (ops_[direct].empty()) continue;
+      TL_ASSIGN_OR_RETURN(engines[direct], MakeEngine(options_, direct == 1, ops_[direct],
+                                                      &engine_kind_[direct], ckpt_.store().get()));
+      if (wrap_) engines[direct] = wrap_(std::move(engines[direct]));
+    }
+    // Fresh memory's first touch (page faults) costs as much as the reads
+    // themselves on some machines; a helper threads fault the arenas in, in
+    // file order, ahead of the reads (docs/loading.md, "Memory").
+    PopulateAhead populate(RegionsToFault(), FaultThreads(options_));
+    for (int direct : {1, 0}) {
+      if (engines[direct]) TL_RETURN_IF_ERROR(engines[direct]->Run(ops_[direct], &progress_));
     }
     populate.StopFresh();
     populate.Finish();
+    return Status::Ok();
   }
-  if (deliverer) TL_RETURN_IF_ERROR(deliverer->Finish());
-  for (auto& job : jobs) {
-    if (job.wanted.empty()) continue;
-    Status st = CheckUnchanged(job);
-    if (!st.ok()) return st.WithContext(job.shard->path);
-    // Its pages were written by the reads (or faulted in ahead of them).
-    if (job.arena) job.arena->set_touched(job.arena->size());
+
+  // Every tensor handed out, no file changed: the result.
+  Result<LoadedCheckpoint> Finish(Clock::time_point t0) {
+    if (deliverer_) TL_RETURN_IF_ERROR(deliverer_->Finish());
+    for (auto& job : jobs_) {
+      if (job.wanted.empty()) continue;
+      Status st = CheckUnchanged(job);
+      if (!st.ok()) return st.WithContext(job.shard->path);
+      // Its pages were written by the reads (or faulted in ahead of them).
+      if (job.arena) job.arena->set_touched(job.arena->size());
+    }
+    reporter_->Report(progress_.bytes_done.load(std::memory_order_relaxed), true);
+    for (auto& job : jobs_) {
+      if (job.wanted.empty()) continue;
+      job.report.engine = engine_kind_[job.report.mode == IoMode::kDirect];
+      out_.files().push_back(std::move(job.report));
+    }
+    if (background_) background_->Finish();
+    if (hasher_) {
+      out_.set_content(std::make_shared<const ContentIdentity>(std::move(*hasher_).Finish()));
+    }
+    return std::move(out_).Finish(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  reporter.Report(progress.bytes_done.load(std::memory_order_relaxed), true);
-  for (auto& job : jobs) {
-    if (job.wanted.empty()) continue;
-    job.report.engine = engine_kind[job.report.mode == IoMode::kDirect];
-    out.files().push_back(std::move(job.report));
-  }
-  if (background) background->Finish();
-  if (hasher) {
-    out.set_content(std::make_shared<const ContentIdentity>(std::move(*hasher).Finish()));
-  }
-  return std::move(out).Finish(std::chrono::duration<double>(Clock::now() - t0).count());
+
+  const Checkpoint& ckpt_;
+  const LoadOptions& options_;
+  const EngineWrapper& wrap_;
+  const HostLoadHooks* hooks_;
+
+  std::vector<FileJob> jobs_;
+  std::vector<Checkpoint::Location> selected_;
+  std::vector<std::vector<const PlannedTensor*>> placed_;
+  CheckpointBuilder out_;
+
+  std::vector<ReadOp> ops_[2];  // [0] buffered, [1] direct.
+  uint64_t read_bytes_ = 0;
+  uint32_t read_id_ = 0;  // Every read's number, across the files.
+  // Reads still to finish per shard, for hooks->file_done.
+  std::unique_ptr<std::atomic<uint64_t>[]> pending_;
+  IoEngine engine_kind_[2] = {IoEngine::kThreads, IoEngine::kThreads};
+
+  std::vector<std::vector<Span>> spans_;
+  std::optional<ContentHasher> hasher_;
+  std::vector<std::vector<uint32_t>> read_tensors_;
+  std::unique_ptr<std::atomic<uint32_t>[]> waiting_;
+  std::optional<Deliverer> deliverer_;
+
+  ReadProgress progress_;
+  std::optional<ProgressReporter> reporter_;
+  // Declared after what it hashes into, destroyed (joined) before it.
+  std::optional<BackgroundHasher> background_;
+};
+
+}  // namespace
+
+Result<LoadedCheckpoint> LoadOnHost(const Checkpoint& ckpt, const LoadOptions& options,
+                                    const EngineWrapper& wrap, const HostLoadHooks* hooks) {
+  return HostLoad(ckpt, options, wrap, hooks).Run();
 }
 
 }  // namespace tensorlift

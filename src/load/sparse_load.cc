@@ -266,6 +266,87 @@ Result<CheckpointBuilder> RunSparseMapped(const Checkpoint& ckpt, const LoadOpti
                   HostDecoded(sel, dense), dense);
 }
 
+// A group's reads: its parts' byte ranges, merged where close, covering whole
+// 4 KiB pages (O_DIRECT), laid out one after another in a slot.
+struct GroupReads {
+  struct Span {
+    uint32_t shard;
+    uint64_t begin, end;  // File offsets, page-aligned (end may be the file's end).
+    uint64_t slot_offset;
+  };
+  std::vector<Span> spans;
+  uint64_t bytes = 0;                   // Of the slot used.
+  std::array<uint64_t, 3> part_offset;  // Of values, bitmask, row_offsets in the slot.
+};
+
+// Every group's reads; *slot_bytes: the largest slot one needs.
+std::vector<GroupReads> PlanGroupReads(const Checkpoint& ckpt,
+                                       const std::vector<const sparse::SparseTensor*>& groups,
+                                       uint64_t* slot_bytes) {
+  constexpr uint64_t kMergeGap = 64 << 10;
+  std::vector<GroupReads> plans(groups.size());
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto& g = *groups[i];
+    struct Part {
+      uint32_t shard;
+      uint64_t begin, end;
+      int index;
+    };
+    std::vector<Part> parts;
+    const Checkpoint::Location locs[3] = {g.values, g.bitmask, g.row_offsets};
+    for (int p = 0; p < 3; ++p) {
+      const auto& shard = ckpt.shards()[locs[p].shard];
+      const TensorInfo& info = ckpt.info(locs[p]);
+      const uint64_t begin = shard.header.data_offset() + info.begin;
+      parts.push_back({locs[p].shard, begin, begin + info.nbytes(), p});
+    }
+    std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) {
+      return a.shard != b.shard ? a.shard < b.shard : a.begin < b.begin;
+    });
+    GroupReads& plan = plans[i];
+    for (const Part& p : parts) {
+      const uint64_t file_size = ckpt.shards()[p.shard].identity.size;
+      const uint64_t lo = p.begin / kPageAlign * kPageAlign;
+      const uint64_t hi = std::min(file_size, (p.end + kPageAlign - 1) / kPageAlign * kPageAlign);
+      if (!plan.spans.empty() && plan.spans.back().shard == p.shard &&
+          lo <= plan.spans.back().end + kMergeGap) {
+        GroupReads::Span& last = plan.spans.back();
+        plan.bytes += std::max(hi, last.end) - last.end;
+        last.end = std::max(hi, last.end);
+      } else {
+        plan.bytes = (plan.bytes + kPageAlign - 1) / kPageAlign * kPageAlign;
+        plan.spans.push_back({p.shard, lo, hi, plan.bytes});
+        plan.bytes += hi - lo;
+      }
+      const GroupReads::Span& span = plan.spans.back();
+      plan.part_offset[p.index] = span.slot_offset + (p.begin - span.begin);
+    }
+    *slot_bytes = std::max(*slot_bytes, plan.bytes);
+  }
+  return plans;
+}
+
+// The parts' files join the plain load's reports.
+void JoinPartReports(std::vector<OpenedFile>& files, const IoEngine engine_kind[2],
+                     CheckpointBuilder& plain) {
+  for (auto& f : files) {
+    if (f.wanted.empty()) continue;
+    uint64_t bytes = 0;
+    for (uint32_t index : f.wanted) bytes += f.shard->header.tensors()[index].nbytes();
+    FileReport* report = nullptr;
+    for (auto& r : plain.files()) {
+      if (r.path == f.report.path) report = &r;
+    }
+    if (report == nullptr) {
+      f.report.engine = engine_kind[f.report.mode == IoMode::kDirect];
+      plain.files().push_back(std::move(f.report));
+      report = &plain.files().back();
+    }
+    report->bytes += bytes;
+    report->tensors += static_cast<uint32_t>(f.wanted.size());
+  }
+}
+
 // Buffered and direct: the parts of one group at a time are read into one of
 // a few reused staging slots (so the only fresh memory is the dense tensors',
 // as in a dense load), and decoded from there by other threads while the next
@@ -312,59 +393,8 @@ Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOpti
     if (!st.ok()) return st.WithContext(f.shard->path);
   }
 
-  // Each group's reads: its parts' byte ranges, merged where close, covering
-  // whole 4 KiB pages (O_DIRECT), laid out one after another in a slot.
-  struct Span {
-    uint32_t shard;
-    uint64_t begin, end;  // File offsets, page-aligned (end may be the file's end).
-    uint64_t slot_offset;
-  };
-  struct Plan {
-    std::vector<Span> spans;
-    uint64_t bytes = 0;                   // Of the slot used.
-    std::array<uint64_t, 3> part_offset;  // Of values, bitmask, row_offsets in the slot.
-  };
-  constexpr uint64_t kMergeGap = 64 << 10;
-  std::vector<Plan> plans(groups.size());
   uint64_t slot_bytes = 0;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const auto& g = *groups[i];
-    struct Part {
-      uint32_t shard;
-      uint64_t begin, end;
-      int index;
-    };
-    std::vector<Part> parts;
-    const Checkpoint::Location locs[3] = {g.values, g.bitmask, g.row_offsets};
-    for (int p = 0; p < 3; ++p) {
-      const auto& shard = ckpt.shards()[locs[p].shard];
-      const TensorInfo& info = ckpt.info(locs[p]);
-      const uint64_t begin = shard.header.data_offset() + info.begin;
-      parts.push_back({locs[p].shard, begin, begin + info.nbytes(), p});
-    }
-    std::sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) {
-      return a.shard != b.shard ? a.shard < b.shard : a.begin < b.begin;
-    });
-    Plan& plan = plans[i];
-    for (const Part& p : parts) {
-      const uint64_t file_size = ckpt.shards()[p.shard].identity.size;
-      const uint64_t lo = p.begin / kPageAlign * kPageAlign;
-      const uint64_t hi = std::min(file_size, (p.end + kPageAlign - 1) / kPageAlign * kPageAlign);
-      if (!plan.spans.empty() && plan.spans.back().shard == p.shard &&
-          lo <= plan.spans.back().end + kMergeGap) {
-        Span& last = plan.spans.back();
-        plan.bytes += std::max(hi, last.end) - last.end;
-        last.end = std::max(hi, last.end);
-      } else {
-        plan.bytes = (plan.bytes + kPageAlign - 1) / kPageAlign * kPageAlign;
-        plan.spans.push_back({p.shard, lo, hi, plan.bytes});
-        plan.bytes += hi - lo;
-      }
-      const Span& span = plan.spans.back();
-      plan.part_offset[p.index] = span.slot_offset + (p.begin - span.begin);
-    }
-    slot_bytes = std::max(slot_bytes, plan.bytes);
-  }
+  const std::vector<GroupReads> plans = PlanGroupReads(ckpt, groups, &slot_bytes);
   // Groups in file order, so that the disk reads forward.
   std::vector<size_t> order(groups.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -400,7 +430,7 @@ Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOpti
       const size_t i = order[n];
       std::vector<ReadOp> ops[2];
       uint64_t bytes = 0;
-      for (const Span& span : plans[i].spans) {
+      for (const GroupReads::Span& span : plans[i].spans) {
         const OpenedFile& f = files[span.shard];
         const bool direct = f.report.mode == IoMode::kDirect;
         for (uint64_t off = span.begin; off < span.end; off += op_bytes) {
@@ -463,23 +493,7 @@ Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOpti
   }
   reporter.Report(done, true);
 
-  // The parts' files join the plain load's reports.
-  for (auto& f : files) {
-    if (f.wanted.empty()) continue;
-    uint64_t bytes = 0;
-    for (uint32_t index : f.wanted) bytes += f.shard->header.tensors()[index].nbytes();
-    FileReport* report = nullptr;
-    for (auto& r : plain.files()) {
-      if (r.path == f.report.path) report = &r;
-    }
-    if (report == nullptr) {
-      f.report.engine = engine_kind[f.report.mode == IoMode::kDirect];
-      plain.files().push_back(std::move(f.report));
-      report = &plain.files().back();
-    }
-    report->bytes += bytes;
-    report->tensors += static_cast<uint32_t>(f.wanted.size());
-  }
+  JoinPartReports(files, engine_kind, plain);
   return Assemble(ckpt, std::move(plain), sel.groups, HostDecoded(sel, dense), dense);
 }
 

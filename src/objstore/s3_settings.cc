@@ -320,43 +320,17 @@ Result<ObjectUrl> ParseObjectUrl(std::string_view url) {
   return out;
 }
 
-Result<S3Settings> ResolveS3Settings(std::string_view scheme, const S3Overrides& overrides) {
-  if (scheme != "s3" && scheme != "gs") {
-    return InvalidArgumentError("object storage scheme " + QuoteName(scheme) +
-                                " is not \"s3\" or \"gs\"");
-  }
-  const bool gs = scheme == "gs";
-  S3Settings s;
+namespace {
 
-  // The profile, and the two files it is looked up in.
-  std::string profile = overrides.profile;
-  std::string profile_from = "given";
-  if (profile.empty()) {
-    profile = Env("AWS_PROFILE");
-    profile_from = "AWS_PROFILE";
-  }
-  const bool profile_named = !profile.empty();
-  if (!profile_named) profile = "default";
-  IniFile credentials = AwsFile("AWS_SHARED_CREDENTIALS_FILE", "credentials");
-  IniFile config = AwsFile("AWS_CONFIG_FILE", "config");
-  if (!credentials.path.empty()) TL_RETURN_IF_ERROR(LoadIni(&credentials));
-  if (!config.path.empty()) TL_RETURN_IF_ERROR(LoadIni(&config));
-  const auto* cred_section = FindSection(credentials, profile);
-  const std::string config_name = profile == "default" ? "default" : "profile " + profile;
-  const auto* config_section = FindSection(config, config_name);
-  if (profile_named && cred_section == nullptr && config_section == nullptr) {
-    auto name = [](const IniFile& f) {
-      return f.display.empty() ? std::string("(no file: HOME is not set)") : f.display;
-    };
-    return NotFoundError("AWS profile " + QuoteName(profile) + " (from " + profile_from +
-                         ") is in neither " + name(credentials) + " nor " + name(config) + " [" +
-                         config_name + "]");
-  }
-  const std::string cred_where = credentials.display + " [" + profile + "]";
-  const std::string config_where = config.display + " [" + config_name + "]";
-
-  // Credentials. A profile given as an override beats the variables, as
-  // --profile does for the AWS CLI.
+// S3Settings' credentials (and credential_source): the caller's, else the
+// variables, else the profile's in the credentials file, then the config
+// file; none: unsigned, unless the profile needs what is not built.
+Status ResolveCredentials(const S3Overrides& overrides,
+                          const std::map<std::string, std::string>* cred_section,
+                          const std::string& cred_where,
+                          const std::map<std::string, std::string>* config_section,
+                          const std::string& config_where, S3Settings* out) {
+  S3Settings& s = *out;
   if (overrides.anonymous) {
     s.anonymous = true;
     s.credential_source = "none (unsigned)";
@@ -419,6 +393,50 @@ Result<S3Settings> ResolveS3Settings(std::string_view scheme, const S3Overrides&
       s.credential_source = "none (unsigned)";
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<S3Settings> ResolveS3Settings(std::string_view scheme, const S3Overrides& overrides) {
+  if (scheme != "s3" && scheme != "gs") {
+    return InvalidArgumentError("object storage scheme " + QuoteName(scheme) +
+                                " is not \"s3\" or \"gs\"");
+  }
+  const bool gs = scheme == "gs";
+  S3Settings s;
+
+  // The profile, and the two files it is looked up in.
+  std::string profile = overrides.profile;
+  std::string profile_from = "given";
+  if (profile.empty()) {
+    profile = Env("AWS_PROFILE");
+    profile_from = "AWS_PROFILE";
+  }
+  const bool profile_named = !profile.empty();
+  if (!profile_named) profile = "default";
+  IniFile credentials = AwsFile("AWS_SHARED_CREDENTIALS_FILE", "credentials");
+  IniFile config = AwsFile("AWS_CONFIG_FILE", "config");
+  if (!credentials.path.empty()) TL_RETURN_IF_ERROR(LoadIni(&credentials));
+  if (!config.path.empty()) TL_RETURN_IF_ERROR(LoadIni(&config));
+  const auto* cred_section = FindSection(credentials, profile);
+  const std::string config_name = profile == "default" ? "default" : "profile " + profile;
+  const auto* config_section = FindSection(config, config_name);
+  if (profile_named && cred_section == nullptr && config_section == nullptr) {
+    auto name = [](const IniFile& f) {
+      return f.display.empty() ? std::string("(no file: HOME is not set)") : f.display;
+    };
+    return NotFoundError("AWS profile " + QuoteName(profile) + " (from " + profile_from +
+                         ") is in neither " + name(credentials) + " nor " + name(config) + " [" +
+                         config_name + "]");
+  }
+  const std::string cred_where = credentials.display + " [" + profile + "]";
+  const std::string config_where = config.display + " [" + config_name + "]";
+
+  // Credentials. A profile given as an override beats the variables, as
+  // --profile does for the AWS CLI.
+  TL_RETURN_IF_ERROR(
+      ResolveCredentials(overrides, cred_section, cred_where, config_section, config_where, &s));
 
   // Region. gs: the AWS variables and files name AWS regions; "auto" unless given.
   std::string region_from = "given";

@@ -435,6 +435,62 @@ Status ParseTensor(element el, size_t index, const Manifest& m, const ManifestLi
   return Status::Ok();
 }
 
+// The manifest's "handover": where same-host clients are handed the tensors.
+Status ParseHandover(element handover, Manifest* m) {
+  const Where w{"handover"};
+  static constexpr std::array<std::string_view, 3> kHandoverNames = {"host", "socket", "device"};
+  std::array<element, 3> h;
+  std::array<bool, 3> given;
+  TL_RETURN_IF_ERROR(
+      GetFields(handover, w, "handover", kHandoverNames, &h, uint64_t{1} << 2, &given));
+  std::string* const out[3] = {&m->handover_host, &m->handover_socket, &m->handover_device};
+  for (int i = 0; i < 3; ++i) {
+    if (!given[i]) continue;
+    if (h[i].type() != element_type::STRING)
+      return WrongType(w, kHandoverNames[i], "a string", h[i]);
+    const std::string_view v = As<std::string_view>(h[i]);
+    if (v.empty() || v.size() > 200 ||
+        !std::all_of(v.begin(), v.end(), [](char c) { return c > ' ' && c < 127; })) {
+      return Bad(w, std::string(kHandoverNames[i]) +
+                        " must be 1 to 200 printable characters without spaces");
+    }
+    *out[i] = std::string(v);
+  }
+  return Status::Ok();
+}
+
+// The content identity: a root (`content`, null: none given), every tensor's
+// hash, and the root theirs.
+Status CheckContent(const element* content, Manifest* m) {
+  const Where root{};
+  size_t hashed = 0;
+  for (const ManifestTensor& t : m->tensors) hashed += t.xxh128.has_value();
+  if (content == nullptr) {
+    if (hashed != 0) {
+      return Bad(root, std::to_string(hashed) + " tensors have an xxh128 but there is no content");
+    }
+    return Status::Ok();
+  }
+  Hash128 h;
+  TL_RETURN_IF_ERROR(GetHash128(*content, root, "content", &h));
+  if (hashed != m->tensors.size()) {
+    return Bad(root, "content is given but " + std::to_string(m->tensors.size() - hashed) +
+                         " of the " + std::to_string(m->tensors.size()) +
+                         " tensors have no xxh128");
+  }
+  std::vector<TensorContent> contents;
+  contents.reserve(m->tensors.size());
+  for (const ManifestTensor& t : m->tensors)
+    contents.push_back({t.name, t.dtype, t.shape, t.nbytes, *t.xxh128});
+  const Hash128 want = ContentRoot(contents);
+  if (want != h) {
+    return Bad(root, "content " + h.Hex() + " is not the root of its tensors' xxh128 (" +
+                         want.Hex() + ")");
+  }
+  m->content = h;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limits) {
@@ -537,52 +593,8 @@ Result<Manifest> ParseManifest(std::string_view json, const ManifestLimits& limi
                          ", the sum of the tensors' nbytes");
   }
 
-  if (present[kHandover]) {
-    const Where w{"handover"};
-    static constexpr std::array<std::string_view, 3> kHandoverNames = {"host", "socket", "device"};
-    std::array<element, 3> h;
-    std::array<bool, 3> given;
-    TL_RETURN_IF_ERROR(
-        GetFields(f[kHandover], w, "handover", kHandoverNames, &h, uint64_t{1} << 2, &given));
-    std::string* const out[3] = {&m.handover_host, &m.handover_socket, &m.handover_device};
-    for (int i = 0; i < 3; ++i) {
-      if (!given[i]) continue;
-      if (h[i].type() != element_type::STRING)
-        return WrongType(w, kHandoverNames[i], "a string", h[i]);
-      const std::string_view v = As<std::string_view>(h[i]);
-      if (v.empty() || v.size() > 200 ||
-          !std::all_of(v.begin(), v.end(), [](char c) { return c > ' ' && c < 127; })) {
-        return Bad(w, std::string(kHandoverNames[i]) +
-                          " must be 1 to 200 printable characters without spaces");
-      }
-      *out[i] = std::string(v);
-    }
-  }
-
-  // The content identity: a root, every tensor's hash, and the root theirs.
-  size_t hashed = 0;
-  for (const ManifestTensor& t : m.tensors) hashed += t.xxh128.has_value();
-  if (present[kContent]) {
-    Hash128 h;
-    TL_RETURN_IF_ERROR(GetHash128(f[kContent], root, "content", &h));
-    if (hashed != m.tensors.size()) {
-      return Bad(root, "content is given but " + std::to_string(m.tensors.size() - hashed) +
-                           " of the " + std::to_string(m.tensors.size()) +
-                           " tensors have no xxh128");
-    }
-    std::vector<TensorContent> contents;
-    contents.reserve(m.tensors.size());
-    for (const ManifestTensor& t : m.tensors)
-      contents.push_back({t.name, t.dtype, t.shape, t.nbytes, *t.xxh128});
-    const Hash128 want = ContentRoot(contents);
-    if (want != h) {
-      return Bad(root, "content " + h.Hex() + " is not the root of its tensors' xxh128 (" +
-                           want.Hex() + ")");
-    }
-    m.content = h;
-  } else if (hashed != 0) {
-    return Bad(root, std::to_string(hashed) + " tensors have an xxh128 but there is no content");
-  }
+  if (present[kHandover]) TL_RETURN_IF_ERROR(ParseHandover(f[kHandover], &m));
+  TL_RETURN_IF_ERROR(CheckContent(present[kContent] ? &f[kContent] : nullptr, &m));
 
   // Name order, names unique. stable_sort: std::sort degrades on some orders.
   std::stable_sort(

@@ -88,18 +88,8 @@ Result<std::optional<Dtype>> FallbackDtype(const PeerKey& key, const PeerLoadOpt
   return want;
 }
 
-}  // namespace
-
-// The load, and each tensor's shard (for become-a-seed).
-Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLoadOptions& options,
-                                                PeerLoadReport* report,
-                                                std::vector<ShardOf>* shards) {
-  const auto t0 = Clock::now();
-  PeerLoadReport local;
-  if (!report) report = &local;
-  *report = PeerLoadReport();
-  TL_RETURN_IF_ERROR(key.Validate());
-  TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key.layout));
+// The checks before anything is asked of a peer.
+Status CheckPeerLoad(const PeerKey& key, const Layout& layout, const PeerLoadOptions& options) {
   if (!key.content.empty() && options.parallel.size > 1 && !layout.empty()) {
     return InvalidArgumentError(
         "peer load: key.content names a whole checkpoint's bytes; tensor parallel rank " +
@@ -112,43 +102,41 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
                                 std::to_string(options.parallel.rank) + " of size " +
                                 std::to_string(options.parallel.size) + " is out of range");
   }
-  const std::string& token = options.token;
   if (options.handover != "auto" && options.handover != "off") {
     return InvalidArgumentError("peer load: handover \"" + options.handover +
                                 "\" is not \"auto\" or \"off\"");
   }
-  TL_ASSIGN_OR_RETURN(const std::shared_ptr<Device> device, DestinationDevice(options));
-  TL_ASSIGN_OR_RETURN(const std::optional<Dtype> dtype, FallbackDtype(key, options));
-  // Disk loads that slice, and pulls that UCX cannot land on the device, are
-  // in host memory: a device destination gets a copy.
-  auto place = [&](Result<LoadedCheckpoint> r) -> Result<LoadedCheckpoint> {
-    if (!r.ok() || !device || r->tensors().empty() ||
-        r->tensors().front().device != DeviceType::kCpu) {
-      return r;
-    }
-    return UploadToDevice(std::move(r).value(), device);
-  };
+  return Status::Ok();
+}
 
-  // The endpoints: this host's resident seed, the given ones, then the
-  // registry's live seeds.
-  std::vector<std::string> urls = PeerUrlsFor(key, options.peers, options.registry,
-                                              options.request_timeout_ms, &report->failures);
+// The endpoints that can serve `key`, each with its control connection and
+// what it said of itself: this host's resident seed, the given ones, then the
+// registry's live seeds. Those that cannot are listed in report->failures.
+struct Endpoints {
+  std::vector<std::string> urls;
+  std::vector<Control> controls;
+  std::vector<PeerInfo> infos;
+};
+
+Endpoints FindEndpoints(const PeerKey& key, const PeerLoadOptions& options,
+                        PeerLoadReport* report) {
+  Endpoints e;
+  e.urls = PeerUrlsFor(key, options.peers, options.registry, options.request_timeout_ms,
+                       &report->failures);
   if (options.local) {
     // This rank's seed, else a seed of the whole model.
     for (const TensorParallel& at : {options.parallel, TensorParallel{1, 0}}) {
       Result<std::string> local =
           FindLocalSeed(key.Digest(), at.rank, at.size, options.request_timeout_ms);
       if (!local.ok()) continue;
-      if (std::find(urls.begin(), urls.end(), *local) == urls.end())
-        urls.insert(urls.begin(), *local);
+      if (std::find(e.urls.begin(), e.urls.end(), *local) == e.urls.end())
+        e.urls.insert(e.urls.begin(), *local);
       break;
     }
   }
-  std::vector<Control> controls;
-  std::vector<PeerInfo> infos;
-  controls.reserve(urls.size());
-  for (const std::string& url : urls) {
-    auto c = Control::Make(url, token, options.request_timeout_ms);
+  e.controls.reserve(e.urls.size());
+  for (const std::string& url : e.urls) {
+    auto c = Control::Make(url, options.token, options.request_timeout_ms);
     if (!c.ok()) {
       report->failures.push_back(url + ": " + c.status().message());
       continue;
@@ -170,18 +158,35 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
                                  ", the seed's is " + info->content);
       continue;
     }
-    controls.push_back(std::move(c).value());
-    infos.push_back(std::move(info).value());
+    e.controls.push_back(std::move(c).value());
+    e.infos.push_back(std::move(info).value());
   }
+  return e;
+}
 
-  // Source groups by size (the destination's own size first), each rank's
-  // endpoints least loaded first; a failed endpoint is dropped and the group
-  // tried again while every rank still has one.
+// Disk loads that slice, and pulls that UCX cannot land on the device, are in
+// host memory: a device destination gets a copy.
+Result<LoadedCheckpoint> Place(Result<LoadedCheckpoint> r, const std::shared_ptr<Device>& device) {
+  if (!r.ok() || !device || r->tensors().empty() ||
+      r->tensors().front().device != DeviceType::kCpu) {
+    return r;
+  }
+  return UploadToDevice(std::move(r).value(), device);
+}
+
+// Pulls from source groups by size (the destination's own size first), each
+// rank's endpoints least loaded first; a failed endpoint is dropped and the
+// group tried again while every rank still has one. Empty: no group worked
+// (each failure in report->failures).
+std::optional<LoadedCheckpoint> PullFromGroups(const PeerKey& key, const PeerLoadOptions& options,
+                                               const std::shared_ptr<Device>& device,
+                                               const Endpoints& e, PeerLoadReport* report,
+                                               std::vector<ShardOf>* shards) {
   std::map<int, std::vector<std::vector<size_t>>> groups;  // size -> rank -> endpoint indexes.
-  for (size_t i = 0; i < infos.size(); ++i) {
-    auto& g = groups[infos[i].parallel.size];
-    g.resize(infos[i].parallel.size);
-    g[infos[i].parallel.rank].push_back(i);
+  for (size_t i = 0; i < e.infos.size(); ++i) {
+    auto& g = groups[e.infos[i].parallel.size];
+    g.resize(e.infos[i].parallel.size);
+    g[e.infos[i].parallel.rank].push_back(i);
   }
   std::vector<int> sizes;
   if (groups.count(options.parallel.size)) sizes.push_back(options.parallel.size);
@@ -195,7 +200,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
     auto& g = groups[size];
     for (auto& endpoints : g) {
       std::stable_sort(endpoints.begin(), endpoints.end(),
-                       [&](size_t a, size_t b) { return infos[a].load < infos[b].load; });
+                       [&](size_t a, size_t b) { return e.infos[a].load < e.infos[b].load; });
     }
     for (;;) {
       std::vector<const Control*> pick;
@@ -208,8 +213,8 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
           missing = "rank " + std::to_string(r);
           break;
         }
-        pick.push_back(&controls[*it]);
-        pick_infos.push_back(&infos[*it]);
+        pick.push_back(&e.controls[*it]);
+        pick_infos.push_back(&e.infos[*it]);
       }
       if (!missing.empty()) {
         report->failures.push_back("sources of size " + std::to_string(size) +
@@ -217,25 +222,32 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
         break;
       }
       std::string failed_url;
-      auto loaded = place(puller.Pull(pick, pick_infos, shards, report, &failed_url));
+      auto loaded = Place(puller.Pull(pick, pick_infos, shards, report, &failed_url), device);
       if (loaded.ok()) {
         std::string used;
         for (const Control* c : pick) used += (used.empty() ? "" : ",") + c->url();
         report->source = used;
-        report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-        return loaded;
+        return std::move(loaded).value();
       }
       report->failures.push_back(loaded.status().message());
       size_t culprit = 0;
       for (int r = 0; r < size; ++r) {
-        if (pick[r]->url() == failed_url) culprit = static_cast<size_t>(pick[r] - controls.data());
+        if (pick[r]->url() == failed_url)
+          culprit = static_cast<size_t>(pick[r] - e.controls.data());
       }
-      if (failed_url.empty()) culprit = static_cast<size_t>(pick[0] - controls.data());
+      if (failed_url.empty()) culprit = static_cast<size_t>(pick[0] - e.controls.data());
       failed.insert(culprit);
     }
   }
-  if (urls.empty()) report->failures.push_back("no peers given and none found");
+  return std::nullopt;
+}
 
+// No peer worked: the files at fallback_path, as a peer would have sent them
+// (the key's dtype, this rank's slices).
+Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const Layout& layout,
+                                      const PeerLoadOptions& options, std::optional<Dtype> dtype,
+                                      const std::shared_ptr<Device>& device, PeerLoadReport* report,
+                                      std::vector<ShardOf>* shards) {
   if (options.fallback_path.empty()) {
     std::string why;
     for (const auto& f : report->failures) why += "\n  " + f;
@@ -252,14 +264,43 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
   if (!key.content.empty()) {
     TL_RETURN_IF_ERROR(CheckContent(whole, key.content, nullptr, "disk:" + options.fallback_path));
   }
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine,
-                      place(SliceForRank(std::move(whole), layout, options.parallel, shards)));
+  TL_ASSIGN_OR_RETURN(
+      LoadedCheckpoint mine,
+      Place(SliceForRank(std::move(whole), layout, options.parallel, shards), device));
   report->source =
       options.fallback_loader ? options.fallback_path : "disk:" + options.fallback_path;
   report->bytes = mine.total_bytes();
-  report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   report->source_ranks = 0;
   return mine;
+}
+
+}  // namespace
+
+// The load, and each tensor's shard (for become-a-seed).
+Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLoadOptions& options,
+                                                PeerLoadReport* report,
+                                                std::vector<ShardOf>* shards) {
+  const auto t0 = Clock::now();
+  PeerLoadReport local;
+  if (!report) report = &local;
+  *report = PeerLoadReport();
+  TL_RETURN_IF_ERROR(key.Validate());
+  TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key.layout));
+  TL_RETURN_IF_ERROR(CheckPeerLoad(key, layout, options));
+  TL_ASSIGN_OR_RETURN(const std::shared_ptr<Device> device, DestinationDevice(options));
+  TL_ASSIGN_OR_RETURN(const std::optional<Dtype> dtype, FallbackDtype(key, options));
+  const Endpoints endpoints = FindEndpoints(key, options, report);
+  std::optional<LoadedCheckpoint> pulled =
+      PullFromGroups(key, options, device, endpoints, report, shards);
+  if (!pulled) {
+    if (endpoints.urls.empty()) report->failures.push_back("no peers given and none found");
+    Result<LoadedCheckpoint> disk =
+        LoadFallback(key, layout, options, dtype, device, report, shards);
+    if (!disk.ok()) return disk.status();
+    pulled = std::move(disk).value();
+  }
+  report->seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  return std::move(*pulled);
 }
 
 }  // namespace remote
