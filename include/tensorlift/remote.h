@@ -199,14 +199,6 @@ class PeerServer {
   // The content identity root of the tensors served (32 hex digits; what the
   // manifest and GET /v1/key publish), or "" when they are in device memory.
   virtual std::string content() const = 0;
-  // Test hook: flips one bit of the served copy of `tensor`'s bytes at
-  // `offset` so that its chunk no longer matches the manifest. Only for
-  // fault-injection tests; the manifest keeps the original checksum.
-  // With `lie`, a seed that lies: the chunk's checksum in the manifest is
-  // recomputed over the flipped bytes (so chunk checks pass) while the content
-  // hashes stay the original's (host memory outside handover only).
-  virtual Status CorruptForTesting(const std::string& tensor, uint64_t offset,
-                                   bool lie = false) = 0;
 };
 
 // Host tensors a process holds (an inference server's parameters), copied

@@ -102,11 +102,6 @@ void BindPeerServer(nb::module_& m) {
             return c.empty() ? nb::none() : nb::cast(c);
           },
           "The content root the seed publishes (32 hex digits), or None (device memory).")
-      .def("corrupt_for_testing",
-           [](PyPeerServer& s, const std::string& name, uint64_t offset) {
-             Status st = s.get().CorruptForTesting(name, offset);
-             if (!st.ok()) Raise(st);
-           })
       .def(
           "close",
           [](PyPeerServer& s) {

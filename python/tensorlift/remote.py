@@ -113,10 +113,6 @@ class Server:
         """The content root this seed publishes (32 hex digits), or None (tensors in device memory)."""
         return self._native.content
 
-    def corrupt_for_testing(self, name: str, offset: int = 0) -> None:
-        """Flips a bit of the served bytes (fault-injection tests only)."""
-        self._native.corrupt_for_testing(name, offset)
-
     def close(self) -> None:
         if self._native is not None:
             self._native.close()

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <system_error>
@@ -27,6 +28,7 @@
 #include "remote/auth.h"
 #include "remote/handover.h"
 #include "remote/manifest.h"
+#include "remote/peer_faults.h"
 #include "remote/registry.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/text.h"
@@ -172,6 +174,7 @@ class PeerServerImpl final : public PeerServer {
 
     TL_RETURN_IF_ERROR(StartHandover(merged));
     TL_RETURN_IF_ERROR(StartHttp());
+    TL_RETURN_IF_ERROR(ApplyFaultsFromEnvironment());
     if (options_.resident) {
       TL_ASSIGN_OR_RETURN(announcement_,
                           LocalAnnouncement::Start(key_.Digest(), options_.parallel.rank,
@@ -207,7 +210,8 @@ class PeerServerImpl final : public PeerServer {
     return manifest_.content ? manifest_.content->Hex() : std::string();
   }
 
-  Status CorruptForTesting(const std::string& tensor, uint64_t offset, bool lie) override {
+  // (peer_faults.h) Flips one bit of the served copy of `tensor`.
+  Status Corrupt(const std::string& tensor, uint64_t offset, bool lie) {
     for (size_t i = 0; i < tensors_.size(); ++i) {
       Served& t = tensors_[i];
       if (t.name != tensor) continue;
@@ -240,6 +244,37 @@ class PeerServerImpl final : public PeerServer {
   }
 
  private:
+  // TENSORLIFT_PEER_FAULTS (peer_faults.h), applied once the manifest is made.
+  Status ApplyFaultsFromEnvironment() {
+    const char* spec = std::getenv("TENSORLIFT_PEER_FAULTS");
+    if (spec == nullptr || *spec == '\0') return Status::Ok();
+    const std::string all(spec);
+    size_t at = 0;
+    while (at <= all.size()) {
+      const size_t comma = std::min(all.find(',', at), all.size());
+      const std::string rule = all.substr(at, comma - at);
+      const size_t colon = rule.find(':'), sign = rule.rfind('@');
+      const std::string kind = rule.substr(0, colon);
+      uint64_t offset = 0;
+      bool number = sign != std::string::npos && sign + 1 < rule.size();
+      for (size_t i = sign + 1; number && i < rule.size(); ++i) {
+        number = rule[i] >= '0' && rule[i] <= '9';
+        if (number) offset = offset * 10 + static_cast<uint64_t>(rule[i] - '0');
+      }
+      if (colon == std::string::npos || (kind != "corrupt" && kind != "lie") || !number ||
+          sign <= colon + 1) {
+        return InvalidArgumentError("TENSORLIFT_PEER_FAULTS: '" + rule +
+                                    "' is not corrupt:TENSOR@OFFSET or lie:TENSOR@OFFSET");
+      }
+      Status st = Corrupt(rule.substr(colon + 1, sign - colon - 1), offset, kind == "lie");
+      // A rule for a tensor this server does not serve applies to another one.
+      if (!st.ok() && st.code() != StatusCode::kNotFound)
+        return st.WithContext("TENSORLIFT_PEER_FAULTS");
+      at = comma + 1;
+    }
+    return Status::Ok();
+  }
+
   // Each tensor's chunk checksums into the manifest, on up to 4 threads:
   // host memory directly, device memory through pinned staging (each thread
   // its own stream and about 8 MiB of staging, a whole number of chunks); and
@@ -514,6 +549,13 @@ Result<std::unique_ptr<PeerServer>> StartPeerServer(const PeerKey& key, const Se
   TL_RETURN_IF_ERROR(
       server->Start(std::move(tensors), std::move(regions), std::move(keep_alive), known));
   return std::unique_ptr<PeerServer>(std::move(server));
+}
+
+Status CorruptServedForTesting(PeerServer& server, const std::string& tensor, uint64_t offset,
+                               bool lie) {
+  auto* impl = dynamic_cast<PeerServerImpl*>(&server);
+  if (impl == nullptr) return InvalidArgumentError("not a tensorlift peer server");
+  return impl->Corrupt(tensor, offset, lie);
 }
 
 }  // namespace tensorlift::remote

@@ -101,19 +101,28 @@ def test_errors_map_to_exceptions(ckpt):
         remote.Peer("http://127.0.0.1:1")
 
 
-def test_token_and_corruption(ckpt):
-    with remote.serve(ckpt, **KEY, token="t0ken") as server, remote.serve(ckpt, **KEY, token="t0ken") as bad:
-        with pytest.raises(ConnectionError, match="HTTP 401"):
-            remote.load_from_peer(server.url, **KEY)
-        bad.corrupt_for_testing("big", 100)
-        # On this host the seed hands its memory over: verified, the bad chunk is caught there, and
-        # again in the UCX pull that follows; the next seed is used.
-        got = remote.load_from_peer([bad.url, server.url], **KEY, token="t0ken", handover_verify=True)
-        report = remote.last_report()
-        assert report["source"] == server.url
-        assert "handed-over tensor 'big': chunk 0 does not match" in report["failures"][0]
-        assert "tensor 'big' chunk 0" in report["failures"][1]
-        same(got, load_file(str(ckpt)))
+def test_token_and_corruption(ckpt, monkeypatch):
+    # The bad seed's served bytes differ from its manifest (TENSORLIFT_PEER_FAULTS, read by every
+    # server as it starts serving: set for the second only).
+    with remote.serve(ckpt, **KEY, token="t0ken") as server:
+        monkeypatch.setenv("TENSORLIFT_PEER_FAULTS", "corrupt:big@100")
+        bad = remote.serve(ckpt, **KEY, token="t0ken")
+        monkeypatch.delenv("TENSORLIFT_PEER_FAULTS")
+        with bad:
+            with pytest.raises(ConnectionError, match="HTTP 401"):
+                remote.load_from_peer(server.url, **KEY)
+            # On this host the seed hands its memory over: verified, the bad chunk is caught there,
+            # and again in the UCX pull that follows; the next seed is used.
+            got = remote.load_from_peer([bad.url, server.url], **KEY, token="t0ken", handover_verify=True)
+            report = remote.last_report()
+            assert report["source"] == server.url
+            assert "handed-over tensor 'big': chunk 0 does not match" in report["failures"][0]
+            assert "tensor 'big' chunk 0" in report["failures"][1]
+            same(got, load_file(str(ckpt)))
+    # A malformed rule fails the serve, never silently does nothing.
+    monkeypatch.setenv("TENSORLIFT_PEER_FAULTS", "flip:big")
+    with pytest.raises(ValueError, match="TENSORLIFT_PEER_FAULTS"):
+        remote.serve(ckpt, **KEY)
 
 
 def test_serve_tensors_and_become_seed(ckpt):

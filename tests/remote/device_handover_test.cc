@@ -28,6 +28,7 @@
 #include "device/emulated_device.h"
 #include "remote/handover.h"
 #include "remote/manifest.h"
+#include "remote/peer_faults.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/remote.h"
 
@@ -363,7 +364,7 @@ TEST_F(DeviceHandoverTest, VerifyCatchesMemoryThatDoesNotMatchTheManifest) {
   std::shared_ptr<const LoadedCheckpoint> shared;
   auto server = ServeOnDevice(path_, "emulated:0", &shared);
   ASSERT_OK(server);
-  ASSERT_OK((*server)->CorruptForTesting("big", (1 << 20) + 5));
+  ASSERT_OK(remote::CorruptServedForTesting(**server, "big", (1 << 20) + 5));
   auto opts = Pull((*server)->url());
   opts.handover_verify = true;
   opts.fallback_path = path_;

@@ -19,6 +19,7 @@
 #include "device/host_buffer.h"
 #include "remote/control.h"
 #include "remote/manifest.h"
+#include "remote/peer_faults.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/remote.h"
@@ -156,7 +157,7 @@ TEST_F(HandoverTest, TheMemoryOutlivesTheSeedAndAClientHandsItOnAsASeed) {
 TEST_F(HandoverTest, VerifyCatchesMemoryThatDoesNotMatchTheManifest) {
   auto server = Start();
   ASSERT_NE(server, nullptr);
-  ASSERT_OK(server->CorruptForTesting("big", (1 << 20) + 5));
+  ASSERT_OK(remote::CorruptServedForTesting(*server, "big", (1 << 20) + 5));
   auto opts = Pull(server->url());
   opts.handover_verify = true;
   opts.fallback_path = path_;

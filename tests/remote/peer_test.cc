@@ -18,6 +18,7 @@
 #include "load/checkpoint_builder.h"
 #include "remote/control.h"
 #include "remote/layout.h"
+#include "remote/peer_faults.h"
 #include "remote/peer_reader.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
@@ -258,7 +259,7 @@ TEST_F(PeerTest, CorruptChunkFailsOverToTheNextPeer) {
   auto bad = Start(Serve());
   auto good = Start(Serve());
   ASSERT_TRUE(bad && good);
-  ASSERT_OK(bad->CorruptForTesting("big", (2 << 20) + 12345));
+  ASSERT_OK(remote::CorruptServedForTesting(*bad, "big", (2 << 20) + 12345));
   PeerLoadReport report;
   auto got = LoadFromPeer(key_, Pull({bad->url(), good->url()}), &report);
   ASSERT_OK(got);
@@ -449,7 +450,7 @@ TEST_F(PeerTest, ServesFromADevicesMemory) {
     }
     // A bit flipped in the device's copy after the manifest was made fails
     // its chunk's check: the checksums are those of the device's bytes.
-    ASSERT_OK(sources[0]->CorruptForTesting("big", 12345));
+    ASSERT_OK(remote::CorruptServedForTesting(*sources[0], "big", 12345));
     PeerLoadReport report;
     auto bad = LoadFromPeer(key_, Pull(urls, size, 0), &report);
     EXPECT_FALSE(bad.ok());
@@ -492,7 +493,7 @@ TEST_F(PeerTest, DeviceChecksumsSpanSeveralStagingWindows) {
   }
   // The last chunk, in the source's fifth window and the destination's third,
   // corrupted on the source's device, is caught on either destination.
-  ASSERT_OK((*server)->CorruptForTesting("big", (33u << 20) + 4000));
+  ASSERT_OK(remote::CorruptServedForTesting(**server, "big", (33u << 20) + 4000));
   for (const char* device : {"cpu", "emulated:0"}) {
     SCOPED_TRACE(device);
     auto opts = Pull({(*server)->url()});
@@ -530,7 +531,7 @@ TEST_F(PeerTest, ACorruptChunkPulledOntoADeviceIsCaught) {
   for (int size : {1, 2}) {
     auto bad = Start(Serve());
     ASSERT_NE(bad, nullptr);
-    ASSERT_OK(bad->CorruptForTesting("big", (1 << 20) + 5));
+    ASSERT_OK(remote::CorruptServedForTesting(*bad, "big", (1 << 20) + 5));
     auto opts = Pull({bad->url()}, size, 0);
     opts.device = "emulated:0";
     PeerLoadReport report;
@@ -862,7 +863,7 @@ TEST_F(PeerTest, ServesUserBuffersInDeviceMemory) {
     EXPECT_EQ(std::memcmp(gb.data(), b.data(), b_bytes), 0);
   }
   // The checksums are the device bytes': one flipped after the manifest fails.
-  ASSERT_OK((*server)->CorruptForTesting("b", 5000));
+  ASSERT_OK(remote::CorruptServedForTesting(**server, "b", 5000));
   PeerLoadReport report;
   EXPECT_FALSE(LoadFromPeer(key, Pull({(*server)->url()}), &report).ok());
   ASSERT_FALSE(report.failures.empty());
@@ -916,7 +917,7 @@ TEST_F(PeerTest, ContentRefusesAnotherRootAndTamperedBytes) {
   auto good = Start(o);
   ASSERT_TRUE(liar && good);
   EXPECT_EQ(good->content(), root);
-  ASSERT_OK(liar->CorruptForTesting("big", (2 << 20) + 7, /*lie=*/true));
+  ASSERT_OK(remote::CorruptServedForTesting(*liar, "big", (2 << 20) + 7, /*lie=*/true));
   // Without content the liar's bytes pass its own chunk checksums.
   auto fooled = LoadFromPeer(key_, Pull({liar->url()}));
   ASSERT_OK(fooled);

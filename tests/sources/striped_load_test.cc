@@ -20,6 +20,7 @@
 #include "../objstore/scoped_env.h"
 #include "device/device.h"
 #include "device/emulated_device.h"
+#include "remote/peer_faults.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/sparsify.h"
 #include "tensorlift/striped.h"
@@ -131,7 +132,7 @@ class StripedLoadTest : public ::testing::Test {
     ASSERT_OK(key);
     ServeOptions so;
     so.chunk_bytes = 256 << 10;
-    // Its memory writable: CorruptForTesting then changes the bytes it serves
+    // Its memory writable: CorruptServedForTesting then changes the bytes it serves
     // (a handed-over seed's sealed memory cannot change: there the manifest's
     // checksum is flipped instead, which would fail every source's ranges).
     so.handover = false;
@@ -353,7 +354,7 @@ TEST_F(StripedLoadTest, APeerThatLiesIsDroppedAndItsRangesRefetched) {
   ASSERT_OK(want);
   for (const LoadedTensor& t : want->tensors()) {
     if (t.nbytes) {
-      ASSERT_OK(peer_->CorruptForTesting(t.name, 0));
+      ASSERT_OK(remote::CorruptServedForTesting(*peer_, t.name, 0));
     }
   }
   StripeReport report;
@@ -558,7 +559,7 @@ TEST_F(StripedLoadTest, APeerThatLiesIsDroppedOnTheDevicePathToo) {
   ASSERT_OK(want);
   for (const LoadedTensor& t : want->tensors()) {
     if (t.nbytes) {
-      ASSERT_OK(peer_->CorruptForTesting(t.name, 0));
+      ASSERT_OK(remote::CorruptServedForTesting(*peer_, t.name, 0));
     }
   }
   StripeOptions o = Defaults();

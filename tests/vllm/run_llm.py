@@ -9,9 +9,8 @@ the engine cannot start (the error is in the output). With TL_HOLD=1 it then
 stays up until its standard input closes (a seed serving its weights). With
 TL_INPROC=1 vLLM runs in this one process (no engine-core or worker
 processes): the same loader and load, a start several times faster. TL_TP=N
-runs it with tensor_parallel_size N (a worker process per rank). TL_CORRUPT=NAME
-(with TL_INPROC=1 and a seed) flips a bit of the served parameter NAME, making
-a lying seed. TL_DTYPE is the model's dtype (bfloat16 when unset; the tests' is cpu_probe's
+runs it with tensor_parallel_size N (a worker process per rank). A lying seed:
+TENSORLIFT_PEER_FAULTS=corrupt:NAME@0 in its environment (src/remote/peer_faults.h). TL_DTYPE is the model's dtype (bfloat16 when unset; the tests' is cpu_probe's
 choice). The JSON line also has "logprobs": each generated position's top 5 as [token, logprob]
 pairs (floats exact in JSON).
 
@@ -41,9 +40,6 @@ def main():
               dtype=os.environ.get("TL_DTYPE") or "bfloat16", enforce_eager=True, gpu_memory_utilization=0.1, max_model_len=128,
               **({"distributed_executor_backend": "uni"} if inproc else {}))
     ready = time.perf_counter() - t0
-    if os.environ.get("TL_CORRUPT"):  # a lying seed (tests): one served parameter's bytes flipped
-        from tensorlift.integrations.loading import SERVERS
-        SERVERS[-1].corrupt_for_testing(os.environ["TL_CORRUPT"])
     params = SamplingParams(max_tokens=8, temperature=0, logprobs=5)
 
     def generate():

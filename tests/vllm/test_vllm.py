@@ -347,11 +347,12 @@ def test_a_seed_of_another_layout_is_refused_by_its_key(llama, llama_reference, 
 
 @pytest.mark.parametrize("handover", ["verify", "off"])
 def test_a_lying_peer_falls_back_to_disk(llama, llama_reference, tmp_path, handover):
-    # A seed whose served bytes no longer match its manifest: run_llm.py flips a bit of one
-    # served parameter (TL_CORRUPT, in-process) after it starts serving (its shared memory is
-    # sealed: there the manifest's checksum is flipped). A checked handover (verify) and a UCX
-    # pull both find it.
-    with Seed(llama, tmp_path, env=dict(engine_env(True), TL_CORRUPT="model.embed_tokens.weight")) as seed:
+    # A seed whose served bytes no longer match its manifest: its server flips a bit of one
+    # served parameter as it starts serving (TENSORLIFT_PEER_FAULTS; its shared memory is sealed:
+    # there the manifest's checksum is flipped). A checked handover (verify) and a UCX pull both
+    # find it.
+    faults = {"TENSORLIFT_PEER_FAULTS": "corrupt:model.embed_tokens.weight@0"}
+    with Seed(llama, tmp_path, env=dict(engine_env(True), **faults)) as seed:
         tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "handover": handover})
         assert tokens == llama_reference
         line = servers.weights_line(out)
