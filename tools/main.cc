@@ -195,6 +195,11 @@ int main(int argc, char** argv) {
                    "MB/s all clients may pull in total (0: no limit)")
       ->check(CLI::Range(0.0, 1e9));
   serve
+      ->add_option("--chunk-bytes", serve_args.chunk_bytes,
+                   "Bytes per checksum chunk that clients check (4 KiB to 1 GiB)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 30));
+  serve
       ->add_option("--device", serve_args.device,
                    "Serve from this device's memory: cpu, or cuda:N (GPU memory needs a UCX "
                    "built with CUDA: TENSORLIFT_UCX_LIB, docs/remote.md)")

@@ -85,6 +85,7 @@ int RunServe(const ServeArgs& args) {
   opts.port = args.port;
   opts.token = *token;
   opts.rate_limit = static_cast<uint64_t>(args.rate_limit_mbps * 1e6);
+  opts.chunk_bytes = args.chunk_bytes;
   opts.max_sessions = args.max_sessions;
   opts.clients_per_worker = args.clients_per_worker;
   opts.parallel = {args.peer.tp_size, args.peer.tp_rank};

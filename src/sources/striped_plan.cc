@@ -56,6 +56,7 @@ Layout LayOut(const Checkpoint& ckpt) {
     for (const TensorInfo& info : shard.header.tensors()) {
       layout.shards[s].push_back(
           {&info, s, shard.header.data_offset() + info.begin, info.nbytes(), nullptr});
+      layout.total_bytes += info.nbytes();
     }
     std::sort(layout.shards[s].begin(), layout.shards[s].end(),
               [](const LaidOut& a, const LaidOut& b) { return a.file_offset < b.file_offset; });
@@ -73,12 +74,12 @@ class Cutter {
   Cutter(const Layout& layout, uint64_t piece_bytes) : layout_(layout), piece_bytes_(piece_bytes) {}
 
   // [offset, offset + length) of `t`'s bytes (offset in the tensor) into dst.
-  void Add(size_t request, const LaidOut& t, uint64_t offset, uint64_t length, std::byte* dst) {
+  void Add(size_t run, const LaidOut& t, uint64_t offset, uint64_t length, std::byte* dst) {
     const uint64_t cb = t.checked_by ? layout_.chunk_bytes : 0;
     while (length > 0) {
       if (cb == 0) {
         const uint64_t n = std::min(length, piece_bytes_);
-        Append(request, {&t, offset, n, -1}, dst);
+        Append(run, {&t, offset, n, -1}, dst);
         offset += n, dst += n, length -= n;
         continue;
       }
@@ -86,9 +87,9 @@ class Cutter {
       const uint64_t end = std::min(begin + cb, t.nbytes);
       const uint64_t n = std::min(length, end - offset);
       if (offset == begin && n == end - begin) {
-        Append(request, {&t, offset, n, static_cast<int64_t>(chunk)}, dst);
+        Append(run, {&t, offset, n, static_cast<int64_t>(chunk)}, dst);
       } else {
-        Part(request, t, chunk, begin, end, offset, n, dst);
+        Part(run, t, chunk, begin, end, offset, n, dst);
       }
       offset += n, dst += n, length -= n;
     }
@@ -97,10 +98,10 @@ class Cutter {
   std::vector<Piece> Finish() && { return std::move(pieces_); }
 
  private:
-  void Append(size_t request, const Unit& u, std::byte* dst) {
+  void Append(size_t run, const Unit& u, std::byte* dst) {
     const uint64_t file = u.tensor->file_offset + u.offset;
     Piece* last = open_ == SIZE_MAX ? nullptr : &pieces_[open_];
-    if (last && last->request == request && last->shard == u.tensor->shard &&
+    if (last && last->run == run && last->shard == u.tensor->shard &&
         last->file_offset + last->bytes == file && last->dst + last->bytes == dst &&
         last->bytes + u.bytes <= std::max(piece_bytes_, u.bytes)) {
       last->bytes += u.bytes;
@@ -113,12 +114,12 @@ class Cutter {
     p.bytes = u.bytes;
     p.dst = dst;
     p.units.push_back(u);
-    p.request = request;
+    p.run = run;
     open_ = pieces_.size();
     pieces_.push_back(std::move(p));
   }
 
-  void Part(size_t request, const LaidOut& t, uint64_t chunk, uint64_t begin, uint64_t end,
+  void Part(size_t run, const LaidOut& t, uint64_t chunk, uint64_t begin, uint64_t end,
             uint64_t offset, uint64_t n, std::byte* dst) {
     open_ = SIZE_MAX;  // Whole units after it start a piece of their own.
     const auto key = std::make_pair(&t, chunk);
@@ -134,7 +135,7 @@ class Cutter {
       it = parts_.emplace(key, pieces_.size()).first;
       pieces_.push_back(std::move(p));
     }
-    pieces_[it->second].deliveries.push_back({request, offset - begin, n, dst});
+    pieces_[it->second].deliveries.push_back({run, offset - begin, n, dst});
   }
 
   const Layout& layout_;
@@ -146,11 +147,12 @@ class Cutter {
 
 }  // namespace
 
-Result<std::vector<Piece>> CutPieces(const Layout& layout,
-                                     std::span<const CheckpointStore::Range> ranges,
-                                     uint64_t piece_bytes, std::vector<uint64_t>* zeroed) {
-  Cutter cutter(layout, piece_bytes);
-  zeroed->assign(ranges.size(), 0);
+Result<Cut> CutPieces(const Layout& layout, std::span<const CheckpointStore::Range> ranges,
+                      uint64_t piece_bytes) {
+  Cut cut;
+  cut.zeroed.assign(ranges.size(), 0);
+  // The ranges in file order, each joining the run before it where it continues it.
+  std::vector<std::pair<uint32_t, size_t>> order;  // (shard, range)
   for (size_t i = 0; i < ranges.size(); ++i) {
     const CheckpointStore::Range& r = ranges[i];
     auto shard = r.path ? layout.shard_of.find(*r.path) : layout.shard_of.end();
@@ -158,9 +160,29 @@ Result<std::vector<Piece>> CutPieces(const Layout& layout,
       return InvalidArgumentError("striped load: a read of " + (r.path ? *r.path : "no file") +
                                   ", which is not one of the checkpoint's files");
     }
-    const std::vector<LaidOut>& tensors = layout.shards[shard->second];
-    uint64_t at = r.offset;
-    const uint64_t end = r.offset + r.length;
+    order.emplace_back(shard->second, i);
+  }
+  std::sort(order.begin(), order.end(), [&](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first
+                              : ranges[a.second].offset < ranges[b.second].offset;
+  });
+  for (const auto& [shard, i] : order) {
+    const CheckpointStore::Range& r = ranges[i];
+    Run* last = cut.runs.empty() ? nullptr : &cut.runs.back();
+    if (last && last->shard == shard && last->offset + last->length == r.offset &&
+        last->dest + last->length == r.dest) {
+      last->length += r.length;
+      last->ranges.push_back(i);
+    } else {
+      cut.runs.push_back({shard, r.offset, r.length, r.dest, {i}});
+    }
+  }
+  Cutter cutter(layout, piece_bytes);
+  for (size_t k = 0; k < cut.runs.size(); ++k) {
+    const Run& run = cut.runs[k];
+    const std::vector<LaidOut>& tensors = layout.shards[run.shard];
+    uint64_t at = run.offset;
+    const uint64_t end = run.offset + run.length;
     // The first tensor that ends after `at`.
     auto t = std::upper_bound(tensors.begin(), tensors.end(), at, [](uint64_t v, const LaidOut& x) {
       return v < x.file_offset + x.nbytes;
@@ -168,20 +190,37 @@ Result<std::vector<Piece>> CutPieces(const Layout& layout,
     while (at < end) {
       const uint64_t next = t == tensors.end() ? end : std::min(end, t->file_offset);
       if (at < next) {  // Outside every tensor.
-        std::memset(r.dest + (at - r.offset), 0, next - at);
-        (*zeroed)[i] += next - at;
+        std::memset(run.dest + (at - run.offset), 0, next - at);
+        Attribute(run, ranges, at, next - at,
+                  [&](size_t range, uint64_t n) { cut.zeroed[range] += n; });
         at = next;
         continue;
       }
       const uint64_t stop = std::min(end, t->file_offset + t->nbytes);
       if (stop > at) {
-        cutter.Add(i, *t, at - t->file_offset, stop - at, r.dest + (at - r.offset));
+        cutter.Add(k, *t, at - t->file_offset, stop - at, run.dest + (at - run.offset));
         at = stop;
       }
       ++t;
     }
   }
-  return std::move(cutter).Finish();
+  cut.pieces = std::move(cutter).Finish();
+  return cut;
+}
+
+void Attribute(const Run& run, std::span<const CheckpointStore::Range> ranges, uint64_t file_offset,
+               uint64_t bytes, const std::function<void(size_t range, uint64_t bytes)>& landed) {
+  const uint64_t end = file_offset + bytes;
+  // The first range of the run that ends after file_offset.
+  auto it = std::partition_point(run.ranges.begin(), run.ranges.end(), [&](size_t i) {
+    return ranges[i].offset + ranges[i].length <= file_offset;
+  });
+  for (; it != run.ranges.end() && ranges[*it].offset < end; ++it) {
+    const CheckpointStore::Range& r = ranges[*it];
+    const uint64_t from = std::max(file_offset, r.offset);
+    const uint64_t to = std::min(end, r.offset + r.length);
+    if (to > from) landed(*it, to - from);
+  }
 }
 
 Status CheckPiece(const Piece& p, const std::string& source) {

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -35,6 +36,7 @@ struct Layout {
   std::vector<std::vector<LaidOut>> shards;  // Per shard, in file order.
   std::map<std::string, uint32_t> shard_of;  // A shard's path: its index.
   uint64_t chunk_bytes = 0;                  // The reference's; 0: nothing is checked.
+  uint64_t total_bytes = 0;                  // Of every tensor.
 };
 
 // Bytes of one tensor inside a piece.
@@ -45,10 +47,19 @@ struct Unit {
   int64_t chunk = -1;  // In the reference manifest; -1: unchecked.
 };
 
+// Ranges of a read that are contiguous in one file and in memory, cut as
+// one: a chunk is cut only where such a run of ranges begins or ends.
+struct Run {
+  uint32_t shard = 0;
+  uint64_t offset = 0, length = 0;
+  std::byte* dest = nullptr;
+  std::vector<size_t> ranges;  // The read's ranges in it, in file order.
+};
+
 // Part of a whole chunk fetched for it, copied out once the chunk checks out.
 struct Delivery {
-  size_t request = 0;  // The range of the read it fills.
-  uint64_t from = 0;   // In the chunk.
+  size_t run = 0;     // The run it fills.
+  uint64_t from = 0;  // In the chunk.
   uint64_t bytes = 0;
   std::byte* to = nullptr;
 };
@@ -60,7 +71,7 @@ struct Piece {
   uint64_t bytes = 0;
   std::byte* dst = nullptr;
   std::vector<Unit> units;
-  size_t request = 0;  // The range of the read it fills (deliveries empty).
+  size_t run = 0;  // The run it fills (deliveries empty).
   // A chunk fetched whole for parts of it (every part the read asks for):
   // `dst` is `whole`, and each delivery is copied out once it checks out.
   std::shared_ptr<std::byte[]> whole;
@@ -83,13 +94,23 @@ Result<std::vector<uint32_t>> MatchShards(const Checkpoint& ref, const Checkpoin
 // Every tensor of `ckpt`, per shard in file order.
 Layout LayOut(const Checkpoint& ckpt);
 
-// Cuts `ranges` (the loader's reads) into pieces of at most `piece_bytes`
-// (whole chunks when the layout is checked). Bytes outside every tensor (a
-// header's, when a read is aligned down) are set to zero here, not fetched:
-// loads use tensor bytes alone. `zeroed[i]`: the bytes of range i so set.
-Result<std::vector<Piece>> CutPieces(const Layout& layout,
-                                     std::span<const CheckpointStore::Range> ranges,
-                                     uint64_t piece_bytes, std::vector<uint64_t>* zeroed);
+struct Cut {
+  std::vector<Run> runs;
+  std::vector<Piece> pieces;
+  std::vector<uint64_t> zeroed;  // Per range: its bytes set to zero (outside every tensor).
+};
+
+// Cuts `ranges` (the loader's reads), joined into runs, into pieces of at most
+// `piece_bytes` (whole chunks when the layout is checked). Bytes outside every
+// tensor (a header's, when a read is aligned down) are set to zero here, not
+// fetched: loads use tensor bytes alone.
+Result<Cut> CutPieces(const Layout& layout, std::span<const CheckpointStore::Range> ranges,
+                      uint64_t piece_bytes);
+
+// Calls landed(range, n) for the bytes of the read's ranges that file bytes
+// [file_offset, +bytes) of `run` fill.
+void Attribute(const Run& run, std::span<const CheckpointStore::Range> ranges, uint64_t file_offset,
+               uint64_t bytes, const std::function<void(size_t range, uint64_t bytes)>& landed);
 
 // Checks the piece's chunks against the reference manifest.
 Status CheckPiece(const Piece& p, const std::string& source);

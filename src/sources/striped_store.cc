@@ -7,10 +7,18 @@
 namespace tensorlift::sources {
 
 struct StripedStore::Read {
+  explicit Read(std::span<const Range> r) : ranges(r) {}
+  std::span<const Range> ranges;
+  std::vector<Run> runs;
   std::vector<Piece> pieces;
   size_t left = 0;                                  // Pieces not landed yet.
   size_t in_flight = 0;                             // Pieces a worker is fetching now.
   std::vector<std::pair<size_t, uint64_t>> landed;  // Not yet told the caller.
+  // File bytes [file_offset, +bytes) of run `run` are in place.
+  void Landed(uint64_t file_offset, uint64_t bytes, size_t run) {
+    Attribute(runs[run], ranges, file_offset, bytes,
+              [this](size_t range, uint64_t n) { landed.emplace_back(range, n); });
+  }
 };
 
 StripedStore::StripedStore(Layout layout, std::vector<std::unique_ptr<Source>> sources,
@@ -59,12 +67,13 @@ std::string StripedStore::Describe(const std::string&) const {
 
 Status StripedStore::ReadRanges(std::span<const Range> ranges,
                                 const std::function<void(size_t range, uint64_t bytes)>& landed) {
-  std::vector<uint64_t> zeroed;
-  Read read;
-  TL_ASSIGN_OR_RETURN(read.pieces, CutPieces(layout_, ranges, options_.piece_bytes, &zeroed));
+  Read read(ranges);
+  TL_ASSIGN_OR_RETURN(Cut cut, CutPieces(layout_, ranges, options_.piece_bytes));
+  read.runs = std::move(cut.runs);
+  read.pieces = std::move(cut.pieces);
   if (landed) {
-    for (size_t i = 0; i < zeroed.size(); ++i) {
-      if (zeroed[i]) landed(i, zeroed[i]);
+    for (size_t i = 0; i < cut.zeroed.size(); ++i) {
+      if (cut.zeroed[i]) landed(i, cut.zeroed[i]);
     }
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -110,13 +119,29 @@ bool StripedStore::FromKept(Piece& p, Read& read) {
   uint64_t bytes = 0;
   for (const Delivery& d : p.deliveries) {
     std::memcpy(d.to, k.bytes.get() + d.from, d.bytes);
-    read.landed.emplace_back(d.request, d.bytes);
+    read.Landed(p.file_offset + d.from, d.bytes, d.run);
     bytes += d.bytes;
   }
   sources_[k.source]->report.bytes += bytes;
-  k.left -= std::min(k.left, bytes);
-  if (k.left == 0) kept_.erase(it);
+  landed_bytes_ += bytes;
+  PartsDelivered(p, nullptr);
   return true;
+}
+
+void StripedStore::PartsDelivered(const Piece& p, const Source* fetched_by) {
+  const auto key = std::make_pair(p.units[0].tensor, p.units[0].chunk);
+  uint64_t& done = delivered_[key];
+  done += p.Delivers();
+  if (done >= p.bytes) {  // Every part of the chunk has been asked for and delivered.
+    delivered_.erase(key);
+    kept_.erase(key);
+    return;
+  }
+  if (fetched_by == nullptr || kept_.count(key)) return;
+  // The rest of the chunk, for a later read that asks for it.
+  size_t source = 0;
+  while (sources_[source].get() != fetched_by) ++source;
+  kept_[key] = Kept{p.whole, source};
 }
 
 void StripedStore::DealFirstBatches() {
@@ -205,16 +230,10 @@ void StripedStore::Landed(Source& src, const std::vector<Queued>& mine, double b
   for (const Queued& q : mine) {
     Piece& p = q.read->pieces[q.piece];
     if (p.deliveries.empty()) {
-      q.read->landed.emplace_back(p.request, p.bytes);
+      q.read->Landed(p.file_offset, p.bytes, p.run);
     } else {
-      for (const Delivery& d : p.deliveries) q.read->landed.emplace_back(d.request, d.bytes);
-      // The rest of the chunk, for a later read that asks for it.
-      const uint64_t left = p.bytes - p.Delivers();
-      if (left > 0) {
-        size_t source = 0;
-        while (sources_[source].get() != &src) ++source;
-        kept_[{p.units[0].tensor, p.units[0].chunk}] = Kept{p.whole, source, left};
-      }
+      for (const Delivery& d : p.deliveries) q.read->Landed(p.file_offset + d.from, d.bytes, d.run);
+      PartsDelivered(p, &src);
     }
     bytes += p.Delivers();
     --q.read->in_flight;
@@ -222,6 +241,7 @@ void StripedStore::Landed(Source& src, const std::vector<Queued>& mine, double b
   }
   src.busy_s += busy_s;
   src.report.bytes += bytes;
+  landed_bytes_ += bytes;
   src.report.ranges += mine.size();
   src.report.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   if (options_.on_range) options_.on_range(src.report.name, bytes);
@@ -267,7 +287,13 @@ bool StripedStore::LeaveToOthers(const Source& src) const {
   uint64_t batch = 0;
   for (size_t k = 0; k < queue_.size() && static_cast<int>(k) < src.take; ++k)
     batch += queue_[k].read->pieces[queue_[k].piece].bytes;
-  return batch / mine > queued_bytes_ / others;
+  // The bytes still to come: those queued, or, while the loader has more reads
+  // to issue (its GPU pipeline issues a few blocks at a time), what the
+  // checkpoint still holds beyond what has landed; a slow source leaves only
+  // the load's true tail to the others.
+  const uint64_t landed = std::min(landed_bytes_, layout_.total_bytes);
+  const uint64_t remaining = std::max(queued_bytes_, layout_.total_bytes - landed);
+  return batch / mine > remaining / others;
 }
 
 std::string StripedStore::EveryFailure() const {

@@ -4,7 +4,7 @@
 // over it; every read it issues is cut into pieces (striped_plan.h) that the
 // sources' workers take from one queue, so a faster source takes more (work
 // stealing); near the end a slow source leaves the queue to faster ones that
-// would drain it sooner. Each piece's chunks are checked where they land
+// would drain what is left of the load sooner. Each piece's chunks are checked where they land
 // against the reference peer's manifest, whichever source fetched them; a
 // source that fails or whose bytes do not match is dropped and its pieces go
 // to the others. A read fails only when every source has.
@@ -84,6 +84,9 @@ class StripedStore final : public CheckpointStore {
   bool LeaveToOthers(const Source& src) const;
   // A chunk fetched whole earlier for part of it: copies out what `p` needs.
   bool FromKept(Piece& p, Read& read);
+  // Under mu_: `p`'s parts of its chunk are delivered; keeps the chunk
+  // (fetched by `fetched_by`, null: it was already kept) while parts remain.
+  void PartsDelivered(const Piece& p, const Source* fetched_by);
   std::string EveryFailure() const;
 
   const Layout layout_;
@@ -94,20 +97,24 @@ class StripedStore final : public CheckpointStore {
   std::condition_variable read_cv_;  // Readers: bytes landed, or every source failed.
   std::deque<Queued> queue_;
   uint64_t queued_bytes_ = 0;  // Of the pieces in queue_.
-  // Chunks fetched whole of which parts are still to be asked for: the
-  // source that fetched them and the bytes not yet copied out.
+  // Chunks fetched whole of which parts are still to be asked for, and the
+  // source that fetched them; a chunk goes once all its parts are delivered
+  // (delivered_: the bytes of each chunk delivered in parts so far, whichever
+  // fetch of it delivered them), so what is kept is bounded by the reads in
+  // flight, not by the load.
   struct Kept {
     std::shared_ptr<std::byte[]> bytes;
     size_t source = 0;
-    uint64_t left = 0;
   };
   std::map<std::pair<const LaidOut*, int64_t>, Kept> kept_;
+  std::map<std::pair<const LaidOut*, int64_t>, uint64_t> delivered_;
   int alive_ = 0;
   bool stop_ = false;
   bool started_ = false;
   Clock::time_point start_;
   uint64_t refetched_ = 0;
   uint64_t pieces_ = 0;
+  uint64_t landed_bytes_ = 0;  // Delivered by every source so far.
   std::vector<std::thread> threads_;
   std::vector<Source*> worker_source_;      // Per worker.
   std::vector<std::vector<Queued>> first_;  // Per worker: its dealt batch.
