@@ -10,6 +10,7 @@ cmake --build "$build" --target tl_header_bench -j 2 > "$build/bench-build.log" 
   || { cat "$build/bench-build.log"; echo "bench: building tl_header_bench failed" >&2; exit 1; }
 .venv/bin/python bench/header_bench.py --build "$build" "$@"
 bash bench/load/run.sh
+.venv/bin/python bench/load/tp_bench.py --runs "${TL_BENCH_RUNS:-3}"
 bash bench/dist/run.sh
 bash bench/dist/sharded.sh
 cmake --build "${TL_BUILD_DIR:-$root/build}" --target tl_sparse_decode_bench tl_load_bench tl_sparse_densify tensorlift_cli -j 2 \

@@ -62,7 +62,7 @@ stage "concurrency tests under ThreadSanitizer (loader engines and streaming, th
 # Only the test programs with threads (and the CLI the striped test runs) are built. MPI's
 # multi-process runs are not (OpenMPI is not instrumented; tests/CMakeLists.txt leaves them out
 # of sanitizer builds). No suppressions: a report fails its test (TSan's exit code 66).
-TL_BUILD_TARGETS="loader_test read_file_test streamer_test sparse_load_test planner_test emulated_device_test device_pipeline_test
+TL_BUILD_TARGETS="loader_test slices_test read_file_test streamer_test sparse_load_test planner_test emulated_device_test device_pipeline_test
   in_process_communicator_test distributed_loader_test communicator_test peer_test ucx_transport_test registry_test
   wire_test striped_load_test s3_client_test s3_load_test s3_faults_test tensorlift_cli" \
   bash scripts/build.sh build-tsan -DTENSORLIFT_SANITIZE=thread -DTENSORLIFT_BUILD_BENCH=OFF \

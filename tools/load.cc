@@ -93,12 +93,14 @@ int RunLoad(const LoadArgs& args) {
   const bool bar = args.progress && ::isatty(STDERR_FILENO);
   if (bar) opts.progress = DrawBar;
 
-  if ((args.store.tp_size != 1 || !args.store.layout.empty()) && !IsObjectStoreUrl(args.path)) {
+  if (args.mpi && args.store.tp_size != 1) {
     std::fprintf(stderr,
-                 "--tp-size and --layout apply to s3:// and gs:// paths (a rank fetches only its "
-                 "slices); local files: --mpi, or views of the page cache\n");
+                 "--mpi shares the reads of whole tensors among the ranks; --tp-size loads one "
+                 "rank's slices: not both\n");
     return kExitUsage;
   }
+  opts.parallel = {args.store.tp_size, args.store.tp_rank};  // Local paths and buckets alike.
+  opts.layout = args.store.layout;
   if (args.store.tp_rank >= args.store.tp_size) {
     std::fprintf(stderr, "--tp-rank %d is not below --tp-size %d\n", args.store.tp_rank,
                  args.store.tp_size);

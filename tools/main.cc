@@ -71,13 +71,14 @@ int main(int argc, char** argv) {
                    "s3:// paths: keep whole objects in DIR and read them from there while the "
                    "bucket lists the same ETag");
   load->add_option("--tp-size", load_args.store.tp_size,
-                   "s3:// paths: fetch only this tensor-parallel rank's slices of the tensors "
-                   "--layout splits, among this many ranks")
+                   "load only this tensor-parallel rank's slices of the tensors --layout "
+                   "splits, among this many ranks (only the slices' bytes are read)")
       ->check(CLI::Range(1, 65536));
-  load->add_option("--tp-rank", load_args.store.tp_rank, "s3:// paths: this rank (with --tp-size)")
+  load->add_option("--tp-rank", load_args.store.tp_rank,
+                   "this tensor-parallel rank (with --tp-size)")
       ->check(CLI::Range(0, 65535));
   load->add_option("--layout", load_args.store.layout,
-                   "s3:// paths: the sharding rules REGEX=DIM;... (docs/remote.md, \"Layouts\")");
+                   "the sharding rules REGEX=DIM;... (docs/remote.md, \"Layouts\")");
   load->add_option("--filter", load_args.filter, "Load only tensors whose name matches this regex");
   load->add_option("--mode", load_args.mode, "I/O mode")
       ->check(CLI::IsMember({"auto", "buffered", "direct", "mmap"}))

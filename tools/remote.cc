@@ -126,10 +126,14 @@ Result<PeerLoad> FetchStriped(const FetchArgs& args, const PeerKey& key, const s
     return InvalidArgumentError(
         "fetch --stripe: give --fallback (a local path or a bucket): the headers come from it");
   }
-  if (args.peer.tp_size != 1) {
+  if (args.peer.tp_size != 1 && args.seed) {
     return InvalidArgumentError(
-        "fetch --stripe: tensor-parallel slices are not built for striped loads yet");
+        "fetch --stripe --seed: a seed of striped loads serves whole tensors; a tensor-parallel "
+        "rank's slices (--tp-size) are not served");
   }
+  // A rank's slices: the loader plans them, every source reads only their bytes.
+  o.load.parallel = {args.peer.tp_size, args.peer.tp_rank};
+  o.load.layout = key.layout;
   o.store = args.store.ToOptions();
   o.peers = args.urls;
   o.registry = args.registry;
@@ -201,7 +205,9 @@ int RunFetch(const FetchArgs& args) {
   opts.stall_timeout_ms = args.timeout_ms;
   opts.min_rate = static_cast<uint64_t>(args.min_rate_mbps * 1e6);
   opts.device = args.device;
-  opts.handover = args.handover;
+  auto handover = ParseHandoverMode(args.handover);  // CLI11 checked it too.
+  if (!handover.ok()) return Fail(handover.status(), kExitUsage);
+  opts.handover = *handover;
   opts.handover_verify = args.handover_verify;
   opts.handover_copy_on_write = args.copy_on_write;
   opts.local = !args.no_local;

@@ -171,6 +171,12 @@ class StreamedTensor {
 // peer loading and serving refuse it (InvalidArgument).
 using TensorCallback = std::function<Status(const StreamedTensor&)>;
 
+// A tensor-parallel rank: rank `rank` of `size` (0 <= rank < size).
+struct TensorParallel {
+  int size = 1;
+  int rank = 0;
+};
+
 struct LoadOptions {
   // kAuto (docs/loading.md, "The auto rule"): per file, a file mostly in the
   // page cache is handed out as views of it (a private mapping, no copy; with
@@ -250,6 +256,16 @@ struct LoadOptions {
   // conversions and decoded sparse checkpoints never compute it (content()
   // is null; kOn there is InvalidArgument).
   ContentHashMode content_hash = ContentHashMode::kAuto;
+  // Tensor-parallel ranks (docs/loading.md, "Tensor-parallel slices"): with
+  // parallel.size > 1, each tensor that `layout` splits ("REGEX=DIM;...", the
+  // first rule whose regex matches in the name wins; docs/remote.md,
+  // "Layouts") comes back as this rank's slice along that dim (ShardRange's
+  // split, tensorlift/assign.h), packed and row-major; the other tensors come
+  // back whole. Only the slices' bytes are read, on every source and device,
+  // with every other option; content_hash kOn and sparse decoding of a sparse
+  // checkpoint are refused (InvalidArgument), kAuto computes nothing.
+  TensorParallel parallel;
+  std::string layout;
 };
 
 enum class DeviceType : uint8_t { kCpu, kCuda, kEmulated };

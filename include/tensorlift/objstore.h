@@ -56,12 +56,10 @@ struct ObjectStoreOptions {
   // time-out (and retried), so an attempt at a range ends within request_bytes / min_rate
   // + 30 s (16 MiB: under 5 minutes), however a server trickles. 0: no floor but 1 byte/s.
   uint64_t min_rate = 64 << 10;
-  // Tensor-parallel ranks: with parallel.size > 1, the tensors that `layout`
-  // splits (the syntax of PeerKey::layout: "REGEX=DIM;...") come back as
-  // this rank's slice along their dim (ShardRange's rule), and only the bytes
-  // of that slice are fetched: one range for a dim-0 slice; for a later dim
-  // a piece per row, fetched as the span covering them where they lie close
-  // together, then packed. Other tensors come back whole.
+  // Tensor-parallel ranks: what LoadOptions::parallel and layout do (given
+  // here or there, the same in both when in both): the tensors `layout`
+  // splits come back as this rank's slice, only its bytes fetched (rows of a
+  // slice within 1 MiB of each other as one GET of their span).
   TensorParallel parallel;
   std::string layout;
   // A write-through cache directory ("": none). An object whose every tensor

@@ -29,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tensorlift/checkpoint.h"
@@ -93,11 +94,6 @@ Result<PeerKey> PeerKeyForCheckpoint(const Checkpoint& checkpoint);
 Result<std::string> ReadTokenFile(const std::string& path);
 
 // A tensor-parallel position: this process's rank among `size` ranks.
-struct TensorParallel {
-  int size = 1;
-  int rank = 0;
-};
-
 struct ServeOptions {
   std::string host = "127.0.0.1";  // Address the control endpoint binds and advertises.
   int port = 0;                    // 0: any free port (see PeerServer::port()).
@@ -219,6 +215,14 @@ struct SharedTensors {
 Result<SharedTensors> ShareTensors(const std::vector<PeerServer::Tensor>& tensors,
                                    const std::string& name);
 
+// PeerLoadOptions::handover: kAuto takes a same-host seed's memory when it
+// offers it, kOff always pulls.
+enum class HandoverMode : uint8_t { kAuto, kOff };
+// "auto" or "off" (the CLI's and Python's spelling); InvalidArgument naming
+// the value otherwise.
+Result<HandoverMode> ParseHandoverMode(std::string_view name);
+std::string_view HandoverModeName(HandoverMode mode);
+
 struct PeerLoadOptions {
   // Control endpoints to try in order ("http://host:port").
   std::vector<std::string> peers;
@@ -270,15 +274,15 @@ struct PeerLoadOptions {
   // (registry and token are taken from above when empty). See PeerLoad.
   bool become_seed = false;
   ServeOptions seed;
-  // Same-host handover (docs/remote.md, "Same-host handover"): "auto" maps a
+  // Same-host handover (docs/remote.md, "Same-host handover"): kAuto maps a
   // seed's memory when the seed is on this host and offers it (whole tensors
   // from one source rank), and pulls over UCX when it does not or the
-  // handover fails; "off" always pulls. A device destination gets one copy
+  // handover fails; kOff always pulls. A device destination gets one copy
   // from the mapped memory. A seed whose tensors are on a device (a GPU, or
   // the emulated device) hands over its allocations themselves (CUDA IPC):
   // a destination on that same device maps them, no byte copied; any other
   // destination pulls (docs/remote.md, "Same-host handover of GPU memory").
-  std::string handover = "auto";
+  HandoverMode handover = HandoverMode::kAuto;
   // Ask this host's resident seed for the key (ServeOptions::resident) before
   // `peers` and the registry.
   bool local = true;

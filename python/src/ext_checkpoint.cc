@@ -20,8 +20,11 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
                 std::optional<std::string> dtype, int staging_buffers, uint64_t staging_bytes,
                 bool gds, bool decode_sparse, bool copy,
                 std::optional<std::shared_ptr<ArenaPool>> arena_pool, bool misaligned_views,
-                const std::string& content_hash) {
+                const std::string& content_hash, int tp_size, int tp_rank,
+                const std::string& layout) {
   LoadOptions opts;
+  opts.parallel = {tp_size, tp_rank};
+  opts.layout = layout;
   if (content_hash == "on")
     opts.content_hash = ContentHashMode::kOn;
   else if (content_hash == "off")
@@ -133,9 +136,9 @@ void BindCheckpoint(nb::module_& m) {
             }
             if (tp_size != 1 || !layout.empty()) {
               Raise(InvalidArgumentError(
-                  "tp_size and layout apply to s3:// and gs:// paths (a rank fetches only its "
-                  "slices); " +
-                  path + " is local"));
+                  "Checkpoint.open takes tp_size and layout for s3:// and gs:// paths; a local "
+                  "checkpoint's rank gives them to load() (" +
+                  path + " is local)"));
             }
             return PyCheckpoint{std::make_shared<const Checkpoint>(Unwrap(
                                     as_file ? Checkpoint::OpenFile(path) : Checkpoint::Open(path))),
@@ -204,14 +207,16 @@ void BindCheckpoint(nb::module_& m) {
           nb::arg("misaligned_views") = LoadOptions{}.misaligned_views,
           // Off unless asked: tensorlift.load and the drop-in APIs return tensors, not the
           // identity (tensorlift.content_root asks for it).
-          nb::arg("content_hash") = "off",
+          nb::arg("content_hash") = "off", nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0,
+          nb::arg("layout") = "",
           "Loads the tensors (all, or those named, or matching regex) onto `device` (cpu, cuda:N), "
           "converting floating-point tensors to `dtype` when given; sparse-bitmask groups come "
           "back dense unless decode_sparse is False; mode auto hands out views of page-cached "
           "files unless copy is True (with misaligned_views, also of tensors misaligned for "
           "their dtype, as the reference does); content_hash (off, auto, on): LoadOptions::"
-          "content_hash (off by default here), the root then in Loaded.content; the GIL is "
-          "released.");
+          "content_hash (off by default here), the root then in Loaded.content; tp_size, tp_rank, "
+          "layout: the tensors layout splits come back as this tensor-parallel rank's slices, "
+          "only their bytes read; the GIL is released.");
 }
 
 void BindArenaPool(nb::module_& m) {

@@ -276,7 +276,7 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   o.seed.host = seed_host;
   o.batch_bytes = batch_bytes;
   o.max_in_flight = max_in_flight;
-  o.handover = handover;
+  o.handover = Unwrap(ParseHandoverMode(handover));
   o.handover_copy_on_write = handover_copy_on_write;
   o.handover_verify = handover_verify;
   const PeerKey k = KeyFromDict(key);
@@ -312,9 +312,12 @@ nb::tuple LoadStripedPy(const std::string& path, const std::string& object_url,
                         const std::string& token, const nb::object& key, const std::string& device,
                         int timeout_ms, const std::string& transports, uint64_t range_bytes,
                         int disk_threads, int object_threads, const std::string& endpoint,
-                        const std::string& region, const nb::object& names, bool use_page_cache) {
+                        const std::string& region, const nb::object& names, bool use_page_cache,
+                        int tp_size, int tp_rank, const std::string& layout) {
   Unwrap(ParseDevice(device));
   StripeOptions o;
+  o.load.parallel = {tp_size, tp_rank};
+  o.load.layout = layout;
   if (!names.is_none())
     o.load.filter = TensorFilter::Names(nb::cast<std::vector<std::string>>(names));
   o.path = path;
@@ -394,9 +397,11 @@ void BindPeerLoading(nb::module_& m) {
         nb::arg("timeout_ms") = 10000, nb::arg("transports") = "",
         nb::arg("range_bytes") = uint64_t{8} << 20, nb::arg("disk_threads") = 4,
         nb::arg("object_threads") = 0, nb::arg("endpoint") = "", nb::arg("region") = "",
-        nb::arg("names") = nb::none(), nb::arg("use_page_cache") = true,
+        nb::arg("names") = nb::none(), nb::arg("use_page_cache") = true, nb::arg("tp_size") = 1,
+        nb::arg("tp_rank") = 0, nb::arg("layout") = "",
         "Loads from the local files, a bucket and peers at once (include/tensorlift/"
-        "striped.h): (Loaded, report).");
+        "striped.h): (Loaded, report); tp_size, tp_rank, layout: a tensor-parallel rank's "
+        "slices alone.");
 }
 
 }  // namespace tensorlift::ext

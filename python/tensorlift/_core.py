@@ -63,9 +63,9 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
     header leaves misaligned for its dtype is viewed where it is, as safetensors does (its
     data_ptr() is then not a multiple of its element size; copy=True gives aligned copies). dtype: convert floating-point tensors (F32/F16/BF16/F8) to this while
     loading (a torch dtype or "F32"/"F16"/"BF16"). progress: a tqdm bar. The
-    GIL is released while reading. tp_size, tp_rank, layout (s3:// and gs:// paths): the
-    tensors `layout` splits ("REGEX=DIM;...", docs/remote.md) come back as this rank's slice, and
-    only the slice's bytes are fetched.
+    GIL is released while reading. tp_size, tp_rank, layout: the tensors `layout` splits
+    ("REGEX=DIM;...", docs/remote.md) come back as this tensor-parallel rank's slice, and only the
+    slice's bytes are read (from local files, a bucket, onto a device, with dtype, alike).
     """
     require_framework(framework, "tensorlift.load")
     from .remote import Peer, load_peer
@@ -87,8 +87,7 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
                 bar.total = total
             bar.update(done - bar.n)
     try:
-        split = dict(tp_size=tp_size, tp_rank=tp_rank, layout=layout) if (tp_size != 1 or layout) else {}
-        for ckpt in _checkpoints(paths, **split):
+        for ckpt in _checkpoints(paths):
             names = None
             regex = None
             if isinstance(filter, str):
@@ -101,7 +100,8 @@ def load(paths: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]], devi
             # take tensors whose data is not a multiple of the element size.
             loaded = ckpt.load(names=names, regex=regex, mode=mode, threads=threads or 0,
                                progress=callback, device=device, dtype=target, copy=copy,
-                               arena_pool=_arena_pool, misaligned_views=True)
+                               arena_pool=_arena_pool, misaligned_views=True, tp_size=tp_size,
+                               tp_rank=tp_rank, layout=layout)
             for name in loaded.names():
                 if name in out:
                     raise ValueError(f"tensorlift.load: tensor {name!r} is in more than one of the files")

@@ -248,9 +248,8 @@ class Peer:
         if len(fallbacks) > 1 and not self.stripe:
             raise ValueError("fallback: a local path and a bucket together need stripe=True "
                              "(they are used at once); without it give one")
-        if self.stripe and (tp_size != 1 or mode != "auto"):
-            raise ValueError("stripe=True loads whole tensors with the automatic mode: "
-                             "tp_size and mode are not built for striped loads yet")
+        if self.stripe and mode != "auto":
+            raise ValueError("stripe=True chooses the mode per source: leave mode auto")
         self.fallback = fallbacks[0] if fallbacks else ""
         # content: a content root (32 lowercase hex digits, as tensorlift.content_root or `tensorlift
         # load` print it): a seed publishing another root is skipped, the bytes received (pulled or
@@ -287,10 +286,14 @@ class Peer:
         if self.stripe:
             if not self.local and not self.buckets:
                 raise ValueError("stripe=True needs a fallback (a local path or a bucket) for the headers")
+            if become_seed and self.tp_size != 1:
+                raise ValueError("become_seed with stripe=True serves whole tensors; a tensor-parallel "
+                                 "rank's slices (tp_size > 1) are not served")
             loaded, report = _tl.load_striped(
                 path=self.local[0] if self.local else "", object_url=self.buckets[0] if self.buckets else "",
                 peers=self.urls, registry=self.registry, token=self.token, key=self.key, device=self.device,
-                timeout_ms=self.timeout_ms, transports=self.transports, use_page_cache=self.use_page_cache)
+                timeout_ms=self.timeout_ms, transports=self.transports, use_page_cache=self.use_page_cache,
+                tp_size=self.tp_size, tp_rank=self.tp_rank, layout=self.key.get("layout", ""))
             _last_report = report
             seed = None
             if become_seed:

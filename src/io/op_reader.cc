@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/checked_math.h"
 #include "common/posix_file.h"
 #include "io/faults.h"
 #include "io/read_op.h"
@@ -55,19 +56,35 @@ Status ShortReadError(uint64_t got, uint64_t wanted, uint64_t offset) {
 
 OpReader::~OpReader() { std::free(scratch_); }
 
+Status OpReader::Grow(uint64_t bytes) {
+  if (bytes <= scratch_size_) return Status::Ok();
+  std::free(scratch_);
+  scratch_size_ = 0;
+  scratch_ =
+      static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, AlignUp(bytes, kDirectAlign)));
+  if (scratch_ == nullptr) return ResourceExhaustedError("cannot allocate a bounce buffer");
+  scratch_size_ = bytes;
+  return Status::Ok();
+}
+
 Status OpReader::Read(const ReadOp& op) {
+  if (op.row_bytes > 0 && op.length > 0) {
+    // The span covering the rows, then each row copied out.
+    const uint64_t rows = op.length / op.row_bytes;
+    const uint64_t span = (rows - 1) * op.row_stride + op.row_bytes;
+    TL_RETURN_IF_ERROR(Grow(span));
+    TL_RETURN_IF_ERROR(ReadAtLeast(op.fd, scratch_, op.offset, span, span));
+    for (uint64_t i = 0; i < rows; ++i) {
+      std::memcpy(op.dest + i * op.row_bytes, scratch_ + i * op.row_stride, op.row_bytes);
+    }
+    return Status::Ok();
+  }
   if (!op.bounce) return ReadAtLeast(op.fd, op.dest, op.offset, op.length, op.length);
   // O_DIRECT: read the aligned span that covers the range, copy out the bytes.
   const uint64_t a0 = op.offset / kDirectAlign * kDirectAlign;
   const uint64_t a1 = (op.offset + op.length + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
   const uint64_t span = a1 - a0;
-  if (span > scratch_size_) {
-    std::free(scratch_);
-    scratch_size_ = 0;
-    scratch_ = static_cast<std::byte*>(std::aligned_alloc(kDirectAlign, span));
-    if (scratch_ == nullptr) return ResourceExhaustedError("cannot allocate a bounce buffer");
-    scratch_size_ = span;
-  }
+  TL_RETURN_IF_ERROR(Grow(span));
   const uint64_t need = op.offset + op.length - a0;  // Bytes of the span we must get.
   uint64_t done = 0;
   while (done < need) {

@@ -27,6 +27,13 @@ struct ReadOp {
   // For an O_DIRECT fd whose range or destination is not aligned: read the
   // covering aligned span into a bounce buffer and copy the bytes out.
   bool bounce = false;
+  // Rows (a tensor-parallel slice along a later dim): with row_bytes > 0,
+  // `length / row_bytes` rows of row_bytes bytes, row i at offset + i *
+  // row_stride, land one after another at dest. Read as the span covering
+  // them, through a scratch buffer, then copied out (one read, not one a row);
+  // not with `bounce`.
+  uint64_t row_bytes = 0;
+  uint64_t row_stride = 0;
   const std::string* path = nullptr;  // For messages.
   uint32_t tag = 0;                   // The caller's (e.g. its file); engines ignore it.
   uint32_t id = 0;                    // The caller's too (e.g. which tensors it fills).
@@ -82,7 +89,7 @@ Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, ui
 
 // Reads one op synchronously with pread (retrying EINTR/EAGAIN and short
 // reads; a premature end of file is ShortReadError); `scratch` is grown as
-// needed for bounce ops (4 KiB aligned).
+// needed for bounce and row ops (4 KiB aligned).
 class OpReader {
  public:
   OpReader() = default;
@@ -92,6 +99,7 @@ class OpReader {
   Status Read(const ReadOp& op);
 
  private:
+  Status Grow(uint64_t bytes);
   std::byte* scratch_ = nullptr;
   uint64_t scratch_size_ = 0;
 };

@@ -64,7 +64,7 @@ class UringEngine final : public ReadEngine {
       bool queued = false;
       while (error.ok() && next < ops.size() && !free_slots.empty()) {
         const ReadOp& op = ops[next];
-        if (op.bounce || op.length == 0) {
+        if (op.bounce || op.row_bytes > 0 || op.length == 0) {
           Status st = sync_reader.Read(op);
           if (!st.ok()) {
             error = op.path ? st.WithContext(*op.path) : st;

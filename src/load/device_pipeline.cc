@@ -106,6 +106,7 @@ Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadO
 
 Status DevicePipeline::PlanFiles() {
   selected_ = SelectTensors(ckpt_, options_.filter, jobs_);
+  TL_RETURN_IF_ERROR(SliceTensors(options_, jobs_));
   uint64_t largest_read = 0;
   const IoMode mode = options_.mode == IoMode::kMmap ? IoMode::kBuffered : options_.mode;
   for (auto& job : jobs_) {
@@ -143,7 +144,9 @@ Status DevicePipeline::PlanFiles() {
                                : std::min(options_.staging_bytes, kCachedBlockBytes);
     // A store that reads local files with O_DIRECT: blocks placed for it.
     const bool place_direct = direct || (job.store && job.store->WantsFileAlignment());
-    job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype, place_direct, block);
+    job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype, place_direct, block,
+                              job.slices);
+    job.report.reason += SliceNote(job, options_);
     for (const DeviceBlock& b : job.plan.blocks)
       largest_read = std::max(largest_read, b.read_length);
     job.report.bytes = job.plan.tensor_bytes;
@@ -258,17 +261,13 @@ Result<LoadedCheckpoint> DevicePipeline::BuildResult(Clock::time_point t0) {
   out.device_plan() = mem_;
   out.set_device(device_);
   out.Reserve(selected_.size());
-  // Each file's tensor plans, by index in its header.
-  std::vector<std::vector<const DeviceTensorPlan*>> placed(jobs_.size());
-  for (size_t s = 0; s < jobs_.size(); ++s) {
-    placed[s].assign(ckpt_.shards()[s].header.tensors().size(), nullptr);
-    for (const auto& pt : jobs_[s].plan.tensors) placed[s][pt.index] = &pt;
-  }
+  const auto placed = IndexPlanned(jobs_);
   for (auto loc : selected_) {
     const DeviceFileJob& job = jobs_[loc.shard];
     const TensorInfo& info = ckpt_.info(loc);
-    const DeviceTensorPlan* pt = placed[loc.shard][loc.index];
-    LoadedTensor t = MakeTensor(info, pt->dtype, job.buffer->data() + pt->offset, pt->bytes);
+    const DeviceTensorPlan* pt = placed.plan(loc);
+    LoadedTensor t =
+        MakeTensor(info, pt->dtype, job.buffer->data() + pt->offset, pt->bytes, placed.slice(loc));
     t.device = type_;
     t.device_index = device_->ordinal();
     out.Add(std::move(t), job.buffer);

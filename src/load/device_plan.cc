@@ -46,7 +46,8 @@ uint64_t StagingSlotBytes(uint64_t staging_bytes) {
 }
 
 DeviceFilePlan PlanDeviceFile(const Header& header, std::span<const uint32_t> wanted,
-                              std::optional<Dtype> dtype, bool direct, uint64_t slot_bytes) {
+                              std::optional<Dtype> dtype, bool direct, uint64_t slot_bytes,
+                              std::span<const TensorSlice> slices) {
   DeviceFilePlan plan;
   slot_bytes = RoundedStagingBytes(slot_bytes);
   const auto& all = header.tensors();
@@ -57,42 +58,56 @@ DeviceFilePlan PlanDeviceFile(const Header& header, std::span<const uint32_t> wa
   uint64_t cur = 0;
   bool in_run = false;
   uint64_t run_end = 0;
-  for (uint32_t idx : wanted) {
-    const TensorInfo& t = all[idx];
-    plan.tensor_bytes += t.nbytes();
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const TensorInfo& t = all[wanted[i]];
+    const TensorSlice* slice = slices.empty() || slices[i].whole() ? nullptr : &slices[i];
+    const uint64_t stored = slice ? slice->bytes : t.nbytes();
+    plan.tensor_bytes += stored;
     DeviceTensorPlan dt;
-    dt.index = idx;
+    dt.index = wanted[i];
     dt.dtype = TargetDtype(t.dtype, dtype);
     dt.converted = dt.dtype != t.dtype;
-    dt.bytes = dt.converted ? t.num_elements * (DtypeBits(dt.dtype) / 8) : t.nbytes();
+    dt.bytes = dt.converted ? (slice ? slice->elements : t.num_elements) * (DtypeBits(dt.dtype) / 8)
+                            : stored;
     if (dt.bytes == 0) {
       dt.offset = 0;  // The buffer's aligned base; nothing to read.
       plan.tensors.push_back(dt);
       continue;
     }
-    if (dt.converted || t.begin % ElementAlignment(t.dtype) != 0) {
+    // Its pieces of the file: the tensor's bytes, or its slice's.
+    const CopyPiece whole{0, 0, stored};
+    const std::span<const CopyPiece> pieces =
+        slice ? std::span<const CopyPiece>(slice->pieces) : std::span(&whole, 1);
+    const uint64_t begin = t.begin + pieces[0].src_offset;
+    if (dt.converted || pieces.size() > 1 || begin % ElementAlignment(t.dtype) != 0) {
       in_run = false;
       cur = AlignUp(cur, kDeviceAlign);
       dt.offset = cur;
       cur += dt.bytes;
-      Segment s{t.begin, t.end, dt.offset, dt.converted, t.dtype, dt.dtype};
-      segments.push_back(s);
+      const uint64_t esize = DtypeBits(t.dtype) / 8, dsize = DtypeBits(dt.dtype) / 8;
+      for (const CopyPiece& p : pieces) {
+        const uint64_t dst =
+            dt.offset + (dt.converted ? p.dst_offset / esize * dsize : p.dst_offset);
+        segments.push_back({t.begin + p.src_offset, t.begin + p.src_offset + p.bytes, dst,
+                            dt.converted, t.dtype, dt.dtype});
+      }
       if (dt.converted) {
         ++plan.converted;
-      } else {
+      } else if (pieces.size() == 1) {
         ++plan.realigned;
-        plan.realigned_bytes += t.nbytes();
+        plan.realigned_bytes += stored;
       }
     } else {
-      if (in_run && t.begin == run_end) {
-        dt.offset = segments.back().dst + (t.begin - segments.back().begin);
-        segments.back().end = t.end;
+      const uint64_t end = begin + stored;
+      if (in_run && begin == run_end) {
+        dt.offset = segments.back().dst + (begin - segments.back().begin);
+        segments.back().end = end;
       } else {
-        dt.offset = PlaceAt(cur, t.begin % kDeviceAlign);
-        segments.push_back({t.begin, t.end, dt.offset, false, t.dtype, t.dtype});
+        dt.offset = PlaceAt(cur, begin % kDeviceAlign);
+        segments.push_back({begin, end, dt.offset, false, t.dtype, t.dtype});
         in_run = true;
       }
-      run_end = t.end;
+      run_end = end;
       cur = dt.offset + dt.bytes;
     }
     plan.tensors.push_back(dt);

@@ -12,6 +12,10 @@
 // misaligned for its dtype, and every converted tensor, gets a 256-byte
 // aligned slot of its own ("realigned": the copy moves it; no extra pass).
 //
+// Slices (LoadOptions::parallel): a slice that is one piece of its tensor's
+// bytes is placed as a tensor of those bytes; one of several pieces gets a
+// slot of its own, each piece a segment of the file copied to its place.
+//
 // Blocks. The wanted byte ranges, in file order, are cut into blocks of at
 // most slot_bytes; a block never cuts an element of a converted tensor (the
 // conversion of a block's part of a tensor is done from that block alone).
@@ -26,6 +30,7 @@
 #include <span>
 #include <vector>
 
+#include "format/tp_layout.h"
 #include "tensorlift/safetensors.h"
 
 namespace tensorlift {
@@ -78,9 +83,11 @@ struct DeviceFilePlan {
 Dtype TargetDtype(Dtype from, std::optional<Dtype> to);
 
 // `wanted` are indices into header.tensors(), increasing. slot_bytes is
-// rounded up to a multiple of 4 KiB (at least 64 KiB).
+// rounded up to a multiple of 4 KiB (at least 64 KiB). `slices`: empty, or
+// wanted[i]'s slice at [i] (OpenedFile::slices).
 DeviceFilePlan PlanDeviceFile(const Header& header, std::span<const uint32_t> wanted,
-                              std::optional<Dtype> dtype, bool direct, uint64_t slot_bytes);
+                              std::optional<Dtype> dtype, bool direct, uint64_t slot_bytes,
+                              std::span<const TensorSlice> slices = {});
 
 // The slot size for a given LoadOptions::staging_bytes: rounded up, plus the
 // 8 KiB a direct block may read around its bytes.

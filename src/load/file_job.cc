@@ -127,11 +127,21 @@ Status CheckUnchanged(const OpenedFile& job) {
   return Status::Ok();
 }
 
-LoadedTensor MakeTensor(const TensorInfo& info, Dtype dtype, void* data, uint64_t nbytes) {
+std::string SliceNote(const OpenedFile& job, const LoadOptions& options) {
+  size_t n = 0;
+  for (size_t i = 0; i < job.slices.size(); ++i) n += SliceOf(job, i) != nullptr;
+  if (n == 0) return "";
+  return "; " + std::to_string(n) + " slice(s) for rank " + std::to_string(options.parallel.rank) +
+         " of " + std::to_string(options.parallel.size);
+}
+
+LoadedTensor MakeTensor(const TensorInfo& info, Dtype dtype, void* data, uint64_t nbytes,
+                        const TensorSlice* slice) {
   LoadedTensor t;
   t.name = info.name;
   t.dtype = dtype;
-  t.shape.assign(info.shape.begin(), info.shape.end());
+  const auto& shape = slice ? slice->shape : info.shape;
+  t.shape.assign(shape.begin(), shape.end());
   SetRowMajorStrides(&t);
   t.data = data;
   t.nbytes = nbytes;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/posix_file.h"
+#include "format/tp_layout.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 
@@ -20,6 +21,9 @@ struct OpenedFile {
   // The store it is read through (Checkpoint::store()); null: a local file.
   CheckpointStore* store = nullptr;
   std::vector<uint32_t> wanted;  // Indices into shard->header.tensors(), increasing.
+  // LoadOptions::parallel: wanted tensor i's slice for this rank at [i]
+  // (whole() when the layout does not split it); empty when nothing is sliced.
+  std::vector<TensorSlice> slices;
   PosixFile buffered;
   PosixFile direct;  // Open when report.mode is kDirect.
   FileIdentity identity;
@@ -69,8 +73,62 @@ std::vector<Checkpoint::Location> SelectTensors(const Checkpoint& ckpt, const Te
   return selected;
 }
 
-// A tensor's view: name, dtype, shape, row-major strides, bytes.
-LoadedTensor MakeTensor(const TensorInfo& info, Dtype dtype, void* data, uint64_t nbytes);
+// Fills each job's slices for options.parallel (LoadOptions::layout parsed
+// here); nothing when parallel.size is 1.
+template <typename Job>
+Status SliceTensors(const LoadOptions& options, std::vector<Job>& jobs) {
+  if (options.parallel.size <= 1) return Status::Ok();
+  TL_ASSIGN_OR_RETURN(const ParallelLayout layout, ParallelLayout::Parse(options.layout));
+  for (auto& job : jobs) {
+    job.slices.clear();
+    for (uint32_t i : job.wanted) {
+      Result<TensorSlice> slice = SliceFor(job.shard->header.tensors()[i], layout,
+                                           options.parallel.rank, options.parallel.size);
+      if (!slice.ok()) return slice.status().WithContext(job.shard->path);
+      job.slices.push_back(std::move(slice).value());
+    }
+  }
+  return Status::Ok();
+}
+
+// Wanted tensor i's slice (SliceTensors), or null when it is loaded whole.
+inline const TensorSlice* SliceOf(const OpenedFile& job, size_t i) {
+  return job.slices.empty() || job.slices[i].whole() ? nullptr : &job.slices[i];
+}
+// Each file's planned tensors by index in its header (null: not loaded) and
+// their slices (null: whole), from jobs whose plan.tensors lists one per
+// wanted tensor, in its order.
+template <typename Planned>
+struct PlannedIndex {
+  std::vector<std::vector<const Planned*>> plans;
+  std::vector<std::vector<const TensorSlice*>> slices;
+  const Planned* plan(Checkpoint::Location loc) const { return plans[loc.shard][loc.index]; }
+  const TensorSlice* slice(Checkpoint::Location loc) const { return slices[loc.shard][loc.index]; }
+};
+template <typename Job>
+auto IndexPlanned(const std::vector<Job>& jobs) {
+  using Planned = typename decltype(Job::plan.tensors)::value_type;
+  PlannedIndex<Planned> index;
+  index.plans.resize(jobs.size());
+  index.slices.resize(jobs.size());
+  for (size_t s = 0; s < jobs.size(); ++s) {
+    index.plans[s].assign(jobs[s].shard->header.tensors().size(), nullptr);
+    index.slices[s].assign(index.plans[s].size(), nullptr);
+    const auto& planned = jobs[s].plan.tensors;
+    for (size_t k = 0; k < planned.size(); ++k) {
+      index.plans[s][planned[k].index] = &planned[k];
+      index.slices[s][planned[k].index] = SliceOf(jobs[s], k);
+    }
+  }
+  return index;
+}
+// "; N slice(s) for rank R of S" for a report's reason; "" when nothing is sliced.
+std::string SliceNote(const OpenedFile& job, const LoadOptions& options);
+
+// A tensor's view: name, dtype, shape (the slice's, when given), row-major
+// strides, bytes.
+LoadedTensor MakeTensor(const TensorInfo& info, Dtype dtype, void* data, uint64_t nbytes,
+                        const TensorSlice* slice = nullptr);
 
 // Calls LoadOptions::progress at most every 100 ms, and once at the end.
 class ProgressReporter {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/checked_math.h"
 #include "device/host_buffer.h"
 #include "device/populate.h"
 #include "load/arena_pool.h"
@@ -97,7 +98,9 @@ Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
   const IoMode mode = job.report.mode;
   // A store that reads local files with O_DIRECT: tensors placed for it.
   const IoMode place = job.store && job.store->WantsFileAlignment() ? IoMode::kDirect : mode;
-  job.plan = PlanFile(h, job.wanted, place, options.block_size, options.misaligned_views);
+  job.plan =
+      PlanFile(h, job.wanted, place, options.block_size, options.misaligned_views, job.slices);
+  job.report.reason += SliceNote(job, options);
   if (job.plan.misaligned_views > 0) {
     job.report.reason += (job.report.reason.empty() ? "" : "; ") +
                          std::to_string(job.plan.misaligned_views) +
@@ -255,6 +258,7 @@ class HostLoad {
   // place, before any read: on_tensor hands them out as their bytes land.
   Status Place() {
     selected_ = SelectTensors(ckpt_, options_.filter, jobs_);
+    TL_RETURN_IF_ERROR(SliceTensors(options_, jobs_));
     for (auto& job : jobs_) {
       if (job.wanted.empty()) continue;
       // Views of the page cache for auto's cached files, unless the caller asked for owned
@@ -263,12 +267,7 @@ class HostLoad {
           PlanJob(job, options_, !options_.copy && !options_.shared_memory && hooks_ == nullptr);
       if (!st.ok()) return st.WithContext(job.shard->path);
     }
-    // Plans list tensors in file order; find each selected one's placement.
-    placed_.resize(jobs_.size());
-    for (size_t s = 0; s < jobs_.size(); ++s) {
-      placed_[s].assign(ckpt_.shards()[s].header.tensors().size(), nullptr);
-      for (const auto& pt : jobs_[s].plan.tensors) placed_[s][pt.index] = &pt;
-    }
+    placed_ = IndexPlanned(jobs_);
     if (hooks_ && hooks_->placed) {
       for (auto loc : selected_) hooks_->placed(loc, Address(loc));
     }
@@ -276,18 +275,19 @@ class HostLoad {
     for (auto loc : selected_) {
       const FileJob& job = jobs_[loc.shard];
       const TensorInfo& info = ckpt_.info(loc);
-      out_.Add(MakeTensor(info, info.dtype, Address(loc), info.nbytes()),
-               placed_[loc.shard][loc.index]->in_arena ? job.arena : job.mapping);
+      const TensorSlice* slice = placed_.slice(loc);
+      out_.Add(
+          MakeTensor(info, info.dtype, Address(loc), slice ? slice->bytes : info.nbytes(), slice),
+          placed_.plan(loc)->in_arena ? job.arena : job.mapping);
     }
     return Status::Ok();
   }
 
   std::byte* Address(Checkpoint::Location loc) const {
     const FileJob& job = jobs_[loc.shard];
-    const PlannedTensor* pt = placed_[loc.shard][loc.index];
-    return pt->in_arena
-               ? job.arena->data() + pt->arena_offset
-               : job.mapping->data() + job.shard->header.data_offset() + ckpt_.info(loc).begin;
+    const PlannedTensor* pt = placed_.plan(loc);
+    return pt->in_arena ? job.arena->data() + pt->arena_offset
+                        : job.mapping->data() + job.shard->header.data_offset() + pt->begin;
   }
 
   // Direct and buffered reads go to their own engines (see MakeEngine).
@@ -300,7 +300,8 @@ class HostLoad {
       for (const PlannedRead& r : job.plan.reads) {
         ops_[r.direct].push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset,
                                   r.length, job.arena->data() + r.arena_offset, r.bounce,
-                                  &job.shard->path, static_cast<uint32_t>(s), read_id_++});
+                                  r.row_bytes, r.row_stride, &job.shard->path,
+                                  static_cast<uint32_t>(s), read_id_++});
         read_bytes_ += r.length;
         ++pending_[s];
       }
@@ -312,7 +313,7 @@ class HostLoad {
   // that have any, and kOn hashes them after the reads.
   void SetUpHashing() {
     bool views = false;
-    for (auto loc : selected_) views |= !placed_[loc.shard][loc.index]->in_arena;
+    for (auto loc : selected_) views |= !placed_.plan(loc)->in_arena;
     if (options_.content_hash == ContentHashMode::kOn ||
         (options_.content_hash == ContentHashMode::kAuto && !views)) {
       std::vector<TensorContent> contents;
@@ -329,7 +330,7 @@ class HostLoad {
     // Per shard in arena order: which tensors a read fills.
     spans_.resize(jobs_.size());
     for (size_t i = 0; i < selected_.size(); ++i) {
-      const PlannedTensor* pt = placed_[selected_[i].shard][selected_[i].index];
+      const PlannedTensor* pt = placed_.plan(selected_[i]);
       const uint64_t n = out_.tensors()[i].nbytes;
       if (pt->in_arena && n > 0) {
         spans_[selected_[i].shard].push_back(
@@ -414,13 +415,29 @@ class HostLoad {
     }
     for (const auto& job : jobs_) {
       if (job.wanted.empty() || !job.mapping || options_.mode != IoMode::kAuto) continue;
+      // The views' bytes, in runs (a gap under 1 MiB faulted with them): not the
+      // tensors read into the arena, nor the rows of other ranks' slices.
       const Header& h = job.shard->header;
-      const uint64_t first =
-          (h.data_offset() + h.tensors()[job.wanted.front()].begin) / kPageAlign * kPageAlign;
-      const uint64_t last = h.data_offset() + h.tensors()[job.wanted.back()].end;
-      regions.push_back({job.mapping->data() + first,
-                         (last - first + kPageAlign - 1) / kPageAlign * kPageAlign,
-                         /*read=*/true});
+      uint64_t lo = 0, hi = 0;  // File offsets of the run being built.
+      auto flush = [&] {
+        if (hi > lo)
+          regions.push_back({job.mapping->data() + lo, AlignUp(hi, kPageAlign) - lo, true});
+      };
+      for (size_t k = 0; k < job.plan.tensors.size(); ++k) {
+        const PlannedTensor& pt = job.plan.tensors[k];
+        if (pt.in_arena) continue;
+        const TensorSlice* slice = SliceOf(job, k);
+        const uint64_t b = h.data_offset() + pt.begin;
+        const uint64_t e = b + (slice ? slice->bytes : h.tensors()[pt.index].nbytes());
+        if (hi > lo && b <= hi + (1 << 20)) {
+          hi = std::max(hi, e);
+        } else {
+          flush();
+          lo = b / kPageAlign * kPageAlign;
+          hi = e;
+        }
+      }
+      flush();
     }
     return regions;
   }
@@ -495,7 +512,7 @@ class HostLoad {
 
   std::vector<FileJob> jobs_;
   std::vector<Checkpoint::Location> selected_;
-  std::vector<std::vector<const PlannedTensor*>> placed_;
+  PlannedIndex<PlannedTensor> placed_;
   CheckpointBuilder out_;
 
   std::vector<ReadOp> ops_[2];  // [0] buffered, [1] direct.

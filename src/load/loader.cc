@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "device/device.h"
+#include "format/tp_layout.h"
 #include "load/checkpoint_builder.h"
 #include "load/device_load.h"
 #include "load/host_load.h"
@@ -17,6 +18,7 @@
 #include "load/owners.h"
 #include "load/shared_memory.h"
 #include "load/sparse_load.h"
+#include "tensorlift/sparse.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift {
@@ -214,8 +216,42 @@ Status CheckSourceOptions(const Checkpoint& checkpoint, const LoadOptions& optio
   return Status::Ok();
 }
 
-Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options) {
-  TL_RETURN_IF_ERROR(CheckSourceOptions(checkpoint, options));
+// LoadOptions::parallel's rule (loader.h): a rank in range, a layout that
+// parses, no content identity, no sparse tensors to decode.
+Status CheckParallelOptions(const Checkpoint& checkpoint, const LoadOptions& options) {
+  const TensorParallel& p = options.parallel;
+  if (p.size < 1 || p.rank < 0 || p.rank >= p.size) {
+    return InvalidArgumentError("tensor-parallel rank " + std::to_string(p.rank) + " of size " +
+                                std::to_string(p.size) + " is out of range");
+  }
+  if (p.size == 1) return Status::Ok();
+  TL_RETURN_IF_ERROR(ParallelLayout::Parse(options.layout).status());
+  if (options.content_hash == ContentHashMode::kOn) {
+    return InvalidArgumentError(
+        "content_hash: the content identity is the whole checkpoint's, not a tensor-parallel "
+        "rank's slices");
+  }
+  if (options.decode_sparse && MayBeSparse(checkpoint)) {
+    TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(checkpoint));
+    if (!catalog.empty()) {
+      return InvalidArgumentError(
+          checkpoint.path() +
+          ": it has sparse-bitmask tensors, and slicing them for a tensor-parallel rank is not "
+          "built; load with decode_sparse off to get the parts as stored");
+    }
+  }
+  return Status::Ok();
+}
+
+Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& given) {
+  TL_RETURN_IF_ERROR(CheckSourceOptions(checkpoint, given));
+  TL_RETURN_IF_ERROR(CheckParallelOptions(checkpoint, given));
+  LoadOptions sliced;
+  if (given.parallel.size > 1) {  // The identity of a rank's slices is not computed.
+    sliced = given;
+    sliced.content_hash = ContentHashMode::kOff;
+  }
+  const LoadOptions& options = given.parallel.size > 1 ? sliced : given;
   if (!options.shared_memory) return LoadAnyPath(checkpoint, options);
   TL_RETURN_IF_ERROR(CheckSharedMemoryOptions(options));
   // The arenas are shared memory (PlanJob); what else the load makes

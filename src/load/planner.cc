@@ -36,7 +36,7 @@ uint64_t ElementAlignment(Dtype dtype) {
 }
 
 FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode mode,
-                  uint64_t block_size, bool misaligned_views) {
+                  uint64_t block_size, bool misaligned_views, std::span<const TensorSlice> slices) {
   FilePlan plan;
   plan.mode = mode;
   block_size = AlignUp(std::max<uint64_t>(block_size, kDirectAlign), kDirectAlign);
@@ -68,56 +68,104 @@ FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode
   };
 
   // A misaligned tensor: read on its own, buffered, into an aligned slot.
-  auto read_alone = [&](const TensorInfo& t, PlannedTensor& pt) {
+  auto read_alone = [&](PlannedTensor& pt, uint64_t begin, uint64_t bytes) {
     cur = AlignUp(cur, kSlotAlign);
     pt.arena_offset = cur;
-    AddChunks(&plan.reads, data_offset + t.begin, t.nbytes(), cur, block_size, false, false);
-    cur += t.nbytes();
-    ++plan.realigned;
-    plan.realigned_bytes += t.nbytes();
+    AddChunks(&plan.reads, data_offset + begin, bytes, cur, block_size, false, false);
+    cur += bytes;
   };
 
-  for (uint32_t idx : wanted) {
-    const TensorInfo& t = all[idx];
-    plan.tensor_bytes += t.nbytes();
+  // A slice of several pieces (a tensor starting at `begin`): into an aligned
+  // slot of its size, buffered; its rows (equal pieces, equally far apart,
+  // packed) as reads of rows.
+  auto read_pieces = [&](PlannedTensor& pt, uint64_t begin, const std::vector<CopyPiece>& pieces) {
+    cur = AlignUp(cur, kSlotAlign);
+    pt.arena_offset = cur;
+    const CopyPiece& first = pieces.front();
+    const uint64_t width = first.bytes;
+    const uint64_t stride = pieces.size() > 1 ? pieces.at(1).src_offset - first.src_offset : 0;
+    bool rows = pieces.size() > 1 && width > 0 && stride > width;
+    for (size_t i = 0; rows && i < pieces.size(); ++i) {
+      rows = pieces[i].bytes == width && pieces[i].dst_offset == i * width &&
+             pieces[i].src_offset == first.src_offset + i * stride;
+    }
+    if (rows) {
+      // Spans of up to 1 MiB: the scratch a reader thread copies the rows out of stays small.
+      const uint64_t per_read =
+          std::max<uint64_t>(1, std::min<uint64_t>(block_size, 1 << 20) / stride);
+      for (uint64_t i = 0; i < pieces.size(); i += per_read) {
+        const uint64_t n = std::min<uint64_t>(per_read, pieces.size() - i);
+        PlannedRead r{data_offset + begin + pieces[i].src_offset, n * width, cur + i * width};
+        r.row_bytes = width;
+        r.row_stride = stride;
+        plan.reads.push_back(r);
+      }
+    } else {
+      for (const CopyPiece& p : pieces) {
+        AddChunks(&plan.reads, data_offset + begin + p.src_offset, p.bytes, cur + p.dst_offset,
+                  block_size, false, false);
+      }
+    }
+    cur += pieces.back().dst_offset + pieces.back().bytes;
+  };
+
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    const TensorInfo& t = all[wanted[i]];
+    const TensorSlice* slice = slices.empty() || slices[i].whole() ? nullptr : &slices[i];
     PlannedTensor pt;
-    pt.index = idx;
+    pt.index = wanted[i];
+    // The bytes to read: the tensor's, or its slice's.
+    const uint64_t nbytes = slice ? slice->bytes : t.nbytes();
+    plan.tensor_bytes += nbytes;
+    if (slice && slice->pieces.size() > 1) {
+      read_pieces(pt, t.begin, slice->pieces);
+      plan.tensors.push_back(pt);
+      continue;
+    }
+    const uint64_t begin = t.begin + (slice ? slice->pieces[0].src_offset : 0);
+    const uint64_t end = begin + nbytes;
+    auto realign = [&] {
+      read_alone(pt, begin, nbytes);
+      ++plan.realigned;
+      plan.realigned_bytes += nbytes;
+    };
+    pt.begin = begin;
     if (mode == IoMode::kMmap) {
-      if (t.nbytes() == 0) {
+      if (nbytes == 0) {
         pt.arena_offset = 0;  // The arena's aligned base; nothing to read.
-      } else if ((data_offset + t.begin) % ElementAlignment(t.dtype) == 0) {
+      } else if ((data_offset + begin) % ElementAlignment(t.dtype) == 0) {
         pt.in_arena = false;
       } else if (misaligned_views) {
         pt.in_arena = false;
         ++plan.misaligned_views;
       } else {
-        read_alone(t, pt);  // Misaligned in the mapping.
+        realign();  // Misaligned in the mapping.
       }
       plan.tensors.push_back(pt);
       continue;
     }
-    const uint64_t position = direct ? data_offset + t.begin : t.begin;
+    const uint64_t position = direct ? data_offset + begin : begin;
     const bool aligned = position % ElementAlignment(t.dtype) == 0;
-    if (t.nbytes() == 0) {
+    if (nbytes == 0) {
       // No bytes: the arena's (aligned) base will do; runs go on across it.
       pt.arena_offset = 0;
       plan.tensors.push_back(pt);
       continue;
     }
     if (aligned) {
-      if (!in_run || t.begin != run_end) {
+      if (!in_run || begin != run_end) {
         close_run();
         in_run = true;
-        run_begin = t.begin;
-        run_end = t.begin;
+        run_begin = begin;
+        run_end = begin;
         run_arena = PlaceAt(cur, position % kDirectAlign);
       }
-      pt.arena_offset = run_arena + (t.begin - run_begin);
-      run_end = t.end;
+      pt.arena_offset = run_arena + (begin - run_begin);
+      run_end = end;
       cur = run_arena + (run_end - run_begin);
     } else {
       close_run();
-      read_alone(t, pt);
+      realign();
     }
     plan.tensors.push_back(pt);
   }

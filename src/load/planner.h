@@ -13,6 +13,13 @@
 // its own). The arena is at most the wanted bytes plus 4 KiB per run plus 64
 // bytes per realigned tensor.
 //
+// Slices (LoadOptions::parallel). A slice that is one piece of its tensor's
+// bytes (a split along dim 0) is placed and read as a tensor of those bytes;
+// one of several pieces (a later dim: a piece per outer row) gets a 64-byte
+// aligned slot, its rows read buffered into it as reads of rows (each the
+// span of up to 1 MiB covering its rows, copied out: one read, not one a
+// row).
+//
 // Reads. Buffered runs become reads of at most block_size bytes. Direct runs
 // become 4 KiB-aligned reads of at most block_size bytes, plus "bounce" reads
 // for the unaligned head and tail (and for whole runs under 64 KiB).
@@ -23,6 +30,7 @@
 #include <span>
 #include <vector>
 
+#include "format/tp_layout.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
 
@@ -32,6 +40,7 @@ struct PlannedTensor {
   uint32_t index = 0;         // Into header.tensors().
   uint64_t arena_offset = 0;  // Where its first byte lands (unused for mmap views).
   bool in_arena = true;       // False: an mmap view at data_offset + begin.
+  uint64_t begin = 0;         // Data-section offset of its first byte (a slice's, when sliced).
 };
 
 struct PlannedRead {
@@ -40,6 +49,10 @@ struct PlannedRead {
   uint64_t arena_offset = 0;
   bool direct = false;  // On the O_DIRECT descriptor (else the buffered one).
   bool bounce = false;  // Direct, but unaligned: through a bounce buffer.
+  // A slice's rows (ReadOp::row_bytes, row_stride): length / row_bytes rows,
+  // row_stride apart in the file, one after another in the arena.
+  uint64_t row_bytes = 0;
+  uint64_t row_stride = 0;
 };
 
 struct FilePlan {
@@ -60,8 +73,10 @@ uint64_t ElementAlignment(Dtype dtype);
 // `wanted` are indices into header.tensors(), increasing (file order).
 // block_size is rounded up to a multiple of 4 KiB. With misaligned_views,
 // mmap mode views misaligned tensors in the mapping instead of reading them.
+// `slices`: empty, or wanted[i]'s slice at [i] (OpenedFile::slices).
 FilePlan PlanFile(const Header& header, std::span<const uint32_t> wanted, IoMode mode,
-                  uint64_t block_size, bool misaligned_views = false);
+                  uint64_t block_size, bool misaligned_views = false,
+                  std::span<const TensorSlice> slices = {});
 
 }  // namespace tensorlift
 

@@ -438,7 +438,7 @@ Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOpti
           // Only a file's last page can be partial: that op bounces.
           const bool bounce = direct && len % kPageAlign != 0;
           ops[direct].push_back({direct ? f.direct.fd() : f.buffered.fd(), off, len,
-                                 slot + span.slot_offset + (off - span.begin), bounce,
+                                 slot + span.slot_offset + (off - span.begin), bounce, 0, 0,
                                  &f.shard->path, span.shard});
           bytes += len;
         }

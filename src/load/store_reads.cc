@@ -18,11 +18,19 @@ class StoreEngine final : public ReadEngine {
   explicit StoreEngine(CheckpointStore& store) : store_(store) {}
 
   Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
+    // A range per op, or per row of a row op; owner[k]: range k's op.
     std::vector<CheckpointStore::Range> ranges;
+    std::vector<uint32_t> owner;
     ranges.reserve(ops.size());
-    for (const ReadOp& op : ops) {
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const ReadOp& op = ops[i];
       if (op.path == nullptr) return InvalidArgumentError("a store's read names no file");
-      ranges.push_back({op.path, op.offset, op.length, op.dest});
+      const uint64_t rows = op.row_bytes > 0 ? op.length / op.row_bytes : 1;
+      const uint64_t row = op.row_bytes > 0 ? op.row_bytes : op.length;
+      for (uint64_t r = 0; r < rows; ++r) {
+        ranges.push_back({op.path, op.offset + r * op.row_stride, row, op.dest + r * row});
+        owner.push_back(static_cast<uint32_t>(i));
+      }
     }
     // Bytes still to land per op: op_done once its last bytes are in.
     std::vector<uint64_t> left(ops.size());
@@ -30,8 +38,9 @@ class StoreEngine final : public ReadEngine {
       left[i] = ops[i].length;
       if (left[i] == 0 && progress && progress->op_done) progress->op_done(ops[i]);
     }
-    Status st = store_.ReadRanges(ranges, [&](size_t i, uint64_t bytes) {
+    Status st = store_.ReadRanges(ranges, [&](size_t k, uint64_t bytes) {
       if (progress == nullptr) return;
+      const uint32_t i = owner[k];
       progress->bytes_done.fetch_add(bytes, std::memory_order_relaxed);
       left[i] -= std::min(left[i], bytes);
       if (left[i] == 0 && progress->op_done) progress->op_done(ops[i]);

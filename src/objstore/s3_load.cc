@@ -1,9 +1,8 @@
 // Checkpoints in a bucket: S3Store, the bucket's files for Checkpoint::Open and
 // the source of a load's bytes (ranged GETs written straight into place), and
 // LoadFromObjectStore, which loads through the one loader (Load) reading
-// through the store: every load option works as for local files. A
-// tensor-parallel rank's slices still have a loader of their own (LoadSlices)
-// until the planner plans slices.
+// through the store: every load option works as for local files, a
+// tensor-parallel rank's slices (planned by the loader's planners) too.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -19,13 +18,13 @@
 #include "common/posix_file.h"
 #include "device/device.h"
 #include "device/host_buffer.h"
+#include "format/tp_layout.h"
 #include "io/read_op.h"
 #include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/upload.h"
 #include "objstore/s3_client.h"
 #include "objstore/s3_store.h"
-#include "remote/layout.h"
 #include "tensorlift/assign.h"
 #include "tensorlift/objstore.h"
 #include "tensorlift/sparse.h"
@@ -104,13 +103,14 @@ class S3Store final : public CheckpointStore {
   }
 
   // Ranges of one object that follow each other in the object and in memory
-  // go as one GET of up to request_bytes; a file with a current copy in the
-  // cache (UseCache) is read from that copy instead.
+  // go as one GET of up to request_bytes; small ranges that lie close
+  // together in the object (a tensor-parallel slice's rows) go as one GET of
+  // the span covering them into scratch memory, copied out to their places
+  // (scratch up to kGatherBudget at a time). A file with a current copy in
+  // the cache (UseCache) is read from that copy instead.
   Status ReadRanges(std::span<const Range> ranges,
                     const std::function<void(size_t, uint64_t)>& landed) override {
-    std::vector<RangeRequest> requests;
-    // Per request, the ranges it carries (a piece of one, or several whole).
-    std::vector<std::vector<uint32_t>> carries;
+    Requests batch;
     std::unordered_map<const std::string*, ObjectUrl> urls;
     for (size_t i = 0; i < ranges.size(); ++i) {
       const Range& r = ranges[i];
@@ -125,29 +125,41 @@ class S3Store final : public CheckpointStore {
         TL_ASSIGN_OR_RETURN(it->second, Parse(*r.path));
       }
       const ObjectUrl& url = it->second;
-      RangeRequest* last = requests.empty() ? nullptr : &requests.back();
-      if (last && last->key == url.key && last->bucket == url.bucket &&
-          last->offset + last->bytes == r.offset && last->dst + last->bytes == r.dest &&
-          last->bytes + r.length <= request_bytes_) {
-        last->bytes += r.length;  // The whole range rides on the previous GET.
-        carries.back().push_back(static_cast<uint32_t>(i));
-        continue;
+      if (!batch.list.empty()) {
+        RangeRequest& last = batch.list.back();
+        const uint64_t last_end = last.offset + last.bytes;
+        const bool same = last.key == url.key && last.bucket == url.bucket &&
+                          r.offset >= last_end &&
+                          r.offset + r.length - last.offset <= request_bytes_;
+        if (same && r.offset == last_end && last.dst + last.bytes == r.dest &&
+            !batch.gather.back()) {
+          last.bytes += r.length;  // The whole range rides on the previous GET.
+          batch.carries.back().push_back(static_cast<uint32_t>(i));
+          continue;
+        }
+        if (same && r.offset - last_end <= kMergeGap && r.length < kMergeGap &&
+            !batch.partial.back()) {
+          const uint64_t before = batch.gather.back() ? last.bytes : 0;
+          last.bytes = r.offset + r.length - last.offset;  // The span, gap and all.
+          batch.gather.back() = true;
+          batch.gathered += last.bytes - before;
+          batch.carries.back().push_back(static_cast<uint32_t>(i));
+          continue;
+        }
+        if (batch.gathered >= kGatherBudget) {
+          TL_RETURN_IF_ERROR(Fetch(batch, ranges, landed));
+          batch = Requests();
+        }
       }
       for (uint64_t off = 0; off < r.length; off += request_bytes_) {
-        requests.push_back({url.bucket, url.key, r.offset + off,
-                            std::min(request_bytes_, r.length - off), r.dest + off});
-        carries.push_back({static_cast<uint32_t>(i)});
+        batch.list.push_back({url.bucket, url.key, r.offset + off,
+                              std::min(request_bytes_, r.length - off), r.dest + off});
+        batch.carries.push_back({static_cast<uint32_t>(i)});
+        batch.gather.push_back(false);
+        batch.partial.push_back(r.length > request_bytes_);
       }
     }
-    requests_.fetch_add(requests.size(), std::memory_order_relaxed);
-    return client_->GetRanges(requests, [&](size_t q) {
-      if (!landed) return;
-      if (carries[q].size() == 1) {
-        landed(carries[q][0], requests[q].bytes);  // A piece of one range, or all of it.
-        return;
-      }
-      for (uint32_t i : carries[q]) landed(i, ranges[i].length);
-    });
+    return Fetch(batch, ranges, landed);
   }
 
   std::string Describe(const std::string& path) const override {
@@ -215,6 +227,38 @@ class S3Store final : public CheckpointStore {
   }
 
  private:
+  // Scratch memory of gathered spans at most, per batch of GETs.
+  static constexpr uint64_t kGatherBudget = 64ull << 20;
+  // GETs to make, each with the ranges it carries (a piece of one, or several
+  // whole), and whether it is a gathered span (into scratch, then copied out).
+  struct Requests {
+    std::vector<RangeRequest> list;
+    std::vector<std::vector<uint32_t>> carries;
+    std::vector<bool> gather, partial;
+    uint64_t gathered = 0;  // The gathered spans' bytes.
+  };
+
+  Status Fetch(Requests& batch, std::span<const Range> ranges,
+               const std::function<void(size_t, uint64_t)>& landed) {
+    std::vector<std::unique_ptr<std::byte[]>> scratch(batch.list.size());
+    for (size_t q = 0; q < batch.list.size(); ++q) {
+      if (!batch.gather[q]) continue;
+      scratch[q] = std::make_unique_for_overwrite<std::byte[]>(batch.list[q].bytes);
+      batch.list[q].dst = scratch[q].get();
+    }
+    requests_.fetch_add(batch.list.size(), std::memory_order_relaxed);
+    return client_->GetRanges(batch.list, [&](size_t q) {
+      const RangeRequest& got = batch.list[q];
+      for (uint32_t i : batch.carries[q]) {
+        if (batch.gather[q]) {
+          std::memcpy(ranges[i].dest, got.dst + (ranges[i].offset - got.offset), ranges[i].length);
+        }
+        const bool piece = !batch.gather[q] && batch.carries[q].size() == 1;  // Or all of it.
+        if (landed) landed(i, piece ? got.bytes : ranges[i].length);
+      }
+    });
+  }
+
   // What the listing or a HEAD said of the object at `path`, and its header's
   // bytes once read (for the cache).
   struct Object {
@@ -373,39 +417,28 @@ Result<std::unique_ptr<S3Client>> ClientFor(const ObjectUrl& url, const ObjectSt
   return S3Client::Create(settings);
 }
 
-// A tensor-parallel rank's load of slices (LoadSlices) is still a loader of
-// its own: the options it does not take are refused here, never ignored.
-Status RefuseForSlices(const LoadOptions& options) {
-  auto refuse = [](const char* what) {
-    return InvalidArgumentError(std::string("object storage, a tensor-parallel rank's slices: ") +
-                                what);
-  };
-  if (options.mode != IoMode::kAuto)
-    return refuse("the I/O mode applies to local files; leave it auto");
-  if (options.engine != IoEngine::kAuto)
-    return refuse("the I/O engine applies to local files; leave it auto");
-  if (options.arena_pool) return refuse("an arena pool is not used for slices");
-  if (options.dtype) return refuse("dtype conversion is not built for slices yet");
-  if (options.on_tensor) return refuse("on_tensor is not built for slices yet");
-  if (options.shared_memory) return refuse("shared_memory is not built for slices yet");
-  if (options.content_hash == ContentHashMode::kOn)
-    return refuse("content_hash is the whole checkpoint's, not a rank's slices");
-  return Status::Ok();
-}
-
-// A run of wanted tensors of one file fetched together: file bytes
-// [begin, end) land at buffer offset `at`.
-struct Run {
-  uint64_t begin = 0, end = 0, at = 0;
-};
-
-uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
-
 // The store of `url`'s bucket over a client with `store`'s settings.
 Result<std::shared_ptr<S3Store>> StoreFor(const ObjectUrl& url, const ObjectStoreOptions& store) {
   TL_ASSIGN_OR_RETURN(std::unique_ptr<S3Client> client, ClientFor(url, store));
   return std::make_shared<S3Store>(std::shared_ptr<S3Client>(std::move(client)), url.scheme,
                                    url.bucket, store.request_bytes);
+}
+
+// `options` with ObjectStoreOptions::parallel and layout (which mean what
+// LoadOptions' do) when they slice: one of the two, or both the same.
+Result<LoadOptions> WithStoreSlices(const LoadOptions& options, const ObjectStoreOptions& store) {
+  LoadOptions out = options;
+  if (store.parallel.size == 1 && store.layout.empty()) return out;
+  if (options.parallel.size != 1 &&
+      (options.parallel.size != store.parallel.size ||
+       options.parallel.rank != store.parallel.rank || options.layout != store.layout)) {
+    return InvalidArgumentError(
+        "object storage: tensor-parallel slices are asked for in both LoadOptions and "
+        "ObjectStoreOptions, differently; give them in one");
+  }
+  out.parallel = store.parallel;
+  out.layout = store.layout;
+  return out;
 }
 
 void FillReport(S3Store& files, ObjectStoreReport* report) {
@@ -489,12 +522,6 @@ Result<LoadedCheckpoint> LoadThroughStore(const Checkpoint& ckpt,
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 
-// A tensor-parallel rank's slices (ObjectStoreOptions::parallel): only the
-// slices' bytes are fetched.
-Result<LoadedCheckpoint> LoadSlices(S3Store& files, const Checkpoint& ckpt,
-                                    const LoadOptions& options, const ObjectStoreOptions& store,
-                                    std::chrono::steady_clock::time_point start);
-
 }  // namespace
 
 namespace objstore {
@@ -542,26 +569,20 @@ Result<LoadedCheckpoint> LoadFromObjectStore(const std::string& url, const LoadO
   // One client for the listing, the headers and the data: one set of
   // connections, and the report counts all of it.
   TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));
-  TL_ASSIGN_OR_RETURN(std::shared_ptr<S3Store> files, StoreFor(parsed, store));
-  if (store.parallel.size > 1) {
-    if (!store.cache_dir.empty()) {
-      return InvalidArgumentError(
-          "object storage: cache_dir keeps whole objects; a tensor-parallel rank's load fetches "
-          "slices");
-    }
-    TL_RETURN_IF_ERROR(RefuseForSlices(options));
-    TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(url, *files));
-    TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSlices(*files, ckpt, options, store, start));
-    FillReport(*files, report);
-    return loaded;
+  TL_ASSIGN_OR_RETURN(const LoadOptions sliced, WithStoreSlices(options, store));
+  if (sliced.parallel.size > 1 && !store.cache_dir.empty()) {
+    return InvalidArgumentError(
+        "object storage: cache_dir keeps whole objects; a tensor-parallel rank's load fetches "
+        "slices");
   }
+  TL_ASSIGN_OR_RETURN(std::shared_ptr<S3Store> files, StoreFor(parsed, store));
   TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(url, *files));
   if (!store.cache_dir.empty()) {
     std::vector<std::string> paths;
     for (const auto& shard : ckpt.shards()) paths.push_back(shard.path);
     files->UseCache(store.cache_dir, paths);
   }
-  return LoadThroughStore(ckpt, files, options, !store.cache_dir.empty(), report, start);
+  return LoadThroughStore(ckpt, files, sliced, !store.cache_dir.empty(), report, start);
 }
 
 Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& ckpt, const LoadOptions& options,
@@ -574,256 +595,9 @@ Result<LoadedCheckpoint> LoadFromObjectStore(const Checkpoint& ckpt, const LoadO
         "ETags; this checkpoint was opened before");
   }
   TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(ckpt.path()));
+  TL_ASSIGN_OR_RETURN(const LoadOptions sliced, WithStoreSlices(options, store));
   TL_ASSIGN_OR_RETURN(std::shared_ptr<S3Store> files, StoreFor(parsed, store));
-  if (store.parallel.size > 1) {
-    TL_RETURN_IF_ERROR(RefuseForSlices(options));
-    TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadSlices(*files, ckpt, options, store, start));
-    FillReport(*files, report);
-    return loaded;
-  }
-  return LoadThroughStore(ckpt, files, options, false, report, start);
+  return LoadThroughStore(ckpt, files, sliced, false, report, start);
 }
-
-namespace {
-
-Result<LoadedCheckpoint> LoadSlices(S3Store& files, const Checkpoint& ckpt,
-                                    const LoadOptions& options, const ObjectStoreOptions& store,
-                                    std::chrono::steady_clock::time_point start) {
-  S3Client* client = &files.client();
-  const std::string& url = ckpt.path();
-  std::shared_ptr<Device> device;
-  if (options.device != "cpu") {
-    TL_ASSIGN_OR_RETURN(const auto where, ParseDevice(options.device));
-    TL_ASSIGN_OR_RETURN(device, OpenDevice(where.first, where.second));
-  }
-  if (options.decode_sparse) {
-    TL_ASSIGN_OR_RETURN(const sparse::SparseCatalog catalog, sparse::FindSparse(ckpt));
-    if (!catalog.empty()) {
-      return UnimplementedError(
-          url +
-          ": it has sparse-bitmask tensors, and decoding them is not built for object "
-          "storage loads yet; load with decode_sparse off to get the parts as stored");
-    }
-  }
-
-  // This rank's slices (ObjectStoreOptions::parallel and layout).
-  remote::Layout layout;
-  if (store.parallel.size > 1) {
-    TL_ASSIGN_OR_RETURN(layout, remote::Layout::Parse(store.layout));
-    TL_RETURN_IF_ERROR(ShardRange(1, store.parallel.rank, store.parallel.size).status());
-  }
-
-  // Per file: the wanted tensors in file order. Whole ones are cut into runs
-  // fetched straight into place; a slice is fetched as its pieces (one for a
-  // dim-0 slice) straight into place, or, where its pieces lie close together
-  // (a slice along a later dim: a piece per row), as the span covering them
-  // into scratch memory, packed afterwards.
-  struct Slice {
-    uint32_t index = 0;          // Into the shard's tensors.
-    std::vector<int64_t> shape;  // This rank's.
-    uint64_t at = 0, bytes = 0;  // Where in the file's buffer.
-    std::vector<remote::CopyPiece> pieces;
-  };
-  struct FilePlan {
-    std::vector<uint32_t> whole;
-    std::vector<Slice> slices;
-    std::vector<Run> runs;
-    uint64_t buffer_bytes = 0;
-    std::shared_ptr<HostBuffer> buffer;
-  };
-  // A span of a sliced tensor fetched into scratch, then packed.
-  struct Packed {
-    std::string bucket, key;
-    uint64_t begin = 0, end = 0;  // File bytes.
-    uint64_t tensor_offset = 0;   // The span's offset in the tensor.
-    std::vector<remote::CopyPiece> pieces;
-    std::byte* slot = nullptr;
-  };
-  std::vector<FilePlan> plans(ckpt.shards().size());
-  for (const auto loc : ckpt.tensors()) {
-    const TensorInfo& t = ckpt.info(loc);
-    if (!options.filter.Matches(t.name)) continue;
-    const int dim = store.parallel.size > 1 ? layout.DimFor(t.name) : -1;
-    if (dim < 0 || dim >= static_cast<int>(t.shape.size())) {
-      plans[loc.shard].whole.push_back(loc.index);
-      continue;
-    }
-    Slice slice;
-    slice.index = loc.index;
-    for (uint64_t d : t.shape) slice.shape.push_back(static_cast<int64_t>(d));
-    const std::vector<int64_t> full = slice.shape;
-    TL_ASSIGN_OR_RETURN(const IndexRange mine,
-                        ShardRange(full[dim], store.parallel.rank, store.parallel.size));
-    slice.shape[dim] = mine.length;
-    Result<std::vector<remote::CopyPiece>> pieces = remote::SlicePieces(
-        full, static_cast<uint32_t>(DtypeBits(t.dtype)), dim, IndexRange{0, full[dim]}, mine);
-    if (!pieces.ok()) return pieces.status().WithContext(url + ": tensor '" + t.name + "'");
-    slice.pieces = std::move(pieces).value();
-    for (const auto& p : slice.pieces) slice.bytes += p.bytes;
-    plans[loc.shard].slices.push_back(std::move(slice));
-  }
-
-  uint64_t total = 0;
-  std::vector<RangeRequest> requests;
-  std::vector<Packed> packed;
-  for (size_t s = 0; s < plans.size(); ++s) {
-    FilePlan& plan = plans[s];
-    const Checkpoint::Shard& shard = ckpt.shards()[s];
-    const auto& infos = shard.header.tensors();
-    std::sort(plan.whole.begin(), plan.whole.end(),
-              [&](uint32_t a, uint32_t b) { return infos[a].begin < infos[b].begin; });
-    const uint64_t base = shard.header.data_offset();
-    bool run_closed = true;  // The next tensor starts a run.
-    for (uint32_t i : plan.whole) {
-      const TensorInfo& t = infos[i];
-      const uint64_t b = base + t.begin, e = base + t.end;
-      const uint64_t align = std::min<uint64_t>(8, std::max<uint64_t>(1, DtypeBits(t.dtype) / 8));
-      const bool aligned = b % align == 0;
-      if (!run_closed && aligned && b <= plan.runs.back().end + kMergeGap) {
-        plan.runs.back().end = std::max(plan.runs.back().end, e);
-      } else {
-        // A run lands at its file offset's place modulo 64, so the tensors in
-        // it keep their alignment; a misaligned tensor gets a run of its own
-        // at an aligned place.
-        plan.runs.push_back({b, e, RoundUp(plan.buffer_bytes, 64) + (aligned ? b % 64 : 0)});
-      }
-      run_closed = !aligned;
-      plan.buffer_bytes = plan.runs.back().at + (plan.runs.back().end - plan.runs.back().begin);
-    }
-    for (Slice& slice : plan.slices) {  // Each slice at an aligned place after the runs.
-      slice.at = RoundUp(plan.buffer_bytes, 64);
-      plan.buffer_bytes = slice.at + slice.bytes;
-    }
-    TL_ASSIGN_OR_RETURN(plan.buffer, HostBuffer::Allocate(plan.buffer_bytes));
-    TL_ASSIGN_OR_RETURN(ObjectUrl object, objstore::ParseObjectUrl(shard.path));
-    auto fetch = [&](uint64_t begin, uint64_t end, std::byte* dst) {
-      for (uint64_t off = begin; off < end; off += store.request_bytes) {
-        const uint64_t n = std::min(store.request_bytes, end - off);
-        requests.push_back({object.bucket, object.key, off, n, dst + (off - begin)});
-        total += n;
-      }
-    };
-    for (const Run& run : plan.runs) fetch(run.begin, run.end, plan.buffer->data() + run.at);
-    for (const Slice& slice : plan.slices) {
-      const uint64_t t0 = base + infos[slice.index].begin;
-      std::byte* slot = plan.buffer->data() + slice.at;
-      // Pieces closer than kMergeGap share a span.
-      for (size_t p = 0; p < slice.pieces.size();) {
-        size_t q = p + 1;
-        while (q < slice.pieces.size() &&
-               slice.pieces[q].src_offset <=
-                   slice.pieces[q - 1].src_offset + slice.pieces[q - 1].bytes + kMergeGap) {
-          ++q;
-        }
-        const auto& first = slice.pieces[p];
-        if (q == p + 1) {
-          fetch(t0 + first.src_offset, t0 + first.src_offset + first.bytes,
-                slot + first.dst_offset);
-        } else {
-          const auto& last = slice.pieces[q - 1];
-          packed.push_back(
-              {object.bucket, object.key, t0 + first.src_offset, t0 + last.src_offset + last.bytes,
-               first.src_offset,
-               std::vector<remote::CopyPiece>(slice.pieces.begin() + p, slice.pieces.begin() + q),
-               slot});
-          total += packed.back().end - packed.back().begin;
-        }
-        p = q;
-      }
-    }
-  }
-
-  ProgressReporter progress(options.progress, total);
-  uint64_t done = 0;
-  auto count = [&](const std::vector<RangeRequest>& list) {
-    return [&](size_t i) {
-      done += list[i].bytes;
-      progress.Report(done, false);
-    };
-  };
-  Status fetched = client->GetRanges(requests, count(requests));
-  if (!fetched.ok()) return fetched.WithContext(url);
-  // Packed spans in batches of scratch memory up to max_in_flight_bytes (a
-  // larger span on its own).
-  for (size_t p = 0; p < packed.size();) {
-    size_t q = p;
-    uint64_t scratch_bytes = 0;
-    while (q < packed.size() && (q == p || scratch_bytes + (packed[q].end - packed[q].begin) <=
-                                               store.max_in_flight_bytes)) {
-      scratch_bytes += RoundUp(packed[q].end - packed[q].begin, 64);
-      ++q;
-    }
-    TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> scratch, HostBuffer::Allocate(scratch_bytes));
-    std::vector<RangeRequest> batch;
-    std::vector<std::byte*> spans;
-    uint64_t at = 0;
-    for (size_t i = p; i < q; ++i) {
-      spans.push_back(scratch->data() + at);
-      for (uint64_t off = packed[i].begin; off < packed[i].end; off += store.request_bytes) {
-        const uint64_t n = std::min(store.request_bytes, packed[i].end - off);
-        batch.push_back(
-            {packed[i].bucket, packed[i].key, off, n, spans.back() + (off - packed[i].begin)});
-      }
-      at += RoundUp(packed[i].end - packed[i].begin, 64);
-    }
-    fetched = client->GetRanges(batch, count(batch));
-    if (!fetched.ok()) return fetched.WithContext(url);
-    for (size_t i = p; i < q; ++i) {
-      for (const auto& piece : packed[i].pieces) {
-        std::memcpy(packed[i].slot + piece.dst_offset,
-                    spans[i - p] + (piece.src_offset - packed[i].tensor_offset), piece.bytes);
-      }
-    }
-    p = q;
-  }
-  progress.Report(done, true);
-
-  CheckpointBuilder out;
-  for (size_t s = 0; s < plans.size(); ++s) {
-    const FilePlan& plan = plans[s];
-    const Checkpoint::Shard& shard = ckpt.shards()[s];
-    const auto& infos = shard.header.tensors();
-    const uint64_t base = shard.header.data_offset();
-    FileReport f;
-    f.path = shard.path;
-    f.reason = "object storage: " + std::to_string(plan.runs.size()) + " run(s) of ranged GETs";
-    if (!plan.slices.empty()) {
-      f.reason += ", " + std::to_string(plan.slices.size()) + " slice(s) for rank " +
-                  std::to_string(store.parallel.rank) + " of " +
-                  std::to_string(store.parallel.size);
-    }
-    for (uint32_t i : plan.whole) {
-      const TensorInfo& t = infos[i];
-      const uint64_t b = base + t.begin;
-      auto run = std::find_if(plan.runs.begin(), plan.runs.end(),
-                              [&](const Run& r) { return b >= r.begin && b < r.end; });
-      std::byte* data = plan.buffer->data();
-      if (run != plan.runs.end()) data += run->at + (b - run->begin);
-      out.Add(MakeTensor(t, t.dtype, t.nbytes() ? data : nullptr, t.nbytes()), plan.buffer);
-      f.bytes += t.nbytes();
-      ++f.tensors;
-    }
-    for (const Slice& slice : plan.slices) {
-      TensorInfo info = infos[slice.index];
-      info.shape.assign(slice.shape.begin(), slice.shape.end());
-      info.num_elements = 1;
-      for (uint64_t d : info.shape) info.num_elements *= d;
-      out.Add(MakeTensor(info, info.dtype, slice.bytes ? plan.buffer->data() + slice.at : nullptr,
-                         slice.bytes),
-              plan.buffer);
-      f.bytes += slice.bytes;
-      ++f.tensors;
-    }
-    out.files().push_back(std::move(f));
-  }
-  files.CountRequests(requests.size());
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  LoadedCheckpoint loaded = std::move(out).Finish(seconds);
-  if (device) return UploadToDevice(std::move(loaded), device);
-  return loaded;
-}
-
-}  // namespace
 
 }  // namespace tensorlift

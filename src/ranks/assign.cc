@@ -173,22 +173,4 @@ Result<Assignment> AssignByBytes(const Checkpoint& checkpoint, int world,
   return AssignByBytes(sizes, world, options);
 }
 
-Result<IndexRange> ShardRange(int64_t extent, int rank, int world) {
-  if (world < 1) {
-    return InvalidArgumentError("shard range: world size " + std::to_string(world) + " < 1");
-  }
-  if (rank < 0 || rank >= world) {
-    return InvalidArgumentError("shard range: rank " + std::to_string(rank) + " is not in [0, " +
-                                std::to_string(world) + ")");
-  }
-  if (extent < 0) {
-    return InvalidArgumentError("shard range: negative extent " + std::to_string(extent));
-  }
-  const uint64_t n = static_cast<uint64_t>(extent);
-  const uint64_t block = n / world + (n % world != 0);
-  // rank * block <= (world - 1) * ceil(n / world) < n + world < 2^64.
-  const uint64_t start = std::min(static_cast<uint64_t>(rank) * block, n);
-  return IndexRange{static_cast<int64_t>(start), static_cast<int64_t>(std::min(block, n - start))};
-}
-
 }  // namespace tensorlift

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "device/host_buffer.h"
+#include "format/tp_layout.h"
 #include "load/checkpoint_builder.h"
-#include "remote/layout.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/remote.h"
 
@@ -25,13 +25,13 @@ struct ShardOf {
 // The shard of a tensor named `name` with `full_shape` for `parallel`
 // under `layout` (dim -1 when the layout does not split it, or when
 // parallel.size == 1).
-Result<ShardOf> ShardFor(const Layout& layout, std::string_view name,
+Result<ShardOf> ShardFor(const ParallelLayout& layout, std::string_view name,
                          const std::vector<int64_t>& full_shape, const TensorParallel& parallel);
 
 // A host checkpoint of `parallel`'s slices of `whole` (copied into one new
 // buffer); `whole` itself when parallel.size == 1 or the layout is empty.
 // `shards` (optional) gets each result tensor's ShardOf, in result order.
-Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layout,
+Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const ParallelLayout& layout,
                                       const TensorParallel& parallel,
                                       std::vector<ShardOf>* shards = nullptr);
 

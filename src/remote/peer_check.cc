@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
+#include "format/tp_layout.h"
 #include "remote/control.h"
 #include "remote/handover.h"
-#include "remote/layout.h"
 #include "remote/manifest.h"
 #include "remote/peer_plan.h"
 #include "remote/peer_pull.h"
@@ -92,7 +92,7 @@ Status Puller::OpenSessions(const std::vector<const Control*>& group, std::vecto
 
 bool Puller::HandsOverWhole(const std::vector<Source>& sources,
                             const std::vector<Wanted>& wanted) const {
-  if (options_.handover != "auto" || sources.size() != 1) return false;
+  if (options_.handover != HandoverMode::kAuto || sources.size() != 1) return false;
   const Manifest& m = sources[0].manifest;
   if (!HandoverOffered(m) || m.tensors.size() != wanted.size()) return false;
   for (size_t i = 0; i < wanted.size(); ++i) {
@@ -105,7 +105,7 @@ bool Puller::HandsOverWhole(const std::vector<Source>& sources,
 
 Result<std::vector<Wanted>> Puller::PlanWanted(const std::vector<const Control*>& group,
                                                const std::vector<Source>& sources,
-                                               const Layout& layout,
+                                               const ParallelLayout& layout,
                                                std::string* failed_url) const {
   const int n = static_cast<int>(group.size());
   std::vector<Wanted> wanted;
@@ -157,7 +157,7 @@ Status Puller::MatchesFallback(const std::string& url, const std::vector<Wanted>
 }
 
 Result<Wanted> Puller::WantedFor(const ManifestTensor& t, const std::vector<const Control*>& group,
-                                 const std::vector<Source>& sources, const Layout& layout,
+                                 const std::vector<Source>& sources, const ParallelLayout& layout,
                                  std::string* failed_url) const {
   Wanted w;
   w.name = t.name;

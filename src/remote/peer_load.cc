@@ -13,10 +13,10 @@
 #include <set>
 
 #include "device/device.h"
+#include "format/tp_layout.h"
 #include "load/upload.h"
 #include "remote/control.h"
 #include "remote/handover.h"
-#include "remote/layout.h"
 #include "remote/manifest.h"
 #include "remote/peer_access.h"
 #include "remote/peer_content.h"
@@ -89,7 +89,8 @@ Result<std::optional<Dtype>> FallbackDtype(const PeerKey& key, const PeerLoadOpt
 }
 
 // The checks before anything is asked of a peer.
-Status CheckPeerLoad(const PeerKey& key, const Layout& layout, const PeerLoadOptions& options) {
+Status CheckPeerLoad(const PeerKey& key, const ParallelLayout& layout,
+                     const PeerLoadOptions& options) {
   if (!key.content.empty() && options.parallel.size > 1 && !layout.empty()) {
     return InvalidArgumentError(
         "peer load: key.content names a whole checkpoint's bytes; tensor parallel rank " +
@@ -101,10 +102,6 @@ Status CheckPeerLoad(const PeerKey& key, const Layout& layout, const PeerLoadOpt
     return InvalidArgumentError("peer load: tensor parallel rank " +
                                 std::to_string(options.parallel.rank) + " of size " +
                                 std::to_string(options.parallel.size) + " is out of range");
-  }
-  if (options.handover != "auto" && options.handover != "off") {
-    return InvalidArgumentError("peer load: handover \"" + options.handover +
-                                "\" is not \"auto\" or \"off\"");
   }
   return Status::Ok();
 }
@@ -244,7 +241,7 @@ std::optional<LoadedCheckpoint> PullFromGroups(const PeerKey& key, const PeerLoa
 
 // No peer worked: the files at fallback_path, as a peer would have sent them
 // (the key's dtype, this rank's slices).
-Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const Layout& layout,
+Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const ParallelLayout& layout,
                                       const PeerLoadOptions& options, std::optional<Dtype> dtype,
                                       const std::shared_ptr<Device>& device, PeerLoadReport* report,
                                       std::vector<ShardOf>* shards) {
@@ -285,7 +282,7 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
   if (!report) report = &local;
   *report = PeerLoadReport();
   TL_RETURN_IF_ERROR(key.Validate());
-  TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key.layout));
+  TL_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Parse(key.layout));
   TL_RETURN_IF_ERROR(CheckPeerLoad(key, layout, options));
   TL_ASSIGN_OR_RETURN(const std::shared_ptr<Device> device, DestinationDevice(options));
   TL_ASSIGN_OR_RETURN(const std::optional<Dtype> dtype, FallbackDtype(key, options));
@@ -375,6 +372,17 @@ Result<PeerKey> PeerKeyForCheckpoint(const Checkpoint& ckpt) {
   key.model = name.empty() ? "model" : name;
   key.revision = "h:" + HexU64(Xxh3_64(desc.data(), desc.size()));
   return key;
+}
+
+Result<HandoverMode> ParseHandoverMode(std::string_view name) {
+  if (name == "auto") return HandoverMode::kAuto;
+  if (name == "off") return HandoverMode::kOff;
+  return InvalidArgumentError("peer load: handover \"" + std::string(name) +
+                              "\" is not \"auto\" or \"off\"");
+}
+
+std::string_view HandoverModeName(HandoverMode mode) {
+  return mode == HandoverMode::kOff ? "off" : "auto";
 }
 
 }  // namespace tensorlift

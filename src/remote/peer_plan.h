@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "device/device.h"
-#include "remote/layout.h"
+#include "format/tp_layout.h"
 #include "remote/manifest.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/dtype.h"

@@ -40,7 +40,7 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
                                       std::string* failed_url) {
   const auto t0 = Clock::now();
   const int n = static_cast<int>(group.size());
-  TL_ASSIGN_OR_RETURN(Layout layout, Layout::Parse(key_.layout));
+  TL_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Parse(key_.layout));
   std::vector<Source> sources(n);
   // Declared before the closer, so that on an error the UCX clients (which
   // map it) are closed before the buffer is freed.

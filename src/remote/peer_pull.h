@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "device/device.h"
+#include "format/tp_layout.h"
 #include "load/checkpoint_builder.h"
 #include "remote/control.h"
-#include "remote/layout.h"
 #include "remote/manifest.h"
 #include "remote/peer_access.h"
 #include "remote/peer_plan.h"
@@ -72,7 +72,8 @@ class Puller {
   // The destination's tensors (rank 0's list), checked across the source
   // ranks; `failed_url` is set to the rank that disagrees.
   Result<std::vector<Wanted>> PlanWanted(const std::vector<const Control*>& group,
-                                         const std::vector<Source>& sources, const Layout& layout,
+                                         const std::vector<Source>& sources,
+                                         const ParallelLayout& layout,
                                          std::string* failed_url) const;
 
   // A peer whose tensors (names, full shapes, and dtypes unless the key
@@ -83,7 +84,7 @@ class Puller {
   // Rank 0's tensor `t` as the destination wants it: split as the layout
   // says, every rank holding its part, and this rank's part of it.
   Result<Wanted> WantedFor(const ManifestTensor& t, const std::vector<const Control*>& group,
-                           const std::vector<Source>& sources, const Layout& layout,
+                           const std::vector<Source>& sources, const ParallelLayout& layout,
                            std::string* failed_url) const;
 
   // Every source rank holds rank 0's tensor `t` (same dtype, full shape and

@@ -4,7 +4,6 @@
 #   manifest_parse.cc its validating parser (untrusted input: ParseManifest)
 #   frame.cc         the frame around UCX's wire blobs (untrusted input: Unframe)
 #   auth.cc          HMAC-SHA256 request signing (OpenSSL's libcrypto)
-#   layout.cc        tensor-parallel layouts and slice arithmetic
 #   slice.cc         a rank's slices of a loaded checkpoint (PeerAccess)
 #   registry.cc      seed discovery on etcd (v3 JSON gateway, cpp-httplib)
 #   registry_entry.cc its entries: keys, values, their checks, etcd's range replies
@@ -36,7 +35,6 @@ add_library(tl_remote STATIC
   remote/manifest_parse.cc
   remote/frame.cc
   remote/auth.cc
-  remote/layout.cc
   remote/slice.cc
   remote/registry.cc
   remote/registry_entry.cc
@@ -73,6 +71,6 @@ if(TENSORLIFT_HAVE_UCX)
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)
-  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/registry_entry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/layout.cc remote/slice.cc
+  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/registry_entry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/slice.cc
     PROPERTIES COMPILE_OPTIONS "-Wno-maybe-uninitialized")
 endif()

@@ -10,9 +10,8 @@
 
 #include "common/checked_math.h"
 #include "device/device.h"
+#include "format/tp_layout.h"
 #include "load/shared_memory.h"
-#include "load/upload.h"
-#include "remote/layout.h"
 #include "remote/peer_server.h"
 
 namespace tensorlift {
@@ -96,7 +95,7 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::strin
                                                                 const PeerKey& key,
                                                                 const ServeOptions& options,
                                                                 const LoadOptions& load) {
-  TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
+  TL_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Parse(key.layout));
   if (load.on_tensor)
     return InvalidArgumentError("serve: LoadOptions::on_tensor applies to Load, not to serving");
   // A seed serves for as long as it runs: memory of its own, never views of the page
@@ -106,24 +105,22 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::strin
   // Same-host clients are handed the memory itself: sealed shared memory
   // (docs/remote.md, "Same-host handover"), when the load can make it.
   owned.shared_memory = options.handover && CheckSharedMemoryOptions(owned).ok();
-  // Onto a device: straight there when this rank serves whole tensors; when
-  // it serves slices, they are cut in host memory and then copied up.
-  std::shared_ptr<Device> device;
-  if (load.device != "cpu" && options.parallel.size > 1) {
-    TL_ASSIGN_OR_RETURN(const auto where, ParseDevice(load.device));
-    TL_ASSIGN_OR_RETURN(device, OpenDevice(where.first, where.second));
-    owned.device = "cpu";
-  }
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole, Load(path, owned));
+  // This rank's slices only, read straight into their memory (on the device,
+  // or shared): the loader plans them (LoadOptions::parallel).
+  owned.parallel = options.parallel;
+  owned.layout = key.layout;
+  TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(path));
   std::vector<remote::ShardOf> shards;
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine,
-                      remote::SliceForRank(std::move(whole), layout, options.parallel, &shards));
-  if (device) {
-    TL_ASSIGN_OR_RETURN(mine, UploadToDevice(std::move(mine), device));
-  } else if (owned.shared_memory) {
-    // A rank's slices are cut into memory of their own: shared too.
-    TL_ASSIGN_OR_RETURN(mine, IntoSharedMemory(std::move(mine), path));
+  for (const auto loc : ckpt.tensors()) {
+    const TensorInfo& t = ckpt.info(loc);
+    if (!load.filter.Matches(t.name)) continue;
+    TL_ASSIGN_OR_RETURN(
+        remote::ShardOf s,
+        remote::ShardFor(layout, t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
+                         options.parallel));
+    shards.push_back(std::move(s));  // In name order, as the load's tensors.
   }
+  TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine, Load(ckpt, owned));
   auto server = remote::ServeShards(std::make_shared<const LoadedCheckpoint>(std::move(mine)),
                                     std::move(shards), key, options);
   if (!server.ok()) return server.status().WithContext(path);
@@ -134,7 +131,7 @@ Result<std::unique_ptr<PeerServer>> PeerServer::Serve(
     std::shared_ptr<const LoadedCheckpoint> loaded, const PeerKey& key,
     const ServeOptions& options) {
   if (!loaded) return InvalidArgumentError("serve: no checkpoint");
-  TL_ASSIGN_OR_RETURN(remote::Layout layout, remote::Layout::Parse(key.layout));
+  TL_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Parse(key.layout));
   std::vector<remote::ShardOf> shards;
   for (const LoadedTensor& t : loaded->tensors()) {
     // Whole tensors: the layout's dim, covering all of it.

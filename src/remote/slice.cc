@@ -11,7 +11,7 @@ namespace tensorlift {
 
 namespace remote {
 
-Result<ShardOf> ShardFor(const Layout& layout, std::string_view name,
+Result<ShardOf> ShardFor(const ParallelLayout& layout, std::string_view name,
                          const std::vector<int64_t>& full_shape, const TensorParallel& parallel) {
   ShardOf s;
   s.full_shape = full_shape;
@@ -38,7 +38,7 @@ std::vector<int64_t> ShardShape(const ShardOf& s, int64_t length) {
 
 }  // namespace
 
-Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const Layout& layout,
+Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const ParallelLayout& layout,
                                       const TensorParallel& parallel,
                                       std::vector<ShardOf>* shards) {
   if (parallel.size < 1 || parallel.rank < 0 || parallel.rank >= parallel.size) {

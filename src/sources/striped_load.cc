@@ -54,7 +54,7 @@ Status RefuseOptions(const StripeOptions& o) {
     return refuse("the I/O engine is chosen per source; leave it auto");
   if (l.threads != 0) return refuse("threads (pread threads) are set per source: disk_threads");
   if (o.store.parallel.size > 1 || !o.store.layout.empty())
-    return refuse("tensor-parallel slices are not built for striped loads yet (whole tensors)");
+    return refuse("a tensor-parallel rank's slices are given in load (LoadOptions::parallel)");
   if (!o.store.cache_dir.empty()) return refuse("cache_dir applies to object-storage loads alone");
   if (o.range_bytes < 4096) return refuse("range_bytes must be at least 4096");
   if (o.disk_threads < 1 || o.disk_threads > 256) return refuse("disk_threads must be 1..256");

@@ -241,6 +241,24 @@ def test_striped_over_the_disk_the_bucket_and_a_peer(aws_env, cli):
         assert "3 source(s) at once, every chunk checked" in out.stderr, out.stderr
         assert f"  {server.url}: " in out.stderr
 
+        # A tensor-parallel rank's slices, striped over the three: its own load of the local copy.
+        layout = r"layer\.[0-9]*[02468]\.w$=0;layer\.[0-9]*[13579]\.w$=1"
+        tp = ["--tp-size", "3", "--tp-rank", "1", "--layout", layout]
+        out = subprocess.run([str(cli), "fetch", "--stripe", "--stripe-cached", "--fallback", str(local),
+                              "--fallback", "s3://models/medium", "--checksum", *tp, server.url],
+                             capture_output=True, text=True)
+        sums = subprocess.run([str(cli), "load", "--checksum", *tp, str(local)], capture_output=True, text=True)
+        assert out.returncode == 0 and sums.returncode == 0, out.stderr + sums.stderr
+        assert out.stdout == sums.stdout and out.stdout.count("\n") == 24
+        rank = remote.Peer(server.url, fallback=[str(local), "s3://models/medium"], stripe=True, tp_size=3,
+                           tp_rank=1, layout=layout, use_page_cache=False)
+        with pytest.raises(ValueError, match="not served"):
+            rank.pull(become_seed=True)
+        got = tensorlift.load(rank)
+        mine = tensorlift.load(local, tp_size=3, tp_rank=1, layout=layout)
+        assert sorted(got) == sorted(mine) and all(torch.equal(got[n], mine[n]) for n in mine)
+        assert got["layer.1.w"].shape == (256, 171) and got["layer.2.w"].shape == (86, 768)
+
     # Without a peer: the disk and the bucket (nothing to check the bytes against).
     got = remote.load_striped(url="s3://models/medium", path=local, use_page_cache=False)
     assert all(torch.equal(got[n], want[n]) for n in want)
@@ -271,11 +289,16 @@ def test_a_tensor_parallel_rank_loads_its_slices(aws_env, cli):
     assert torch.equal(torch.cat([ranks[0]["c"], ranks[1]["c"]], 1), want["c"])
     assert ranks[0]["a"].shape[0] < 33 and ranks[0]["c"].shape[1] == 4
     assert all(torch.equal(r["b"], want["b"]) for r in ranks)
-    with pytest.raises(ValueError, match="apply to s3:// and gs:// paths"):
-        tensorlift.load(root / "models" / "tiny", tp_size=2, layout=layout)
+    # The local copy's ranks: the same slices, read by the same planner.
+    for r in range(2):
+        local = tensorlift.load(root / "models" / "tiny", tp_size=2, tp_rank=r, layout=layout)
+        assert all(torch.equal(local[n], ranks[r][n]) for n in want)
+    converted = tensorlift.load("s3://models/tiny", tp_size=2, tp_rank=1, layout=layout, dtype=torch.float16)
+    assert all(torch.equal(converted[n], ranks[1][n].to(torch.float16)) for n in want
+               if ranks[1][n].dtype == torch.float32)
     out = subprocess.run([str(cli), "load", "--tp-size", "2", "--tp-rank", "1", "--layout", layout, "--checksum",
                           "s3://models/tiny"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.count("\n") == 3, out.stderr
-    out = subprocess.run([str(cli), "load", "--tp-size", "2", "--layout", layout, str(root / "models" / "tiny")],
-                         capture_output=True, text=True)
-    assert out.returncode == 2 and "apply to s3:// and gs:// paths" in out.stderr
+    local = subprocess.run([str(cli), "load", "--tp-size", "2", "--tp-rank", "1", "--layout", layout, "--checksum",
+                            str(root / "models" / "tiny")], capture_output=True, text=True)
+    assert local.returncode == 0 and local.stdout == out.stdout, local.stderr

@@ -175,16 +175,16 @@ TEST_F(HandoverTest, OffPullsOverUcx) {
   auto server = Start();
   ASSERT_NE(server, nullptr);
   auto opts = Pull(server->url());
-  opts.handover = "off";
+  opts.handover = HandoverMode::kOff;
   PeerLoadReport report;
   auto got = LoadFromPeer(key_, opts, &report);
   ASSERT_OK(got);
   EXPECT_FALSE(report.handover);
   ExpectSameAsFile(*got);
-  opts.handover = "always";
-  auto bad = LoadFromPeer(key_, opts, &report);
+  auto bad = ParseHandoverMode("always");  // The one parser of its spelling.
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("handover \"always\" is not"));
+  EXPECT_EQ(HandoverModeName(*ParseHandoverMode("off")), "off");
 }
 
 TEST_F(HandoverTest, ASeedWithoutHandoverOffersNone) {

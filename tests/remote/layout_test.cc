@@ -1,7 +1,5 @@
 // Layouts: rule parsing, the split of a dim, and slice pieces checked
 // against a brute-force copy of every element.
-#include "remote/layout.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +8,7 @@
 #include <vector>
 
 #include "../common/assert_ok.h"
+#include "format/tp_layout.h"
 
 namespace tensorlift::remote {
 namespace {
@@ -20,7 +19,7 @@ constexpr const char* kLlama =
     "(q|k|v|gate|up)_proj\\.weight$=0;(o|down)_proj\\.weight$=1;embed_tokens=0;lm_head=0";
 
 TEST(LayoutTest, ParseAndDimFor) {
-  auto l = Layout::Parse(kLlama);
+  auto l = ParallelLayout::Parse(kLlama);
   ASSERT_OK(l);
   EXPECT_EQ(l->text(), kLlama);
   EXPECT_FALSE(l->empty());
@@ -36,7 +35,7 @@ TEST(LayoutTest, ParseAndDimFor) {
 }
 
 TEST(LayoutTest, FirstRuleWinsAndTrims) {
-  auto l = Layout::Parse("  w = 1 ;  w.*=0 ; a=b=2");
+  auto l = ParallelLayout::Parse("  w = 1 ;  w.*=0 ; a=b=2");
   ASSERT_OK(l);
   EXPECT_EQ(l->text(), "w = 1;w.*=0;a=b=2");
   EXPECT_EQ(l->DimFor("xw"), 1);
@@ -45,12 +44,12 @@ TEST(LayoutTest, FirstRuleWinsAndTrims) {
 
 TEST(LayoutTest, EmptyLayout) {
   for (const char* text : {"", "   "}) {
-    auto l = Layout::Parse(text);
+    auto l = ParallelLayout::Parse(text);
     ASSERT_OK(l);
     EXPECT_TRUE(l->empty());
     EXPECT_EQ(l->DimFor("anything"), -1);
   }
-  Layout d;
+  ParallelLayout d;
   EXPECT_TRUE(d.empty());
   EXPECT_EQ(d.DimFor("x"), -1);
 }
@@ -74,7 +73,7 @@ TEST(LayoutTest, RejectsBadRules) {
       {";w=0", "rule 0 is empty"},
   };
   for (const auto& c : cases) {
-    auto l = Layout::Parse(c.text);
+    auto l = ParallelLayout::Parse(c.text);
     ASSERT_FALSE(l.ok()) << c.text;
     EXPECT_EQ(l.status().code(), StatusCode::kInvalidArgument) << c.text;
     EXPECT_THAT(l.status().message(), HasSubstr(c.why)) << c.text;

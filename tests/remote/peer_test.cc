@@ -15,9 +15,9 @@
 #include "../common/assert_ok.h"
 #include "../load/test_files.h"
 #include "device/device.h"
+#include "format/tp_layout.h"
 #include "load/checkpoint_builder.h"
 #include "remote/control.h"
-#include "remote/layout.h"
 #include "remote/peer_faults.h"
 #include "remote/peer_reader.h"
 #include "remote/ucx_transport.h"
@@ -95,13 +95,13 @@ class PeerTest : public ::testing::Test {
     o.max_in_flight = 4;
     // These tests are about the UCX data plane: a same-host seed would hand
     // its memory over instead (tests/remote/handover_test.cc).
-    o.handover = "off";
+    o.handover = HandoverMode::kOff;
     return o;
   }
 
   // The bytes rank `rank` of `size` should hold of tensor t (element copy).
   static std::vector<uint8_t> Expected(const RawTensor& t, int size, int rank) {
-    auto layout = remote::Layout::Parse(kLayout);
+    auto layout = ParallelLayout::Parse(kLayout);
     const int dim = layout->DimFor(t.name);
     if (dim < 0 || size == 1) return t.bytes;
     const uint64_t esize = static_cast<uint64_t>(DtypeBits(t.dtype)) / 8;
@@ -955,7 +955,7 @@ TEST_F(PeerTest, ContentRefusesAnotherRootAndTamperedBytes) {
   auto sealed = Start(Serve());
   ASSERT_TRUE(sealed);
   PeerLoadOptions near = Pull({sealed->url()});
-  near.handover = "auto";
+  near.handover = HandoverMode::kAuto;
   PeerLoadReport near_report;
   auto taken = LoadFromPeer(want, near, &near_report);
   ASSERT_OK(taken);

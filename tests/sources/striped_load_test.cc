@@ -452,7 +452,7 @@ TEST_F(StripedLoadTest, EveryLoadOptionGivesTheLocalCopysTensors) {
       const char* name;
       LoadOptions options;
     };
-    std::vector<Case> cases(4);
+    std::vector<Case> cases(5);
     cases[0].name = "as stored";
     cases[1].name = "dtype";
     cases[1].options.dtype = Dtype::kF16;
@@ -463,6 +463,9 @@ TEST_F(StripedLoadTest, EveryLoadOptionGivesTheLocalCopysTensors) {
     cases[3].options.staging_bytes = 300 << 10;
     cases[3].options.staging_buffers = 2;
     cases[3].options.arena_pool = std::make_shared<ArenaPool>();
+    cases[4].name = "a tensor-parallel rank's slices";  // Rows of a.*.w, columns of b.*.w.
+    cases[4].options.parallel = {3, 2};
+    cases[4].options.layout = "^a\\..*\\.w$=0;^b\\..*\\.w$=1";
     for (Case& c : cases) {
       SCOPED_TRACE(std::string(where) + ": " + c.name);
       StripeOptions o = Defaults();

@@ -1,7 +1,7 @@
 // Tensor-parallel layouts: rules that pick a shard dim per tensor name, the
 // split of a dim among ranks, and the byte pieces between shards of two
 // different splits.
-#include "remote/layout.h"
+#include "format/tp_layout.h"
 
 #include <algorithm>
 #include <string>
@@ -9,7 +9,7 @@
 #include "common/checked_math.h"
 #include "tensorlift/text.h"
 
-namespace tensorlift::remote {
+namespace tensorlift {
 namespace {
 
 bool IsSpace(char c) {
@@ -24,8 +24,8 @@ std::string_view Trim(std::string_view s) {
 
 }  // namespace
 
-Result<Layout> Layout::Parse(std::string_view text) {
-  Layout layout;
+Result<ParallelLayout> ParallelLayout::Parse(std::string_view text) {
+  ParallelLayout layout;
   if (Trim(text).empty()) return layout;  // Every tensor whole.
   size_t rule_index = 0;
   while (true) {
@@ -62,7 +62,7 @@ Result<Layout> Layout::Parse(std::string_view text) {
   return layout;
 }
 
-int Layout::DimFor(std::string_view name) const {
+int ParallelLayout::DimFor(std::string_view name) const {
   for (const Rule& rule : rules_) {
     bool match = false;
     try {
@@ -144,4 +144,49 @@ Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shap
   return pieces;
 }
 
-}  // namespace tensorlift::remote
+// (tensorlift/assign.h) The one shard-range rule, here so that every layer can slice.
+Result<IndexRange> ShardRange(int64_t extent, int rank, int world) {
+  if (world < 1) {
+    return InvalidArgumentError("shard range: world size " + std::to_string(world) + " < 1");
+  }
+  if (rank < 0 || rank >= world) {
+    return InvalidArgumentError("shard range: rank " + std::to_string(rank) + " is not in [0, " +
+                                std::to_string(world) + ")");
+  }
+  if (extent < 0) {
+    return InvalidArgumentError("shard range: negative extent " + std::to_string(extent));
+  }
+  const uint64_t n = static_cast<uint64_t>(extent);
+  const uint64_t block = n / world + (n % world != 0);
+  // rank * block <= (world - 1) * ceil(n / world) < n + world < 2^64.
+  const uint64_t start = std::min(static_cast<uint64_t>(rank) * block, n);
+  return IndexRange{static_cast<int64_t>(start), static_cast<int64_t>(std::min(block, n - start))};
+}
+
+Result<TensorSlice> SliceFor(const TensorInfo& info, const ParallelLayout& layout, int rank,
+                             int size) {
+  TensorSlice slice;
+  const int dim = size > 1 ? layout.DimFor(info.name) : -1;
+  if (dim < 0 || dim >= static_cast<int>(info.shape.size())) return slice;
+  std::vector<int64_t> full(info.shape.begin(), info.shape.end());
+  auto where = [&](const Status& st) {
+    return st.WithContext("tensor " + QuoteName(info.name) + " (split along dim " +
+                          std::to_string(dim) + ")");
+  };
+  Result<IndexRange> mine = ShardRange(full[dim], rank, size);
+  if (!mine.ok()) return where(mine.status());
+  Result<std::vector<CopyPiece>> pieces = SlicePieces(
+      full, static_cast<uint32_t>(DtypeBits(info.dtype)), dim, IndexRange{0, full[dim]}, *mine);
+  if (!pieces.ok()) return where(pieces.status());
+  slice.shape.assign(info.shape.begin(), info.shape.end());
+  slice.shape[dim] = static_cast<uint64_t>(mine->length);
+  slice.elements = 1;
+  for (uint64_t d : slice.shape) slice.elements *= d;  // At most the tensor's: no overflow.
+  for (const CopyPiece& p : *pieces) slice.bytes += p.bytes;
+  slice.pieces = std::move(pieces).value();
+  // A rank with no rows of it: one empty piece, so that it is still a slice.
+  if (slice.pieces.empty()) slice.pieces.push_back({0, 0, 0});
+  return slice;
+}
+
+}  // namespace tensorlift

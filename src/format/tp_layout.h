@@ -1,8 +1,8 @@
 // Tensor-parallel layouts (docs/remote.md, "Layouts"): which tensors are split
 // along which dim, how a dim is split among ranks, and which bytes of a source
 // shard land where in a destination shard when the two sides' sizes differ.
-#ifndef TENSORLIFT_REMOTE_LAYOUT_H_
-#define TENSORLIFT_REMOTE_LAYOUT_H_
+#ifndef TENSORLIFT_FORMAT_TP_LAYOUT_H_
+#define TENSORLIFT_FORMAT_TP_LAYOUT_H_
 
 #include <cstdint>
 #include <regex>
@@ -11,19 +11,20 @@
 #include <vector>
 
 #include "tensorlift/assign.h"
+#include "tensorlift/safetensors.h"
 #include "tensorlift/status.h"
 
-namespace tensorlift::remote {
+namespace tensorlift {
 
 // Rules "REGEX=DIM" separated by ';' (the first rule whose ECMAScript regex
 // matches anywhere in the name wins); e.g. the Llama layout
 //   "(q|k|v|gate|up)_proj\.weight$=0;(o|down)_proj\.weight$=1;embed_tokens=0;lm_head=0"
 // Names no rule matches are whole on every rank.
-class Layout {
+class ParallelLayout {
  public:
-  Layout() = default;
+  ParallelLayout() = default;
   // InvalidArgument on a bad regex, a dim that is not 0..7, or an empty rule.
-  static Result<Layout> Parse(std::string_view text);
+  static Result<ParallelLayout> Parse(std::string_view text);
   // The rules as given, re-joined with ';' (whitespace around them trimmed).
   const std::string& text() const { return text_; }
   // The dim `name` is split along, or -1.
@@ -58,6 +59,23 @@ Result<std::vector<CopyPiece>> SlicePieces(const std::vector<int64_t>& full_shap
                                            uint32_t elem_bits, int dim, IndexRange src,
                                            IndexRange dst);
 
-}  // namespace tensorlift::remote
+// A tensor's part for one tensor-parallel rank: its shape and the pieces of
+// the tensor's stored bytes that make it (src_offset from the tensor's first
+// byte, dst_offset from the slice's), in order. No pieces: the whole tensor.
+struct TensorSlice {
+  std::vector<uint64_t> shape;
+  uint64_t elements = 0;
+  uint64_t bytes = 0;
+  std::vector<CopyPiece> pieces;
+  bool whole() const { return pieces.empty(); }
+};
 
-#endif  // TENSORLIFT_REMOTE_LAYOUT_H_
+// `info`'s slice for rank `rank` of `size` under `layout`: whole when no rule
+// splits it (or its dim is beyond its shape), else ShardRange's part of the
+// dim. InvalidArgument (naming the tensor) when the dim cannot be split so.
+Result<TensorSlice> SliceFor(const TensorInfo& info, const ParallelLayout& layout, int rank,
+                             int size);
+
+}  // namespace tensorlift
+
+#endif  // TENSORLIFT_FORMAT_TP_LAYOUT_H_
