@@ -248,10 +248,11 @@ struct PeerLoadOptions {
   // "emulated:0" in tests). Pulls land straight in the device's memory when
   // the loaded UCX can write it (a GPU's needs a UCX built with CUDA, e.g.
   // PyPI's libucx-cu12 through TENSORLIFT_UCX_LIB), each chunk checked on a
-  // staged copy in pinned host memory; otherwise they land in host memory,
-  // are checked there, and are copied up in one allocation (the host copy
-  // freed). The disk fallback loads straight onto the device when
-  // nothing is sliced for a tensor-parallel rank. fallback_load.device must
+  // staged copy in pinned host memory; otherwise they land in two windows of
+  // pinned host memory (32 MiB each), are checked there and copied up while
+  // the next window's bytes arrive. The disk fallback loads straight onto the device, a
+  // tensor-parallel rank's slices included (a fallback_loader's sliced load
+  // is cut in host memory and copied up). fallback_load.device must
   // be "cpu" or the same device. A seed (become_seed) serves the tensors from
   // where they are (device memory: see ServeCheckpoint).
   std::string device = "cpu";

@@ -9,6 +9,7 @@
 #include "device/host_buffer.h"
 #include "format/tp_layout.h"
 #include "load/checkpoint_builder.h"
+#include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
 #include "tensorlift/remote.h"
 
@@ -27,6 +28,11 @@ struct ShardOf {
 // parallel.size == 1).
 Result<ShardOf> ShardFor(const ParallelLayout& layout, std::string_view name,
                          const std::vector<int64_t>& full_shape, const TensorParallel& parallel);
+
+// The shards of `ckpt`'s tensors that pass `filter`, in its (name) order: a
+// load of them with LoadOptions::parallel = `parallel` and this layout.
+Result<std::vector<ShardOf>> ShardsOf(const Checkpoint& ckpt, const TensorFilter& filter,
+                                      const ParallelLayout& layout, const TensorParallel& parallel);
 
 // A host checkpoint of `parallel`'s slices of `whole` (copied into one new
 // buffer); `whole` itself when parallel.size == 1 or the layout is empty.

@@ -29,6 +29,13 @@ namespace tensorlift::remote {
 Status CorruptServedForTesting(PeerServer& server, const std::string& tensor, uint64_t offset,
                                bool lie = false);
 
+// While `window` is not 0, peer pulls onto a device land in pinned host
+// windows of `window` bytes (or a chunk's, if more) and are copied up, as
+// onto a GPU whose memory the loaded UCX cannot write (the emulated device's
+// memory otherwise takes UCX's writes through its host mapping).
+void BounceDevicePullsForTesting(uint64_t window);
+uint64_t BounceDevicePulls();
+
 }  // namespace tensorlift::remote
 
 #endif  // TENSORLIFT_REMOTE_PEER_FAULTS_H_

@@ -161,8 +161,8 @@ Endpoints FindEndpoints(const PeerKey& key, const PeerLoadOptions& options,
   return e;
 }
 
-// Disk loads that slice, and pulls that UCX cannot land on the device, are in
-// host memory: a device destination gets a copy.
+// A seed's host memory handed over (mapped, not copied) and a fallback
+// loader's sliced load are in host memory: a device destination gets a copy.
 Result<LoadedCheckpoint> Place(Result<LoadedCheckpoint> r, const std::shared_ptr<Device>& device) {
   if (!r.ok() || !device || r->tensors().empty() ||
       r->tensors().front().device != DeviceType::kCpu) {
@@ -240,7 +240,10 @@ std::optional<LoadedCheckpoint> PullFromGroups(const PeerKey& key, const PeerLoa
 }
 
 // No peer worked: the files at fallback_path, as a peer would have sent them
-// (the key's dtype, this rank's slices).
+// (the key's dtype, this rank's slices). A local path is loaded by Load,
+// slices and all, straight to the destination; a fallback loader's load is
+// whole, cut on the host when sliced (its tensors' full shapes are the
+// seed's to serve).
 Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const ParallelLayout& layout,
                                       const PeerLoadOptions& options, std::optional<Dtype> dtype,
                                       const std::shared_ptr<Device>& device, PeerLoadReport* report,
@@ -252,23 +255,37 @@ Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const ParallelLayout& 
   }
   LoadOptions disk = options.fallback_load;
   disk.dtype = dtype;  // The key's: the tensors a peer would have sent.
-  // Nothing sliced: straight onto the device. Else slices are cut on the host.
-  const bool whole_tensors = options.parallel.size == 1 || layout.empty();
-  disk.device = whole_tensors ? options.device : "cpu";
-  TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole,
-                      options.fallback_loader ? options.fallback_loader(options.fallback_path, disk)
-                                              : Load(options.fallback_path, disk));
-  if (!key.content.empty()) {
-    TL_RETURN_IF_ERROR(CheckContent(whole, key.content, nullptr, "disk:" + options.fallback_path));
+  disk.device = options.device;
+  std::optional<LoadedCheckpoint> mine;
+  if (!options.fallback_loader) {
+    TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(options.fallback_path));
+    TL_ASSIGN_OR_RETURN(*shards, ShardsOf(ckpt, disk.filter, layout, options.parallel));
+    if (!layout.empty()) {
+      disk.parallel = options.parallel;
+      disk.layout = key.layout;
+    }
+    TL_ASSIGN_OR_RETURN(mine, Load(ckpt, disk));
+    if (!key.content.empty()) {  // Never with slices (CheckPeerLoad).
+      TL_RETURN_IF_ERROR(
+          CheckContent(*mine, key.content, nullptr, "disk:" + options.fallback_path));
+    }
+    report->source = "disk:" + options.fallback_path;
+  } else {
+    const bool whole_tensors = options.parallel.size == 1 || layout.empty();
+    if (!whole_tensors) disk.device = "cpu";
+    TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole,
+                        options.fallback_loader(options.fallback_path, disk));
+    if (!key.content.empty()) {
+      TL_RETURN_IF_ERROR(
+          CheckContent(whole, key.content, nullptr, "disk:" + options.fallback_path));
+    }
+    TL_ASSIGN_OR_RETURN(
+        mine, Place(SliceForRank(std::move(whole), layout, options.parallel, shards), device));
+    report->source = options.fallback_path;
   }
-  TL_ASSIGN_OR_RETURN(
-      LoadedCheckpoint mine,
-      Place(SliceForRank(std::move(whole), layout, options.parallel, shards), device));
-  report->source =
-      options.fallback_loader ? options.fallback_path : "disk:" + options.fallback_path;
-  report->bytes = mine.total_bytes();
+  report->bytes = mine->total_bytes();
   report->source_ranks = 0;
-  return mine;
+  return std::move(*mine);
 }
 
 }  // namespace

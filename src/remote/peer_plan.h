@@ -84,14 +84,19 @@ Status PlanRankGets(const Manifest& mf, const std::vector<Wanted>& wanted, bool 
 // writes it at `visible`: a GPU's device addresses, mapped as CUDA memory, or
 // the host's mapping of the emulated device's memory). Device bytes are
 // checked on staged copies in pinned host memory, once a source rank's gets
-// have all landed (CheckStaged).
+// have all landed (CheckStaged). A device whose memory UCX cannot write (a
+// GPU with a UCX built without CUDA) is `bounced`: the gets land in two
+// windows of pinned host memory, are checked there and copied up while the
+// next window's gets run (host memory: the windows, not the checkpoint).
 struct Landing {
   std::shared_ptr<Buffer> buffer;  // Owns the destination bytes.
-  std::byte* visible = nullptr;    // Where UCX writes them.
+  std::byte* visible = nullptr;    // Where UCX writes them (bounced: the plan's addresses).
   uint64_t size = 0;
   std::shared_ptr<Device> device;  // Null: host memory.
   UcxMemory memory = UcxMemory::kHost;
   std::unique_ptr<DeviceStream> stream;
+  bool bounced = false;
+  std::shared_ptr<Buffer> bounce;  // Pinned: two windows of half its size.
 
   // Whether `p` is in the device's memory (not host memory, nor a staging
   // chunk).

@@ -3,18 +3,25 @@
 #include "remote/peer_pull.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <utility>
 
 #include "device/populate.h"
 #include "remote/handover.h"
 #include "remote/peer_content.h"
+#include "remote/peer_faults.h"
 #include "tensorlift/checksum.h"
 
 namespace tensorlift::remote {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A bounced pull's window of pinned host memory, at least (a chunk's bytes if more).
+constexpr uint64_t kBounceWindow = 32ull << 20;
+
+std::atomic<uint64_t> bounce_for_testing{0};
 
 // Closes every session a pull opened (DELETE, with the bytes pulled), whatever
 // happens.
@@ -89,7 +96,9 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
   // That includes the emulated device's memory, which UCX writes through
   // the host's mapping; a GPU's memory is not the host's to fault.
   std::vector<PopulateAhead::Region> fresh;
-  if (landing.memory == UcxMemory::kHost) fresh.push_back({landing.visible, landing.size});
+  if (landing.memory == UcxMemory::kHost && !landing.bounced) {
+    fresh.push_back({landing.visible, landing.size});
+  }
   PopulateAhead populate(fresh, FaultThreadCount(options_.fallback_load.fault_threads));
 
   int ranks_used = 0;
@@ -133,8 +142,21 @@ Result<bool> Puller::PullRank(int r, int n, const std::string& url,
   if (plan.gets.empty()) return false;
   TL_RETURN_IF_ERROR(ConnectSource(url, src));
   for (auto& g : plan.gets) g.region = src->regions[g.region];
-  TL_RETURN_IF_ERROR(src->ucx->MapLocal(landing.visible, landing.size, landing.memory));
-  Status got = GetVerified(url, plan, landing, src);
+  Status got = Status::Ok();
+  if (landing.bounced) {
+    const uint64_t window = std::max(BounceDevicePulls() ? BounceDevicePulls() : kBounceWindow,
+                                     src->manifest.chunk_bytes);
+    if (!landing.bounce || landing.bounce->size() < 2 * window) {
+      landing.bounce.reset();
+      TL_ASSIGN_OR_RETURN(landing.bounce, landing.device->AllocatePinned(2 * window));
+    }
+    TL_RETURN_IF_ERROR(
+        src->ucx->MapLocal(landing.bounce->data(), landing.bounce->size(), UcxMemory::kHost));
+    got = GetBounced(url, plan, landing, src);
+  } else {
+    TL_RETURN_IF_ERROR(src->ucx->MapLocal(landing.visible, landing.size, landing.memory));
+    got = GetVerified(url, plan, landing, src);
+  }
   if (!got.ok()) {
     // No copy of this pull may still run when the buffer is freed.
     if (landing.stream) landing.stream->Synchronize().IgnoreError();
@@ -192,6 +214,67 @@ Status Puller::GetVerified(const std::string& url, const RankPlan& plan, Landing
   TL_RETURN_IF_ERROR(bad);
   TL_RETURN_IF_ERROR(got);
   return CheckStaged(url, mf, plan, on_device, landing);
+}
+
+Status Puller::GetBounced(const std::string& url, const RankPlan& plan, Landing& landing,
+                          Source* src) const {
+  // The gets into staging chunks land where planned; those into the device's
+  // buffer, in its order, window by window.
+  RankPlan host;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < plan.gets.size(); ++i) {
+    const auto* dst = static_cast<const std::byte*>(plan.gets[i].dst);
+    if (dst >= landing.visible && dst < landing.visible + landing.size) {
+      order.push_back(i);
+    } else {
+      host.gets.push_back(plan.gets[i]);
+      host.chunks.push_back(plan.chunks[i]);
+    }
+  }
+  if (!host.gets.empty()) TL_RETURN_IF_ERROR(GetVerified(url, host, landing, src));
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return plan.gets[a].dst < plan.gets[b].dst; });
+  const uint64_t window = landing.bounce->size() / 2;
+  std::unique_ptr<DeviceEvent> copied[2];
+  for (auto& event : copied) {
+    TL_ASSIGN_OR_RETURN(event, landing.device->CreateEvent());
+  }
+  bool pending[2] = {false, false};
+  auto run = [&]() -> Status {
+    int half = 0;
+    for (size_t k = 0; k < order.size(); half ^= 1) {
+      // The gets from k on whose bytes lie within a window of the first's.
+      const auto* lo = static_cast<const std::byte*>(plan.gets[order[k]].dst);
+      std::byte* into = landing.bounce->data() + half * window;
+      RankPlan w;
+      for (; k < order.size(); ++k) {
+        UcxClient::Get g = plan.gets[order[k]];
+        const auto* dst = static_cast<const std::byte*>(g.dst);
+        if (dst + g.bytes > lo + window) break;
+        g.dst = into + (dst - lo);
+        RankPlan::Chunk c = plan.chunks[order[k]];
+        c.dst = static_cast<std::byte*>(g.dst);
+        w.gets.push_back(g);
+        w.chunks.push_back(c);
+      }
+      if (w.gets.empty()) return InternalError(url + ": a get larger than the bounce window");
+      // The copies out of this half, two windows ago, are done before it is refilled.
+      if (pending[half]) TL_RETURN_IF_ERROR(copied[half]->Synchronize());
+      TL_RETURN_IF_ERROR(GetVerified(url, w, landing, src));  // Checked on the host.
+      for (const UcxClient::Get& g : w.gets) {
+        const auto* at = static_cast<const std::byte*>(g.dst);
+        TL_RETURN_IF_ERROR(landing.stream->CopyToDevice(
+            landing.DeviceAddress(const_cast<std::byte*>(lo) + (at - into)), at, g.bytes));
+      }
+      TL_RETURN_IF_ERROR(landing.stream->Record(*copied[half]));
+      pending[half] = true;
+    }
+    return Status::Ok();
+  };
+  const Status ran = run();
+  // No copy out of the windows may run once they are freed or refilled.
+  const Status drained = landing.stream->Synchronize();
+  return ran.ok() ? drained : ran;
 }
 
 Status Puller::CheckChunk(const std::string& url, const Manifest& mf, const RankPlan::Chunk& c,
@@ -257,24 +340,24 @@ Status Puller::CheckStaged(const std::string& url, const Manifest& mf, const Ran
 
 Status Puller::Allocate(uint64_t total, Landing* landing) const {
   if (device_) {
-    const bool cuda = device_->kind() == DeviceType::kCuda;
-    if (!cuda || UcxMapsCudaMemory()) {
-      Result<std::shared_ptr<Buffer>> b = device_->Allocate(total);
-      if (!b.ok()) {
-        return b.status().WithContext("peer load: " + std::to_string(total) + " bytes on " +
-                                      device_->name());
-      }
-      std::byte* visible = cuda ? (*b)->data() : (*b)->host_mapping();
-      if (visible != nullptr) {
-        TL_ASSIGN_OR_RETURN(landing->stream, device_->CreateStream());
-        landing->buffer = std::move(b).value();
-        landing->visible = visible;
-        landing->size = landing->buffer->size();
-        landing->device = device_;
-        landing->memory = cuda ? UcxMemory::kCuda : UcxMemory::kHost;
-        return Status::Ok();
-      }
+    Result<std::shared_ptr<Buffer>> b = device_->Allocate(total);
+    if (!b.ok()) {
+      return b.status().WithContext("peer load: " + std::to_string(total) + " bytes on " +
+                                    device_->name());
     }
+    const bool cuda = device_->kind() == DeviceType::kCuda;
+    std::byte* visible =
+        cuda ? (UcxMapsCudaMemory() ? (*b)->data() : nullptr) : (*b)->host_mapping();
+    if (BounceDevicePulls() != 0) visible = nullptr;
+    TL_ASSIGN_OR_RETURN(landing->stream, device_->CreateStream());
+    landing->buffer = std::move(b).value();
+    landing->size = landing->buffer->size();
+    landing->device = device_;
+    landing->bounced = visible == nullptr;
+    // Bounced: the plan's addresses are the device's, never written by UCX.
+    landing->visible = landing->bounced ? landing->buffer->data() : visible;
+    landing->memory = cuda && !landing->bounced ? UcxMemory::kCuda : UcxMemory::kHost;
+    return Status::Ok();
   }
   TL_ASSIGN_OR_RETURN(std::shared_ptr<HostBuffer> host, HostBuffer::Allocate(total));
   landing->visible = host->data();
@@ -282,6 +365,9 @@ Status Puller::Allocate(uint64_t total, Landing* landing) const {
   landing->buffer = std::move(host);
   return Status::Ok();
 }
+
+void BounceDevicePullsForTesting(uint64_t window) { bounce_for_testing = window; }
+uint64_t BounceDevicePulls() { return bounce_for_testing; }
 
 void Puller::AddPulledTensors(const std::vector<Wanted>& wanted, const Landing& landing,
                               CheckpointBuilder* out, std::vector<ShardOf>* shards) {
@@ -314,7 +400,8 @@ void Puller::AddSourceReports(const std::vector<const Control*>& group,
     f.path = group[r]->url();
     f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n) +
                (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports) +
-               (landing.device ? " into " + landing.device->name() + "'s memory" : "");
+               (landing.device ? " into " + landing.device->name() + "'s memory" : "") +
+               (landing.bounced ? " through pinned host windows" : "");
     f.bytes = sources[r].pulled;
     out->files().push_back(std::move(f));
   }

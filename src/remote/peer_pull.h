@@ -106,6 +106,12 @@ class Puller {
   Status GetVerified(const std::string& url, const RankPlan& plan, Landing& landing,
                      Source* src) const;
 
+  // A bounced landing's gets: in windows of pinned host memory (the staging
+  // chunks' where planned), each chunk checked there, then copied up while
+  // the next window's gets run.
+  Status GetBounced(const std::string& url, const RankPlan& plan, Landing& landing,
+                    Source* src) const;
+
   // kCorruption naming the chunk when `sum` is not the manifest's.
   static Status CheckChunk(const std::string& url, const Manifest& mf, const RankPlan::Chunk& c,
                            uint64_t bytes, uint64_t sum);
@@ -118,7 +124,8 @@ class Puller {
 
   // Where the pull lands: straight on the destination device when UCX can
   // write its memory (a GPU's with a CUDA build of UCX; the emulated device's
-  // through its host mapping), else in host memory (then copied up).
+  // through its host mapping), else bounced through pinned host windows;
+  // host memory without a device.
   Status Allocate(uint64_t total, Landing* landing) const;
 
   // The pulled tensors (views into the landing buffer, which owns them) and

@@ -110,16 +110,8 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeCheckpoint(const std::strin
   owned.parallel = options.parallel;
   owned.layout = key.layout;
   TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(path));
-  std::vector<remote::ShardOf> shards;
-  for (const auto loc : ckpt.tensors()) {
-    const TensorInfo& t = ckpt.info(loc);
-    if (!load.filter.Matches(t.name)) continue;
-    TL_ASSIGN_OR_RETURN(
-        remote::ShardOf s,
-        remote::ShardFor(layout, t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end()),
-                         options.parallel));
-    shards.push_back(std::move(s));  // In name order, as the load's tensors.
-  }
+  TL_ASSIGN_OR_RETURN(std::vector<remote::ShardOf> shards,
+                      remote::ShardsOf(ckpt, load.filter, layout, options.parallel));
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint mine, Load(ckpt, owned));
   auto server = remote::ServeShards(std::make_shared<const LoadedCheckpoint>(std::move(mine)),
                                     std::move(shards), key, options);

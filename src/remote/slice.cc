@@ -28,6 +28,21 @@ Result<ShardOf> ShardFor(const ParallelLayout& layout, std::string_view name,
   return s;
 }
 
+Result<std::vector<ShardOf>> ShardsOf(const Checkpoint& ckpt, const TensorFilter& filter,
+                                      const ParallelLayout& layout,
+                                      const TensorParallel& parallel) {
+  std::vector<ShardOf> shards;
+  for (const auto loc : ckpt.tensors()) {
+    const TensorInfo& t = ckpt.info(loc);
+    if (!filter.Matches(t.name)) continue;
+    TL_ASSIGN_OR_RETURN(
+        ShardOf s,
+        ShardFor(layout, t.name, std::vector<int64_t>(t.shape.begin(), t.shape.end()), parallel));
+    shards.push_back(std::move(s));
+  }
+  return shards;
+}
+
 namespace {
 
 std::vector<int64_t> ShardShape(const ShardOf& s, int64_t length) {

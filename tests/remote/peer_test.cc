@@ -460,6 +460,52 @@ TEST_F(PeerTest, ServesFromADevicesMemory) {
   EXPECT_EQ(EmulatedFree(), free_before);  // Released with the servers.
 }
 
+// A device whose memory UCX cannot write (a GPU with a UCX built without
+// CUDA): the pull lands in two windows of pinned host memory, is checked
+// there and copied up window after window (1 MiB windows here: the 3 MiB
+// tensor takes three, the first half reused); whole and translated between
+// tensor-parallel sizes, byte for byte; a flipped bit is caught in a window,
+// and the failed pull's device memory is freed.
+TEST_F(PeerTest, PullsOntoADeviceUcxCannotWriteThroughHostWindows) {
+  struct Bounce {
+    Bounce() { remote::BounceDevicePullsForTesting(1 << 20); }
+    ~Bounce() { remote::BounceDevicePullsForTesting(0); }
+  } bounce;
+  auto whole = Start(Serve());
+  auto half0 = Start(Serve(2, 0)), half1 = Start(Serve(2, 1));
+  ASSERT_TRUE(whole && half0 && half1);
+  const uint64_t free_before = EmulatedFree();
+  for (bool split_sources : {false, true}) {
+    const std::vector<std::string> urls =
+        split_sources ? std::vector{half0->url(), half1->url()} : std::vector{whole->url()};
+    for (int size : {1, 2}) {
+      const int rank = size - 1;
+      SCOPED_TRACE(std::to_string(urls.size()) + " source rank(s), destination rank " +
+                   std::to_string(rank) + " of " + std::to_string(size));
+      auto opts = Pull(urls, size, rank);
+      opts.device = "emulated:0";
+      PeerLoadReport report;
+      auto got = LoadFromPeer(key_, opts, &report);
+      ASSERT_OK(got);
+      EXPECT_TRUE(report.failures.empty()) << report.failures[0];
+      ASSERT_FALSE(got->files().empty());
+      EXPECT_THAT(got->files()[0].reason,
+                  HasSubstr("into emulated:0's memory through pinned host windows"));
+      EXPECT_EQ(got->tensors().front().device, DeviceType::kEmulated);
+      ExpectTensors(*got, tensors_, size, rank, &PeerTest::Expected);
+    }
+  }
+  EXPECT_EQ(EmulatedFree(), free_before);
+  ASSERT_OK(remote::CorruptServedForTesting(*whole, "big", (2 << 20) + 5));
+  auto opts = Pull({whole->url()});
+  opts.device = "emulated:0";
+  PeerLoadReport report;
+  EXPECT_FALSE(LoadFromPeer(key_, opts, &report).ok());
+  ASSERT_FALSE(report.failures.empty());
+  EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 2"));
+  EXPECT_EQ(EmulatedFree(), free_before);
+}
+
 TEST_F(PeerTest, DeviceChecksumsSpanSeveralStagingWindows) {
   // A tensor larger than the staging windows (the source's 8 MiB, the
   // destination's 16 MiB) and not a whole number of chunks: its checksums come
@@ -789,6 +835,30 @@ TEST_F(PeerTest, ALoadedInstanceBecomesASeed) {
   ASSERT_NE(seeded->seed, nullptr);
   ExpectRank(*seeded->loaded, 2, 1);
   origin1.reset();  // The seed now stands in for rank 1.
+  auto got = LoadFromPeer(key_, Pull({origin->url(), seeded->seed->url()}, 1, 0));
+  ASSERT_OK(got);
+  ExpectRank(*got, 1, 0);
+}
+
+// A rank's disk fallback onto a device loads its slices straight there (the
+// GPU pipeline, no whole host copy), and as a seed it serves them as the
+// slices they are: with the origin's other rank, a whole load is made.
+TEST_F(PeerTest, ASlicedDiskFallbackOntoADeviceSeedsItsSlices) {
+  auto origin = Start(Serve(2, 0));
+  ASSERT_NE(origin, nullptr);
+  auto opts = Pull({}, 2, 1);
+  opts.fallback_path = path_;
+  opts.device = "emulated:0";
+  opts.become_seed = true;
+  opts.seed.chunk_bytes = 64 << 10;
+  auto seeded = LoadFromPeerAndSeed(key_, opts);
+  ASSERT_OK(seeded);
+  ASSERT_NE(seeded->seed, nullptr);
+  EXPECT_EQ(seeded->report.source, "disk:" + path_);
+  ASSERT_FALSE(seeded->loaded->files().empty());
+  // Planned as slices by the loader (not loaded whole and cut).
+  EXPECT_THAT(seeded->loaded->files()[0].reason, HasSubstr("slice(s) for rank 1 of 2"));
+  EXPECT_EQ(seeded->loaded->tensors().front().device, DeviceType::kEmulated);
   auto got = LoadFromPeer(key_, Pull({origin->url(), seeded->seed->url()}, 1, 0));
   ASSERT_OK(got);
   ExpectRank(*got, 1, 0);
