@@ -25,7 +25,8 @@ tl: tensorlift.load(URL) with its defaults, nothing else.
 tl-device: the same checkpoint onto the emulated device (Checkpoint.open(URL).load(device=
   "emulated:0"), the defaults otherwise) with TENSORLIFT_EMULATED_DISCARD_COPIES=1 from the bench:
   the device's memory is never touched, so the child's peak RSS is host memory alone (the staged
-  pipeline's pinned slots, or a whole host copy if the load built one).
+  pipeline's pinned slots, or a whole host copy if the load built one); rss_before_bytes: VmRSS just
+  before the load, so that the load's own peak is the peak less it.
 runai: runai-model-streamer's S3 backend as vLLM drives it: list_safetensors(URL)
   then SafetensorsStreamer.stream_files(files) and every tensor of get_tensors()
   (owned=True, the default: the tensors stay valid).
@@ -63,11 +64,22 @@ def run_tl_device(url):
     import tensorlift  # noqa: F401
     from tensorlift._tensorlift import Checkpoint
 
+    before = rss_now()
     t0 = time.perf_counter()
     loaded = Checkpoint.open(url).load(device="emulated:0")
     t1 = time.perf_counter()
     return {"seconds": t1 - t0, "tensors": len(loaded.names()), "bytes": loaded.total_bytes,
+            "rss_before_bytes": before,
             "discard_copies": os.environ.get("TENSORLIFT_EMULATED_DISCARD_COPIES")}
+
+
+def rss_now():
+    """This process's resident bytes now (VmRSS), just before the loader is called."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return None
 
 
 def run_runai(url):

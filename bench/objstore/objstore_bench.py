@@ -393,6 +393,10 @@ def summarize(data):
                 "max_server_peak_rss_bytes": max((r.get("server_peak_rss_bytes") or 0 for r in good), default=0) or None,
                 "resident_before": [r["resident_before"] for r in good],
             })
+            before = [r["rss_before_bytes"] for r in good if r.get("rss_before_bytes")]
+            if before:  # The load's own peak: beyond what the process held before the call.
+                row["peak_beyond_start_bytes"] = max(r["peak_rss_bytes"] - r["rss_before_bytes"]
+                                                     for r in good if r.get("rss_before_bytes"))
             if cell["group"] == "boto3":
                 row["median_download_s"] = statistics.median(r["download_s"] for r in good)
                 row["median_load_file_s"] = statistics.median(r["load_file_s"] for r in good)
@@ -481,6 +485,11 @@ def summarize(data):
             lines.append(f"- {r['state']}: onto the emulated device (its copies discarded), the whole process "
                          f"peaked at {fmt_gib(peak)} GiB RSS = {peak / pool:.2f}x the staging pool "
                          f"({fmt_gib(pool)} GiB) = {peak / tb:.2f}x the checkpoint, the interpreter included")
+            if "peak_beyond_start_bytes" in r:
+                beyond = r["peak_beyond_start_bytes"]
+                r["beyond_start_over_staging_pool"] = beyond / pool
+                lines.append(f"- {r['state']}: that load's own peak, beyond the RSS just before its call (the most of "
+                             f"the runs): {fmt_gib(beyond)} GiB = {beyond / pool:.2f}x the staging pool")
     for r in rows:
         if r["group"] == "boto3" and "median_s" in r:
             lines.append(f"- {r['state']}: boto3 + load_file = download {r['median_download_s']:.2f} s + load_file "
