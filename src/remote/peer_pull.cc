@@ -223,8 +223,7 @@ Status Puller::GetBounced(const std::string& url, const RankPlan& plan, Landing&
   RankPlan host;
   std::vector<size_t> order;
   for (size_t i = 0; i < plan.gets.size(); ++i) {
-    const auto* dst = static_cast<const std::byte*>(plan.gets[i].dst);
-    if (dst >= landing.visible && dst < landing.visible + landing.size) {
+    if (landing.OnDevice(static_cast<const std::byte*>(plan.gets[i].dst))) {
       order.push_back(i);
     } else {
       host.gets.push_back(plan.gets[i]);
@@ -261,10 +260,16 @@ Status Puller::GetBounced(const std::string& url, const RankPlan& plan, Landing&
       // The copies out of this half, two windows ago, are done before it is refilled.
       if (pending[half]) TL_RETURN_IF_ERROR(copied[half]->Synchronize());
       TL_RETURN_IF_ERROR(GetVerified(url, w, landing, src));  // Checked on the host.
-      for (const UcxClient::Get& g : w.gets) {
-        const auto* at = static_cast<const std::byte*>(g.dst);
-        TL_RETURN_IF_ERROR(landing.stream->CopyToDevice(
-            landing.DeviceAddress(const_cast<std::byte*>(lo) + (at - into)), at, g.bytes));
+      // Up to the device in runs: gets next to each other are one copy.
+      for (size_t j = 0; j < w.gets.size();) {
+        const auto* at = static_cast<const std::byte*>(w.gets[j].dst);
+        uint64_t bytes = 0;
+        for (; j < w.gets.size() && static_cast<const std::byte*>(w.gets[j].dst) == at + bytes;
+             ++j) {
+          bytes += w.gets[j].bytes;
+        }
+        TL_RETURN_IF_ERROR(
+            landing.stream->CopyToDevice(landing.DeviceAddress(lo + (at - into)), at, bytes));
       }
       TL_RETURN_IF_ERROR(landing.stream->Record(*copied[half]));
       pending[half] = true;
