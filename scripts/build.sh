@@ -5,6 +5,7 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 dir=$1; shift
 cd "$root"
+. "$root/scripts/ccache_env.sh"
 if [ ! -f "$dir/CMakeCache.txt" ] || [ $# -gt 0 ]; then
   cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" > "$dir.cmake.log" 2>&1 \
     || { cat "$dir.cmake.log"; exit 1; }

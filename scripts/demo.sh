@@ -6,6 +6,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+. "$root/scripts/ccache_env.sh"
 dir=build-demo
 log=$root/$dir.build.log
 mkdir -p "$dir"

