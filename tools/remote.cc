@@ -197,8 +197,12 @@ int RunFetch(const FetchArgs& args) {
   opts.token = *token;
   opts.parallel = {args.peer.tp_size, args.peer.tp_rank};
   opts.fallback_path = first_fallback;
-  if (IsObjectStoreUrl(first_fallback))
-    opts.fallback_loader = ObjectStoreFallback(args.store.ToOptions());
+  if (IsObjectStoreUrl(first_fallback)) {
+    // Opened through the bucket and loaded as the peer load's: its slices are
+    // --tp-size/--tp-rank's with the key's layout, straight onto --device
+    // (fetch takes no --cache-dir, --tp-size or --layout for the bucket).
+    opts.fallback_open = ObjectStoreOpener(args.store.ToOptions());
+  }
   opts.transports = args.peer.transports;
   opts.request_timeout_ms = args.timeout_ms;
   opts.connect_timeout_ms = args.timeout_ms;

@@ -85,11 +85,13 @@ struct ObjectStoreReport {
 Result<Checkpoint> OpenObjectStoreCheckpoint(const std::string& url,
                                              const ObjectStoreOptions& store = {});
 
-// Loads the tensors of `url` that pass options.filter into host memory (or
-// onto options.device, through host memory). options.progress is called with
-// the bytes fetched. Options that apply to local files only (mode, engine,
-// copy, arena_pool) and the ones not built for object storage yet (dtype,
-// on_tensor, sparse decoding) are refused when set, never ignored.
+// Loads the tensors of `url` that pass options.filter into host memory, or
+// onto options.device through the GPU pipeline's staging slots (host memory
+// bounded by them, not by the checkpoint). It is Load over the checkpoint
+// opened through the bucket, so every option works as Load's rule for
+// sources says (loader.h): the ones about local files' reads (mode, engine,
+// threads) are refused when set, never ignored. options.progress is called
+// with the bytes fetched.
 Result<LoadedCheckpoint> LoadFromObjectStore(const std::string& url,
                                              const LoadOptions& options = {},
                                              const ObjectStoreOptions& store = {},
@@ -109,9 +111,19 @@ Status ReadObjectStoreRange(const std::string& url, uint64_t offset, uint64_t by
 
 // A fallback loader for peer loads (PeerLoadOptions::fallback_loader): s3://
 // and gs:// paths through LoadFromObjectStore with `store`, others through
-// Load.
+// Load. Its tensor-parallel loads are whole tensors cut in host memory (the
+// peer load needs their full shapes): prefer ObjectStoreOpener, unless
+// store.cache_dir should keep the objects.
 std::function<Result<LoadedCheckpoint>(const std::string& path, const LoadOptions& options)>
 ObjectStoreFallback(const ObjectStoreOptions& store = {});
+
+// An opener for peer loads' fallback (PeerLoadOptions::fallback_open): s3://
+// and gs:// paths through OpenObjectStoreCheckpoint with `store`, others
+// through Checkpoint::Open; the peer load then reads the rank's slices, and
+// only those, straight onto its device. store.cache_dir, parallel and layout
+// are LoadFromObjectStore's: refused here (InvalidArgument when called).
+std::function<Result<Checkpoint>(const std::string& path)> ObjectStoreOpener(
+    const ObjectStoreOptions& store = {});
 
 }  // namespace tensorlift
 

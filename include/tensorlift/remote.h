@@ -244,6 +244,13 @@ struct PeerLoadOptions {
   // s3:// paths. The report's source is then the path itself, not "disk:".
   std::function<Result<LoadedCheckpoint>(const std::string& path, const LoadOptions& options)>
       fallback_loader;
+  // How fallback_path is opened when there is no fallback_loader:
+  // Checkpoint::Open when empty; another store's opener otherwise, e.g.
+  // ObjectStoreOpener() (objstore.h) for s3:// paths. Either way the load is
+  // Load's: the key's dtype and this rank's slices, planned as slices and
+  // read straight onto `device`. The report's source is "disk:PATH" for
+  // Checkpoint::Open, the path itself for an opener.
+  std::function<Result<Checkpoint>(const std::string& path)> fallback_open;
   // Where the tensors go, from a peer or from disk: "cpu", "cuda:N" (or
   // "emulated:0" in tests). Pulls land straight in the device's memory when
   // the loaded UCX can write it (a GPU's needs a UCX built with CUDA, e.g.
@@ -251,8 +258,9 @@ struct PeerLoadOptions {
   // staged copy in pinned host memory; otherwise they land in two windows of
   // pinned host memory (32 MiB each), are checked there and copied up while
   // the next window's bytes arrive. The disk fallback loads straight onto the device, a
-  // tensor-parallel rank's slices included (a fallback_loader's sliced load
-  // is cut in host memory and copied up). fallback_load.device must
+  // tensor-parallel rank's slices included, also through fallback_open (a
+  // fallback_loader's sliced load is whole tensors, cut in host memory and
+  // copied up). fallback_load.device must
   // be "cpu" or the same device. A seed (become_seed) serves the tensors from
   // where they are (device memory: see ServeCheckpoint).
   std::string device = "cpu";

@@ -268,7 +268,7 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   o.token = token;
   o.parallel = {tp_size, tp_rank};
   o.fallback_path = fallback;
-  if (IsObjectStoreUrl(fallback)) o.fallback_loader = ObjectStoreFallback();
+  if (IsObjectStoreUrl(fallback)) o.fallback_open = ObjectStoreOpener();
   o.fallback_load.mode = Unwrap(ParseIoMode(mode));
   o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = timeout_ms;
   o.transports = transports;

@@ -555,6 +555,23 @@ ObjectStoreFallback(const ObjectStoreOptions& store) {
   };
 }
 
+std::function<Result<Checkpoint>(const std::string& path)> ObjectStoreOpener(
+    const ObjectStoreOptions& store) {
+  return [store](const std::string& path) -> Result<Checkpoint> {
+    if (!IsObjectStoreUrl(path)) return Checkpoint::Open(path);
+    const char* whose = !store.cache_dir.empty()   ? "cache_dir"
+                        : store.parallel.size != 1 ? "parallel"
+                        : !store.layout.empty()    ? "layout"
+                                                   : nullptr;
+    if (whose) {
+      return InvalidArgumentError(std::string("object storage: ObjectStoreOptions::") + whose +
+                                  " is LoadFromObjectStore's (ObjectStoreFallback); an opener's "
+                                  "load takes the peer load's dtype and slices");
+    }
+    return OpenObjectStoreCheckpoint(path, store);
+  };
+}
+
 Result<Checkpoint> OpenObjectStoreCheckpoint(const std::string& url,
                                              const ObjectStoreOptions& store) {
   TL_ASSIGN_OR_RETURN(ObjectUrl parsed, objstore::ParseObjectUrl(url));

@@ -22,7 +22,9 @@ namespace {
 // The fallback checkpoint's tensors in name order; nullopt when they cannot be
 // read here (not a local checkpoint, or it does not open: its load reports that).
 std::optional<std::vector<Expected>> FallbackTensors(const PeerLoadOptions& options) {
-  if (options.fallback_path.empty() || options.fallback_loader) return std::nullopt;
+  if (options.fallback_path.empty() || options.fallback_loader || options.fallback_open) {
+    return std::nullopt;
+  }
   auto ckpt = Checkpoint::Open(options.fallback_path);
   if (!ckpt.ok()) return std::nullopt;
   std::vector<Expected> out;

@@ -240,10 +240,10 @@ std::optional<LoadedCheckpoint> PullFromGroups(const PeerKey& key, const PeerLoa
 }
 
 // No peer worked: the files at fallback_path, as a peer would have sent them
-// (the key's dtype, this rank's slices). A local path is loaded by Load,
-// slices and all, straight to the destination; a fallback loader's load is
-// whole, cut on the host when sliced (its tensors' full shapes are the
-// seed's to serve).
+// (the key's dtype, this rank's slices). A path opened here (Checkpoint::Open
+// or fallback_open) is loaded by Load, slices and all, straight to the
+// destination; a fallback loader's load is whole, cut on the host when sliced
+// (its tensors' full shapes are the seed's to serve).
 Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const ParallelLayout& layout,
                                       const PeerLoadOptions& options, std::optional<Dtype> dtype,
                                       const std::shared_ptr<Device>& device, PeerLoadReport* report,
@@ -258,7 +258,11 @@ Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const ParallelLayout& 
   disk.device = options.device;
   std::optional<LoadedCheckpoint> mine;
   if (!options.fallback_loader) {
-    TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(options.fallback_path));
+    const std::string source =
+        options.fallback_open ? options.fallback_path : "disk:" + options.fallback_path;
+    TL_ASSIGN_OR_RETURN(Checkpoint ckpt, options.fallback_open
+                                             ? options.fallback_open(options.fallback_path)
+                                             : Checkpoint::Open(options.fallback_path));
     TL_ASSIGN_OR_RETURN(*shards, ShardsOf(ckpt, disk.filter, layout, options.parallel));
     if (!layout.empty()) {
       disk.parallel = options.parallel;
@@ -266,10 +270,9 @@ Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const ParallelLayout& 
     }
     TL_ASSIGN_OR_RETURN(mine, Load(ckpt, disk));
     if (!key.content.empty()) {  // Never with slices (CheckPeerLoad).
-      TL_RETURN_IF_ERROR(
-          CheckContent(*mine, key.content, nullptr, "disk:" + options.fallback_path));
+      TL_RETURN_IF_ERROR(CheckContent(*mine, key.content, nullptr, source));
     }
-    report->source = "disk:" + options.fallback_path;
+    report->source = source;
   } else {
     const bool whole_tensors = options.parallel.size == 1 || layout.empty();
     if (!whole_tensors) disk.device = "cpu";

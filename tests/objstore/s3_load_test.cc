@@ -301,6 +301,46 @@ TEST_F(S3LoadTest, APeerLoadFallsBackToTheBucket) {
   ExpectSameAsLocal(*got, root_.File("s3/models/tp/model.safetensors"));
 }
 
+TEST_F(S3LoadTest, APeerLoadsSlicedFallbackFromTheBucketReadsItsSlicesOntoTheDevice) {
+  // Through ObjectStoreOpener the bucket is the one loader's source: a
+  // rank's slices are planned as slices and read straight onto the device
+  // (ObjectStoreFallback's load is whole tensors, cut on the host).
+  auto ckpt = OpenObjectStoreCheckpoint("s3://models/tp/model.safetensors", store_);
+  ASSERT_OK(ckpt);
+  auto key = PeerKeyForCheckpoint(*ckpt);
+  ASSERT_OK(key);
+  key->layout = "\\.w$=0;proj$=1";
+  key->content.clear();  // A rank's slices cannot check the whole checkpoint's root.
+  PeerLoadOptions opts;
+  opts.peers = {"http://127.0.0.1:1"};  // Nobody there.
+  opts.request_timeout_ms = opts.connect_timeout_ms = 2000;
+  opts.parallel = {2, 1};
+  opts.device = "emulated:0";
+  opts.fallback_path = "s3://models/tp/model.safetensors";
+  opts.fallback_open = ObjectStoreOpener(store_);
+  PeerLoadReport report;
+  auto got = LoadFromPeer(*key, opts, &report);
+  ASSERT_OK(got);
+  EXPECT_EQ(report.source, opts.fallback_path);
+  ASSERT_FALSE(got->files().empty());
+  EXPECT_THAT(got->files()[0].reason, HasSubstr("for rank 1 of 2"));
+  for (const LoadedTensor& t : got->tensors()) EXPECT_EQ(t.device, DeviceType::kEmulated);
+  LoadOptions same;
+  same.parallel = opts.parallel;
+  same.layout = key->layout;
+  ExpectSameAsLocal(*got, root_.File("s3/models/tp/model.safetensors"), same);
+
+  // The store's settings that belong to LoadFromObjectStore are refused, not
+  // ignored.
+  ObjectStoreOptions cached = store_;
+  cached.cache_dir = root_.File("opener-cache");
+  opts.fallback_open = ObjectStoreOpener(cached);
+  auto refused = LoadFromPeer(*key, opts);
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(refused.status().message(), HasSubstr("cache_dir"));
+  EXPECT_FALSE(std::filesystem::exists(cached.cache_dir));
+}
+
 TEST_F(S3LoadTest, AWriteThroughCache) {
   ObjectStoreOptions cached = store_;
   cached.cache_dir = root_.File("cache");

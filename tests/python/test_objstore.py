@@ -168,6 +168,14 @@ def test_peer_loads_fall_back_to_the_bucket(aws_env, cli):
     got = remote.load_from_peer("http://127.0.0.1:1", fallback="s3://models/tiny", timeout=2)
     assert remote.last_report()["source"] == "s3://models/tiny"
     assert sorted(got) == sorted(want) and all(torch.equal(got[n], want[n]) for n in want)
+    # A tensor-parallel rank's fallback reads its slices from the bucket, as the local copy gives them.
+    layout = "^a$=1;^c$=0"
+    mine = remote.load_from_peer("http://127.0.0.1:1", fallback="s3://models/tiny", timeout=2, layout=layout,
+                                 tp_size=2, tp_rank=1)
+    assert remote.last_report()["source"] == "s3://models/tiny"
+    local = tensorlift.load(str(root / "models" / "tiny"), tp_size=2, tp_rank=1, layout=layout)
+    assert mine["a"].shape[1] < 17 and mine["c"].shape[0] == 4
+    assert sorted(mine) == sorted(local) and all(torch.equal(mine[n], local[n]) for n in local)
     out = subprocess.run([str(cli), "fetch", "--fallback", "s3://models/tiny", "--checksum", "--timeout-ms", "2000",
                           "http://127.0.0.1:1"], capture_output=True, text=True)
     local = subprocess.run([str(cli), "load", "--checksum", str(root / "models" / "tiny")],
