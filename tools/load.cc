@@ -1,6 +1,5 @@
 #include <unistd.h>
 
-#include <cctype>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -71,10 +70,7 @@ int RunLoad(const LoadArgs& args) {
     return kExitUsage;
   }
   if (!args.dtype.empty()) {
-    std::string upper;
-    for (char c : args.dtype)
-      upper += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    auto dt = DtypeFromName(upper);
+    auto dt = DtypeFromAnyName(args.dtype);
     if (!dt) {
       std::fprintf(stderr, "unknown dtype '%s' (expected F32, F16 or BF16)\n", args.dtype.c_str());
       return kExitUsage;

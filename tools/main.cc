@@ -158,7 +158,10 @@ int main(int argc, char** argv) {
     cmd->add_option("--model", p.model, "Model id of the key (default: the checkpoint's name)");
     cmd->add_option("--revision", p.revision,
                     "Revision of the key (default: a digest of the headers)");
-    cmd->add_option("--dtype", p.dtype, "Dtype of the key")->capture_default_str();
+    cmd->add_option("--dtype", p.dtype,
+                    "Dtype of the key: as-stored, or what the tensors were converted to (BF16, "
+                    "bfloat16, ...)")
+        ->capture_default_str();
     cmd->add_option("--quantization", p.quantization, "Quantization of the key")
         ->capture_default_str();
     cmd->add_option("--layout", p.layout, "Sharding rules REGEX=DIM;... (docs/remote.md)");

@@ -30,7 +30,7 @@ Result<PeerKey> KeyFrom(const PeerArgs& a, const std::string& path, const StoreA
   if (!a.revision.empty()) key.revision = a.revision;
   if (key.model.empty())
     return InvalidArgumentError("--model is needed (or a checkpoint path to take it from)");
-  key.dtype = a.dtype;
+  TL_ASSIGN_OR_RETURN(key.dtype, ParsePeerKeyDtype(a.dtype));
   key.quantization = a.quantization;
   key.layout = a.layout;
   TL_RETURN_IF_ERROR(key.Validate());

@@ -40,6 +40,10 @@ inline constexpr int kNumDtypes = 22;
 std::string_view DtypeName(Dtype dtype);
 // Parses the exact, case-sensitive JSON spelling; nullopt if unknown.
 std::optional<Dtype> DtypeFromName(std::string_view name);
+// Parses a dtype as safetensors spells it, in any case ("BF16", "bf16"), or
+// as torch does ("bfloat16", "torch.bfloat16", "half", "float8_e4m3fn");
+// nullopt if neither.
+std::optional<Dtype> DtypeFromAnyName(std::string_view name);
 // Bits per element: 4 for F4, 6 for F6_*, 8 for BOOL and the byte types, ...
 int DtypeBits(Dtype dtype);
 

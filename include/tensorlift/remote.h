@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -48,9 +49,13 @@ inline constexpr int kPeerProtocolVersion = 1;
 // destinations with the same rules but different tensor-parallel sizes are
 // compatible (the destination reads its slices from the source ranks).
 struct PeerKey {
-  std::string model;                // Model id, e.g. "meta-llama/Llama-2-7b-hf".
-  std::string revision;             // An immutable revision (commit or digest).
-  std::string dtype = "as-stored";  // Tensor dtypes: "as-stored" or the converted-to dtype.
+  std::string model;     // Model id, e.g. "meta-llama/Llama-2-7b-hf".
+  std::string revision;  // An immutable revision (commit or digest).
+  // The dtype every tensor was converted to; nullopt: as stored. Its text
+  // (canonical form, wire, registry) is "as-stored" or the safetensors name
+  // ("BF16"); ParsePeerKeyDtype reads those and torch's spellings, so keys
+  // made from "bfloat16" and "BF16" are the same key.
+  std::optional<Dtype> dtype;
   std::string quantization = "none";
   std::string layout;  // Sharding rules ("" = every tensor whole).
   int protocol = kPeerProtocolVersion;
@@ -77,6 +82,13 @@ struct PeerKey {
   Status Validate() const;  // Non-empty model, bounded lengths, no control characters.
   bool operator==(const PeerKey& other) const { return Mismatch(other).empty(); }
 };
+
+// PeerKey::dtype from its text: "as-stored" is nullopt; a safetensors name
+// ("F16") or torch's ("float16", "torch.float16", "half") is that dtype;
+// anything else is InvalidArgument.
+Result<std::optional<Dtype>> ParsePeerKeyDtype(std::string_view text);
+// The text of PeerKey::dtype: "as-stored" or the safetensors name.
+std::string_view PeerKeyDtypeName(const std::optional<Dtype>& dtype);
 
 // A key for the checkpoint at `path` (file, index or directory): model is its
 // name (the directory's, or the file's without .safetensors), revision "h:"

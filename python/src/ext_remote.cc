@@ -30,7 +30,7 @@ PeerKey KeyFromDict(const nb::dict& d) {
     else if (name == "revision")
       key.revision = value;
     else if (name == "dtype")
-      key.dtype = value;
+      key.dtype = Unwrap(ParsePeerKeyDtype(value));
     else if (name == "quantization")
       key.quantization = value;
     else if (name == "layout")
@@ -47,7 +47,7 @@ nb::dict KeyToDict(const PeerKey& key) {
   nb::dict d;
   d["model"] = key.model;
   d["revision"] = key.revision;
-  d["dtype"] = key.dtype;
+  d["dtype"] = std::string(PeerKeyDtypeName(key.dtype));
   d["quantization"] = key.quantization;
   d["layout"] = key.layout;
   if (!key.content.empty()) d["content"] = key.content;

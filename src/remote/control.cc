@@ -11,6 +11,7 @@
 #include "remote/http_deadline.h"
 #include "remote/server.h"
 #include "tensorlift/content.h"
+#include "tensorlift/text.h"
 
 namespace tensorlift::remote {
 
@@ -109,7 +110,11 @@ Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json) {
   };
   TL_RETURN_IF_ERROR(str(key, "model", &info.key.model));
   TL_RETURN_IF_ERROR(str(key, "revision", &info.key.revision));
-  TL_RETURN_IF_ERROR(str(key, "dtype", &info.key.dtype));
+  std::string dtype;
+  TL_RETURN_IF_ERROR(str(key, "dtype", &dtype));
+  auto parsed_dtype = ParsePeerKeyDtype(dtype);
+  if (!parsed_dtype.ok()) return bad("key.dtype " + QuoteName(dtype) + " is not a dtype");
+  info.key.dtype = *parsed_dtype;
   TL_RETURN_IF_ERROR(str(key, "quantization", &info.key.quantization));
   TL_RETURN_IF_ERROR(str(key, "layout", &info.key.layout));
   int64_t protocol = 0;

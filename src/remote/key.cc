@@ -1,10 +1,13 @@
 // PeerKey: the compatibility key a source and a destination compare before
 // any byte moves, its canonical text, and its registry digest.
+#include <array>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "tensorlift/checksum.h"
 #include "tensorlift/content.h"
+#include "tensorlift/dtype.h"
 #include "tensorlift/remote.h"
 #include "tensorlift/text.h"
 
@@ -17,22 +20,24 @@ constexpr size_t kMaxFieldBytes = 4096;
 // The text fields in canonical order (protocol comes first, separately).
 struct Field {
   const char* name;
-  const std::string PeerKey::*member;
+  std::string_view value;
 };
-constexpr Field kFields[] = {
-    {"model", &PeerKey::model},   {"revision", &PeerKey::revision},
-    {"dtype", &PeerKey::dtype},   {"quantization", &PeerKey::quantization},
-    {"layout", &PeerKey::layout},
-};
+std::array<Field, 5> Fields(const PeerKey& key) {
+  return {{{"model", key.model},
+           {"revision", key.revision},
+           {"dtype", PeerKeyDtypeName(key.dtype)},
+           {"quantization", key.quantization},
+           {"layout", key.layout}}};
+}
 
 }  // namespace
 
 std::string PeerKey::Canonical() const {
   std::string out = "tensorlift-peer\nprotocol=" + std::to_string(protocol) + "\n";
-  for (const Field& f : kFields) {
+  for (const Field& f : Fields(*this)) {
     out += f.name;
     out += '=';
-    out += this->*f.member;
+    out += f.value;
     out += '\n';
   }
   return out;
@@ -48,12 +53,12 @@ std::string PeerKey::Mismatch(const PeerKey& peer) const {
     return "protocol: " + std::to_string(protocol) + " (ours) != " + std::to_string(peer.protocol) +
            " (peer's)";
   }
-  for (const Field& f : kFields) {
-    const std::string& ours = this->*f.member;
-    const std::string& theirs = peer.*f.member;
+  const std::array<Field, 5> ours_all = Fields(*this), theirs_all = Fields(peer);
+  for (size_t i = 0; i < ours_all.size(); ++i) {
+    const std::string_view ours = ours_all[i].value, theirs = theirs_all[i].value;
     if (ours != theirs) {
-      return std::string(f.name) + ": " + QuoteName(ours) + " (ours) != " + QuoteName(theirs) +
-             " (peer's)";
+      return std::string(ours_all[i].name) + ": " + QuoteName(ours) +
+             " (ours) != " + QuoteName(theirs) + " (peer's)";
     }
   }
   return "";
@@ -65,8 +70,8 @@ Status PeerKey::Validate() const {
                                 std::to_string(protocol));
   }
   if (model.empty()) return InvalidArgumentError("peer key: model must not be empty");
-  for (const Field& f : kFields) {
-    const std::string& value = this->*f.member;
+  for (const Field& f : Fields(*this)) {
+    const std::string_view value = f.value;
     if (value.size() > kMaxFieldBytes) {
       return InvalidArgumentError("peer key: " + std::string(f.name) + " has " +
                                   std::to_string(value.size()) + " bytes, more than the limit of " +
@@ -85,6 +90,18 @@ Status PeerKey::Validate() const {
                                 " is not 32 lowercase hex digits (a content root)");
   }
   return Status::Ok();
+}
+
+Result<std::optional<Dtype>> ParsePeerKeyDtype(std::string_view text) {
+  if (text == "as-stored") return std::optional<Dtype>();
+  if (auto d = DtypeFromAnyName(text)) return std::optional<Dtype>(*d);
+  return InvalidArgumentError(
+      "peer key: dtype " + QuoteName(text) +
+      " is neither \"as-stored\" nor a dtype (\"BF16\", \"bfloat16\", ...)");
+}
+
+std::string_view PeerKeyDtypeName(const std::optional<Dtype>& dtype) {
+  return dtype ? DtypeName(*dtype) : "as-stored";
 }
 
 }  // namespace tensorlift

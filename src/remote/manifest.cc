@@ -53,7 +53,7 @@ std::string Manifest::ToJson() const {
   out += ",\"revision\":";
   AppendJsonString(key.revision, &out);
   out += ",\"dtype\":";
-  AppendJsonString(key.dtype, &out);
+  AppendJsonString(PeerKeyDtypeName(key.dtype), &out);
   out += ",\"quantization\":";
   AppendJsonString(key.quantization, &out);
   out += ",\"layout\":";

@@ -256,13 +256,16 @@ Status ParseKey(element el, PeerKey* key) {
   std::array<element, 5> f;
   if (el.type() != element_type::OBJECT) return WrongType(Where{}, "key", "an object", el);
   TL_RETURN_IF_ERROR(GetFields(el, w, "key", kNames, &f));
-  std::string* members[] = {&key->model, &key->revision, &key->dtype, &key->quantization,
-                            &key->layout};
+  std::string dtype;
+  std::string* members[] = {&key->model, &key->revision, &dtype, &key->quantization, &key->layout};
   for (size_t i = 0; i < kNames.size(); ++i) {
     std::string_view s;
     TL_RETURN_IF_ERROR(GetString(f[i], w, kNames[i], &s));
     members[i]->assign(s);
   }
+  auto parsed = ParsePeerKeyDtype(dtype);
+  if (!parsed.ok()) return Bad(w, "dtype " + QuoteName(dtype) + " is not a dtype");
+  key->dtype = *parsed;
   return Status::Ok();
 }
 

@@ -132,7 +132,7 @@ Result<std::vector<Wanted>> Puller::PlanWanted(const std::vector<const Control*>
 Status Puller::MatchesFallback(const std::string& url, const std::vector<Wanted>& wanted) const {
   if (!expected_) return Status::Ok();
   const std::vector<Expected>& want = *expected_;
-  const bool same_dtypes = key_.dtype == "as-stored";
+  const bool same_dtypes = !key_.dtype;
   const std::string there = "the fallback checkpoint " + options_.fallback_path;
   if (wanted.size() != want.size()) {
     return CorruptionError(url + ": serves " + std::to_string(wanted.size()) + " tensors, " +

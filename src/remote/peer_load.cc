@@ -61,29 +61,18 @@ Result<std::optional<Dtype>> FallbackDtype(const PeerKey& key, const PeerLoadOpt
         "peer load: fallback_load.filter: a peer load takes every tensor its key names, from a "
         "peer or from disk (filter the result, or Load the files)");
   }
-  // The key's dtype is a label ("as-stored", or what a seed converted to, in
-  // safetensors' or torch's spelling): the fallback converts to the ones the
-  // loader converts to, and takes any other label as stored.
+  // The key's dtype is what a seed converted to: the fallback converts to it
+  // when the loader converts to it (F32, F16, BF16), and takes any other as
+  // stored.
   std::optional<Dtype> want;
-  static const std::pair<const char*, Dtype> kNames[] = {{"F32", Dtype::kF32},
-                                                         {"F16", Dtype::kF16},
-                                                         {"BF16", Dtype::kBF16},
-                                                         {"float32", Dtype::kF32},
-                                                         {"float16", Dtype::kF16},
-                                                         {"bfloat16", Dtype::kBF16},
-                                                         {"float", Dtype::kF32},
-                                                         {"half", Dtype::kF16},
-                                                         {"torch.float32", Dtype::kF32},
-                                                         {"torch.float16", Dtype::kF16},
-                                                         {"torch.bfloat16", Dtype::kBF16}};
-  for (const auto& [name, dtype] : kNames) {
-    if (key.dtype == name) want = dtype;
+  if (key.dtype == Dtype::kF32 || key.dtype == Dtype::kF16 || key.dtype == Dtype::kBF16) {
+    want = key.dtype;
   }
   if (disk.dtype && disk.dtype != want) {
-    return InvalidArgumentError("peer load: fallback_load.dtype " +
-                                std::string(DtypeName(*disk.dtype)) +
-                                " differs from PeerKey::dtype \"" + key.dtype +
-                                "\" (set PeerKey::dtype: it applies to peers and disk)");
+    return InvalidArgumentError(
+        "peer load: fallback_load.dtype " + std::string(DtypeName(*disk.dtype)) +
+        " differs from PeerKey::dtype " + std::string(PeerKeyDtypeName(key.dtype)) +
+        " (set PeerKey::dtype: it applies to peers and disk)");
   }
   return want;
 }

@@ -55,6 +55,16 @@ def test_serve_and_pull(ckpt):
         assert sorted(part) == ["a", "b"] and isinstance(part["a"], np.ndarray)
 
 
+def test_a_keys_dtype_in_torchs_spelling_is_the_same_key(ckpt):
+    # A seed labelled "torch.bfloat16" and a puller asking for "bf16" name one key: BF16.
+    with remote.serve(ckpt, **KEY, dtype="torch.bfloat16") as server:
+        assert server.key["dtype"] == "BF16"
+        remote.load_from_peer(server.url, **KEY, dtype="bf16")
+        assert remote.last_report()["source"] == server.url
+    with pytest.raises(ValueError, match="is neither"):
+        remote.serve(ckpt, **KEY, dtype="auto")
+
+
 def test_pull_onto_a_device(ckpt):
     # The emulated device (no framework can touch it): the pulled tensors are there;
     # tests/remote/peer_test.cc compares their bytes.

@@ -529,11 +529,49 @@ TEST(PeerKeyTest, Validate) {
   k.revision = std::string(5000, 'r');
   EXPECT_THAT(k.Validate().message(), HasSubstr("5000 bytes"));
   k.revision = "r";
-  k.dtype = std::string("a\x7f");
+  k.quantization = std::string("a\x7f");
   EXPECT_FALSE(k.Validate().ok());
-  k.dtype = "BF16";
+  k.quantization = "none";
   k.protocol = 0;
   EXPECT_FALSE(k.Validate().ok());
+}
+
+// A key's dtype is typed: one parser takes the safetensors and torch
+// spellings, so keys made from either are the same key (digest and all); its
+// text on the wire and in the canonical form is "as-stored" or the
+// safetensors name, and anything else is refused where it is parsed.
+TEST(ManifestTest, AKeysDtypeHasOneSpellingWhateverItWasGivenAs) {
+  for (const char* text : {"BF16", "bf16", "bfloat16", "torch.bfloat16"}) {
+    auto d = ParsePeerKeyDtype(text);
+    ASSERT_OK(d);
+    EXPECT_EQ(*d, Dtype::kBF16) << text;
+  }
+  EXPECT_EQ(*ParsePeerKeyDtype("half"), Dtype::kF16);
+  EXPECT_EQ(*ParsePeerKeyDtype("float8_e4m3fn"), Dtype::kF8_E4M3);
+  EXPECT_EQ(*ParsePeerKeyDtype("as-stored"), std::nullopt);
+  for (const char* bad : {"", "b16", "torch.", "auto", "as_stored", "torch.BF16"}) {
+    auto d = ParsePeerKeyDtype(bad);
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  PeerKey a, b;
+  a.model = b.model = "m";
+  a.dtype = *ParsePeerKeyDtype("bfloat16");
+  b.dtype = *ParsePeerKeyDtype("BF16");
+  EXPECT_EQ(a.Digest(), b.Digest());
+  EXPECT_THAT(a.Canonical(), HasSubstr("\ndtype=BF16\n"));
+  b.dtype.reset();
+  EXPECT_THAT(b.Canonical(), HasSubstr("\ndtype=as-stored\n"));
+  EXPECT_EQ(a.Mismatch(b), "dtype: 'BF16' (ours) != 'as-stored' (peer's)");
+  Manifest m = ValidManifest();
+  m.key.dtype = Dtype::kF16;
+  auto back = ParseManifest(m.ToJson());
+  ASSERT_OK(back);
+  EXPECT_EQ(back->key.dtype, Dtype::kF16);
+  std::string json = m.ToJson();
+  json.replace(json.find("\"dtype\":\"F16\""), 13, "\"dtype\":\"F17\"");
+  auto refused = ParseManifest(json);
+  EXPECT_EQ(refused.status().code(), StatusCode::kCorruption);
+  EXPECT_THAT(refused.status().message(), HasSubstr("'F17' is not a dtype"));
 }
 
 // The content identity is optional (old sources have none), and checked: a

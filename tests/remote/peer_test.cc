@@ -607,7 +607,7 @@ TEST_F(PeerTest, DeviceDestinationsSayWhatTheyCannotDo) {
 // and ignored on the other.
 TEST_F(PeerTest, TheFallbackGivesTheTensorsAPeerWould) {
   PeerKey f16 = key_;
-  f16.dtype = "F16";
+  f16.dtype = Dtype::kF16;
   auto opts = Pull({});
   opts.fallback_path = path_;
   auto got = LoadFromPeer(f16, opts);

@@ -45,11 +45,12 @@ TEST(KeyJsonTest, AValidAnswer) {
 TEST(KeyJsonTest, FieldsInAnyOrder) {
   const std::string reordered =
       R"({"total_bytes":7,"parallel":{"rank":0,"size":1},"sessions":0,"key":{"protocol":1,)"
-      R"("layout":"","quantization":"none","dtype":"x","revision":"r","model":"m"},"tensors":2})";
+      R"("layout":"","quantization":"none","dtype":"float16","revision":"r","model":"m"},"tensors":2})";
   auto info_or = ParseKeyJson("http://h:1", reordered);
   ASSERT_OK(info_or);
   PeerInfo info = *std::move(info_or);
   EXPECT_EQ(info.parallel.size, 1);
+  EXPECT_EQ(info.key.dtype, Dtype::kF16);  // torch's spelling, read as the dtype.
   EXPECT_EQ(info.tensors, 2u);
   EXPECT_EQ(info.total_bytes, 7u);
 }
