@@ -59,7 +59,6 @@ int RunLoad(const LoadArgs& args) {
   opts.threads = args.threads;
   opts.queue_depth = args.queue_depth;
   opts.block_size = args.block_mib << 20;
-  opts.device = args.device;
   opts.staging_buffers = args.staging_buffers;
   opts.staging_bytes = args.staging_mib << 20;
   opts.gds = args.gds;
@@ -68,6 +67,8 @@ int RunLoad(const LoadArgs& args) {
   if (auto dev = ParseDevice(args.device); !dev.ok()) {
     std::fprintf(stderr, "%s\n", dev.status().ToString().c_str());
     return kExitUsage;
+  } else {
+    opts.device = *dev;
   }
   if (!args.dtype.empty()) {
     auto dt = DtypeFromAnyName(args.dtype);
@@ -126,7 +127,7 @@ int RunLoad(const LoadArgs& args) {
                  static_cast<unsigned long long>(f.bytes), decoded.c_str(), how.c_str(),
                  f.reason.empty() ? "" : ": ", f.reason.c_str());
   }
-  if (args.device != "cpu" || opts.dtype) {
+  if (!opts.device.on_host() || opts.dtype) {
     const DeviceMemoryPlan& p = loaded->device_plan();
     std::fprintf(
         report,

@@ -55,13 +55,14 @@ int LocalRank(const Communicator& comm) {
 }
 
 // The ranks' NCCL communicator for a load onto GPUs (null for host loads),
-// and the device each rank loads onto in opts->device. A collective.
-Result<std::unique_ptr<Communicator>> DeviceComm(Communicator& c, LoadOptions* opts) {
-  TL_ASSIGN_OR_RETURN(const auto dev, ParseDevice(opts->device));
-  if (dev.first == DeviceType::kCpu) return std::unique_ptr<Communicator>();
+// and the device each rank loads onto in opts->device (--device `name`). A
+// collective.
+Result<std::unique_ptr<Communicator>> DeviceComm(Communicator& c, const std::string& name,
+                                                 LoadOptions* opts) {
+  if (opts->device.on_host()) return std::unique_ptr<Communicator>();
   // "cuda" is each rank's own GPU; "cuda:N" is GPU N on every rank (one rank per machine).
-  const int gpu = opts->device == "cuda" ? LocalRank(c) : dev.second;
-  opts->device = "cuda:" + std::to_string(gpu);
+  const int gpu = name == "cuda" ? LocalRank(c) : opts->device.index;
+  opts->device = DeviceId::Cuda(gpu);
   return MakeNcclCommunicator(c, gpu);
 }
 
@@ -71,7 +72,7 @@ int RunLoadMpi(const LoadArgs& args, const LoadOptions& options) {
     std::fprintf(stderr, "--mpi does not convert dtypes: --dtype is not supported with it\n");
     return kExitUsage;
   }
-  if (auto dev = ParseDevice(args.device); dev.ok() && dev->first == DeviceType::kEmulated) {
+  if (opts.device.type == DeviceType::kEmulated) {
     std::fprintf(stderr,
                  "--mpi: the emulated device lives inside one process and MPI ranks are "
                  "processes; use --device cpu or cuda\n");
@@ -86,7 +87,7 @@ int RunLoadMpi(const LoadArgs& args, const LoadOptions& options) {
   // Each rank opens the checkpoint; the ranks agree before the collective load.
   auto ckpt = Checkpoint::Open(args.path);
   if (Status agreed = c.Agree(ckpt.status()); !agreed.ok()) return Fail(c, agreed);
-  auto device_comm = DeviceComm(c, &opts);  // Agreed by MakeNcclCommunicator.
+  auto device_comm = DeviceComm(c, args.device, &opts);  // Agreed by MakeNcclCommunicator.
   if (!device_comm.ok())
     return Fail(c, device_comm.status().WithContext("--device " + args.device));
   DistributedOptions dopts;

@@ -96,7 +96,9 @@ int RunServe(const ServeArgs& args) {
   opts.resident = args.resident;
   const sigset_t set = BlockStopSignals();  // Before any thread starts.
   LoadOptions load;
-  load.device = args.device;
+  auto device = ParseDevice(args.device);
+  if (!device.ok()) return Fail(device.status(), kExitUsage);
+  load.device = *device;
   auto server = PeerServer::ServeCheckpoint(args.path, *key, opts, load);
   if (!server.ok()) return Fail(server.status());
   std::printf("serving %s (rank %d of %d) at %s\nkey %s revision %s digest %s\n", args.path.c_str(),
@@ -142,7 +144,7 @@ Result<PeerLoad> FetchStriped(const FetchArgs& args, const PeerKey& key, const s
   o.transports = args.peer.transports;
   o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = args.timeout_ms;
   o.min_rate = static_cast<uint64_t>(args.min_rate_mbps * 1e6);
-  o.load.device = args.device;
+  TL_ASSIGN_OR_RETURN(o.load.device, ParseDevice(args.device));
   o.use_page_cache = !args.stripe_cached;
   StripeReport report;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded, LoadStriped(o, &report));
@@ -208,14 +210,16 @@ int RunFetch(const FetchArgs& args) {
   opts.connect_timeout_ms = args.timeout_ms;
   opts.stall_timeout_ms = args.timeout_ms;
   opts.min_rate = static_cast<uint64_t>(args.min_rate_mbps * 1e6);
-  opts.device = args.device;
+  auto device = ParseDevice(args.device);
+  if (!device.ok()) return Fail(device.status(), kExitUsage);
+  opts.device = *device;
   auto handover = ParseHandoverMode(args.handover);  // CLI11 checked it too.
   if (!handover.ok()) return Fail(handover.status(), kExitUsage);
   opts.handover = *handover;
   opts.handover_verify = args.handover_verify;
   opts.handover_copy_on_write = args.copy_on_write;
   opts.local = !args.no_local;
-  if (!args.out.empty() && args.device != "cpu") {
+  if (!args.out.empty() && !opts.device.on_host()) {
     return Fail(InvalidArgumentError("fetch: --out writes a host fetch: leave --device at cpu"),
                 kExitUsage);
   }

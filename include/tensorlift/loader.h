@@ -177,6 +177,27 @@ struct TensorParallel {
   int rank = 0;
 };
 
+enum class DeviceType : uint8_t { kCpu, kCuda, kEmulated };
+
+// Where tensors go: the host (the default), CUDA GPU `index`, or emulated
+// device `index` (the tests' stand-in for a GPU). ParseDevice reads the
+// names users give ("cuda:1"); Name() writes them.
+struct DeviceId {
+  DeviceType type = DeviceType::kCpu;
+  int index = 0;
+
+  static DeviceId Cpu() { return {}; }
+  static DeviceId Cuda(int index = 0) { return {DeviceType::kCuda, index}; }
+  static DeviceId Emulated(int index = 0) { return {DeviceType::kEmulated, index}; }
+  bool on_host() const { return type == DeviceType::kCpu; }
+  std::string Name() const;  // "cpu", "cuda:N", "emulated:N"
+  bool operator==(const DeviceId& other) const = default;
+};
+
+// Parses "cpu", "cuda", "cuda:N" (and "emulated[:N]", the test device);
+// InvalidArgument for anything else.
+Result<DeviceId> ParseDevice(std::string_view name);
+
 struct LoadOptions {
   // kAuto (docs/loading.md, "The auto rule"): per file, a file mostly in the
   // page cache is handed out as views of it (a private mapping, no copy; with
@@ -215,10 +236,11 @@ struct LoadOptions {
   // the LoadedCheckpoint at the end.
   TensorCallback on_tensor;
 
-  // Where the tensors go: "cpu" (default), "cuda" (= "cuda:0") or "cuda:N".
-  // GPU loads read into pinned staging buffers and copy to the device while
-  // the next blocks are read (docs/loading.md, "GPU").
-  std::string device = "cpu";
+  // Where the tensors go: the host (default) or a GPU (DeviceId::Cuda(N);
+  // ParseDevice("cuda:N") from a name). GPU loads read into pinned staging
+  // buffers and copy to the device while the next blocks are read
+  // (docs/loading.md, "GPU").
+  DeviceId device;
   // Convert floating-point tensors (F32, F16, BF16, F8_E4M3, F8_E5M2) to this
   // dtype while loading: on the GPU for GPU loads, on the host otherwise; the
   // others keep their dtype. Supported targets: F32, F16, BF16.
@@ -267,11 +289,6 @@ struct LoadOptions {
   TensorParallel parallel;
   std::string layout;
 };
-
-enum class DeviceType : uint8_t { kCpu, kCuda, kEmulated };
-
-// Parses "cpu", "cuda", "cuda:N" (and "emulated[:N]", the test device).
-Result<std::pair<DeviceType, int>> ParseDevice(std::string_view name);
 
 // A loaded tensor: a view over a buffer owned by its LoadedCheckpoint.
 struct LoadedTensor {

@@ -181,10 +181,10 @@ class PeerServer {
     int shard_dim = -1;
     int64_t shard_start = 0;
     std::vector<int64_t> full_shape;
-    // Where `data` lives: "cpu", or a device ("cuda:N": a device address,
-    // e.g. a framework's GPU tensor, served from the GPU's memory as
-    // ServeCheckpoint serves device tensors; "emulated:0" in tests).
-    std::string device = "cpu";
+    // Where `data` lives: the host, or a device (DeviceId::Cuda(N): a device
+    // address, e.g. a framework's GPU tensor, served from the GPU's memory as
+    // ServeCheckpoint serves device tensors; DeviceId::Emulated() in tests).
+    DeviceId device;
   };
   // Serves user-registered buffers, in host or device memory (Tensor::device).
   // `keep_alive` is held until the server is destroyed (may be null). A GPU
@@ -263,19 +263,18 @@ struct PeerLoadOptions {
   // read straight onto `device`. The report's source is "disk:PATH" for
   // Checkpoint::Open, the path itself for an opener.
   std::function<Result<Checkpoint>(const std::string& path)> fallback_open;
-  // Where the tensors go, from a peer or from disk: "cpu", "cuda:N" (or
-  // "emulated:0" in tests). Pulls land straight in the device's memory when
-  // the loaded UCX can write it (a GPU's needs a UCX built with CUDA, e.g.
-  // PyPI's libucx-cu12 through TENSORLIFT_UCX_LIB), each chunk checked on a
-  // staged copy in pinned host memory; otherwise they land in two windows of
-  // pinned host memory (32 MiB each), are checked there and copied up while
-  // the next window's bytes arrive. The disk fallback loads straight onto the device, a
-  // tensor-parallel rank's slices included, also through fallback_open (a
+  // Where the tensors go, from a peer or from disk: the host, or a GPU
+  // (DeviceId::Cuda(N); DeviceId::Emulated() in tests). Pulls land straight in the device's memory
+  // when the loaded UCX can write it (a GPU's needs a UCX built with CUDA, e.g. PyPI's libucx-cu12
+  // through TENSORLIFT_UCX_LIB), each chunk checked on a staged copy in pinned host memory;
+  // otherwise they land in two windows of pinned host memory (32 MiB each), are checked there and
+  // copied up while the next window's bytes arrive. The disk fallback loads straight onto the
+  // device, a tensor-parallel rank's slices included, also through fallback_open (a
   // fallback_loader's sliced load is whole tensors, cut in host memory and
   // copied up). fallback_load.device must
-  // be "cpu" or the same device. A seed (become_seed) serves the tensors from
+  // be the host (its default) or the same device. A seed (become_seed) serves the tensors from
   // where they are (device memory: see ServeCheckpoint).
-  std::string device = "cpu";
+  DeviceId device;
   // Time-outs: each control request, connecting the data plane, and the
   // longest a pull may go without finishing a get.
   // Each control request must complete within request_timeout_ms (a peer

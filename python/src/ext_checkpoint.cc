@@ -35,8 +35,7 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
   opts.decode_sparse = decode_sparse;
   opts.copy = copy;
   opts.misaligned_views = misaligned_views;
-  opts.device = device;
-  Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
+  opts.device = Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
   if (dtype) {
     auto dt = DtypeFromName(*dtype);
     if (!dt) Raise(InvalidArgumentError("unknown dtype '" + *dtype + "'"));
@@ -70,7 +69,7 @@ PyLoaded DoLoad(const PyCheckpoint& self, std::optional<std::vector<std::string>
     r = self.store ? LoadFromObjectStore(*self.ckpt, opts, *self.store) : Load(*self.ckpt, opts);
   }
   cb.reset();
-  if (!r.ok() && r.status().code() == StatusCode::kUnavailable && device != "cpu") {
+  if (!r.ok() && r.status().code() == StatusCode::kUnavailable && !opts.device.on_host()) {
     // No GPU or driver here: what torch raises for that, not ConnectionError.
     PyErr_SetString(PyExc_RuntimeError, r.status().message().c_str());
     throw nb::python_error();

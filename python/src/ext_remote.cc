@@ -127,7 +127,7 @@ PyPeerServer ServeCheckpointPy(const std::string& path, const nb::dict& key,
                        transports, chunk_bytes, registry_ttl, handover, resident);
   const PeerKey k = KeyFromDict(key);
   LoadOptions load;
-  load.device = device;
+  load.device = Unwrap(ParseDevice(device));
   Result<std::unique_ptr<PeerServer>> r = InternalError("not run");
   {
     nb::gil_scoped_release nogil;
@@ -173,8 +173,8 @@ PyPeerServer ServeBuffersPy(const std::vector<BufferSpec>& specs, nb::object kee
   for (const auto& [name, dtype, shape, ptr, dim, start, full, device] : specs) {
     auto d = DtypeFromName(dtype);
     if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + name + "'"));
-    tensors.push_back(
-        {name, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full, device});
+    tensors.push_back({name, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full,
+                       Unwrap(ParseDevice(device))});
   }
   // The Python objects owning the buffers stay referenced until the
   // server is gone (released with the GIL held).
@@ -199,8 +199,8 @@ nb::tuple ShareTensorsPy(const std::vector<BufferSpec>& specs, const std::string
   for (const auto& [tname, dtype, shape, ptr, dim, start, full, device] : specs) {
     auto d = DtypeFromName(dtype);
     if (!d) Raise(InvalidArgumentError("unknown dtype '" + dtype + "' for tensor '" + tname + "'"));
-    tensors.push_back(
-        {tname, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full, device});
+    tensors.push_back({tname, *d, shape, reinterpret_cast<const void*>(ptr), dim, start, full,
+                       Unwrap(ParseDevice(device))});
   }
   Result<SharedTensors> r = InternalError("not run");
   {
@@ -260,9 +260,8 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
                          const std::string& seed_host, uint64_t batch_bytes, int max_in_flight,
                          const std::string& device, const std::string& handover,
                          bool handover_copy_on_write, bool handover_verify) {
-  Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
   PeerLoadOptions o;
-  o.device = device;
+  o.device = Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
   o.peers = peers;
   o.registry = registry;
   o.token = token;
@@ -314,7 +313,7 @@ nb::tuple LoadStripedPy(const std::string& path, const std::string& object_url,
                         int disk_threads, int object_threads, const std::string& endpoint,
                         const std::string& region, const nb::object& names, bool use_page_cache,
                         int tp_size, int tp_rank, const std::string& layout) {
-  Unwrap(ParseDevice(device));
+  const DeviceId where = Unwrap(ParseDevice(device));
   StripeOptions o;
   o.load.parallel = {tp_size, tp_rank};
   o.load.layout = layout;
@@ -328,7 +327,7 @@ nb::tuple LoadStripedPy(const std::string& path, const std::string& object_url,
   o.registry = registry;
   o.token = token;
   if (!key.is_none()) o.key = KeyFromDict(nb::cast<nb::dict>(key));
-  o.load.device = device;
+  o.load.device = where;
   o.request_timeout_ms = o.connect_timeout_ms = o.stall_timeout_ms = timeout_ms;
   o.transports = transports;
   o.range_bytes = range_bytes;

@@ -24,7 +24,7 @@ void InitStreamer(PyStreamer* self, const std::string& path,
                   const std::string& mode, const std::string& device) {
   LoadOptions opts;
   opts.mode = Unwrap(ParseIoMode(mode));
-  opts.device = device;
+  opts.device = Unwrap(ParseDevice(device));
   Result<LayerStreamer> r = InternalError("not run");
   {
     nb::gil_scoped_release nogil;  // Open reads the headers (and sparse groups' shapes).

@@ -126,7 +126,19 @@ uint64_t LoadedCheckpoint::buffer_bytes() const {
   return total;
 }
 
-Result<std::pair<DeviceType, int>> ParseDevice(std::string_view name) {
+std::string DeviceId::Name() const {
+  switch (type) {
+    case DeviceType::kCpu:
+      return "cpu";
+    case DeviceType::kCuda:
+      return "cuda:" + std::to_string(index);
+    case DeviceType::kEmulated:
+      return "emulated:" + std::to_string(index);
+  }
+  return "?";
+}
+
+Result<DeviceId> ParseDevice(std::string_view name) {
   auto bad = [&] {
     return InvalidArgumentError("unknown device " + QuoteName(name) +
                                 " (expected cpu, cuda or cuda:N)");
@@ -141,9 +153,9 @@ Result<std::pair<DeviceType, int>> ParseDevice(std::string_view name) {
     }
   }
   const int n = index.empty() ? 0 : std::stoi(std::string(index));
-  if (kind == "cpu" && n == 0) return std::pair{DeviceType::kCpu, 0};
-  if (kind == "cuda") return std::pair{DeviceType::kCuda, n};
-  if (kind == "emulated") return std::pair{DeviceType::kEmulated, n};
+  if (kind == "cpu" && n == 0) return DeviceId::Cpu();
+  if (kind == "cuda") return DeviceId::Cuda(n);
+  if (kind == "emulated") return DeviceId::Emulated(n);
   return bad();
 }
 
@@ -151,14 +163,13 @@ namespace {
 
 // The device of options.device, or none for a plain host load.
 Result<std::shared_ptr<Device>> DeviceFor(const LoadOptions& options) {
-  TL_ASSIGN_OR_RETURN(auto dev, ParseDevice(options.device));
-  switch (dev.first) {
+  switch (options.device.type) {
     case DeviceType::kCpu:
       if (!options.dtype) return std::shared_ptr<Device>();
       return MakeHostDevice();
     case DeviceType::kCuda:
     case DeviceType::kEmulated:
-      return OpenDevice(dev.first, dev.second);
+      return OpenDevice(options.device.type, options.device.index);
   }
   return std::shared_ptr<Device>();
 }

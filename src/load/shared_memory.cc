@@ -10,8 +10,8 @@
 namespace tensorlift {
 
 Status CheckSharedMemoryOptions(const LoadOptions& options) {
-  if (options.device != "cpu") {
-    return InvalidArgumentError("shared_memory: tensors on \"" + options.device +
+  if (!options.device.on_host()) {
+    return InvalidArgumentError("shared_memory: tensors on \"" + options.device.Name() +
                                 "\" are not host memory (shared_memory is for host loads)");
   }
   if (options.mode == IoMode::kMmap) {

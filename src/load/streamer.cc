@@ -375,9 +375,8 @@ Result<LayerStreamer> LayerStreamer::Open(const Checkpoint& checkpoint,
         "handed to other processes)");
   }
   auto impl = std::make_unique<Impl>();
-  TL_ASSIGN_OR_RETURN(const auto dev, ParseDevice(options.device));
-  if (dev.first != DeviceType::kCpu) {
-    TL_ASSIGN_OR_RETURN(impl->device, OpenDevice(dev.first, dev.second));
+  if (!options.device.on_host()) {
+    TL_ASSIGN_OR_RETURN(impl->device, OpenDevice(options.device.type, options.device.index));
     if (options.arena_pool) {
       return InvalidArgumentError(
           "layer streamer: LoadOptions::arena_pool is for host memory; on " + impl->device->name() +

@@ -56,8 +56,8 @@ const char* MemoryName(DeviceType type) {
 // the communicator that will move its tensors. Local.
 Status OpenDeviceFor(const LoadOptions& options, const Communicator& comm,
                      const Communicator* device_comm, std::shared_ptr<Device>& device) {
-  TL_ASSIGN_OR_RETURN(const auto dev, ParseDevice(options.device));
-  if (dev.first == DeviceType::kCpu) {
+  const DeviceId& dev = options.device;
+  if (dev.on_host()) {
     if (device_comm != nullptr) {
       return InvalidArgumentError(
           "DistributedOptions::device_comm is for loads onto a device; this load is into host "
@@ -66,16 +66,16 @@ Status OpenDeviceFor(const LoadOptions& options, const Communicator& comm,
     }
     return Status::Ok();
   }
-  const std::string where = "a load onto \"" + options.device + "\"";
+  const std::string where = "a load onto \"" + dev.Name() + "\"";
   if (device_comm == nullptr) {
     return InvalidArgumentError(where +
                                 " needs DistributedOptions::device_comm, a communicator over that "
                                 "device's memory (NCCL for CUDA)");
   }
-  if (device_comm->memory() != dev.first) {
+  if (device_comm->memory() != dev.type) {
     return InvalidArgumentError(where + ": DistributedOptions::device_comm moves " +
                                 MemoryName(device_comm->memory()) + ", not " +
-                                MemoryName(dev.first));
+                                MemoryName(dev.type));
   }
   if (device_comm->size() != comm.size() || device_comm->rank() != comm.rank()) {
     return InvalidArgumentError(where + ": DistributedOptions::device_comm is rank " +
@@ -84,7 +84,7 @@ Status OpenDeviceFor(const LoadOptions& options, const Communicator& comm,
                                 std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) +
                                 " (they must list the same ranks in the same order)");
   }
-  TL_ASSIGN_OR_RETURN(device, OpenDevice(dev.first, dev.second));
+  TL_ASSIGN_OR_RETURN(device, OpenDevice(dev.type, dev.index));
   return Status::Ok();
 }
 

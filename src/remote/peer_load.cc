@@ -37,15 +37,15 @@ using Clock = std::chrono::steady_clock;
 
 // The device of PeerLoadOptions::device, or null for host memory.
 Result<std::shared_ptr<Device>> DestinationDevice(const PeerLoadOptions& options) {
-  TL_ASSIGN_OR_RETURN(const auto dev, ParseDevice(options.device));
-  const std::string& fallback = options.fallback_load.device;
-  if (fallback != "cpu" && fallback != options.device) {
-    return InvalidArgumentError("peer load: fallback_load.device \"" + fallback +
-                                "\" differs from PeerLoadOptions::device \"" + options.device +
+  const DeviceId& dev = options.device;
+  const DeviceId& fallback = options.fallback_load.device;
+  if (!fallback.on_host() && fallback != dev) {
+    return InvalidArgumentError("peer load: fallback_load.device \"" + fallback.Name() +
+                                "\" differs from PeerLoadOptions::device \"" + dev.Name() +
                                 "\" (set PeerLoadOptions::device: it applies to peers and disk)");
   }
-  if (dev.first == DeviceType::kCpu) return std::shared_ptr<Device>();
-  return OpenDevice(dev.first, dev.second);
+  if (dev.on_host()) return std::shared_ptr<Device>();
+  return OpenDevice(dev.type, dev.index);
 }
 
 namespace {
@@ -264,7 +264,7 @@ Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const ParallelLayout& 
     report->source = source;
   } else {
     const bool whole_tensors = options.parallel.size == 1 || layout.empty();
-    if (!whole_tensors) disk.device = "cpu";
+    if (!whole_tensors) disk.device = DeviceId::Cpu();
     TL_ASSIGN_OR_RETURN(LoadedCheckpoint whole,
                         options.fallback_loader(options.fallback_path, disk));
     if (!key.content.empty()) {

@@ -171,12 +171,10 @@ Result<std::unique_ptr<PeerServer>> PeerServer::ServeBuffers(
   for (Tensor& t : tensors) {
     TL_ASSIGN_OR_RETURN(const uint64_t nbytes, remote::BufferBytes(t, "serve"));
     std::shared_ptr<Device> device;
-    if (t.device != "cpu") {
-      auto& open = devices[t.device];
+    if (!t.device.on_host()) {
+      auto& open = devices[t.device.Name()];
       if (!open) {
-        Result<std::pair<DeviceType, int>> where = ParseDevice(t.device);
-        if (!where.ok()) return where.status().WithContext("serve: tensor '" + t.name + "'");
-        Result<std::shared_ptr<Device>> d = OpenDevice(where->first, where->second);
+        Result<std::shared_ptr<Device>> d = OpenDevice(t.device.type, t.device.index);
         if (!d.ok()) return d.status().WithContext("serve: tensor '" + t.name + "'");
         open = std::move(d).value();
       }

@@ -30,8 +30,8 @@ Result<SharedTensors> ShareTensors(const std::vector<PeerServer::Tensor>& tensor
   std::vector<uint64_t> sizes;
   uint64_t total = 0;
   for (const PeerServer::Tensor& t : tensors) {
-    if (t.device != "cpu") {
-      return InvalidArgumentError("share: tensor '" + t.name + "' is on " + t.device +
+    if (!t.device.on_host()) {
+      return InvalidArgumentError("share: tensor '" + t.name + "' is on " + t.device.Name() +
                                   ", not in host memory");
     }
     if (t.shard_dim >= 0) {

@@ -1190,14 +1190,20 @@ TEST(DevicePipelineTest, HostLoadsConvertThroughTheSamePipeline) {
 }
 
 TEST(DevicePipelineTest, DeviceNames) {
-  EXPECT_EQ(ParseDevice("cpu")->first, DeviceType::kCpu);
-  EXPECT_EQ(ParseDevice("cuda")->second, 0);
-  EXPECT_EQ(ParseDevice("cuda:3")->second, 3);
-  EXPECT_EQ(ParseDevice("cuda:3")->first, DeviceType::kCuda);
-  EXPECT_EQ(ParseDevice("emulated")->first, DeviceType::kEmulated);
-  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", "cpu:1", ""}) {
-    EXPECT_FALSE(ParseDevice(bad).ok()) << bad;
+  EXPECT_EQ(*ParseDevice("cpu"), DeviceId::Cpu());
+  EXPECT_EQ(*ParseDevice("cuda"), DeviceId::Cuda(0));
+  EXPECT_EQ(*ParseDevice("cuda:3"), DeviceId::Cuda(3));
+  EXPECT_EQ(*ParseDevice("emulated"), DeviceId::Emulated(0));
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", "cpu:1", "tpu:0", ""}) {
+    EXPECT_EQ(ParseDevice(bad).status().code(), StatusCode::kInvalidArgument) << bad;
   }
+  // Name() writes what ParseDevice reads, the index always given.
+  for (const DeviceId d :
+       {DeviceId::Cpu(), DeviceId::Cuda(0), DeviceId::Cuda(7), DeviceId::Emulated()}) {
+    EXPECT_EQ(*ParseDevice(d.Name()), d) << d.Name();
+  }
+  EXPECT_EQ(DeviceId::Cuda(2).Name(), "cuda:2");
+  EXPECT_EQ(LoadOptions().device, DeviceId::Cpu());  // Host memory by default.
 }
 
 TEST(DevicePipelineTest, CudaWithoutAGpuIsAClearError) {
@@ -1207,7 +1213,7 @@ TEST(DevicePipelineTest, CudaWithoutAGpuIsAClearError) {
   auto device = OpenCudaDevice(0);
   if (device.ok()) GTEST_SKIP() << "a GPU is present: " << (*device)->name();
   LoadOptions opts;
-  opts.device = "cuda:0";
+  opts.device = DeviceId::Cuda(0);
   auto got = Load(path, opts);
   ASSERT_FALSE(got.ok());
   EXPECT_TRUE(got.status().code() == StatusCode::kUnavailable ||

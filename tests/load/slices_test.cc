@@ -136,15 +136,15 @@ const Case kCases[] = {
     {"shared memory", [](LoadOptions& o) { o.shared_memory = true; }},
     {"arena pool", [](LoadOptions& o) { o.arena_pool = std::make_shared<ArenaPool>(); }},
     {"dtype", [](LoadOptions& o) { o.dtype = Dtype::kF32; }},
-    {"device", [](LoadOptions& o) { o.device = "emulated:0"; }},
+    {"device", [](LoadOptions& o) { o.device = DeviceId::Emulated(); }},
     {"device direct small slots",
      [](LoadOptions& o) {
-       o.device = "emulated:0";
+       o.device = DeviceId::Emulated();
        o.mode = IoMode::kDirect;
        o.staging_bytes = 64 << 10;
      }},
     {"device dtype", [](LoadOptions& o) {
-       o.device = "emulated:0";
+       o.device = DeviceId::Emulated();
        o.dtype = Dtype::kF16;
      }}};
 
@@ -152,11 +152,11 @@ TEST_P(SlicesTest, EveryRankGetsItsSlicesWithEveryOption) {
   for (const Case& c : kCases) {
     LoadOptions base;
     c.set(base);
-    if (base.mode == IoMode::kDirect && base.device == "cpu" && base.engine == IoEngine::kUring) {
+    if (base.mode == IoMode::kDirect && base.device.on_host() && base.engine == IoEngine::kUring) {
       base.engine = IoEngine::kAuto;  // Where io_uring is refused, threads.
     }
     LoadOptions whole_options = base;
-    whole_options.device = "cpu";
+    whole_options.device = DeviceId::Cpu();
     whole_options.mode = IoMode::kBuffered;
     whole_options.engine = IoEngine::kAuto;
     whole_options.shared_memory = false;
@@ -187,7 +187,7 @@ TEST_P(SlicesTest, OnTensorHandsOutTheSlices) {
     auto whole = Load(path_);
     ASSERT_OK(whole);
     LoadOptions o;
-    o.device = device;
+    o.device = *ParseDevice(device);
     o.parallel = {2, 1};
     o.layout = kLayout;
     std::mutex mu;

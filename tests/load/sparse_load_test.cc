@@ -193,7 +193,7 @@ TEST_F(SparseLoadTest, RawModeReturnsTheStoredParts) {
 TEST_F(SparseLoadTest, EmulatedDeviceDecodesOnTheDevice) {
   Write(/*split_group=*/true);
   LoadOptions options;
-  options.device = "emulated";
+  options.device = DeviceId::Emulated();
   options.staging_bytes = 4096;  // Many blocks.
   auto l = Load(dir_, options);
   ASSERT_OK(l);
@@ -203,13 +203,13 @@ TEST_F(SparseLoadTest, EmulatedDeviceDecodesOnTheDevice) {
 
 TEST_F(SparseLoadTest, LyingRowOffsetsAreCorruptionOnHostAndDevice) {
   Write(/*split_group=*/false, /*corrupt_offset=*/3);
-  for (const char* device : {"cpu", "emulated"}) {
+  for (const DeviceId device : {DeviceId::Cpu(), DeviceId::Emulated()}) {
     for (IoMode mode : {IoMode::kBuffered, IoMode::kMmap}) {
       LoadOptions options;
       options.device = device;
       options.mode = mode;
       auto l = Load(dir_, options);
-      ASSERT_FALSE(l.ok()) << device;
+      ASSERT_FALSE(l.ok()) << device.Name();
       EXPECT_EQ(l.status().code(), StatusCode::kCorruption) << l.status().ToString();
       EXPECT_NE(l.status().message().find("model.layers.0.mlp.down_proj.weight"), std::string::npos)
           << l.status().ToString();

@@ -126,7 +126,7 @@ class StreamerTest : public ::testing::TestWithParam<StreamerParam> {
     for (size_t i = 0; i < kLayers; ++i) layers_.push_back({WeightName(i), NormName(i)});
     options_.mode = IoMode::kDirect;  // As streaming uses it; falls back where refused.
     if (GetParam().device) {
-      options_.device = "emulated";
+      options_.device = DeviceId::Emulated();
       options_.staging_bytes = 64 << 10;
       options_.staging_buffers = 3;
     }

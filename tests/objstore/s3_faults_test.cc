@@ -118,7 +118,7 @@ class S3FaultsTest : public ::testing::Test {
     ASSERT_OK(got);
     loaded_bytes_ = got->total_bytes();
     LoadOptions host;
-    host.device = "cpu";
+    host.device = DeviceId::Cpu();
     auto want = Load(root_.File("s3/models/mixed/model.safetensors"), host);
     ASSERT_OK(want);
     ASSERT_EQ(got->tensors().size(), want->tensors().size());

@@ -98,7 +98,7 @@ class S3LoadTest : public ::testing::Test {
   static void ExpectSameAsLocal(const LoadedCheckpoint& got, const std::string& local,
                                 const LoadOptions& options = {}) {
     LoadOptions host = options;
-    host.device = "cpu";
+    host.device = DeviceId::Cpu();
     auto want = Load(local, host);
     ASSERT_OK(want);
     ASSERT_EQ(got.tensors().size(), want->tensors().size());
@@ -253,7 +253,7 @@ TEST_F(S3LoadTest, ARanksSlicesWithEveryOptionAreTheLocalCopys) {
     LoadOptions o;
     o.parallel = {3, 1};
     o.layout = "\\.w$=0;proj$=1";
-    if (variant & 1) o.device = "emulated:0";
+    if (variant & 1) o.device = DeviceId::Emulated();
     if (variant & 2) o.dtype = Dtype::kF16;
     SCOPED_TRACE("variant " + std::to_string(variant));
     std::atomic<int> handed{0};
@@ -315,7 +315,7 @@ TEST_F(S3LoadTest, APeerLoadsSlicedFallbackFromTheBucketReadsItsSlicesOntoTheDev
   opts.peers = {"http://127.0.0.1:1"};  // Nobody there.
   opts.request_timeout_ms = opts.connect_timeout_ms = 2000;
   opts.parallel = {2, 1};
-  opts.device = "emulated:0";
+  opts.device = DeviceId::Emulated();
   opts.fallback_path = "s3://models/tp/model.safetensors";
   opts.fallback_open = ObjectStoreOpener(store_);
   PeerLoadReport report;
@@ -397,7 +397,7 @@ TEST_F(S3LoadTest, AWriteThroughCache) {
 
 TEST_F(S3LoadTest, OntoADevice) {
   LoadOptions options;
-  options.device = "emulated:0";
+  options.device = DeviceId::Emulated();
   auto got = LoadFromObjectStore("s3://models/mixed/model.safetensors", options, store_);
   ASSERT_OK(got);
   for (const LoadedTensor& t : got->tensors()) EXPECT_EQ(t.device, DeviceType::kEmulated);
@@ -539,7 +539,7 @@ TEST_F(S3LoadTest, SparseCheckpointsAreDecodedFromABucket) {
   for (const char* device : {"cpu", "emulated:0"}) {
     SCOPED_TRACE(device);
     LoadOptions options;
-    options.device = device;
+    options.device = *ParseDevice(device);
     auto got = LoadFromObjectStore(url, options, store_);
     ASSERT_OK(got);
     auto want = Load(local);  // Decoded on the host from the local copy.
@@ -562,7 +562,7 @@ TEST_F(S3LoadTest, OntoADeviceThroughTheStagedPipelineNotAHostCopy) {
   // Converted and on the device: the bytes come through the pinned staging
   // slots (host memory: the slots, never the checkpoint).
   LoadOptions options;
-  options.device = "emulated:0";
+  options.device = DeviceId::Emulated();
   options.dtype = Dtype::kBF16;
   options.staging_buffers = 2;
   options.staging_bytes = 1 << 20;
@@ -584,7 +584,7 @@ TEST_F(S3LoadTest, AnObjectCutShortAfterItsHeaderIsAShortRead) {
   for (const char* where : {"cpu", "emulated:0"}) {
     SCOPED_TRACE(where);
     LoadOptions options;
-    options.device = where;
+    options.device = *ParseDevice(where);
     auto got = Load(*ckpt, options);
     ASSERT_FALSE(got.ok());
     EXPECT_EQ(got.status().code(), StatusCode::kIOError) << got.status().ToString();
@@ -606,7 +606,7 @@ TEST_F(S3LoadTest, ABucketThatFailsMidLoadFreesEverything) {
   for (const char* where : {"cpu", "emulated:0"}) {
     SCOPED_TRACE(where);
     LoadOptions options;
-    options.device = where;
+    options.device = *ParseDevice(where);
     auto got = Load(*ckpt, options);
     ASSERT_FALSE(got.ok());
     EXPECT_THAT(got.status().message(), HasSubstr(store_.endpoint));

@@ -506,7 +506,7 @@ TEST_F(DistributedLoaderTest, DeviceLoadsEqualReferenceSlicingOnTheEmulatedDevic
       std::vector<std::string> failures(threads);
       auto rank_body = [&](int r) {
         LoadOptions options;
-        options.device = "emulated:0";
+        options.device = DeviceId::Emulated();
         DistributedOptions dopts;
         dopts.keep_buffers = true;
         dopts.device_comm = (*on_device)[r].get();
@@ -592,7 +592,7 @@ TEST_F(DistributedLoaderTest, OneRankOntoAGpuOverNcclOrAClearReason) {
   auto nccl = MakeNcclCommunicator(*single, 0);
   if (!nccl.ok()) GTEST_SKIP() << nccl.status().ToString();
   LoadOptions options;
-  options.device = "cuda:0";
+  options.device = DeviceId::Cuda(0);
   DistributedOptions dopts;
   dopts.device_comm = nccl->get();
   dopts.keep_buffers = true;
@@ -622,7 +622,7 @@ TEST_F(DistributedLoaderTest, DeviceLoadsCheckTheirCommunicators) {
   auto host = MakeSingleProcessCommunicator();
   auto other_host = MakeSingleProcessCommunicator();
   LoadOptions options;
-  options.device = "emulated:0";
+  options.device = DeviceId::Emulated();
   auto expect_refused = [](const Result<DistributedCheckpoint>& d, const std::string& words) {
     EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument) << d.status().ToString();
     EXPECT_NE(d.status().message().find(words), std::string::npos) << d.status().ToString();

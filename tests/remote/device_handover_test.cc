@@ -74,7 +74,7 @@ Result<std::unique_ptr<PeerServer>> ServeOnDevice(const std::string& path,
                                                   const std::string& device,
                                                   std::shared_ptr<const LoadedCheckpoint>* loaded) {
   LoadOptions lo;
-  lo.device = device;
+  lo.device = *ParseDevice(device);
   lo.copy = true;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint got, Load(path, lo));
   *loaded = std::make_shared<const LoadedCheckpoint>(std::move(got));
@@ -103,7 +103,7 @@ TEST(DeviceHandoverSeed, Run) {
   ASSERT_NE(big, nullptr);
   auto where = ParseDevice(device_name);
   ASSERT_OK(where);
-  auto device = OpenDevice(where->first, where->second);
+  auto device = OpenDevice(where->type, where->index);
   ASSERT_OK(device);
   std::string line;
   for (char c; ::read(cmd_fd, &c, 1) == 1;) {
@@ -211,7 +211,7 @@ class DeviceHandoverTest : public ::testing::Test {
   PeerLoadOptions Pull(const std::string& url, const std::string& device = "emulated:0") {
     PeerLoadOptions o;
     o.peers = {url};
-    o.device = device;
+    o.device = *ParseDevice(device);
     o.request_timeout_ms = 5000;
     o.connect_timeout_ms = 5000;
     o.local = false;

@@ -273,9 +273,9 @@ TEST_F(HandoverTest, SharedTensorsAreServedHandedOverAndTheirOwnersWritesStayThe
 
   // Refused: a device tensor, a slice, a name given twice.
   std::vector<PeerServer::Tensor> bad = {mine[0]};
-  bad[0].device = "emulated:0";
+  bad[0].device = DeviceId::Emulated();
   EXPECT_THAT(ShareTensors(bad, "x").status().message(), HasSubstr("not in host memory"));
-  bad[0].device = "cpu";
+  bad[0].device = DeviceId::Cpu();
   bad[0].shard_dim = 0;
   EXPECT_THAT(ShareTensors(bad, "x").status().message(), HasSubstr("is a slice"));
   bad = {mine[0], mine[0]};
@@ -344,7 +344,7 @@ TEST(SharedMemoryTest, LoadsIntoSealedSharedMemoryAndRefusesWhatCannot) {
   EXPECT_THAT(refused.status().message(), HasSubstr("mode mmap"));
   LoadOptions device;
   device.shared_memory = true;
-  device.device = "emulated:0";
+  device.device = DeviceId::Emulated();
   EXPECT_FALSE(Load(path, device).ok());
 }
 

@@ -370,7 +370,7 @@ TEST_F(PeerTest, PullsOntoADevice) {
       auto opts =
           Pull(from_disk ? std::vector<std::string>{} : std::vector{server->url()}, size, rank);
       opts.fallback_path = path_;
-      opts.device = "emulated:0";
+      opts.device = DeviceId::Emulated();
       PeerLoadReport report;
       auto got = LoadFromPeer(key_, opts, &report);
       ASSERT_OK(got);
@@ -425,7 +425,7 @@ TEST_F(PeerTest, ServesFromADevicesMemory) {
   // host memory and copied up) and serve that memory; pulls, whole and
   // translated between sizes, match the file.
   LoadOptions on_device;
-  on_device.device = "emulated:0";
+  on_device.device = DeviceId::Emulated();
   const uint64_t free_before = EmulatedFree();
   for (int size : {1, 2}) {
     SCOPED_TRACE("sources: " + std::to_string(size));
@@ -483,7 +483,7 @@ TEST_F(PeerTest, PullsOntoADeviceUcxCannotWriteThroughHostWindows) {
       SCOPED_TRACE(std::to_string(urls.size()) + " source rank(s), destination rank " +
                    std::to_string(rank) + " of " + std::to_string(size));
       auto opts = Pull(urls, size, rank);
-      opts.device = "emulated:0";
+      opts.device = DeviceId::Emulated();
       PeerLoadReport report;
       auto got = LoadFromPeer(key_, opts, &report);
       ASSERT_OK(got);
@@ -498,7 +498,7 @@ TEST_F(PeerTest, PullsOntoADeviceUcxCannotWriteThroughHostWindows) {
   EXPECT_EQ(EmulatedFree(), free_before);
   ASSERT_OK(remote::CorruptServedForTesting(*whole, "big", (2 << 20) + 5));
   auto opts = Pull({whole->url()});
-  opts.device = "emulated:0";
+  opts.device = DeviceId::Emulated();
   PeerLoadReport report;
   EXPECT_FALSE(LoadFromPeer(key_, opts, &report).ok());
   ASSERT_FALSE(report.failures.empty());
@@ -517,7 +517,7 @@ TEST_F(PeerTest, DeviceChecksumsSpanSeveralStagingWindows) {
   PeerKey key = key_;
   key.layout = "";
   LoadOptions on_device;
-  on_device.device = "emulated:0";
+  on_device.device = DeviceId::Emulated();
   ServeOptions o = Serve();
   o.chunk_bytes = 1 << 20;
   auto server = PeerServer::ServeCheckpoint(path, key, o, on_device);
@@ -525,7 +525,7 @@ TEST_F(PeerTest, DeviceChecksumsSpanSeveralStagingWindows) {
   for (const char* device : {"cpu", "emulated:0"}) {
     SCOPED_TRACE(device);
     auto opts = Pull({(*server)->url()});
-    opts.device = device;
+    opts.device = *ParseDevice(device);
     auto got = LoadFromPeer(key, opts);
     ASSERT_OK(got);
     for (const RawTensor& t : big) {
@@ -543,7 +543,7 @@ TEST_F(PeerTest, DeviceChecksumsSpanSeveralStagingWindows) {
   for (const char* device : {"cpu", "emulated:0"}) {
     SCOPED_TRACE(device);
     auto opts = Pull({(*server)->url()});
-    opts.device = device;
+    opts.device = *ParseDevice(device);
     PeerLoadReport report;
     auto bad = LoadFromPeer(key, opts, &report);
     EXPECT_FALSE(bad.ok());
@@ -558,7 +558,7 @@ TEST_F(PeerTest, ASeedOnADeviceServesItsDeviceMemory) {
   auto origin = Start(Serve());
   ASSERT_NE(origin, nullptr);
   auto opts = Pull({origin->url()});
-  opts.device = "emulated:0";
+  opts.device = DeviceId::Emulated();
   opts.become_seed = true;
   auto seeded = LoadFromPeerAndSeed(key_, opts);
   ASSERT_OK(seeded);
@@ -579,7 +579,7 @@ TEST_F(PeerTest, ACorruptChunkPulledOntoADeviceIsCaught) {
     ASSERT_NE(bad, nullptr);
     ASSERT_OK(remote::CorruptServedForTesting(*bad, "big", (1 << 20) + 5));
     auto opts = Pull({bad->url()}, size, 0);
-    opts.device = "emulated:0";
+    opts.device = DeviceId::Emulated();
     PeerLoadReport report;
     EXPECT_FALSE(LoadFromPeer(key_, opts, &report).ok());
     ASSERT_FALSE(report.failures.empty());
@@ -590,15 +590,16 @@ TEST_F(PeerTest, ACorruptChunkPulledOntoADeviceIsCaught) {
 TEST_F(PeerTest, DeviceDestinationsSayWhatTheyCannotDo) {
   auto opts = Pull({});
   opts.fallback_path = path_;
-  opts.device = "emulated:0";
-  opts.fallback_load.device = "emulated:0";
+  opts.device = DeviceId::Emulated();
+  opts.fallback_load.device = DeviceId::Emulated();
   EXPECT_OK(LoadFromPeer(key_, opts).status());  // The same device twice is fine.
-  opts.device = "cpu";
+  opts.device = DeviceId::Cpu();
   auto conflicting = LoadFromPeer(key_, opts);
   EXPECT_EQ(conflicting.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(conflicting.status().message(), HasSubstr("differs from PeerLoadOptions::device"));
-  opts.device = "tpu:0";
-  EXPECT_EQ(LoadFromPeer(key_, opts).status().code(), StatusCode::kInvalidArgument);
+  opts.fallback_load.device = DeviceId::Cpu();
+  opts.device = DeviceId::Emulated(1);  // There is one emulated device, 0.
+  EXPECT_EQ(LoadFromPeer(key_, opts).status().code(), StatusCode::kNotFound);
 }
 
 // The options that shape the tensors are the key's, from a peer or from disk:
@@ -848,7 +849,7 @@ TEST_F(PeerTest, ASlicedDiskFallbackOntoADeviceSeedsItsSlices) {
   ASSERT_NE(origin, nullptr);
   auto opts = Pull({}, 2, 1);
   opts.fallback_path = path_;
-  opts.device = "emulated:0";
+  opts.device = DeviceId::Emulated();
   opts.become_seed = true;
   opts.seed.chunk_bytes = 64 << 10;
   auto seeded = LoadFromPeerAndSeed(key_, opts);
@@ -869,8 +870,8 @@ TEST_F(PeerTest, ServesUserBuffers) {
   for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(i) * 0.5f;
   std::vector<uint16_t> b(77, 0xBEEF);
   std::vector<PeerServer::Tensor> tensors = {
-      {"a", Dtype::kF32, {10, 100}, a.data(), -1, 0, {}},
-      {"b", Dtype::kU16, {77}, b.data(), -1, 0, {}},
+      {"a", Dtype::kF32, {10, 100}, a.data(), -1, 0, {}, {}},
+      {"b", Dtype::kU16, {77}, b.data(), -1, 0, {}, {}},
   };
   PeerKey key;
   key.model = "buffers";
@@ -883,8 +884,8 @@ TEST_F(PeerTest, ServesUserBuffers) {
   EXPECT_EQ(std::memcmp(got->Find("a")->data, a.data(), a.size() * 4), 0);
   EXPECT_EQ(std::memcmp(got->Find("b")->data, b.data(), b.size() * 2), 0);
   // Bad requests are refused before anything is served.
-  std::vector<PeerServer::Tensor> dup = {{"a", Dtype::kF32, {1}, a.data(), -1, 0, {}},
-                                         {"a", Dtype::kF32, {1}, a.data(), -1, 0, {}}};
+  std::vector<PeerServer::Tensor> dup = {{"a", Dtype::kF32, {1}, a.data(), -1, 0, {}, {}},
+                                         {"a", Dtype::kF32, {1}, a.data(), -1, 0, {}, {}}};
   EXPECT_FALSE(PeerServer::ServeBuffers(dup, key, {}).ok());
 }
 
@@ -910,8 +911,8 @@ TEST_F(PeerTest, ServesUserBuffersInDeviceMemory) {
     ASSERT_OK((*stream)->Synchronize());
   }
   std::vector<PeerServer::Tensor> tensors = {
-      {"a", Dtype::kF32, {30, 100}, (*memory)->data(), -1, 0, {}, "emulated:0"},
-      {"b", Dtype::kU16, {4097}, (*memory)->data() + b_at, -1, 0, {}, "emulated:0"},
+      {"a", Dtype::kF32, {30, 100}, (*memory)->data(), -1, 0, {}, DeviceId::Emulated()},
+      {"b", Dtype::kU16, {4097}, (*memory)->data() + b_at, -1, 0, {}, DeviceId::Emulated()},
   };
   PeerKey key;
   key.model = "device-buffers";
@@ -923,7 +924,7 @@ TEST_F(PeerTest, ServesUserBuffersInDeviceMemory) {
   for (const char* where : {"cpu", "emulated:0"}) {
     SCOPED_TRACE(where);
     auto opts = Pull({(*server)->url()});
-    opts.device = where;
+    opts.device = *ParseDevice(where);
     auto got = LoadFromPeer(key, opts);
     ASSERT_OK(got);
     std::vector<std::byte> ga(a_bytes), gb(b_bytes);
@@ -942,11 +943,12 @@ TEST_F(PeerTest, ServesUserBuffersInDeviceMemory) {
 
   // What is not that device's memory is refused before anything is served.
   std::vector<PeerServer::Tensor> host = {
-      {"a", Dtype::kF32, {1}, a.data(), -1, 0, {}, "emulated:0"}};
+      {"a", Dtype::kF32, {1}, a.data(), -1, 0, {}, DeviceId::Emulated()}};
   auto refused = PeerServer::ServeBuffers(host, key, {});
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("not device memory"));
-  std::vector<PeerServer::Tensor> unknown = {{"a", Dtype::kF32, {1}, a.data(), -1, 0, {}, "tpu:0"}};
+  std::vector<PeerServer::Tensor> unknown = {
+      {"a", Dtype::kF32, {1}, a.data(), -1, 0, {}, DeviceId::Emulated(1)}};  // Not here.
   auto bad = PeerServer::ServeBuffers(unknown, key, {});
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("tensor 'a'"));

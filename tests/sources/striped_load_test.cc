@@ -157,7 +157,7 @@ class StripedLoadTest : public ::testing::Test {
   void ExpectSameAsLocal(const LoadedCheckpoint& got, const LoadOptions& options = {},
                          const std::string& local = "") {
     LoadOptions host = options;
-    host.device = "cpu";
+    host.device = DeviceId::Cpu();
     auto want = Load(local.empty() ? path_ : local, host);
     ASSERT_OK(want);
     ASSERT_EQ(got.tensors().size(), want->tensors().size());
@@ -470,8 +470,8 @@ TEST_F(StripedLoadTest, EveryLoadOptionGivesTheLocalCopysTensors) {
       SCOPED_TRACE(std::string(where) + ": " + c.name);
       StripeOptions o = Defaults();
       o.load = c.options;
-      o.load.device = where;
-      if (o.load.device != "cpu") o.load.arena_pool = nullptr;  // Host loads alone.
+      o.load.device = *ParseDevice(where);
+      if (!o.load.device.on_host()) o.load.arena_pool = nullptr;  // Host loads alone.
       std::vector<std::string> handed;
       o.load.on_tensor = [&](const StreamedTensor& t) {
         handed.push_back(t.tensor().name);
@@ -514,7 +514,7 @@ TEST_F(StripedLoadTest, ASparseCheckpointIsDecodedAsFromTheLocalCopy) {
     o.store = options_.store;
     o.range_bytes = 64 << 10;
     o.use_page_cache = false;
-    o.load.device = where;
+    o.load.device = *ParseDevice(where);
     StripeReport report;
     auto got = LoadStriped(o, &report);
     ASSERT_OK(got);
@@ -536,7 +536,7 @@ TEST_F(StripedLoadTest, EverySourceFailingMidLoadFreesEverything) {
     StartBucket();
     StripeOptions o = Defaults();
     o.path.clear();
-    o.load.device = where;
+    o.load.device = *ParseDevice(where);
     o.load.staging_bytes = 256 << 10;
     bool killed = false;
     o.on_range = [&](const std::string&, uint64_t) {
@@ -568,7 +568,7 @@ TEST_F(StripedLoadTest, APeerThatLiesIsDroppedOnTheDevicePathToo) {
     }
   }
   StripeOptions o = Defaults();
-  o.load.device = "emulated:0";
+  o.load.device = DeviceId::Emulated();
   o.load.staging_bytes = 300 << 10;
   StripeReport report;
   auto got = LoadStriped(o, &report);
