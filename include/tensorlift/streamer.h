@@ -117,8 +117,8 @@ class LayerStreamer {
   // On a device: the bytes of its resident layers' buffers and of the ring,
   // all the device memory the streamer holds; 0 on the host.
   uint64_t device_memory() const;
-  // "cpu", or the device's name ("cuda:0").
-  std::string device() const;
+  // Where the layers load: LoadOptions::device as Open was given it.
+  DeviceId device() const;
   // The layer's tensors are loaded or loading now (resident and loaded,
   // prefetched, or acquired and not released).
   bool in_memory(size_t layer) const;

@@ -73,7 +73,7 @@ void BindStreamer(nb::module_& m) {
             return s.streamer->in_memory(layer);
           },
           nb::arg("layer"), "The layer is loaded or loading now.")
-      .def_prop_ro("device", [](const PyStreamer& s) { return s.streamer->device(); })
+      .def_prop_ro("device", [](const PyStreamer& s) { return s.streamer->device().Name(); })
       .def_prop_ro(
           "device_memory", [](const PyStreamer& s) { return s.streamer->device_memory(); },
           "Device bytes the streamer holds (resident layers' buffers and the ring); 0 on "

@@ -489,7 +489,7 @@ uint64_t LayerStreamer::device_bytes(size_t layer) const {
   return layer < impl_->layers.size() ? impl_->layers[layer].device_bytes : 0;
 }
 uint64_t LayerStreamer::device_memory() const { return impl_->device_memory; }
-std::string LayerStreamer::device() const { return impl_->device ? impl_->device->name() : "cpu"; }
+DeviceId LayerStreamer::device() const { return impl_->options.device; }
 
 bool LayerStreamer::in_memory(size_t layer) const {
   if (layer >= impl_->layers.size()) return false;

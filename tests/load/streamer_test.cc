@@ -361,7 +361,7 @@ TEST_P(DeviceStreamerTest, TheRingIsAllocatedOnceAndReused) {
   ASSERT_OK(before);
   auto s = Open(OneResidentBudget());
   ASSERT_OK(s);
-  EXPECT_EQ(s->device(), "emulated:0");
+  EXPECT_EQ(s->device(), DeviceId::Emulated());
   uint64_t largest = 0;
   for (size_t i = 1; i < kLayers; ++i) largest = std::max(largest, s->device_bytes(i));
   EXPECT_EQ(s->device_memory(), s->device_bytes(0) + 2 * largest);
