@@ -269,7 +269,13 @@ void DeviceState::Free(const std::shared_ptr<Region>& region, uint64_t accounted
     }
   }
   if (!quarantine) return;
-  std::memset(region->worker(), static_cast<int>(kEmulatedPoison), region->mapped());
+  // Freed memory reads as poison, so that a stale read shows. With copies
+  // discarded (a benchmark's diagnostic) the device's bytes mean nothing, and
+  // poisoning would fault in every page at the free: a benchmark's peak RSS
+  // would count the device memory of a checkpoint freed at exit.
+  if (!discard_copies_) {
+    std::memset(region->worker(), static_cast<int>(kEmulatedPoison), region->mapped());
+  }
   std::vector<std::shared_ptr<Region>> evicted;  // Unmapped outside the lock.
   std::lock_guard lock(mu_);
   quarantine_.push_back(region);

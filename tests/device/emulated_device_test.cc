@@ -623,6 +623,27 @@ TEST(EmulatedDeviceTest, OptionsFromTheEnvironment) {
 // discard_copies (a benchmark's diagnostic): a host-to-device copy takes the
 // copy model's time and checks its ranges, but the device memory keeps what
 // it had; copies on the device and back to the host still move bytes.
+// With copies discarded, freed memory is quarantined (a use after free is
+// still reported) but not poisoned: poisoning would fault in every page of
+// it, and a benchmark's peak RSS would count device memory freed at exit.
+TEST(EmulatedDeviceTest, DiscardedCopiesLeaveFreedMemoryUntouched) {
+  EmulatedDeviceOptions o;
+  o.discard_copies = true;
+  auto device = MakeEmulatedDevice(o);
+  auto buf = Take(device->Allocate(8192));
+  std::byte* stale = buf->data();
+  buf.reset();
+  EXPECT_EQ(Counts(*device).quarantined_allocations, 1u);
+  std::vector<std::byte> peek(8192, std::byte{1});
+  ASSERT_OK(PeekEmulatedDevice(*device, peek.data(), stale, 8192));
+  EXPECT_EQ(peek, std::vector<std::byte>(8192)) << "never written, never poisoned";
+  auto stream = Take(device->CreateStream());
+  std::vector<std::byte> back(100);
+  ASSERT_OK(stream->CopyToHost(back.data(), stale, 100));
+  Status status = stream->Synchronize();
+  EXPECT_THAT(status.message(), HasSubstr("use after free"));
+}
+
 TEST(EmulatedDeviceTest, DiscardedCopiesTakeTheirTimeAndMoveNothing) {
   EmulatedDeviceOptions o;
   o.copy_bytes_per_second = 1e8;
