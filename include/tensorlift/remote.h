@@ -264,16 +264,18 @@ struct PeerLoadOptions {
   // Checkpoint::Open, the path itself for an opener.
   std::function<Result<Checkpoint>(const std::string& path)> fallback_open;
   // Where the tensors go, from a peer or from disk: the host, or a GPU
-  // (DeviceId::Cuda(N); DeviceId::Emulated() in tests). Pulls land straight in the device's memory
-  // when the loaded UCX can write it (a GPU's needs a UCX built with CUDA, e.g. PyPI's libucx-cu12
-  // through TENSORLIFT_UCX_LIB), each chunk checked on a staged copy in pinned host memory;
-  // otherwise they land in two windows of pinned host memory (32 MiB each), are checked there and
-  // copied up while the next window's bytes arrive. The disk fallback loads straight onto the
-  // device, a tensor-parallel rank's slices included, also through fallback_open (a
-  // fallback_loader's sliced load is whole tensors, cut in host memory and
-  // copied up). fallback_load.device must
-  // be the host (its default) or the same device. A seed (become_seed) serves the tensors from
-  // where they are (device memory: see ServeCheckpoint).
+  // (DeviceId::Cuda(N); DeviceId::Emulated() in tests). Pulls land straight
+  // in the device's memory when the loaded UCX can write it (a GPU's needs a
+  // UCX built with CUDA, e.g. PyPI's libucx-cu12 through TENSORLIFT_UCX_LIB),
+  // each chunk checked on a staged copy in pinned host memory; otherwise they
+  // land in two windows of pinned host memory (32 MiB each), are checked
+  // there and copied up while the next window's bytes arrive. The disk
+  // fallback loads straight onto the device, a tensor-parallel rank's slices
+  // included, also through fallback_open (a fallback_loader's sliced load is
+  // whole tensors, cut in host memory and copied up). fallback_load.device
+  // must be the host (its default) or the same device. A seed (become_seed)
+  // serves the tensors from where they are (device memory: see
+  // ServeCheckpoint).
   DeviceId device;
   // Time-outs: each control request, connecting the data plane, and the
   // longest a pull may go without finishing a get.

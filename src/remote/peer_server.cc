@@ -426,7 +426,7 @@ class PeerServerImpl final : public PeerServer {
   std::string KeyJson() const {
     std::string j = "{\"protocol\":" + std::to_string(kPeerProtocolVersion) + ",\"key\":{";
     j += "\"model\":" + JsonString(key_.model) + ",\"revision\":" + JsonString(key_.revision) +
-         ",\"dtype\":" + JsonString(std::string(PeerKeyDtypeName(key_.dtype))) +
+         ",\"dtype\":" + JsonString(PeerKeyDtypeName(key_.dtype)) +
          ",\"quantization\":" + JsonString(key_.quantization) +
          ",\"layout\":" + JsonString(key_.layout) +
          ",\"protocol\":" + std::to_string(key_.protocol) + "}";
