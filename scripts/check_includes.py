@@ -33,7 +33,7 @@ OUTSIDE = ["include", "tools", "python/src", "bench", "examples"]
 # Headers their folder keeps to itself.
 PRIVATE = ["load/loader_internal.h", "load/owners.h", "load/host_load.h", "load/sparse_load.h",
            "load/device_pipeline.h", "load/device_pipeline_steps.h", "load/pinned_pool.h",
-           "load/device_ring.h", "load/store_reads.h", "load/device_load.h", "device/emulated_memory.h",
+           "load/device_ring.h", "load/device_load.h", "device/emulated_memory.h",
            "device/emulated_stream.h",
            "ranks/distributed_state.h", "objstore/s3_transfers.h", "sources/striped_plan.h",
            "sources/striped_sources.h", "sources/striped_store.h", "remote/ucx_core.h", "remote/peer_pull.h",

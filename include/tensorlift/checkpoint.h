@@ -27,6 +27,8 @@
 
 namespace tensorlift {
 
+class ReadEngine;  // The library's (src/io/read_op.h): how a load's reads are run.
+
 // The limit on the size of an index file (real ones are well under 1 MB).
 inline constexpr uint64_t kMaxIndexSize = 256ull << 20;
 
@@ -74,6 +76,10 @@ class CheckpointStore {
   // How this store reads `path`, for the load's FileReport::reason
   // ("object storage: ranged GETs").
   virtual std::string Describe(const std::string& path) const;
+  // The engine a load runs its reads of this store's files on; `paths`: the
+  // files, by the index its reads name them with (the checkpoint's shards).
+  // The default issues them through ReadRanges, many at once.
+  virtual std::unique_ptr<ReadEngine> MakeReadEngine(std::vector<std::string> paths);
   // Whether reads should land at addresses congruent to their file offsets
   // modulo 4 KiB (a store that reads local files with O_DIRECT): the loader
   // then places a file's tensors as it does for O_DIRECT reads.

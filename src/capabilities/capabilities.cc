@@ -137,7 +137,7 @@ GdsCapabilities QueryGds(const std::string& path) {
 UringCapabilities QueryUring() {
   UringCapabilities uring;
   uring.built = UringBuiltIn();
-  auto engine = MakeUringEngine(1);
+  auto engine = MakeUringEngine(1, {});
   uring.usable = engine.ok();
   if (!engine.ok()) uring.reason = engine.status().message();
   return uring;

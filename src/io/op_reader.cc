@@ -67,19 +67,19 @@ Status OpReader::Grow(uint64_t bytes) {
   return Status::Ok();
 }
 
-Status OpReader::Read(const ReadOp& op) {
+Status OpReader::Read(int fd, const ReadOp& op) {
   if (op.row_bytes > 0 && op.length > 0) {
     // The span covering the rows, then each row copied out.
     const uint64_t rows = op.length / op.row_bytes;
     const uint64_t span = (rows - 1) * op.row_stride + op.row_bytes;
     TL_RETURN_IF_ERROR(Grow(span));
-    TL_RETURN_IF_ERROR(ReadAtLeast(op.fd, scratch_, op.offset, span, span));
+    TL_RETURN_IF_ERROR(ReadAtLeast(fd, scratch_, op.offset, span, span));
     for (uint64_t i = 0; i < rows; ++i) {
       std::memcpy(op.dest + i * op.row_bytes, scratch_ + i * op.row_stride, op.row_bytes);
     }
     return Status::Ok();
   }
-  if (!op.bounce) return ReadAtLeast(op.fd, op.dest, op.offset, op.length, op.length);
+  if (!op.bounce) return ReadAtLeast(fd, op.dest, op.offset, op.length, op.length);
   // O_DIRECT: read the aligned span that covers the range, copy out the bytes.
   const uint64_t a0 = op.offset / kDirectAlign * kDirectAlign;
   const uint64_t a1 = (op.offset + op.length + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
@@ -88,7 +88,7 @@ Status OpReader::Read(const ReadOp& op) {
   const uint64_t need = op.offset + op.length - a0;  // Bytes of the span we must get.
   uint64_t done = 0;
   while (done < need) {
-    ssize_t r = io::Pread(op.fd, scratch_ + done, span - done, static_cast<off_t>(a0 + done));
+    ssize_t r = io::Pread(fd, scratch_ + done, span - done, static_cast<off_t>(a0 + done));
     if (r < 0) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return PosixError("read at offset " + std::to_string(a0 + done), errno);
@@ -97,6 +97,19 @@ Status OpReader::Read(const ReadOp& op) {
     done += static_cast<uint64_t>(r);
   }
   std::memcpy(op.dest, scratch_ + (op.offset - a0), op.length);
+  return Status::Ok();
+}
+
+Status ReadEngine::InFileOf(const ReadOp& op, Status st) const {
+  if (op.shard < files_.size() && files_[op.shard].path)
+    return st.WithContext(*files_[op.shard].path);
+  return st;
+}
+
+Status ReadEngine::ValidFile(const ReadOp& op) const {
+  if (op.shard >= files_.size())
+    return InternalError("a read names file " + std::to_string(op.shard) + " of an engine with " +
+                         std::to_string(files_.size()));
   return Status::Ok();
 }
 

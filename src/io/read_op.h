@@ -10,6 +10,8 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tensorlift/status.h"
 
@@ -18,9 +20,16 @@ namespace tensorlift {
 // O_DIRECT alignment used for offsets, lengths and buffer addresses.
 inline constexpr uint64_t kDirectAlign = 4096;
 
-// Read `length` bytes at `offset` of `fd` into `dest`.
+// A file the engines read. An engine is made with its files; an op names one
+// by its index among them (ReadOp::shard: the checkpoint's shard).
+struct EngineFile {
+  int fd = -1;                        // Not used by a store's engine.
+  const std::string* path = nullptr;  // For messages; a store's engine reads by it.
+};
+
+// Read `length` bytes at `offset` of file `shard` into `dest`.
 struct ReadOp {
-  int fd = -1;
+  uint32_t shard = 0;
   uint64_t offset = 0;
   uint64_t length = 0;
   std::byte* dest = nullptr;
@@ -34,9 +43,7 @@ struct ReadOp {
   // not with `bounce`.
   uint64_t row_bytes = 0;
   uint64_t row_stride = 0;
-  const std::string* path = nullptr;  // For messages.
-  uint32_t tag = 0;                   // The caller's (e.g. its file); engines ignore it.
-  uint32_t id = 0;                    // The caller's too (e.g. which tensors it fills).
+  uint32_t id = 0;  // The caller's (e.g. which tensors it fills); engines ignore it.
 };
 
 // Shared between the engine and whoever watches it.
@@ -50,22 +57,37 @@ struct ReadProgress {
   std::function<void(const ReadOp&)> op_done;
 };
 
-// Executes ops. Implementations: a pool of pread threads, io_uring.
+// Executes ops on the files it was made with. Implementations: a pool of
+// pread threads, io_uring, a checkpoint store's transfers
+// (CheckpointStore::MakeReadEngine).
 class ReadEngine {
  public:
+  explicit ReadEngine(std::vector<EngineFile> files) : files_(std::move(files)) {}
   virtual ~ReadEngine() = default;
   // Reads every op; on the first error stops and returns it (prefixed with
-  // the op's path). Ops may complete in any order.
+  // the op's file). Ops may complete in any order.
   virtual Status Run(std::span<const ReadOp> ops, ReadProgress* progress) = 0;
+  const std::vector<EngineFile>& files() const { return files_; }
+  // `st` prefixed with the path of `op`'s file (as it is when it has none).
+  Status InFileOf(const ReadOp& op, Status st) const;
+
+ protected:
+  // Op's file; an op naming no file of the engine's is a bug of the caller's
+  // (checked where the op is read: ValidFile).
+  const EngineFile& FileOf(const ReadOp& op) const { return files_[op.shard]; }
+  Status ValidFile(const ReadOp& op) const;
+
+ private:
+  std::vector<EngineFile> files_;
 };
 
-std::unique_ptr<ReadEngine> MakeThreadPoolEngine(int threads);
+std::unique_ptr<ReadEngine> MakeThreadPoolEngine(int threads, std::vector<EngineFile> files);
 // Reads on the calling thread, one op after another: no start-up cost, for
 // loads too small to gain from parallelism.
-std::unique_ptr<ReadEngine> MakeInlineEngine();
+std::unique_ptr<ReadEngine> MakeInlineEngine(std::vector<EngineFile> files);
 // Fails with Unimplemented when io_uring is not built in or the kernel
 // refuses it (e.g. disabled by sysctl or seccomp).
-Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth);
+Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth, std::vector<EngineFile> files);
 bool UringBuiltIn();
 
 // Reads exactly `n` bytes at `offset` of `fd` into `buf` with pread, retrying
@@ -96,7 +118,8 @@ class OpReader {
   ~OpReader();
   OpReader(const OpReader&) = delete;
   OpReader& operator=(const OpReader&) = delete;
-  Status Read(const ReadOp& op);
+  // `op` from `fd`.
+  Status Read(int fd, const ReadOp& op);
 
  private:
   Status Grow(uint64_t bytes);

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "io/read_op.h"
@@ -14,7 +15,8 @@ namespace {
 
 class ThreadPoolEngine final : public ReadEngine {
  public:
-  explicit ThreadPoolEngine(int threads) : threads_(std::max(1, threads)) {}
+  ThreadPoolEngine(int threads, std::vector<EngineFile> files)
+      : ReadEngine(std::move(files)), threads_(std::max(1, threads)) {}
 
   Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
     std::atomic<size_t> next{0};
@@ -29,10 +31,11 @@ class ThreadPoolEngine final : public ReadEngine {
       while (!stop.load(std::memory_order_relaxed)) {
         const size_t i = next.fetch_add(1, std::memory_order_relaxed);
         if (i >= ops.size()) break;
-        Status st = reader.Read(ops[i]);
+        Status st = ValidFile(ops[i]);
+        if (st.ok()) st = reader.Read(FileOf(ops[i]).fd, ops[i]);
         if (!st.ok()) {
           std::lock_guard<std::mutex> lock(mu);
-          if (first_error.ok()) first_error = ops[i].path ? st.WithContext(*ops[i].path) : st;
+          if (first_error.ok()) first_error = InFileOf(ops[i], st);
           stop = true;
           break;
         }
@@ -73,11 +76,13 @@ class ThreadPoolEngine final : public ReadEngine {
 
 class InlineEngine final : public ReadEngine {
  public:
+  using ReadEngine::ReadEngine;
   Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
     OpReader reader;
     for (const ReadOp& op : ops) {
-      Status st = reader.Read(op);
-      if (!st.ok()) return op.path ? st.WithContext(*op.path) : st;
+      Status st = ValidFile(op);
+      if (st.ok()) st = reader.Read(FileOf(op).fd, op);
+      if (!st.ok()) return InFileOf(op, st);
       progress->bytes_done.fetch_add(op.length, std::memory_order_relaxed);
       if (progress->op_done) progress->op_done(op);
       if (progress->tick) progress->tick();
@@ -88,10 +93,12 @@ class InlineEngine final : public ReadEngine {
 
 }  // namespace
 
-std::unique_ptr<ReadEngine> MakeInlineEngine() { return std::make_unique<InlineEngine>(); }
+std::unique_ptr<ReadEngine> MakeInlineEngine(std::vector<EngineFile> files) {
+  return std::make_unique<InlineEngine>(std::move(files));
+}
 
-std::unique_ptr<ReadEngine> MakeThreadPoolEngine(int threads) {
-  return std::make_unique<ThreadPoolEngine>(threads);
+std::unique_ptr<ReadEngine> MakeThreadPoolEngine(int threads, std::vector<EngineFile> files) {
+  return std::make_unique<ThreadPoolEngine>(threads, std::move(files));
 }
 
 }  // namespace tensorlift

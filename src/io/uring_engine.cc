@@ -5,6 +5,7 @@
 #include <liburing.h>
 
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "common/posix_file.h"
@@ -19,7 +20,8 @@ constexpr uint64_t kMaxSqeRead = 1u << 30;
 
 class UringEngine final : public ReadEngine {
  public:
-  explicit UringEngine(int queue_depth) : depth_(queue_depth) {}
+  UringEngine(int queue_depth, std::vector<EngineFile> files)
+      : ReadEngine(std::move(files)), depth_(queue_depth) {}
   ~UringEngine() override {
     if (initialized_) io_uring_queue_exit(&ring_);
   }
@@ -51,7 +53,7 @@ class UringEngine final : public ReadEngine {
       io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
       if (sqe == nullptr) return InternalError("io_uring submission queue full");
       const uint64_t left = op.length - slots[s].done;
-      io_uring_prep_read(sqe, op.fd, op.dest + slots[s].done,
+      io_uring_prep_read(sqe, FileOf(op).fd, op.dest + slots[s].done,
                          static_cast<unsigned>(std::min(left, kMaxSqeRead)),
                          op.offset + slots[s].done);
       io_uring_sqe_set_data64(sqe, static_cast<uint64_t>(s));
@@ -64,10 +66,14 @@ class UringEngine final : public ReadEngine {
       bool queued = false;
       while (error.ok() && next < ops.size() && !free_slots.empty()) {
         const ReadOp& op = ops[next];
+        if (Status valid = ValidFile(op); !valid.ok()) {
+          error = valid;
+          break;
+        }
         if (op.bounce || op.row_bytes > 0 || op.length == 0) {
-          Status st = sync_reader.Read(op);
+          Status st = sync_reader.Read(FileOf(op).fd, op);
           if (!st.ok()) {
-            error = op.path ? st.WithContext(*op.path) : st;
+            error = InFileOf(op, st);
             break;
           }
           progress->bytes_done.fetch_add(op.length, std::memory_order_relaxed);
@@ -100,7 +106,7 @@ class UringEngine final : public ReadEngine {
       const int s = static_cast<int>(io_uring_cqe_get_data64(cqe));
       const ReadOp& op = ops[slots[s].op];
       const int res =
-          io::ReadResult(op.fd, cqe->res, std::min(op.length - slots[s].done, kMaxSqeRead));
+          io::ReadResult(FileOf(op).fd, cqe->res, std::min(op.length - slots[s].done, kMaxSqeRead));
       io_uring_cqe_seen(&ring_, cqe);
       --in_flight;
       if (res == -EAGAIN || res == -EINTR) {
@@ -124,7 +130,7 @@ class UringEngine final : public ReadEngine {
               res < 0
                   ? PosixError("read at offset " + std::to_string(op.offset + slots[s].done), -res)
                   : ShortReadError(slots[s].done, op.length, op.offset);
-          error = op.path ? st.WithContext(*op.path) : st;
+          error = InFileOf(op, st);
         }
         free_slots.push_back(s);
         continue;
@@ -158,8 +164,10 @@ class UringEngine final : public ReadEngine {
 
 bool UringBuiltIn() { return true; }
 
-Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth) {
-  auto engine = std::make_unique<UringEngine>(std::max(1, std::min(queue_depth, 4096)));
+Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth,
+                                                    std::vector<EngineFile> files) {
+  auto engine =
+      std::make_unique<UringEngine>(std::max(1, std::min(queue_depth, 4096)), std::move(files));
   TL_RETURN_IF_ERROR(engine->Init());
   return std::unique_ptr<ReadEngine>(std::move(engine));
 }

@@ -5,7 +5,7 @@ namespace tensorlift {
 
 bool UringBuiltIn() { return false; }
 
-Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int) {
+Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int, std::vector<EngineFile>) {
   return UnimplementedError("built without io_uring (liburing was not found at build time)");
 }
 

@@ -11,7 +11,7 @@
 #include "io/read_op.h"
 #include "load/device_pipeline.h"
 #include "load/device_pipeline_steps.h"
-#include "load/store_reads.h"
+#include "format/store_reads.h"
 
 namespace tensorlift {
 namespace {

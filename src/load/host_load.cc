@@ -15,11 +15,11 @@
 #include "common/checked_math.h"
 #include "device/host_buffer.h"
 #include "device/populate.h"
+#include "format/store_reads.h"
 #include "load/arena_pool.h"
 #include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/planner.h"
-#include "load/store_reads.h"
 
 namespace tensorlift {
 
@@ -190,10 +190,14 @@ class Deliverer {
 // buffered ones; an explicit choice applies to both.
 Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool direct,
                                                std::span<const ReadOp> ops, IoEngine* chosen,
-                                               CheckpointStore* store) {
-  if (store) {
+                                               const Checkpoint& ckpt,
+                                               std::vector<EngineFile> files) {
+  if (ckpt.store()) {
     *chosen = IoEngine::kThreads;  // The store's own transfers.
-    return MakeStoreEngine(*store);
+    std::vector<std::string> paths;
+    paths.reserve(ckpt.shards().size());
+    for (const Checkpoint::Shard& shard : ckpt.shards()) paths.push_back(shard.path);
+    return ckpt.store()->MakeReadEngine(std::move(paths));
   }
   const int threads = options.threads > 0 ? options.threads : DefaultThreads();
   // A handful of small reads (one tensor of a safe_open, say): starting
@@ -204,13 +208,13 @@ Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool 
   for (const ReadOp& op : ops) bytes += op.length;
   if (options.engine == IoEngine::kAuto && ops.size() <= kInlineOps && bytes <= kInlineBytes) {
     *chosen = IoEngine::kThreads;
-    return MakeInlineEngine();
+    return MakeInlineEngine(std::move(files));
   }
   const IoEngine want = options.engine != IoEngine::kAuto ? options.engine
                         : direct                          ? IoEngine::kUring
                                                           : IoEngine::kThreads;
   if (want == IoEngine::kUring) {
-    auto uring = MakeUringEngine(options.queue_depth > 0 ? options.queue_depth : 32);
+    auto uring = MakeUringEngine(options.queue_depth > 0 ? options.queue_depth : 32, files);
     if (uring.ok()) {
       *chosen = IoEngine::kUring;
       return std::move(uring).value();
@@ -218,7 +222,7 @@ Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool 
     if (options.engine == IoEngine::kUring) return uring.status();
   }
   *chosen = IoEngine::kThreads;
-  return MakeThreadPoolEngine(threads);
+  return MakeThreadPoolEngine(threads, std::move(files));
 }
 
 // (host_load.h) LoadOptions::fault_threads resolved.
@@ -298,10 +302,9 @@ class HostLoad {
       pending_[s] = 0;
       if (job.wanted.empty()) continue;
       for (const PlannedRead& r : job.plan.reads) {
-        ops_[r.direct].push_back({r.direct ? job.direct.fd() : job.buffered.fd(), r.file_offset,
-                                  r.length, job.arena->data() + r.arena_offset, r.bounce,
-                                  r.row_bytes, r.row_stride, &job.shard->path,
-                                  static_cast<uint32_t>(s), read_id_++});
+        ops_[r.direct].push_back({static_cast<uint32_t>(s), r.file_offset, r.length,
+                                  job.arena->data() + r.arena_offset, r.bounce, r.row_bytes,
+                                  r.row_stride, read_id_++});
         read_bytes_ += r.length;
         ++pending_[s];
       }
@@ -346,8 +349,8 @@ class HostLoad {
   // Calls f(span, lo, hi) for each tensor span that read `op` overlaps.
   template <typename F>
   void ForSpans(const ReadOp& op, F&& f) const {
-    const auto& sp = spans_[op.tag];
-    const uint64_t lo = static_cast<uint64_t>(op.dest - jobs_[op.tag].arena->data()),
+    const auto& sp = spans_[op.shard];
+    const uint64_t lo = static_cast<uint64_t>(op.dest - jobs_[op.shard].arena->data()),
                    hi = lo + op.length;
     // Tensors in an arena do not overlap: the first that ends after lo, then on.
     auto it =
@@ -388,8 +391,8 @@ class HostLoad {
         }
       });
     }
-    if (file_done && pending_[op.tag].fetch_sub(1, std::memory_order_acq_rel) == 1)
-      hooks_->file_done(op.tag);
+    if (file_done && pending_[op.shard].fetch_sub(1, std::memory_order_acq_rel) == 1)
+      hooks_->file_done(op.shard);
     if (deliverer_) {
       for (uint32_t t : read_tensors_[op.id]) {
         if (waiting_[t].fetch_sub(1, std::memory_order_acq_rel) == 1) deliverer_->Ready(t);
@@ -466,8 +469,9 @@ class HostLoad {
     std::unique_ptr<ReadEngine> engines[2];
     for (int direct : {1, 0}) {
       if (ops_[direct].empty()) continue;
-      TL_ASSIGN_OR_RETURN(engines[direct], MakeEngine(options_, direct == 1, ops_[direct],
-                                                      &engine_kind_[direct], ckpt_.store().get()));
+      TL_ASSIGN_OR_RETURN(engines[direct],
+                          MakeEngine(options_, direct == 1, ops_[direct], &engine_kind_[direct],
+                                     ckpt_, EngineFiles(jobs_, direct == 1)));
       if (wrap_) engines[direct] = wrap_(std::move(engines[direct]));
     }
     // Fresh memory's first touch (page faults) costs as much as the reads

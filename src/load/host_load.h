@@ -23,12 +23,26 @@ class Buffer;
 // Wraps each engine the loader makes (fault injection in tests).
 using EngineWrapper = std::function<std::unique_ptr<ReadEngine>(std::unique_ptr<ReadEngine>)>;
 
-// The engine for a batch of reads (host_load.cc, "Engine choice"); *chosen
-// says which kind it is. With `store`, the store's engine (store_reads.h):
-// the ops read that store's files.
+// The engine for a batch of reads of `ckpt`'s files (host_load.cc, "Engine
+// choice"); *chosen says which kind it is. `files`: the opened files by shard
+// (the fds the reads use, direct or buffered). A checkpoint opened through a
+// store reads through the engine its store makes (CheckpointStore::MakeReadEngine).
 Result<std::unique_ptr<ReadEngine>> MakeEngine(const LoadOptions& options, bool direct,
                                                std::span<const ReadOp> ops, IoEngine* chosen,
-                                               CheckpointStore* store = nullptr);
+                                               const Checkpoint& ckpt,
+                                               std::vector<EngineFile> files);
+
+// The files of `opened` (indexed by shard) as an engine reads them: each one's
+// direct fd or buffered fd, and its path.
+template <typename Opened>
+std::vector<EngineFile> EngineFiles(const std::vector<Opened>& opened, bool direct) {
+  std::vector<EngineFile> files(opened.size());
+  for (size_t s = 0; s < opened.size(); ++s) {
+    if (opened[s].shard == nullptr) continue;
+    files[s] = {direct ? opened[s].direct.fd() : opened[s].buffered.fd(), &opened[s].shard->path};
+  }
+  return files;
+}
 
 // LoadOptions::fault_threads resolved (device/populate.h, FaultThreadCount).
 int FaultThreads(const LoadOptions& options);

@@ -437,9 +437,8 @@ Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOpti
           const uint64_t len = std::min(op_bytes, span.end - off);
           // Only a file's last page can be partial: that op bounces.
           const bool bounce = direct && len % kPageAlign != 0;
-          ops[direct].push_back({direct ? f.direct.fd() : f.buffered.fd(), off, len,
-                                 slot + span.slot_offset + (off - span.begin), bounce, 0, 0,
-                                 &f.shard->path, span.shard});
+          ops[direct].push_back(
+              {span.shard, off, len, slot + span.slot_offset + (off - span.begin), bounce});
           bytes += len;
         }
       }
@@ -448,7 +447,8 @@ Result<CheckpointBuilder> RunSparseStaged(const Checkpoint& ckpt, const LoadOpti
       for (int direct : {1, 0}) {
         if (ops[direct].empty() || !local.ok()) continue;
         IoEngine kind;
-        auto engine = MakeEngine(options, direct == 1, ops[direct], &kind, ckpt.store().get());
+        auto engine = MakeEngine(options, direct == 1, ops[direct], &kind, ckpt,
+                                 EngineFiles(files, direct == 1));
         if (!engine.ok()) {
           local = engine.status();
           break;

@@ -524,7 +524,7 @@ TEST(CapabilitiesTest, ConsistentWithTheBuildAndTheMachine) {
   }
 
   EXPECT_EQ(r.io_uring.built, UringBuiltIn());
-  EXPECT_EQ(r.io_uring.usable, MakeUringEngine(1).ok());
+  EXPECT_EQ(r.io_uring.usable, MakeUringEngine(1, {}).ok());
   if (!r.io_uring.usable) {
     EXPECT_FALSE(r.io_uring.reason.empty());
   }

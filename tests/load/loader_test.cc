@@ -493,12 +493,12 @@ TEST(LoaderTest, ViewsOfThePageCacheOutliveTheLoadAndAReplacedFile) {
 class FaultEngine : public ReadEngine {
  public:
   FaultEngine(std::unique_ptr<ReadEngine> inner, std::function<Status(size_t)> before_op)
-      : inner_(std::move(inner)), before_op_(std::move(before_op)) {}
+      : ReadEngine(inner->files()), inner_(std::move(inner)), before_op_(std::move(before_op)) {}
   Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
     // Run ops one at a time so the fault lands between reads.
     for (size_t i = 0; i < ops.size(); ++i) {
       Status st = before_op_(i);
-      if (!st.ok()) return ops[i].path ? st.WithContext(*ops[i].path) : st;
+      if (!st.ok()) return InFileOf(ops[i], st);
       TL_RETURN_IF_ERROR(inner_->Run(ops.subspan(i, 1), progress));
     }
     return Status::Ok();

@@ -222,6 +222,7 @@ TEST_F(SparseLoadTest, ReadErrorMidLoadStopsTheDecoders) {
   int calls = 0;
   auto wrap = [&](std::unique_ptr<ReadEngine> inner) -> std::unique_ptr<ReadEngine> {
     struct Failing final : ReadEngine {
+      using ReadEngine::ReadEngine;
       std::unique_ptr<ReadEngine> inner;
       int* calls;
       Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
@@ -229,7 +230,7 @@ TEST_F(SparseLoadTest, ReadErrorMidLoadStopsTheDecoders) {
         return inner->Run(ops, progress);
       }
     };
-    auto f = std::make_unique<Failing>();
+    auto f = std::make_unique<Failing>(inner->files());
     f->inner = std::move(inner);
     f->calls = &calls;
     return f;

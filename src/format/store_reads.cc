@@ -1,7 +1,11 @@
 // Reads through a checkpoint's store (store_reads.h).
-#include "load/store_reads.h"
+#include "format/store_reads.h"
 
+#include <memory>
+#include <utility>
 #include <vector>
+
+#include "io/read_op.h"
 
 namespace tensorlift {
 namespace {
@@ -13,9 +17,17 @@ Status ShortReadVerdict(Status st) {
   return IOError("short read: " + st.message() + " (the file was truncated during the load)");
 }
 
+std::vector<EngineFile> FilesNamed(const std::vector<std::string>& paths) {
+  std::vector<EngineFile> files(paths.size());
+  for (size_t i = 0; i < paths.size(); ++i) files[i].path = &paths[i];
+  return files;
+}
+
 class StoreEngine final : public ReadEngine {
  public:
-  explicit StoreEngine(CheckpointStore& store) : store_(store) {}
+  // `paths` is held on the heap so that the files' paths point at it from the start.
+  StoreEngine(CheckpointStore& store, std::unique_ptr<const std::vector<std::string>> paths)
+      : ReadEngine(FilesNamed(*paths)), store_(store), paths_(std::move(paths)) {}
 
   Status Run(std::span<const ReadOp> ops, ReadProgress* progress) override {
     // A range per op, or per row of a row op; owner[k]: range k's op.
@@ -24,11 +36,12 @@ class StoreEngine final : public ReadEngine {
     ranges.reserve(ops.size());
     for (size_t i = 0; i < ops.size(); ++i) {
       const ReadOp& op = ops[i];
-      if (op.path == nullptr) return InvalidArgumentError("a store's read names no file");
+      TL_RETURN_IF_ERROR(ValidFile(op));
+      const std::string* path = FileOf(op).path;
       const uint64_t rows = op.row_bytes > 0 ? op.length / op.row_bytes : 1;
       const uint64_t row = op.row_bytes > 0 ? op.row_bytes : op.length;
       for (uint64_t r = 0; r < rows; ++r) {
-        ranges.push_back({op.path, op.offset + r * op.row_stride, row, op.dest + r * row});
+        ranges.push_back({path, op.offset + r * op.row_stride, row, op.dest + r * row});
         owner.push_back(static_cast<uint32_t>(i));
       }
     }
@@ -52,12 +65,16 @@ class StoreEngine final : public ReadEngine {
 
  private:
   CheckpointStore& store_;
+  std::unique_ptr<const std::vector<std::string>> paths_;
 };
 
 }  // namespace
 
-std::unique_ptr<ReadEngine> MakeStoreEngine(CheckpointStore& store) {
-  return std::make_unique<StoreEngine>(store);
+// Every op to the store's ReadRanges in one call, the file named by its path;
+// op_done once all of its bytes have landed, progress as they land.
+std::unique_ptr<ReadEngine> CheckpointStore::MakeReadEngine(std::vector<std::string> paths) {
+  return std::make_unique<StoreEngine>(
+      *this, std::make_unique<const std::vector<std::string>>(std::move(paths)));
 }
 
 Status ReadFromStore(CheckpointStore& store, const std::string& path, uint64_t offset,
