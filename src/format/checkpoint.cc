@@ -9,7 +9,7 @@
 #include <map>
 
 #include "common/posix_file.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift {

@@ -11,7 +11,7 @@
 #include "common/checked_math.h"
 #include "common/posix_file.h"
 #include "format/json.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "tensorlift/safetensors.h"
 #include "tensorlift/text.h"
 

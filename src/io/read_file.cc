@@ -16,7 +16,7 @@
 
 #include "common/posix_file.h"
 #include "io/page_cache.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 
 namespace tensorlift {
 namespace {

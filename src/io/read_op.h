@@ -1,5 +1,7 @@
-// The unit of work of the read engines, the pieces they share, and the plain
-// reads of byte ranges: every read of a file goes through src/io/.
+// The unit of work of the read engines and the pieces they share: a load's
+// reads of its files run on an engine (the loader's, load/, or the one a
+// checkpoint's store makes, format/store_reads.h); plain reads of a byte range
+// are io/pread.h's. Every read of a file goes through src/io/.
 #ifndef TENSORLIFT_IO_READ_OP_H_
 #define TENSORLIFT_IO_READ_OP_H_
 
@@ -13,12 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include "io/pread.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift {
-
-// O_DIRECT alignment used for offsets, lengths and buffer addresses.
-inline constexpr uint64_t kDirectAlign = 4096;
 
 // A file the engines read. An engine is made with its files; an op names one
 // by its index among them (ReadOp::shard: the checkpoint's shard).
@@ -89,25 +89,6 @@ std::unique_ptr<ReadEngine> MakeInlineEngine(std::vector<EngineFile> files);
 // refuses it (e.g. disabled by sysctl or seccomp).
 Result<std::unique_ptr<ReadEngine>> MakeUringEngine(int queue_depth, std::vector<EngineFile> files);
 bool UringBuiltIn();
-
-// Reads exactly `n` bytes at `offset` of `fd` into `buf` with pread, retrying
-// EINTR, EAGAIN and short reads; a premature end of file is an OutOfRange
-// error. The read of every byte range outside the engines (headers, indexes,
-// token files, the rows a rank reads itself, sparse parts). Thread-safe.
-Status ReadExactlyAt(int fd, uint64_t offset, void* buf, size_t n);
-
-// The one verdict on a planned read that came back short, whatever read it
-// (the engines, the GPU pipeline's readers, ReadFile, a store's reads): an
-// IOError "short read: GOT of WANTED bytes at offset OFFSET (the file was
-// truncated during the load)"; the caller prefixes the file.
-Status ShortReadError(uint64_t got, uint64_t wanted, uint64_t offset);
-
-// Reads `length` bytes at `offset` of `fd` into `dest` with pread, retrying
-// EINTR, EAGAIN and short reads; the read may end early at the end of the
-// file (a block that runs past it, e.g. an O_DIRECT block's aligned span), but
-// not before `min_read` bytes: fewer is an IOError (the file was truncated
-// during the load). Thread-safe (no shared file offset).
-Status ReadAtLeast(int fd, std::byte* dest, uint64_t offset, uint64_t length, uint64_t min_read);
 
 // Reads one op synchronously with pread (retrying EINTR/EAGAIN and short
 // reads; a premature end of file is ShortReadError); `scratch` is grown as

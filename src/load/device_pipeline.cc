@@ -22,7 +22,7 @@
 #include "common/checked_math.h"
 #include "device/device.h"
 #include "io/direct_reader.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "load/checkpoint_builder.h"
 #include "load/device_pipeline_steps.h"
 #include "load/device_plan.h"

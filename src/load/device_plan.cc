@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/checked_math.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "kernels/convert.h"
 #include "load/planner.h"
 

@@ -7,11 +7,11 @@
 #include <chrono>
 #include <thread>
 
+#include "format/store_reads.h"
 #include "io/page_cache.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "load/device_pipeline.h"
 #include "load/device_pipeline_steps.h"
-#include "format/store_reads.h"
 
 namespace tensorlift {
 namespace {

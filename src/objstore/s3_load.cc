@@ -19,7 +19,7 @@
 #include "device/device.h"
 #include "device/host_buffer.h"
 #include "format/tp_layout.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "load/checkpoint_builder.h"
 #include "load/file_job.h"
 #include "load/upload.h"

@@ -22,7 +22,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "tensorlift/text.h"
 
 namespace tensorlift::objstore {

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 
 namespace tensorlift {
 namespace ranks {

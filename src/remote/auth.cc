@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "common/posix_file.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "tensorlift/remote.h"
 
 namespace tensorlift::remote {

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "io/read_op.h"
+#include "io/pread.h"
 
 namespace tensorlift::sparse {
 

@@ -19,7 +19,7 @@
 
 #include "common/posix_file.h"
 #include "io/faults.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "kernels/convert.h"
 #include "sparse/shard_files.h"
 #include "tensorlift/bitmask.h"

@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "../common/assert_ok.h"
-#include "io/read_op.h"
+#include "io/pread.h"
 #include "tensorlift/safetensors.h"
 
 namespace tensorlift {
