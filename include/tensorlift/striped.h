@@ -17,18 +17,20 @@
 // A local copy that is in the page cache is loaded from alone (use_page_cache).
 // Otherwise the sources join one store and the loader reads through it as it
 // reads any checkpoint (host memory, or a device through the GPU pipeline's
-// staging slots: host memory bounded by the staging pool, not the
-// checkpoint). Each read is cut into pieces (a peer's checksum chunks, grouped
-// up to range_bytes); every source has workers that take the next piece from
-// one queue, so a faster source takes more (work stealing); near the end a
-// slow source leaves the last pieces to faster ones that would finish them all
-// sooner. A piece lands straight where the read asked and, when any peer's
-// manifest is at hand, each of its chunks is checked against that manifest's
-// XXH3 where it lands, whichever source fetched it (a chunk a read asks only
-// part of is fetched whole, checked, and the rest kept for the read that asks
-// for it). A source that fails, or whose bytes do not match, is dropped and its
-// pieces go to the others; the load fails (freeing everything) only when every
-// source has. docs/object-storage.md, "Many sources at once".
+// staging slots: host memory bounded by the staging pool, not the checkpoint).
+// Each read is cut into pieces (a peer's checksum chunks, grouped up to
+// range_bytes); every source has workers that take the next piece from one
+// queue, so a faster source takes more (work stealing). A source fetches one
+// piece alone until its rate is measured; then a slower source takes only what
+// it would deliver no later than the others, and near the end leaves the last
+// pieces to faster ones that would finish them all sooner. A piece lands
+// straight where the read asked and, when any peer's manifest is at hand, each
+// of its chunks is checked against that manifest's XXH3 where it lands,
+// whichever source fetched it (a chunk a read asks only part of is fetched
+// whole, checked, and the rest kept for the read that asks for it). A source
+// that fails, or whose bytes do not match, is dropped and its pieces go to the
+// others; the load fails (freeing everything) only when every source has.
+// docs/object-storage.md, "Many sources at once".
 //
 // Thread safety: LoadStriped may run concurrently; callbacks are called from
 // the sources' worker threads, one at a time.

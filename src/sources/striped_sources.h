@@ -6,6 +6,7 @@
 #ifndef TENSORLIFT_SOURCES_STRIPED_SOURCES_H_
 #define TENSORLIFT_SOURCES_STRIPED_SOURCES_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -34,10 +35,19 @@ class Source {
   int take = 1;  // Pieces a worker takes together.
   // Guarded by the scheduler's mutex.
   bool dead = false;
-  double busy_s = 0;  // Summed over its workers' successful fetches.
+  int fetching = 0;             // Batches its workers hold (taken, not landed).
+  uint64_t fetching_bytes = 0;  // Their bytes.
+  double active_s = 0;          // Seconds it has held a batch, ended spans.
+  std::chrono::steady_clock::time_point active_since{};  // Start of the span now (fetching > 0).
   StripeSourceReport report;
-  // Bytes per second one of its workers fetches (0: not measured yet).
-  double WorkerRate() const { return busy_s > 0 ? report.bytes / busy_s : 0; }
+  // Bytes per second it delivers while it holds batches, its workers
+  // together (0: nothing landed yet). Not per worker: a source behind one
+  // capped link gives no more with more workers.
+  double Rate(std::chrono::steady_clock::time_point now) const {
+    const double s =
+        active_s + (fetching > 0 ? std::chrono::duration<double>(now - active_since).count() : 0);
+    return report.bytes > 0 && s > 0 ? report.bytes / s : 0;
+  }
 };
 
 // The local files of the checkpoint, as opened (each checked to be the file

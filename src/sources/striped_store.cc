@@ -34,7 +34,9 @@ StripedStore::StripedStore(Layout layout, std::vector<std::unique_ptr<Source>> s
     }
   }
   first_.resize(worker_source_.size());
-  dealt_.assign(worker_source_.size(), false);
+  // Dealt a first batch: each source's first worker (the first of the round-robin).
+  dealt_.assign(worker_source_.size(), true);
+  for (size_t k = 0; k < worker_source_.size() && k < sources_.size(); ++k) dealt_[k] = false;
   for (size_t k = 0; k < worker_source_.size(); ++k)
     threads_.emplace_back([this, k] { Work(*worker_source_[k], k); });
 }
@@ -149,14 +151,30 @@ void StripedStore::DealFirstBatches() {
     Source& src = *worker_source_[k];
     if (dealt_[k] || src.dead) continue;
     dealt_[k] = true;
-    while (!queue_.empty() && static_cast<int>(first_[k].size()) < src.take) {
+    // One piece: the probe that measures the source (a slow source's batch of
+    // `take` pieces could outlast the whole load).
+    while (!queue_.empty() && first_[k].empty()) {
       const Queued q = queue_.front();
       queue_.pop_front();
       queued_bytes_ -= q.read->pieces[q.piece].bytes;
       ++q.read->in_flight;
       first_[k].push_back(q);
     }
+    Hold(src, first_[k]);
   }
+}
+
+void StripedStore::Hold(Source& src, const std::vector<Queued>& ids) {
+  if (ids.empty()) return;
+  if (src.fetching++ == 0) src.active_since = Clock::now();
+  for (const Queued& q : ids) src.fetching_bytes += q.read->pieces[q.piece].bytes;
+}
+
+void StripedStore::Release(Source& src, const std::vector<Queued>& ids) {
+  if (ids.empty()) return;
+  for (const Queued& q : ids) src.fetching_bytes -= q.read->pieces[q.piece].bytes;
+  if (--src.fetching == 0)
+    src.active_s += std::chrono::duration<double>(Clock::now() - src.active_since).count();
 }
 
 void StripedStore::Work(Source& src, size_t worker) {
@@ -169,7 +187,6 @@ void StripedStore::Work(Source& src, size_t worker) {
     }
     std::vector<const Piece*> pieces;
     for (const Queued& q : mine) pieces.push_back(&q.read->pieces[q.piece]);
-    const auto fetch_start = Clock::now();
     Status st = src.Fetch(pieces);
     for (size_t k = 0; st.ok() && k < pieces.size(); ++k)
       st = CheckPiece(*pieces[k], src.report.name);
@@ -178,9 +195,8 @@ void StripedStore::Work(Source& src, size_t worker) {
       for (const Delivery& d : pieces[k]->deliveries)
         std::memcpy(d.to, pieces[k]->dst + d.from, d.bytes);
     }
-    const double busy = std::chrono::duration<double>(Clock::now() - fetch_start).count();
     if (st.ok()) {
-      Landed(src, mine, busy);
+      Landed(src, mine);
     } else {
       Failed(src, mine, st);
       return;
@@ -192,12 +208,13 @@ std::vector<StripedStore::Queued> StripedStore::Take(Source& src, size_t worker,
                                                      std::unique_lock<std::mutex>& lock) {
   std::vector<Queued> ids;
   work_cv_.wait(lock, [&] {
-    return stop_ || src.dead || !first_[worker].empty() || (!queue_.empty() && !LeaveToOthers(src));
+    return stop_ || src.dead || !first_[worker].empty() || (!queue_.empty() && MayTake(src) > 0);
   });
   if (stop_) return ids;  // No read is in progress: nothing was dealt.
   if (src.dead) {
     // A batch dealt to it goes back to the others.
     std::vector<Queued>& first = first_[worker];
+    Release(src, first);
     for (auto it = first.rbegin(); it != first.rend(); ++it) {
       --it->read->in_flight;
       queue_.push_front(*it);
@@ -214,17 +231,19 @@ std::vector<StripedStore::Queued> StripedStore::Take(Source& src, size_t worker,
     ids.swap(first_[worker]);
     return ids;
   }
-  while (!queue_.empty() && static_cast<int>(ids.size()) < src.take) {
+  const int want = MayTake(src);
+  while (!queue_.empty() && static_cast<int>(ids.size()) < want) {
     const Queued q = queue_.front();
     queue_.pop_front();
     queued_bytes_ -= q.read->pieces[q.piece].bytes;
     ++q.read->in_flight;
     ids.push_back(q);
   }
+  Hold(src, ids);
   return ids;
 }
 
-void StripedStore::Landed(Source& src, const std::vector<Queued>& mine, double busy_s) {
+void StripedStore::Landed(Source& src, const std::vector<Queued>& mine) {
   std::lock_guard<std::mutex> lock(mu_);
   uint64_t bytes = 0;
   for (const Queued& q : mine) {
@@ -239,8 +258,8 @@ void StripedStore::Landed(Source& src, const std::vector<Queued>& mine, double b
     --q.read->in_flight;
     --q.read->left;
   }
-  src.busy_s += busy_s;
   src.report.bytes += bytes;
+  Release(src, mine);
   landed_bytes_ += bytes;
   src.report.ranges += mine.size();
   src.report.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
@@ -252,6 +271,7 @@ void StripedStore::Landed(Source& src, const std::vector<Queued>& mine, double b
 
 void StripedStore::Failed(Source& src, const std::vector<Queued>& mine, const Status& why) {
   std::lock_guard<std::mutex> lock(mu_);
+  Release(src, mine);
   if (!src.dead) {
     src.dead = true;
     src.report.failure = why.message();
@@ -268,32 +288,45 @@ void StripedStore::Failed(Source& src, const std::vector<Queued>& mine, const St
   work_cv_.notify_all();
 }
 
-// The tail of a load: whether a worker of `src` should leave the queue to the
-// others, because they would fetch all of it before this worker fetched one
-// batch (at the rates measured so far). The fastest source, and a source not
-// measured yet, always take; so the queue is always drained. Re-asked
-// whenever the queue or the sources change.
-bool StripedStore::LeaveToOthers(const Source& src) const {
-  const double mine = src.WorkerRate();
-  if (mine <= 0) return false;
+// How many pieces a worker of `src` may take now (0: it leaves them to the
+// others). A source not measured yet fetches one piece at a time until it is.
+// Then the fastest source always takes (so the queue is always drained).
+// Another takes a batch when it would deliver it, after what it holds, no
+// later than the others would, after what they hold and what is queued: the
+// GPU pipeline queues a few blocks at a time and waits for each, so a piece
+// held by a slow source holds up its staging slot. Otherwise it may still
+// fetch one piece at a time (it keeps helping, and its rate stays measured)
+// while that piece would land before the others delivered all that is left
+// of the load, and leaves the load's tail to them. Re-asked whenever the
+// queue or the sources change.
+int StripedStore::MayTake(const Source& src) const {
+  const auto now = Clock::now();
+  const double mine = src.Rate(now);
+  if (mine <= 0) return src.fetching > 0 ? 0 : 1;
   double others = 0, fastest = 0;
+  uint64_t others_hold = 0;
   for (const auto& s : sources_) {
-    if (s->dead || s->WorkerRate() <= 0) continue;
-    const double rate = s->WorkerRate() * s->workers;
+    const double rate = s->dead ? 0 : s->Rate(now);
+    if (rate <= 0) continue;
     fastest = std::max(fastest, rate);
-    if (s.get() != &src) others += rate;
+    if (s.get() == &src) continue;
+    others += rate;
+    others_hold += s->fetching_bytes;
   }
-  if (others <= 0 || mine * src.workers >= fastest) return false;
-  uint64_t batch = 0;
-  for (size_t k = 0; k < queue_.size() && static_cast<int>(k) < src.take; ++k)
+  if (others <= 0 || mine >= fastest) return src.take;
+  uint64_t batch = 0, piece = 0;
+  for (size_t k = 0; k < queue_.size() && static_cast<int>(k) < src.take; ++k) {
     batch += queue_[k].read->pieces[queue_[k].piece].bytes;
+    if (k == 0) piece = batch;
+  }
+  if ((src.fetching_bytes + batch) / mine <= (others_hold + queued_bytes_) / others)
+    return src.take;
+  if (src.fetching > 0) return 0;
   // The bytes still to come: those queued, or, while the loader has more reads
-  // to issue (its GPU pipeline issues a few blocks at a time), what the
-  // checkpoint still holds beyond what has landed; a slow source leaves only
-  // the load's true tail to the others.
+  // to issue, what the checkpoint still holds beyond what has landed.
   const uint64_t landed = std::min(landed_bytes_, layout_.total_bytes);
   const uint64_t remaining = std::max(queued_bytes_, layout_.total_bytes - landed);
-  return batch / mine > remaining / others;
+  return piece / mine <= remaining / others ? 1 : 0;
 }
 
 std::string StripedStore::EveryFailure() const {

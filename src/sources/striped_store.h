@@ -75,13 +75,18 @@ class StripedStore final : public CheckpointStore {
   void Work(Source& src, size_t worker);
   // Under mu_: takes the pieces `src`'s next fetch gets (none: it stops).
   std::vector<Queued> Take(Source& src, size_t worker, std::unique_lock<std::mutex>& lock);
-  // Under mu_: a batch from the queue for each worker that has had none yet,
-  // dealt round-robin over the sources, so that every source is used (and
-  // measured) from the start however fast the others are.
+  // Under mu_: a piece from the queue for the first worker of each source
+  // that has had none yet, dealt round-robin over the sources, so that every
+  // source is used (and measured) from the start however fast the others are.
   void DealFirstBatches();
-  void Landed(Source& src, const std::vector<Queued>& mine, double busy_s);
+  // Under mu_: `ids` taken by a worker of `src` (its rate counts their time).
+  void Hold(Source& src, const std::vector<Queued>& ids);
+  // Under mu_: a batch `src` held has landed or failed.
+  void Release(Source& src, const std::vector<Queued>& ids);
+  void Landed(Source& src, const std::vector<Queued>& mine);
   void Failed(Source& src, const std::vector<Queued>& mine, const Status& why);
-  bool LeaveToOthers(const Source& src) const;
+  // Under mu_: how many pieces a worker of `src` may take now (0: none).
+  int MayTake(const Source& src) const;
   // A chunk fetched whole earlier for part of it: copies out what `p` needs.
   bool FromKept(Piece& p, Read& read);
   // Under mu_: `p`'s parts of its chunk are delivered; keeps the chunk
@@ -118,7 +123,7 @@ class StripedStore final : public CheckpointStore {
   std::vector<std::thread> threads_;
   std::vector<Source*> worker_source_;      // Per worker.
   std::vector<std::vector<Queued>> first_;  // Per worker: its dealt batch.
-  std::vector<bool> dealt_;                 // Per worker: it has had one.
+  std::vector<bool> dealt_;                 // Per worker: it has had one (or is not dealt one).
 };
 
 }  // namespace tensorlift::sources

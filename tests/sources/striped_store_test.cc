@@ -1,0 +1,131 @@
+// The striped store's scheduling, proven by construction with fake sources
+// that block until the test releases them (no timing): a source fetches one
+// piece alone until it is measured, so a slow source cannot hold more of the
+// load than its probe while the others deliver the rest.
+#include "sources/striped_store.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "../common/assert_ok.h"
+#include "../common/scratch_dir.h"
+#include "../load/test_files.h"
+#include "sources/striped_plan.h"
+#include "sources/striped_sources.h"
+#include "tensorlift/checkpoint.h"
+
+namespace tensorlift::sources {
+namespace {
+
+using test::ScratchDir;
+
+// Fills pieces from the shards' bytes held in memory; with `block`, its first
+// fetch waits until Release().
+class FakeSource final : public Source {
+ public:
+  FakeSource(std::string name, const std::vector<std::string>& files, int workers, bool block)
+      : Source(std::move(name)), files_(files), block_(block) {
+    this->workers = workers;
+    take = 4;
+  }
+  Status Fetch(const std::vector<const Piece*>& pieces) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      ++fetches_;
+      fetched_pieces_ += pieces.size();
+      cv_.notify_all();
+      if (block_) cv_.wait(lock, [&] { return released_; });
+    }
+    for (const Piece* p : pieces)
+      std::memcpy(p->dst, files_[p->shard].data() + p->file_offset, p->bytes);
+    return Status::Ok();
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  // Waits until fetches of `n` pieces have begun (true), or gives up after a
+  // minute (false: a safety net, not a timing).
+  bool WaitForPieces(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::minutes(1), [&] { return fetched_pieces_ >= n; });
+  }
+  int fetches() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fetches_;
+  }
+  size_t fetched_pieces() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fetched_pieces_;
+  }
+
+ private:
+  const std::vector<std::string>& files_;
+  const bool block_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int fetches_ = 0;
+  size_t fetched_pieces_ = 0;
+  bool released_ = false;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+TEST(StripedStoreTest, ASlowSourceHoldsOnlyItsProbeWhileTheOthersDeliverTheRest) {
+  ScratchDir dir("tl_striped_store");
+  const std::string path = dir.File("m.safetensors");
+  std::vector<testing::RawTensor> tensors;
+  for (int i = 0; i < 8; ++i)
+    tensors.push_back(testing::Random("t" + std::to_string(i), Dtype::kU8, {256 << 10}, i + 1));
+  testing::WriteRaw(path, tensors);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  const std::vector<std::string> files = {ReadAll(path)};
+
+  auto slow = std::make_unique<FakeSource>("slow", files, 4, /*block=*/true);
+  auto fast = std::make_unique<FakeSource>("fast", files, 1, /*block=*/false);
+  FakeSource* slow_p = slow.get();
+  FakeSource* fast_p = fast.get();
+  std::vector<std::unique_ptr<Source>> sources;
+  sources.push_back(std::move(slow));  // First: its first worker is dealt a piece first.
+  sources.push_back(std::move(fast));
+  StripedStore::Options options;
+  options.piece_bytes = 64 << 10;  // 32 pieces.
+  StripedStore store(LayOut(*ckpt), std::move(sources), options);
+
+  const Checkpoint::Shard& shard = ckpt->shards()[0];
+  const uint64_t begin = shard.header.data_offset();
+  const uint64_t length = shard.identity.size - begin;
+  std::vector<std::byte> into(length);
+  const CheckpointStore::Range range{&shard.path, begin, length, into.data()};
+  Status read;
+  std::thread reader([&] { read = store.ReadRanges({&range, 1}, {}); });
+  ASSERT_TRUE(slow_p->WaitForPieces(1));
+  // The fast source delivers everything but the slow one's probe: its other
+  // three workers wait for the probe to measure it, and take nothing.
+  const size_t pieces = length / options.piece_bytes;
+  ASSERT_TRUE(fast_p->WaitForPieces(pieces - 1));
+  EXPECT_EQ(fast_p->fetched_pieces(), pieces - 1);
+  EXPECT_EQ(slow_p->fetches(), 1);
+  EXPECT_EQ(slow_p->fetched_pieces(), 1u);
+  slow_p->Release();
+  reader.join();
+  ASSERT_OK(read);
+  EXPECT_EQ(std::memcmp(into.data(), files[0].data() + begin, length), 0);
+  EXPECT_EQ(slow_p->fetches(), 1);
+}
+
+}  // namespace
+}  // namespace tensorlift::sources
