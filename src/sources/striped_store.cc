@@ -319,14 +319,18 @@ int StripedStore::MayTake(const Source& src) const {
     batch += queue_[k].read->pieces[queue_[k].piece].bytes;
     if (k == 0) piece = batch;
   }
-  if ((src.fetching_bytes + batch) / mine <= (others_hold + queued_bytes_) / others)
-    return src.take;
+  // Hedged: a slow source's share is small, and a piece it holds too long is
+  // waited for (rates measured early, or while it shares the CPUs, are rough),
+  // so it holds what it delivers in half the others' time.
+  constexpr double kHedge = 0.5;
+  const double others_time = (others_hold + queued_bytes_) / others;
+  if ((src.fetching_bytes + batch) / mine <= kHedge * others_time) return src.take;
   if (src.fetching > 0) return 0;
   // The bytes still to come: those queued, or, while the loader has more reads
   // to issue, what the checkpoint still holds beyond what has landed.
   const uint64_t landed = std::min(landed_bytes_, layout_.total_bytes);
   const uint64_t remaining = std::max(queued_bytes_, layout_.total_bytes - landed);
-  return piece / mine <= remaining / others ? 1 : 0;
+  return piece / mine <= kHedge * (remaining / others) ? 1 : 0;
 }
 
 std::string StripedStore::EveryFailure() const {
