@@ -17,6 +17,15 @@ in objstore_bench.py); the peer runs for the whole benchmark. Medians of
 The target of issue 21: a load striped over two sources reaches at least 0.9x
 the sum of their separate throughputs (measured in the same state, same run).
 
+--hosts: independent sources. On one machine the bucket (rclone) and the peer
+share the loader's CPUs and disk, so a sum of their rates alone means little.
+With --hosts the peer and rclone run on hosts of their own, network namespaces
+(tests/python/cluster.py: their own IPC and /dev/shm, UCX over TCP), each host's
+link capped at --cap-mbit in both directions, and every load runs on a third
+host (uncapped) with the local copy: the network sources are then limited by their links,
+not by the loader's CPUs, and the sum of the sources alone is what striping can
+reach. Needs root (ip netns, tc).
+
 Output: a markdown table on stdout and in bench/out/striped.md, everything in
 bench/out/striped.json.
 """
@@ -44,15 +53,20 @@ SOURCES = ("disk", "s3", "peer")
 
 
 class Peer:
-    """`tensorlift serve DIR` in its own process, stopped by PID."""
+    """`tensorlift serve DIR` in its own process (on host 0 of `cluster`), stopped by PID."""
 
-    def __init__(self, cli, path, workdir):
+    def __init__(self, cli, path, workdir, cluster=None):
         ready = os.path.join(workdir, "peer.url")
         self.log = os.path.join(workdir, "peer.log")
         t0 = time.perf_counter()
+        cmd = [cli, "serve", path, "--ready-file", ready]
         with open(self.log, "wb") as log:
-            self.proc = subprocess.Popen([cli, "serve", path, "--ready-file", ready], stdout=log,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            if cluster is None:
+                self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            else:
+                cmd += ["--host", cluster.addr(0), "--transports", "tcp"]
+                self.proc = cluster.popen(0, cmd, stdout=log, stderr=subprocess.STDOUT,
+                                          env=dict(os.environ, UCX_TLS="tcp"))
         deadline = time.monotonic() + 300
         while not os.path.exists(ready):
             if self.proc.poll() is not None:
@@ -72,6 +86,29 @@ class Peer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class HostRclone:
+    """`rclone serve s3` on host 2 of `cluster` (as objstore_bench.Rclone on loopback)."""
+
+    def __init__(self, cluster, rclone, root, log_path):
+        self.cluster = cluster
+        self.port = ob.free_port()
+        self.endpoint = f"http://{cluster.addr(2)}:{self.port}"
+        self.log = open(log_path, "wb")
+        self.proc = cluster.popen(2, [rclone, "serve", "s3", "--addr", f"{cluster.addr(2)}:{self.port}",
+                                      "--auth-key", f"{ob.ACCESS_KEY},{ob.SECRET_KEY}", "--config", "/dev/null",
+                                      "--etag-hash", "", "-L", root], stdout=self.log, stderr=subprocess.STDOUT)
+        probe = ("import socket,sys,time\nfor _ in range(600):\n try:\n  socket.create_connection("
+                 f"('{cluster.addr(2)}',{self.port}),0.5).close(); sys.exit(0)\n except OSError: time.sleep(0.1)\n"
+                 "sys.exit(1)")
+        if cluster.run(1, [sys.executable, "-c", probe], timeout=90).returncode != 0:
+            self.stop()
+            raise RuntimeError(f"rclone on {self.endpoint} did not start")
+
+    def stop(self):
+        self.cluster.stop(self.proc)
+        self.log.close()
 
 
 # Every source at once onto the emulated device (its copies discarded: the peak RSS is host
@@ -160,23 +197,32 @@ def measure(args):
     n_tensors = sum(len(rs) for _, rs in ranges)
     tensor_bytes = sum(n for _, rs in ranges for _, n in rs)
     workdir = tempfile.mkdtemp(prefix="tl_striped_bench_")
-    peer = server = None
+    peer = server = cluster = None
     try:
+        if args.hosts:
+            sys.path.insert(0, os.path.join(ob.ROOT, "tests", "python"))
+            import cluster as cl  # noqa: E402
+            # The loader's host (1) uncapped: each network source is limited by its own link.
+            cluster = cl.Cluster(3, cap_mbit=[args.cap_mbit, None, args.cap_mbit])
         model = os.path.join(workdir, "root", ob.BUCKET, ob.PREFIX)
         os.makedirs(model)
         for p in files:
             os.symlink(p, os.path.join(model, os.path.basename(p)))
         url = f"s3://{ob.BUCKET}/{ob.PREFIX}"
-        peer = Peer(args.cli, ckpt_dir, workdir)
+        peer = Peer(args.cli, ckpt_dir, workdir, cluster)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update({"AWS_ACCESS_KEY_ID": ob.ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": ob.SECRET_KEY,
                     "AWS_REGION": ob.REGION, "AWS_EC2_METADATA_DISABLED": "true",
                     "AWS_CONFIG_FILE": os.path.join(workdir, "none"),
                     "AWS_SHARED_CREDENTIALS_FILE": os.path.join(workdir, "none")})
+        if cluster is not None:
+            env["UCX_TLS"] = "tcp"
         combos = [c for n in range(1, 4) for c in itertools.combinations(SOURCES, n)]
         combos.append(SOURCES + (DEVICE,))
+        where = (f"; peer and bucket on hosts of their own, links capped at {args.cap_mbit:g} Mbit/s each way"
+                 if cluster is not None else "")
         print(f"striped bench: {ckpt_dir}: {len(shards)} shards, {n_tensors} tensors, {tensor_bytes / 1e9:.2f} GB; "
-              f"peer {peer.url} (ready in {peer.ready_s:.1f} s); {args.runs} runs per cell", flush=True)
+              f"peer {peer.url} (ready in {peer.ready_s:.1f} s); {args.runs} runs per cell{where}", flush=True)
         script = os.path.join(HERE, "contender.py")
         raw = {}
         states_run = []
@@ -190,8 +236,12 @@ def measure(args):
                 for combo in order:
                     if server is not None:
                         server.stop()
-                    server = ob.Rclone(args.rclone, os.path.join(workdir, "root"),
-                                       os.path.join(workdir, "rclone.log"))
+                    if cluster is None:
+                        server = ob.Rclone(args.rclone, os.path.join(workdir, "root"),
+                                           os.path.join(workdir, "rclone.log"))
+                    else:
+                        server = HostRclone(cluster, args.rclone, os.path.join(workdir, "root"),
+                                            os.path.join(workdir, "rclone.log"))
                     run_env = dict(env, AWS_ENDPOINT_URL=server.endpoint)
                     if DEVICE in combo:
                         run_env["TENSORLIFT_EMULATED_DISCARD_COPIES"] = "1"
@@ -203,6 +253,8 @@ def measure(args):
                     elif ob.resident(shards)[0] < 1.0:
                         ob.read_through(files)
                     cmd = command(sys.executable, script, combo, ckpt_dir, url, peer.url)
+                    if cluster is not None:
+                        cmd = cluster.wrap(1, cmd)
                     try:
                         res = ob.run_child(cmd, run_env, args.timeout)
                         if res.get("bytes") != tensor_bytes:
@@ -220,6 +272,7 @@ def measure(args):
             "machine": ob.machine_info(),
             "checkpoint": ckpt_dir, "shards": len(shards), "tensors": n_tensors, "tensor_bytes": tensor_bytes,
             "runs_per_cell": args.runs, "states_run": states_run,
+            "hosts": {"cap_mbit": args.cap_mbit} if cluster is not None else None,
             "combos": [list(c) for c in combos],
             "raw": [{"combo": list(k[0]), "state": k[1], "runs": v} for k, v in raw.items()],
             "elapsed_s": time.time() - started,
@@ -229,6 +282,8 @@ def measure(args):
             server.stop()
         if peer is not None:
             peer.stop()
+        if cluster is not None:
+            cluster.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -242,6 +297,9 @@ def main():
     ap.add_argument("--rclone", default=os.path.join(ob.ROOT, ".venv-s3", "bin", "rclone"))
     ap.add_argument("--cli", default=os.path.join(ob.ROOT, "build", "tensorlift"))
     ap.add_argument("--out", default=os.path.join(ob.ROOT, "bench", "out", "striped.json"))
+    ap.add_argument("--hosts", action="store_true",
+                    help="the peer and the bucket on hosts of their own (network namespaces, capped links)")
+    ap.add_argument("--cap-mbit", type=float, default=1000.0, help="with --hosts: each link's cap, Mbit/s each way")
     args = ap.parse_args()
     args.states = [s for s in args.states.split(",") if s]
     signal.signal(signal.SIGTERM, lambda n, f: sys.exit(128 + n))

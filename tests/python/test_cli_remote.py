@@ -430,6 +430,41 @@ def test_two_hosts_over_veth(cli, ckpt, serving, two_hosts):
     assert r.stdout == load_checksums(cli, ckpt)
 
 
+def test_a_striped_fetch_from_a_seed_on_another_capped_host(cli, ckpt, tmp_path):
+    """tests/python/cluster.py: a seed on a host whose link is capped at 200 Mbit/s each way, a
+    striped fetch on another host from the seed and its local copy at once: the bytes are the
+    checkpoint's, each source gave some (every source's first piece is its own), and every process
+    and namespace the cluster made is gone after it."""
+    import cluster
+    why = cluster.reason()
+    if why:
+        pytest.skip(why)
+    ready = tmp_path / "seed-url"
+    with cluster.Cluster(2, cap_mbit=[200, None]) as c:
+        seed = c.popen(0, [cli, "serve", ckpt, *MODEL, "--host", c.addr(0), "--transports", "tcp", "--no-handover",
+                           "--ready-file", ready], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert seed.poll() is None, seed.stderr.read().decode()
+            assert time.monotonic() < deadline, "the seed did not start"
+            time.sleep(0.05)
+        url = ready.read_text().strip()
+        assert url.startswith(f"http://{c.addr(0)}:")
+        r = c.run(1, [cli, "fetch", url, *MODEL, "--stripe", "--stripe-cached", "--fallback", ckpt, "--transports",
+                      "tcp", "--checksum"], env=dict(os.environ, UCX_TLS="tcp"))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == load_checksums(cli, ckpt)
+        assert "2 source(s) at once, every chunk checked" in r.stderr, r.stderr
+        given = dict(re.findall(r"^  (\S+): (\d+) bytes in \d+ ranges$", r.stderr, re.M))
+        assert sorted(given) == sorted([url, f"disk:{ckpt}"]), r.stderr
+        assert all(int(b) > 0 for b in given.values()), r.stderr
+        names = c.names + [c.bridge]
+    assert seed.poll() is not None
+    assert c.namespaces_left() == []
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not any(n in listed.split() for n in names)
+
+
 def test_fetched_instance_becomes_a_seed(cli, ckpt, serving, etcd, tmp_path):
     a = serving(ckpt, *MODEL, "--registry", etcd, "--registry-ttl", TTL)
     ready = tmp_path / "seed-url"

@@ -1,0 +1,170 @@
+"""A cluster on one machine: hosts as network namespaces, for tests and benchmarks of loads
+between hosts (peers, buckets, striped loads).
+
+    with Cluster(3, cap_mbit=400) as c:
+        seed = c.popen(0, [cli, "serve", ckpt, "--host", c.addr(0), "--transports", "tcp", ...])
+        r = c.run(1, [cli, "fetch", url, ...])
+
+Each host is a namespace of its own (`tl<tag>h<i>`) with one veth into a bridge that lives in
+a namespace of its own (`tl<tag>br`), addresses 10.77.0.<i+1>/24 (they exist only inside the
+cluster's namespaces, so clusters of concurrent tests do not collide), loopback up. With
+`cap_mbit` (a number for every host, or a list with one per host, None for an uncapped one),
+each link is rate-capped in both directions with a token bucket (`tc ... tbf`): the host's side
+caps what it sends, the bridge's side what it receives. Processes started on a host
+(`popen`, `run`) get their own IPC namespace and their own /dev/shm (`unshare --ipc --mount`),
+so that nothing on one host reaches another through shared memory (UCX would otherwise pick
+shared memory between processes of one machine and bypass the caps); pass `--transports tcp`
+to UCX users as well.
+
+Every process started is stopped by its process group at close (SIGTERM, then SIGKILL), and
+every namespace made is deleted, also when the caller fails. `reason()` says why a cluster
+cannot be made here (not root, no iproute2 or tc, namespaces or veth refused), else None.
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+SUBNET = "10.77.0"
+
+
+def _run(argv, check=True):
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {r.stderr.strip() or r.stdout.strip()}")
+    return r
+
+
+def reason():
+    """Why a cluster cannot be made on this machine, or None."""
+    if os.geteuid() != 0:
+        return "needs root for ip netns"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    try:
+        with Cluster(2, cap_mbit=100):
+            pass
+    except RuntimeError as e:
+        return f"namespaces, veth pairs or tc refused here: {e}"
+    return None
+
+
+class Cluster:
+    def __init__(self, hosts, cap_mbit=None, tag=None):
+        if hosts < 1 or hosts > 200:
+            raise ValueError("hosts must be 1..200")
+        self.hosts = hosts
+        caps = cap_mbit if isinstance(cap_mbit, (list, tuple)) else [cap_mbit] * hosts
+        if len(caps) != hosts:
+            raise ValueError("cap_mbit: one per host")
+        self.caps = list(caps)
+        self.tag = tag if tag is not None else f"{os.getpid() % 100000}{int(time.monotonic() * 1000) % 1000}"
+        self.bridge = f"tl{self.tag}br"
+        self.names = [f"tl{self.tag}h{i}" for i in range(hosts)]
+        self.made = []   # namespaces made, deleted at close
+        self.procs = []  # every process started, stopped at close
+        try:
+            self._make()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def addr(self, i):
+        """Host i's address (it exists only inside the cluster)."""
+        return f"{SUBNET}.{i + 1}"
+
+    def _netns(self, name):
+        _run(["ip", "netns", "add", name])
+        self.made.append(name)
+        _run(["ip", "-n", name, "link", "set", "lo", "up"])
+
+    def _make(self):
+        self._netns(self.bridge)
+        _run(["ip", "-n", self.bridge, "link", "add", "br0", "type", "bridge"])
+        _run(["ip", "-n", self.bridge, "link", "set", "br0", "up"])
+        for i, ns in enumerate(self.names):
+            self._netns(ns)
+            # Made inside the namespaces, so the names need only be unique within each.
+            _run(["ip", "link", "add", "name", "eth0", "netns", ns, "type", "veth", "peer", "name", f"p{i}",
+                  "netns", self.bridge])
+            _run(["ip", "-n", self.bridge, "link", "set", f"p{i}", "master", "br0", "up"])
+            _run(["ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0"])
+            _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+            if self.caps[i]:
+                self._cap(ns, "eth0", self.caps[i])
+                self._cap(self.bridge, f"p{i}", self.caps[i])
+
+    def _cap(self, ns, dev, mbit):
+        # burst: at least one 1 ms of traffic and 64 KiB (a GSO segment); latency bounds the queue.
+        rate = int(mbit * 1e6)
+        burst = max(64 << 10, rate // 8 // 1000)
+        _run(["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate",
+              f"{rate}bit", "burst", str(burst), "latency", "50ms"])
+        # Segmentation offloads would hand tbf 64 KiB super-packets; off, it shapes real packets.
+        _run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off"],
+             check=False)
+
+    def wrap(self, i, argv):
+        """argv run on host i: its network namespace, an IPC namespace and a /dev/shm of its own."""
+        return ["ip", "netns", "exec", self.names[i], "unshare", "--ipc", "--mount", "--propagation", "private",
+                "sh", "-c", 'mount -t tmpfs -o size=1g tmpfs /dev/shm && exec "$@"', "sh"] + [str(a) for a in argv]
+
+    def popen(self, i, argv, **kw):
+        """Starts argv on host i in a process group of its own; stopped at close."""
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        p = subprocess.Popen(self.wrap(i, argv), start_new_session=True, **kw)
+        self.procs.append(p)
+        return p
+
+    def run(self, i, argv, timeout=300, **kw):
+        """argv on host i to its end (killed with its group after `timeout` s); a CompletedProcess."""
+        p = self.popen(i, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self._stop(p)
+            out, err = p.communicate()
+            err += f"\n(killed after {timeout} s)"
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+    @staticmethod
+    def _stop(p):
+        if p.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                p.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def stop(self, p):
+        """Stops one process started here (its group), as close does."""
+        self._stop(p)
+
+    def close(self):
+        for p in reversed(self.procs):
+            self._stop(p)
+        self.procs = []
+        for ns in reversed(self.made):
+            _run(["ip", "netns", "del", ns], check=False)
+        self.made = []
+
+    def namespaces_left(self):
+        """The cluster's namespaces that exist now (none after close)."""
+        r = _run(["ip", "netns", "list"], check=False)
+        mine = set(self.names) | {self.bridge}
+        return sorted(line.split()[0] for line in r.stdout.splitlines() if line.split() and line.split()[0] in mine)
