@@ -1,13 +1,9 @@
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
+// OpReader (read_op.h): one op read synchronously, through a scratch buffer for
+// bounce and row ops; the engines' file checks.
 #include <cstdlib>
 #include <cstring>
 
 #include "common/checked_math.h"
-#include "common/posix_file.h"
-#include "io/faults.h"
 #include "io/read_op.h"
 
 namespace tensorlift {
@@ -44,16 +40,8 @@ Status OpReader::Read(int fd, const ReadOp& op) {
   const uint64_t span = a1 - a0;
   TL_RETURN_IF_ERROR(Grow(span));
   const uint64_t need = op.offset + op.length - a0;  // Bytes of the span we must get.
-  uint64_t done = 0;
-  while (done < need) {
-    ssize_t r = io::Pread(fd, scratch_ + done, span - done, static_cast<off_t>(a0 + done));
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return PosixError("read at offset " + std::to_string(a0 + done), errno);
-    }
-    if (r == 0) return ShortReadError(done, need, a0);
-    done += static_cast<uint64_t>(r);
-  }
+  // The span may run past the end of the file (its last block): only `need` must come.
+  TL_RETURN_IF_ERROR(ReadAtLeast(fd, scratch_, a0, span, need));
   std::memcpy(op.dest, scratch_ + (op.offset - a0), op.length);
   return Status::Ok();
 }
