@@ -42,7 +42,9 @@ def run_engine(cmd, env, expect_ok=True):
         raise AssertionError(f"{cmd[1:]} did not finish in 600 s:\n{out[-6000:]}") from None
     p = subprocess.CompletedProcess(cmd, proc.returncode, out)
     if expect_ok:
-        assert p.returncode == 0, p.stdout[-4000:]
+        # The exit status too: a negative one is the signal that ended the engine (its output may
+        # then stop without an error).
+        assert p.returncode == 0, f"exit status {p.returncode}:\n{p.stdout[-4000:]}"
         result = [line for line in p.stdout.splitlines() if line.startswith('{"tokens"')]
         assert result, p.stdout[-4000:]
         return dict(json.loads(result[-1]), output=p.stdout)
