@@ -27,7 +27,9 @@
 
 namespace tensorlift {
 
-class ReadEngine;  // The library's (src/io/read_op.h): how a load's reads are run.
+class ReadEngine;    // The library's (src/io/read_op.h): how a load's reads are run.
+class DirectReader;  // The library's (src/io/direct_reader.h): reads into device memory.
+class Device;
 
 // The limit on the size of an index file (real ones are well under 1 MB).
 inline constexpr uint64_t kMaxIndexSize = 256ull << 20;
@@ -80,6 +82,12 @@ class CheckpointStore {
   // files, by the index its reads name them with (the checkpoint's shards).
   // The default issues them through ReadRanges, many at once.
   virtual std::unique_ptr<ReadEngine> MakeReadEngine(std::vector<std::string> paths);
+  // Reads of this store's files (`files` of them, numbered as the
+  // checkpoint's shards) straight into `device`'s memory, for a load onto it
+  // (LoadOptions::gds: off never asks); an error says why not, and the load
+  // then goes through pinned host staging. The default: Unimplemented.
+  virtual Result<std::unique_ptr<DirectReader>> MakeDirectReader(
+      const std::shared_ptr<Device>& device, size_t files);
   // Whether reads should land at addresses congruent to their file offsets
   // modulo 4 KiB (a store that reads local files with O_DIRECT): the loader
   // then places a file's tensors as it does for O_DIRECT reads.

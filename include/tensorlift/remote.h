@@ -268,8 +268,11 @@ struct PeerLoadOptions {
   // in the device's memory when the loaded UCX can write it (a GPU's needs a
   // UCX built with CUDA, e.g. PyPI's libucx-cu12 through TENSORLIFT_UCX_LIB),
   // each chunk checked on a staged copy in pinned host memory; otherwise they
-  // land in two windows of pinned host memory (32 MiB each), are checked
-  // there and copied up while the next window's bytes arrive. The disk
+  // land in the GPU pipeline's pinned staging slots (fallback_load's
+  // staging_bytes and staging_buffers), are checked there and copied up
+  // while the next blocks' bytes arrive. A pull is a load of the
+  // destination's tensors as a store's file: fallback_load's options that do
+  // not shape the tensors (progress, staging, fault_threads) apply to it. The disk
   // fallback loads straight onto the device, a tensor-parallel rank's slices
   // included, also through fallback_open (a fallback_loader's sliced load is
   // whole tensors, cut in host memory and copied up). fallback_load.device

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "io/direct_reader.h"
 #include "io/read_op.h"
 
 namespace tensorlift {
@@ -75,6 +76,11 @@ class StoreEngine final : public ReadEngine {
 std::unique_ptr<ReadEngine> CheckpointStore::MakeReadEngine(std::vector<std::string> paths) {
   return std::make_unique<StoreEngine>(
       *this, std::make_unique<const std::vector<std::string>>(std::move(paths)));
+}
+
+Result<std::unique_ptr<DirectReader>> CheckpointStore::MakeDirectReader(
+    const std::shared_ptr<Device>& /*device*/, size_t /*files*/) {
+  return UnimplementedError("this store's bytes come through host memory");
 }
 
 Status ReadFromStore(CheckpointStore& store, const std::string& path, uint64_t offset,

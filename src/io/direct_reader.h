@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "tensorlift/status.h"
 
@@ -25,6 +26,21 @@ class DirectReader {
   // `device_base` + `offset`; all of them or an error. Thread-safe.
   virtual Status Read(uint32_t file, std::byte* device_base, uint64_t offset, uint64_t bytes,
                       uint64_t file_offset) = 0;
+  // One Read's arguments.
+  struct Request {
+    std::byte* device_base = nullptr;
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    uint64_t file_offset = 0;
+  };
+  // Every read of `file` in `reads` (a block's: a reader that checks what
+  // lands by larger units sees them together). The default: Read each.
+  virtual Status ReadBatch(uint32_t file, std::span<const Request> reads) {
+    for (const Request& r : reads) {
+      TL_RETURN_IF_ERROR(Read(file, r.device_base, r.offset, r.bytes, r.file_offset));
+    }
+    return Status::Ok();
+  }
 };
 
 // A DirectReader through cuFile (CuFileDriver) for files numbered 0 to

@@ -171,10 +171,14 @@ Status DevicePipeline::PlanFiles() {
 
 void DevicePipeline::OpenDirectReader(bool allow_gds, const std::string& gds_note) {
   gds_reason_ = gds_note;
+  // A store's files: its own reader into device memory, when it has one.
+  const std::shared_ptr<CheckpointStore>& store = ckpt_.store();
+  const std::string what = store ? "straight to the device" : "GDS";
   if (allow_gds) {
-    Result<std::unique_ptr<DirectReader>> opened = trace_ && trace_->open_direct_reader
-                                                       ? trace_->open_direct_reader()
-                                                       : OpenCuFileReader(jobs_.size());
+    Result<std::unique_ptr<DirectReader>> opened =
+        trace_ && trace_->open_direct_reader ? trace_->open_direct_reader()
+        : store                              ? store->MakeDirectReader(device_, jobs_.size())
+                                             : OpenCuFileReader(jobs_.size());
     if (opened.ok()) {
       gds_ = std::move(opened).value();
       for (uint32_t f = 0; f < jobs_.size() && gds_; ++f) {
@@ -182,18 +186,19 @@ void DevicePipeline::OpenDirectReader(bool allow_gds, const std::string& gds_not
         const int fd = jobs_[f].direct.fd() >= 0 ? jobs_[f].direct.fd() : jobs_[f].buffered.fd();
         Status st = gds_->AddFile(f, fd);
         if (!st.ok()) {
-          gds_reason_ = "GDS refused " + jobs_[f].shard->path + ": " + st.message();
+          gds_reason_ = what + " refused " + jobs_[f].shard->path + ": " + st.message();
           gds_.reset();
         }
       }
-    } else {
-      gds_reason_ = "GDS unavailable: " + opened.status().message();
+    } else if (!store || opened.status().code() != StatusCode::kUnimplemented) {
+      // (A store without such a reader has nothing to say.)
+      gds_reason_ = what + " unavailable: " + opened.status().message();
     }
   }
   for (auto& job : jobs_) {
     if (job.wanted.empty()) continue;
     job.report.gds = gds_ != nullptr;
-    const std::string how = gds_                  ? "read straight to the device (GDS)"
+    const std::string how = gds_                  ? "read straight to the device (" + what + ")"
                             : gds_reason_.empty() ? ""
                                                   : gds_reason_ + "; pinned staging instead";
     if (!how.empty()) job.report.reason += (job.report.reason.empty() ? "" : "; ") + how;
@@ -300,15 +305,18 @@ Result<LoadedCheckpoint> LoadThroughDevice(const Checkpoint& checkpoint, const L
                                            const std::shared_ptr<Device>& device,
                                            PipelineTrace* trace) {
   const DeviceType type = device->kind();
-  // GDS only for CUDA devices (or a test's reader), only when asked, and only
-  // for local files (a store's bytes come through the host).
+  // GDS only for CUDA devices (or a test's reader) and only when asked; a
+  // store's files through the store's own reader into device memory when it
+  // has one (MakeDirectReader), whatever the device.
   const bool allow_gds =
-      options.gds && !checkpoint.store() &&
-      (device->kind() == DeviceType::kCuda || (trace && trace->open_direct_reader));
+      options.gds && (checkpoint.store() || device->kind() == DeviceType::kCuda ||
+                      (trace && trace->open_direct_reader));
   std::string gds_failure;
   auto got =
       DevicePipeline::Run(checkpoint, options, device, type, trace, allow_gds, "", &gds_failure);
-  if (got.ok() || gds_failure.empty()) return got;
+  // A store's reader failing is the store's failure (its bytes, its source):
+  // reading them again through staging would ask the same source again.
+  if (got.ok() || gds_failure.empty() || checkpoint.store()) return got;
   // A GDS read failed: everything of that attempt is freed; load again
   // through pinned staging at once, saying why.
   if (trace) trace->blocks.clear();

@@ -156,16 +156,16 @@ Result<std::byte*> DevicePipeline::SlotMemory(int slot) {
 }
 
 Status DevicePipeline::ReadDirect(uint32_t file, const DeviceBlock& block, int slot) {
+  std::vector<DirectReader::Request> reads;
+  reads.reserve(block.copies.size());
   for (const BlockCopy& c : block.copies) {
     std::byte* base = c.convert ? scratch_->data() : jobs_[file].buffer->data();
     const uint64_t offset = c.convert ? slot * scratch_slot_ + c.scratch_offset : c.dst_offset;
-    Status st = gds_->Read(file, base, offset, c.bytes, block.read_offset + c.slot_offset);
-    if (!st.ok()) {
-      gds_failed_ = true;
-      return st;
-    }
+    reads.push_back({base, offset, c.bytes, block.read_offset + c.slot_offset});
   }
-  return Status::Ok();
+  Status st = gds_->ReadBatch(file, reads);
+  if (!st.ok()) gds_failed_ = true;
+  return st;
 }
 
 uint64_t DevicePipeline::CopyBlocks(ProgressReporter& reporter) {

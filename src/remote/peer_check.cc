@@ -11,7 +11,6 @@
 #include "remote/control.h"
 #include "remote/handover.h"
 #include "remote/manifest.h"
-#include "remote/peer_plan.h"
 #include "remote/peer_pull.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/sparse.h"

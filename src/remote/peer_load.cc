@@ -4,8 +4,9 @@
 // what was pulled. docs/remote.md, "Pulling".
 //
 // The steps: peer_pull.h (Puller: a pull from one group of source ranks),
-// peer_plan.h (the gets and where they land), peer_content.h (the content
-// check); here, finding the sources, trying them, and the fallback.
+// peer_store.h (the pull as a store's file, loaded by Load), peer_content.h
+// (the content check); here, finding the sources, trying them, and the
+// fallback.
 #include <algorithm>
 #include <chrono>
 #include <map>

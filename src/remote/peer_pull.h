@@ -1,7 +1,8 @@
 // LoadFromPeer's pull from one group of source ranks (Puller), private to
 // remote/: the steps are defined in peer_check.cc (sessions, and what the
 // sources serve checked against the key, each other and the fallback
-// checkpoint) and peer_pull.cc (the gets, their checks, the result).
+// checkpoint) and peer_pull.cc (a handover, or the load of the pull's store,
+// peer_store.h, and the result).
 #ifndef TENSORLIFT_REMOTE_PEER_PULL_H_
 #define TENSORLIFT_REMOTE_PEER_PULL_H_
 
@@ -17,7 +18,7 @@
 #include "remote/control.h"
 #include "remote/manifest.h"
 #include "remote/peer_access.h"
-#include "remote/peer_plan.h"
+#include "remote/peer_store.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/loader.h"
@@ -92,51 +93,17 @@ class Puller {
   static Status CheckRanksAgree(const ManifestTensor& t, const std::vector<const Control*>& group,
                                 const std::vector<Source>& sources, std::string* failed_url);
 
-  // Pulls source rank `r`'s part of the destination into `buffer`: the gets,
-  // then the copies out of the staging chunks, once every chunk has checked
-  // out. False when the rank holds nothing the destination wants.
-  Result<bool> PullRank(int r, int n, const std::string& url, const std::vector<Wanted>& wanted,
-                        Landing& landing, Source* src) const;
-
   // Connects to the source's UCX worker and adds its manifest's regions.
   Status ConnectSource(const std::string& url, Source* src) const;
 
-  // Runs the plan's gets, checking each chunk's XXH3 against the manifest as
-  // it lands; counts the bytes in src->pulled.
-  Status GetVerified(const std::string& url, const RankPlan& plan, Landing& landing,
-                     Source* src) const;
-
-  // A bounced landing's gets: in windows of pinned host memory (the staging
-  // chunks' where planned), each chunk checked there, then copied up while
-  // the next window's gets run.
-  Status GetBounced(const std::string& url, const RankPlan& plan, Landing& landing,
-                    Source* src) const;
-
-  // kCorruption naming the chunk when `sum` is not the manifest's.
-  static Status CheckChunk(const std::string& url, const Manifest& mf, const RankPlan::Chunk& c,
-                           uint64_t bytes, uint64_t sum);
-
-  // Checks the chunks of `gets` that landed in device memory: copied to
-  // pinned host memory in windows of about 16 MiB (two, so that the next
-  // window's copy runs while this one is hashed) and hashed there.
-  static Status CheckStaged(const std::string& url, const Manifest& mf, const RankPlan& plan,
-                            const std::vector<size_t>& gets, Landing& landing);
-
-  // Where the pull lands: straight on the destination device when UCX can
-  // write its memory (a GPU's with a CUDA build of UCX; the emulated device's
-  // through its host mapping), else bounced through pinned host windows;
-  // host memory without a device.
-  Status Allocate(uint64_t total, Landing* landing) const;
-
-  // The pulled tensors (views into the landing buffer, which owns them) and
-  // each one's shard.
-  static void AddPulledTensors(const std::vector<Wanted>& wanted, const Landing& landing,
-                               CheckpointBuilder* out, std::vector<ShardOf>* shards);
+  // The load of the pull's file: the fallback's options but those that shape
+  // the tensors (the key's), onto the destination.
+  LoadOptions PullLoadOptions() const;
 
   // One file report per source rank: its endpoint, transports and bytes.
-  static void AddSourceReports(const std::vector<const Control*>& group,
-                               const std::vector<Source>& sources, const Landing& landing,
-                               CheckpointBuilder* out);
+  void AddSourceReports(const std::vector<const Control*>& group,
+                        const std::vector<Source>& sources, bool direct,
+                        CheckpointBuilder* out) const;
 
   const PeerKey& key_;
   const PeerLoadOptions& options_;

@@ -16,7 +16,7 @@
 #   peer_load.cc     LoadFromPeer: finding sources, trying them, the fallback; with
 #   peer_pull.cc     Puller: a pull from one group of source ranks (gets, chunk checks),
 #   peer_check.cc    its sessions and manifests checked against the key, each other, the fallback,
-#   peer_plan.cc     the gets of each source rank and where they land,
+#   peer_store.cc    the pull as a store's file: gets from each source rank, each chunk checked,
 #   peer_content.cc  PeerKey::content checked on the bytes received.
 #   ucx_transport.cc the UCX data plane (TENSORLIFT_WITH_UCX = AUTO | ON | OFF),
 #                    else ucx_none.cc says "built without UCX" at run time; with
@@ -46,7 +46,7 @@ add_library(tl_remote STATIC
   remote/peer_load.cc
   remote/peer_pull.cc
   remote/peer_check.cc
-  remote/peer_plan.cc
+  remote/peer_store.cc
   remote/peer_content.cc
   remote/peer_reader.cc
 )
@@ -71,6 +71,6 @@ if(TENSORLIFT_HAVE_UCX)
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)
-  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/registry_entry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_plan.cc remote/peer_content.cc remote/slice.cc
+  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/registry_entry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_store.cc remote/peer_content.cc remote/slice.cc
     PROPERTIES COMPILE_OPTIONS "-Wno-maybe-uninitialized")
 endif()

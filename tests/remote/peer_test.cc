@@ -420,6 +420,36 @@ void ExpectTensors(const LoadedCheckpoint& got, const std::vector<RawTensor>& te
   }
 }
 
+// A pull is a load of the store's file: onto a device, its blocks (here 192
+// KiB, against the source's 1 MiB chunks) go straight into the device's
+// memory, or through pinned staging when UCX cannot write it; either way a
+// chunk that two blocks share is got once (kept, checked, until both have
+// their parts), and LoadOptions of the fallback that do not shape the tensors
+// (progress, staging) apply to the pull.
+TEST_F(PeerTest, APullOntoADeviceGetsEachChunkOnceWhateverItsBlocks) {
+  auto server = Start(Serve());
+  ASSERT_NE(server, nullptr);
+  for (bool straight : {true, false}) {
+    SCOPED_TRACE(straight ? "straight into the device" : "through pinned staging");
+    if (!straight) remote::BounceDevicePullsForTesting(1 << 20);
+    auto opts = Pull({server->url()});
+    opts.device = DeviceId::Emulated();
+    opts.fallback_load.staging_bytes = 192 << 10;
+    uint64_t last_progress = 0;
+    opts.fallback_load.progress = [&](const Progress& p) { last_progress = p.bytes_done; };
+    PeerLoadReport report;
+    auto got = LoadFromPeer(key_, opts, &report);
+    remote::BounceDevicePullsForTesting(0);
+    ASSERT_OK(got);
+    ASSERT_EQ(got->files().size(), 1u);
+    EXPECT_EQ(got->files()[0].gds, straight);
+    EXPECT_EQ(report.bytes, got->total_bytes());
+    EXPECT_EQ(got->files()[0].bytes, got->total_bytes());
+    EXPECT_EQ(last_progress, got->total_bytes());
+    ExpectTensors(*got, tensors_, 1, 0, &PeerTest::Expected);
+  }
+}
+
 TEST_F(PeerTest, ServesFromADevicesMemory) {
   // Sources hold their tensors on the device (whole, or their slices cut in
   // host memory and copied up) and serve that memory; pulls, whole and

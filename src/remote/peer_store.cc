@@ -1,0 +1,513 @@
+// PeerStore (peer_store.h): the destination's tensors as one file whose
+// bytes are gets from the source ranks, every chunk checked.
+#include "remote/peer_store.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/checked_math.h"
+#include "device/device.h"
+#include "io/direct_reader.h"
+#include "remote/peer_faults.h"
+#include "tensorlift/checksum.h"
+#include "tensorlift/text.h"
+
+namespace tensorlift::remote {
+namespace {
+
+// kCorruption naming the chunk when `sum` is not the manifest's.
+Status CheckChunk(const std::string& url, const Manifest& mf, const ManifestTensor& t,
+                  uint64_t index, uint64_t bytes, uint64_t sum) {
+  if (sum == t.chunk_xxh3[index]) return Status::Ok();
+  return CorruptionError(url + ": tensor '" + t.name + "' chunk " + std::to_string(index) +
+                         " (bytes " + std::to_string(index * mf.chunk_bytes) + ".." +
+                         std::to_string(index * mf.chunk_bytes + bytes) + "): XXH3 " + HexU64(sum) +
+                         ", the manifest says " + HexU64(t.chunk_xxh3[index]));
+}
+
+// A get of one whole chunk: into its place, or into `staged` (a buffer of
+// its own) whose deliveries are copied out once it checks out.
+struct Delivery {
+  uint64_t from = 0;  // In the chunk.
+  uint64_t bytes = 0;
+  std::byte* to = nullptr;
+  size_t range = 0;
+};
+struct ChunkGet {
+  const ManifestTensor* tensor = nullptr;
+  uint64_t index = 0;
+  size_t range = 0;  // Whose bytes (landed straight).
+  std::shared_ptr<std::byte[]> staged;
+  std::vector<Delivery> deliveries;
+  uint64_t needed = 0;  // Staged: the chunk's bytes the destination wants, all its reads'.
+};
+
+}  // namespace
+
+// Where a fetch lands: host memory (no device), or a device's memory at the
+// addresses UCX writes (`device_address` gives the device's own), each chunk
+// checked on a copy staged back in pinned host memory.
+struct FetchTarget {
+  std::shared_ptr<Device> device;
+  DeviceStream* stream = nullptr;
+  std::function<std::byte*(std::byte* visible)> device_address;
+};
+
+namespace {
+
+// The bytes of source range [begin, end) that `pieces` (increasing) take.
+uint64_t NeededOf(const std::vector<CopyPiece>& pieces, uint64_t begin, uint64_t end) {
+  uint64_t n = 0;
+  auto p = std::partition_point(pieces.begin(), pieces.end(), [&](const CopyPiece& c) {
+    return c.src_offset + c.bytes <= begin;
+  });
+  for (; p != pieces.end() && p->src_offset < end; ++p) {
+    n += std::min(end, p->src_offset + p->bytes) - std::max(begin, p->src_offset);
+  }
+  return n;
+}
+
+// Checks the chunks `which` of `gets` that landed in device memory: copied to
+// pinned host memory in windows of at least 16 MiB (two, so that the next
+// window's copy runs while this one is hashed) and hashed there.
+Status CheckOnDevice(const StoreSource& src, const std::vector<UcxClient::Get>& gets,
+                     const std::vector<ChunkGet>& chunks, const std::vector<size_t>& which,
+                     FetchTarget& target) {
+  uint64_t largest = 0;
+  for (size_t k : which) largest = std::max(largest, gets[k].bytes);
+  const uint64_t window = std::max<uint64_t>(largest, 16ull << 20);
+  // Windows: runs of gets (in landing order) whose bytes fit in one window.
+  std::vector<std::pair<size_t, size_t>> windows;  // [begin, end) in `which`.
+  for (size_t b = 0; b < which.size();) {
+    size_t e = b;
+    for (uint64_t used = 0; e < which.size() && used + gets[which[e]].bytes <= window; ++e) {
+      used += gets[which[e]].bytes;
+    }
+    windows.push_back({b, e});
+    b = e;
+  }
+  std::shared_ptr<Buffer> staging[2];
+  std::unique_ptr<DeviceEvent> copied[2];
+  for (int k = 0; k < 2 && k < static_cast<int>(windows.size()); ++k) {
+    TL_ASSIGN_OR_RETURN(staging[k], target.device->AllocatePinned(window));
+    TL_ASSIGN_OR_RETURN(copied[k], target.device->CreateEvent());
+  }
+  auto issue = [&](size_t w) -> Status {
+    std::byte* to = staging[w % 2]->data();
+    for (size_t j = windows[w].first; j < windows[w].second; ++j) {
+      const UcxClient::Get& g = gets[which[j]];
+      TL_RETURN_IF_ERROR(target.stream->CopyToHost(
+          to, target.device_address(static_cast<std::byte*>(g.dst)), g.bytes));
+      to += g.bytes;
+    }
+    return target.stream->Record(*copied[w % 2]);
+  };
+  auto check = [&]() -> Status {
+    TL_RETURN_IF_ERROR(issue(0));
+    for (size_t w = 0; w < windows.size(); ++w) {
+      TL_RETURN_IF_ERROR(copied[w % 2]->Synchronize());
+      if (w + 1 < windows.size()) TL_RETURN_IF_ERROR(issue(w + 1));
+      const std::byte* at = staging[w % 2]->data();
+      for (size_t j = windows[w].first; j < windows[w].second; ++j) {
+        const ChunkGet& c = chunks[which[j]];
+        const uint64_t bytes = gets[which[j]].bytes;
+        TL_RETURN_IF_ERROR(
+            CheckChunk(src.url, *src.manifest, *c.tensor, c.index, bytes, Xxh3_64(at, bytes)));
+        at += bytes;
+      }
+    }
+    return Status::Ok();
+  };
+  const Status checked = check();
+  // No copy into the staging buffers may run once they are freed.
+  const Status drained = target.stream->Synchronize();
+  return checked.ok() ? drained : checked;
+}
+
+}  // namespace
+
+uint64_t Elements(const std::vector<int64_t>& shape) {
+  uint64_t n = 1;
+  for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+  return n;
+}
+
+Result<std::shared_ptr<PeerStore>> PeerStore::Make(std::vector<Wanted> wanted,
+                                                   std::vector<StoreSource>* sources,
+                                                   const Options& options) {
+  std::shared_ptr<PeerStore> s(new PeerStore());
+  s->sources_ = sources;
+  s->options_ = options;
+  const int n = static_cast<int>(sources->size());
+  const std::string& url = (*sources)[0].url;
+  // The file: the tensors one after another, in name order.
+  std::string json = "{";
+  uint64_t at = 0;
+  for (const Wanted& w : wanted) {
+    s->begin_.push_back(at);
+    if (!CheckedAdd(at, w.nbytes, &at) || at > ManifestLimits().max_total_bytes) {
+      return CorruptionError(url + ": the tensors' bytes exceed the limit");
+    }
+    if (json.size() > 1) json += ',';
+    AppendJsonString(w.name, &json);
+    json += ":{\"dtype\":" + JsonString(DtypeName(w.dtype)) + ",\"shape\":[";
+    for (size_t d = 0; d < w.shape.size(); ++d) {
+      json += (d ? "," : "") + std::to_string(w.shape[d]);
+    }
+    json +=
+        "],\"data_offsets\":[" + std::to_string(s->begin_.back()) + "," + std::to_string(at) + "]}";
+    // What each source rank gives of it.
+    std::vector<Part> parts(n);
+    for (int r = 0; r < n; ++r) {
+      const ManifestTensor* t = (*sources)[r].manifest->Find(w.name);
+      parts[r].tensor = t;
+      if (t == nullptr || t->nbytes == 0) continue;
+      if (w.dim < 0) {
+        // Whole: one rank sends it (the one the destination's rank falls on).
+        if (r == options.parallel_rank % n) parts[r].pieces.push_back({0, 0, t->nbytes});
+      } else {
+        const IndexRange src{t->shard_start, t->shape[w.dim]};
+        const uint32_t bits = static_cast<uint32_t>(DtypeBits(w.dtype));
+        TL_ASSIGN_OR_RETURN(parts[r].pieces, SlicePieces(w.full_shape, bits, w.dim, src, w.range));
+      }
+    }
+    s->parts_.push_back(std::move(parts));
+  }
+  json += '}';
+  json.append((8 - json.size() % 8) % 8, ' ');
+  const uint64_t len = json.size();
+  for (int i = 0; i < 8; ++i) s->header_ += static_cast<char>((len >> (8 * i)) & 0xff);
+  s->header_ += json;
+  s->file_size_ = s->header_.size() + at;
+  s->wanted_ = std::move(wanted);
+  return s;
+}
+
+bool PeerStore::Uses(int r) const {
+  for (const std::vector<Part>& parts : parts_) {
+    if (!parts[r].pieces.empty()) return true;
+  }
+  return false;
+}
+
+Result<bool> PeerStore::IsDirectory(const std::string& path) {
+  if (path == kPath) return false;
+  return NotFoundError(path + ": not this pull's file");
+}
+
+Result<std::vector<CheckpointStore::Entry>> PeerStore::List(const std::string& path) {
+  return NotFoundError(path + ": not a directory");
+}
+
+Result<std::string> PeerStore::ReadSmall(const std::string& path, uint64_t /*limit*/) {
+  return NotFoundError(path + ": a pull's file is read as a checkpoint");
+}
+
+Result<Header> PeerStore::ReadHeader(const std::string& path, FileIdentity* identity) {
+  TL_ASSIGN_OR_RETURN(const bool directory, IsDirectory(path));
+  (void)directory;
+  auto h = Header::ParsePrefix({reinterpret_cast<const std::byte*>(header_.data()), header_.size()},
+                               file_size_);
+  if (!h.ok()) return h.status().WithContext(path);
+  if (identity) {
+    *identity = FileIdentity();
+    identity->size = file_size_;
+  }
+  return h;
+}
+
+std::string PeerStore::Describe(const std::string& /*path*/) const {
+  return "peer: gets from the source ranks, every chunk checked";
+}
+
+void PeerStore::Map(uint64_t begin, uint64_t bytes, std::byte* dst, size_t range,
+                    std::vector<std::vector<std::vector<Seg>>>* segs) const {
+  const uint64_t end = begin + bytes;
+  // The first tensor ending after `begin`.
+  size_t i =
+      static_cast<size_t>(std::upper_bound(begin_.begin(), begin_.end(), begin) - begin_.begin());
+  i = i == 0 ? 0 : i - 1;
+  for (; i < wanted_.size() && begin_[i] < end; ++i) {
+    const uint64_t lo = std::max(begin, begin_[i]);
+    const uint64_t hi = std::min(end, begin_[i] + wanted_[i].nbytes);
+    if (lo >= hi) continue;
+    const uint64_t x0 = lo - begin_[i], x1 = hi - begin_[i];  // In the slice.
+    for (size_t r = 0; r < parts_[i].size(); ++r) {
+      const std::vector<CopyPiece>& pieces = parts_[i][r].pieces;
+      auto p = std::partition_point(pieces.begin(), pieces.end(), [&](const CopyPiece& c) {
+        return c.dst_offset + c.bytes <= x0;
+      });
+      for (; p != pieces.end() && p->dst_offset < x1; ++p) {
+        const uint64_t a = std::max(x0, p->dst_offset);
+        const uint64_t b = std::min(x1, p->dst_offset + p->bytes);
+        if (a >= b) continue;
+        (*segs)[r][i].push_back(
+            {p->src_offset + (a - p->dst_offset), b - a, dst + (begin_[i] + a - begin), range});
+      }
+    }
+  }
+}
+
+Status PeerStore::Fetch(std::vector<std::vector<std::vector<Seg>>>& segs, FetchTarget& target,
+                        const std::function<void(size_t range, uint64_t bytes)>& landed) {
+  auto done = [&](size_t range, uint64_t bytes) {
+    if (landed) landed(range, bytes);
+  };
+  for (size_t r = 0; r < segs.size(); ++r) {
+    Status st = FetchFrom((*sources_)[r], r, segs, target, done);
+    if (!st.ok()) {
+      failed_url_ = (*sources_)[r].url;
+      return st;
+    }
+  }
+  return Status::Ok();
+}
+
+Status PeerStore::FetchFrom(StoreSource& src, size_t r,
+                            std::vector<std::vector<std::vector<Seg>>>& segs, FetchTarget& target,
+                            const std::function<void(size_t range, uint64_t bytes)>& done) {
+  {
+    const Manifest& mf = *src.manifest;
+    const uint64_t cb = mf.chunk_bytes;
+    std::vector<UcxClient::Get> gets;
+    std::vector<ChunkGet> chunks;  // chunks[k] is what gets[k] fetches.
+    std::vector<ChunkGet> cached;  // Kept whole from an earlier read.
+    for (size_t i = 0; i < segs[r].size(); ++i) {
+      std::vector<Seg>& list = segs[r][i];
+      if (list.empty()) continue;
+      const ManifestTensor& t = *parts_[i][r].tensor;
+      std::sort(list.begin(), list.end(), [](const Seg& a, const Seg& b) { return a.src < b.src; });
+      size_t j = 0;
+      uint64_t c = list[0].src / cb;
+      while (j < list.size()) {
+        c = std::max(c, list[j].src / cb);
+        const uint64_t begin = c * cb, end = std::min(t.nbytes, begin + cb);
+        size_t k = j;
+        while (k < list.size() && list[k].src < end) ++k;
+        ChunkGet g;
+        g.tensor = &t;
+        g.index = c;
+        std::byte* into;
+        if (k - j == 1 && list[j].src <= begin && list[j].src + list[j].bytes >= end) {
+          into = list[j].dst + (begin - list[j].src);
+          g.range = list[j].range;
+        } else {
+          for (size_t m = j; m < k; ++m) {
+            const uint64_t a = std::max(begin, list[m].src);
+            const uint64_t b = std::min(end, list[m].src + list[m].bytes);
+            g.deliveries.push_back(
+                {a - begin, b - a, list[m].dst + (a - list[m].src), list[m].range});
+          }
+          // Part of a chunk another read also wants part of: kept from the
+          // read that got it, checked, until every part is delivered.
+          auto kept = partial_.find({r, &t, c});
+          if (kept != partial_.end()) {
+            g.staged = kept->second.bytes;
+            g.needed = kept->second.needed;
+            partial_.erase(kept);
+            cached.push_back(std::move(g));
+            ++c;
+            while (j < list.size() && list[j].src + list[j].bytes <= c * cb) ++j;
+            continue;
+          }
+          g.staged.reset(new (std::nothrow) std::byte[end - begin]);
+          if (!g.staged) return ResourceExhaustedError("peer load: no memory for a staged chunk");
+          g.needed = NeededOf(parts_[i][r].pieces, begin, end);
+          into = g.staged.get();
+        }
+        gets.push_back({src.regions[t.region], t.offset + begin, end - begin, into});
+        chunks.push_back(std::move(g));
+        ++c;
+        while (j < list.size() && list[j].src + list[j].bytes <= c * cb) ++j;
+      }
+    }
+    UcxClient::GetOptions go = options_.get;
+    go.rate_limit = mf.rate_limit;  // Its grant to this client.
+    Status bad = Status::Ok();
+    std::vector<size_t> on_device;  // Landed in device memory: checked after.
+    go.on_done = [&](size_t k) {
+      src.pulled += gets[k].bytes;
+      if (!bad.ok()) return;
+      const ChunkGet& g = chunks[k];
+      if (target.device && !g.staged) {
+        on_device.push_back(k);
+        return;
+      }
+      const auto* at = static_cast<const std::byte*>(gets[k].dst);
+      bad = CheckChunk(src.url, mf, *g.tensor, g.index, gets[k].bytes, Xxh3_64(at, gets[k].bytes));
+      if (bad.ok() && !g.staged) done(g.range, gets[k].bytes);
+    };
+    // A chunk that failed its check ends the pull: the rest is not worth pulling.
+    go.cancelled = [&] { return !bad.ok(); };
+    Status got = gets.empty() ? Status::Ok() : src.ucx->GetAll(gets, go).WithContext(src.url);
+    TL_RETURN_IF_ERROR(bad);
+    TL_RETURN_IF_ERROR(got);
+    if (!on_device.empty()) {
+      TL_RETURN_IF_ERROR(CheckOnDevice(src, gets, chunks, on_device, target));
+      for (size_t k : on_device) done(chunks[k].range, gets[k].bytes);
+    }
+    // The staged chunks' parts, copied out (up to the device: synchronized
+    // before their buffers go).
+    for (ChunkGet& g : cached) chunks.push_back(std::move(g));
+    Status copied = Status::Ok();
+    for (const ChunkGet& g : chunks) {
+      for (const Delivery& d : g.deliveries) {
+        if (!target.device) {
+          std::memcpy(d.to, g.staged.get() + d.from, d.bytes);
+        } else if (copied.ok()) {
+          copied = target.stream->CopyToDevice(target.device_address(d.to), g.staged.get() + d.from,
+                                               d.bytes);
+        }
+      }
+    }
+    if (target.device) {
+      const Status drained = target.stream->Synchronize();
+      TL_RETURN_IF_ERROR(copied);
+      TL_RETURN_IF_ERROR(drained);
+    }
+    for (ChunkGet& g : chunks) {
+      uint64_t delivered = 0;
+      for (const Delivery& d : g.deliveries) {
+        done(d.range, d.bytes);
+        delivered += d.bytes;
+      }
+      if (g.staged && delivered < g.needed) {
+        partial_[{r, g.tensor, g.index}] = {std::move(g.staged), g.needed - delivered};
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status PeerStore::ReadRanges(std::span<const Range> ranges,
+                             const std::function<void(size_t range, uint64_t bytes)>& landed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t data = header_.size();
+  std::vector<std::vector<std::vector<Seg>>> segs(sources_->size(),
+                                                  std::vector<std::vector<Seg>>(wanted_.size()));
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    const Range& r = ranges[k];
+    if (r.path == nullptr || *r.path != kPath) {
+      return NotFoundError((r.path ? *r.path : std::string("?")) + ": not this pull's file");
+    }
+    if (r.offset > file_size_ || r.length > file_size_ - r.offset) {
+      return OutOfRangeError(*r.path + ": bytes [" + std::to_string(r.offset) + ", +" +
+                             std::to_string(r.length) + ") past its " + std::to_string(file_size_));
+    }
+    uint64_t off = r.offset, len = r.length;
+    std::byte* dst = r.dest;
+    if (off < data) {  // The header's bytes, as the file has them.
+      const uint64_t n = std::min(len, data - off);
+      std::memcpy(dst, header_.data() + off, n);
+      if (landed) landed(k, n);
+      off += n;
+      len -= n;
+      dst += n;
+    }
+    if (len > 0) Map(off - data, len, dst, k, &segs);
+  }
+  FetchTarget host;
+  return Fetch(segs, host, landed);
+}
+
+// Gets straight into device memory (PeerStore::MakeDirectReader).
+class PeerStore::Direct final : public DirectReader {
+ public:
+  Direct(PeerStore& store, std::shared_ptr<Device> device, std::unique_ptr<DeviceStream> stream,
+         UcxMemory memory)
+      : store_(store), device_(std::move(device)), stream_(std::move(stream)), memory_(memory) {}
+
+  Status AddFile(uint32_t file, int /*fd*/) override {
+    if (file != 0) return InvalidArgumentError("a pull has one file");
+    return Status::Ok();
+  }
+
+  // The buffers the reads land in, as UCX sees them (a GPU's own addresses,
+  // the emulated device's host mapping), mapped for each source rank's gets.
+  Status AddBuffer(std::byte* device_base, uint64_t bytes) override {
+    std::byte* visible = device_base;
+    if (memory_ == UcxMemory::kHost) {
+      TL_ASSIGN_OR_RETURN(visible, device_->HostMapping(device_base, bytes));
+    }
+    for (StoreSource& src : *store_.sources_) {
+      if (src.ucx) TL_RETURN_IF_ERROR(src.ucx->MapLocal(visible, bytes, memory_));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_.push_back({device_base, bytes, visible});
+    return Status::Ok();
+  }
+
+  Status Read(uint32_t file, std::byte* device_base, uint64_t offset, uint64_t bytes,
+              uint64_t file_offset) override {
+    const Request one{device_base, offset, bytes, file_offset};
+    return ReadBatch(file, {&one, 1});
+  }
+
+  Status ReadBatch(uint32_t /*file*/, std::span<const Request> reads) override {
+    std::lock_guard<std::mutex> lock(store_.mu_);
+    const uint64_t data = store_.header_.size();
+    std::vector<std::vector<std::vector<Seg>>> segs(
+        store_.sources_->size(), std::vector<std::vector<Seg>>(store_.wanted_.size()));
+    for (const Request& r : reads) {
+      TL_ASSIGN_OR_RETURN(std::byte* const visible, Visible(r.device_base + r.offset, r.bytes));
+      if (r.file_offset < data || r.file_offset + r.bytes > store_.file_size_) {
+        return InternalError("a pull's direct read of bytes outside its tensors");
+      }
+      store_.Map(r.file_offset - data, r.bytes, visible, 0, &segs);
+    }
+    FetchTarget target;
+    target.device = device_;
+    target.stream = stream_.get();
+    target.device_address = [this](std::byte* v) { return DeviceAddress(v); };
+    return store_.Fetch(segs, target, {});
+  }
+
+ private:
+  struct Mapped {
+    std::byte* base;
+    uint64_t bytes;
+    std::byte* visible;
+  };
+  Result<std::byte*> Visible(std::byte* p, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Mapped& m : buffers_) {
+      if (p >= m.base && p + bytes <= m.base + m.bytes) return m.visible + (p - m.base);
+    }
+    return InternalError("a pull's direct read into a buffer not added");
+  }
+  std::byte* DeviceAddress(std::byte* visible) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Mapped& m : buffers_) {
+      if (visible >= m.visible && visible < m.visible + m.bytes)
+        return m.base + (visible - m.visible);
+    }
+    return visible;
+  }
+
+  PeerStore& store_;
+  std::shared_ptr<Device> device_;
+  std::unique_ptr<DeviceStream> stream_;
+  UcxMemory memory_;
+  std::mutex mu_;
+  std::vector<Mapped> buffers_;
+};
+
+Result<std::unique_ptr<DirectReader>> PeerStore::MakeDirectReader(
+    const std::shared_ptr<Device>& device, size_t /*files*/) {
+  if (BounceDevicePulls() != 0) {
+    return UnavailableError("UCX cannot write " + device->name() + "'s memory (a test's)");
+  }
+  UcxMemory memory = UcxMemory::kHost;
+  if (device->kind() == DeviceType::kCuda) {
+    if (!UcxMapsCudaMemory()) {
+      return UnavailableError("the loaded UCX cannot write " + device->name() +
+                              "'s memory (no CUDA support)");
+    }
+    memory = UcxMemory::kCuda;
+  }
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<DeviceStream> stream, device->CreateStream());
+  return std::unique_ptr<DirectReader>(new Direct(*this, device, std::move(stream), memory));
+}
+
+}  // namespace tensorlift::remote
