@@ -114,6 +114,7 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
   uint64_t pulled = 0;
   for (int r = 0; r < n; ++r) {
     sources[r].pulled = from[r].pulled;
+    sources[r].staged = from[r].staged;
     pulled += from[r].pulled;
     if (sources[r].ucx) sources[r].transports = sources[r].ucx->TransportsInUse();
   }
@@ -149,6 +150,10 @@ LoadOptions Puller::PullLoadOptions() const {
   o.engine = IoEngine::kAuto;
   o.threads = 0;
   o.device = options_.device;
+  // The chunks are checked against the seeds' manifests as they land; the
+  // content identity is hashed only when asked for (kOn), or checked against
+  // PeerKey::content after the pull.
+  if (o.content_hash == ContentHashMode::kAuto) o.content_hash = ContentHashMode::kOff;
   return o;
 }
 
@@ -183,7 +188,11 @@ void Puller::AddSourceReports(const std::vector<const Control*>& group,
     f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n) +
                (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports) +
                (device_ ? " into " + device_->name() + "'s memory" : "") +
-               (device_ && !direct ? " through pinned host windows" : "");
+               (device_ && !direct ? " through pinned host windows" : "") +
+               (sources[r].staged == 0 ? ""
+                                       : ", " + std::to_string(sources[r].staged) +
+                                             " chunks split between places (got whole into "
+                                             "host memory, checked, copied out)");
     f.bytes = sources[r].pulled;
     f.gds = direct;
     out->files().push_back(std::move(f));

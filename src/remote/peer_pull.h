@@ -35,6 +35,7 @@ struct Source {
   std::unique_ptr<UcxClient> ucx;
   std::vector<uint32_t> regions;  // Manifest region -> client region index.
   uint64_t pulled = 0;
+  uint64_t staged = 0;     // Chunks split between places (PeerStore's count).
   std::string transports;  // What UCX used, for the report.
 };
 

@@ -37,7 +37,8 @@ struct Delivery {
 struct ChunkGet {
   const ManifestTensor* tensor = nullptr;
   uint64_t index = 0;
-  size_t range = 0;  // Whose bytes (landed straight).
+  // Landed straight: whose bytes (range, bytes), once checked.
+  std::vector<std::pair<size_t, uint64_t>> lands;
   std::shared_ptr<std::byte[]> staged;
   std::vector<Delivery> deliveries;
   uint64_t needed = 0;  // Staged: the chunk's bytes the destination wants, all its reads'.
@@ -55,6 +56,18 @@ struct FetchTarget {
 };
 
 namespace {
+
+// Whether segments [j, k) of `list` (by source offset) cover source bytes
+// [begin, end) and follow each other in memory as they do in the source.
+template <typename Seg>
+bool Straight(const std::vector<Seg>& list, size_t j, size_t k, uint64_t begin, uint64_t end) {
+  if (j == k || list[j].src > begin || list[k - 1].src + list[k - 1].bytes < end) return false;
+  for (size_t m = j + 1; m < k; ++m) {
+    const Seg& a = list[m - 1];
+    if (a.src + a.bytes != list[m].src || a.dst + a.bytes != list[m].dst) return false;
+  }
+  return true;
+}
 
 // The bytes of source range [begin, end) that `pieces` (increasing) take.
 uint64_t NeededOf(const std::vector<CopyPiece>& pieces, uint64_t begin, uint64_t end) {
@@ -289,9 +302,15 @@ Status PeerStore::FetchFrom(StoreSource& src, size_t r,
         g.tensor = &t;
         g.index = c;
         std::byte* into;
-        if (k - j == 1 && list[j].src <= begin && list[j].src + list[j].bytes >= end) {
+        if (Straight(list, j, k, begin, end)) {
+          // The chunk lands in one place (the segments, of one range or
+          // several, follow each other in memory).
           into = list[j].dst + (begin - list[j].src);
-          g.range = list[j].range;
+          for (size_t m = j; m < k; ++m) {
+            const uint64_t a = std::max(begin, list[m].src);
+            const uint64_t b = std::min(end, list[m].src + list[m].bytes);
+            g.lands.push_back({list[m].range, b - a});
+          }
         } else {
           for (size_t m = j; m < k; ++m) {
             const uint64_t a = std::max(begin, list[m].src);
@@ -311,6 +330,7 @@ Status PeerStore::FetchFrom(StoreSource& src, size_t r,
             while (j < list.size() && list[j].src + list[j].bytes <= c * cb) ++j;
             continue;
           }
+          ++src.staged;
           g.staged.reset(new (std::nothrow) std::byte[end - begin]);
           if (!g.staged) return ResourceExhaustedError("peer load: no memory for a staged chunk");
           g.needed = NeededOf(parts_[i][r].pieces, begin, end);
@@ -336,7 +356,9 @@ Status PeerStore::FetchFrom(StoreSource& src, size_t r,
       }
       const auto* at = static_cast<const std::byte*>(gets[k].dst);
       bad = CheckChunk(src.url, mf, *g.tensor, g.index, gets[k].bytes, Xxh3_64(at, gets[k].bytes));
-      if (bad.ok() && !g.staged) done(g.range, gets[k].bytes);
+      if (bad.ok()) {
+        for (const auto& [range, n] : g.lands) done(range, n);
+      }
     };
     // A chunk that failed its check ends the pull: the rest is not worth pulling.
     go.cancelled = [&] { return !bad.ok(); };
@@ -345,7 +367,9 @@ Status PeerStore::FetchFrom(StoreSource& src, size_t r,
     TL_RETURN_IF_ERROR(got);
     if (!on_device.empty()) {
       TL_RETURN_IF_ERROR(CheckOnDevice(src, gets, chunks, on_device, target));
-      for (size_t k : on_device) done(chunks[k].range, gets[k].bytes);
+      for (size_t k : on_device) {
+        for (const auto& [range, n] : chunks[k].lands) done(range, n);
+      }
     }
     // The staged chunks' parts, copied out (up to the device: synchronized
     // before their buffers go).
@@ -407,8 +431,31 @@ Status PeerStore::ReadRanges(std::span<const Range> ranges,
     }
     if (len > 0) Map(off - data, len, dst, k, &segs);
   }
+  MapDestinations(ranges);
   FetchTarget host;
   return Fetch(segs, host, landed);
+}
+
+void PeerStore::MapDestinations(std::span<const Range> ranges) {
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  for (const Range& r : ranges) {
+    if (r.length == 0) continue;
+    lo = std::min(lo, reinterpret_cast<uintptr_t>(r.dest));
+    hi = std::max(hi, reinterpret_cast<uintptr_t>(r.dest) + r.length);
+  }
+  if (lo >= hi) return;
+  for (const auto& [a, b] : mapped_) {
+    if (a <= lo && hi <= b) return;
+  }
+  // The memory the gets land in, mapped for UCX: gets into memory it has not
+  // mapped go through buffers of its own (as large as the gets in flight).
+  // Only an optimization: a failure leaves them so.
+  bool any = false;
+  for (StoreSource& src : *sources_) {
+    if (!src.ucx) continue;
+    any = src.ucx->MapLocal(reinterpret_cast<void*>(lo), hi - lo, UcxMemory::kHost).ok() || any;
+  }
+  if (any) mapped_.push_back({lo, hi});
 }
 
 // Gets straight into device memory (PeerStore::MakeDirectReader).

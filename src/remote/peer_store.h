@@ -49,6 +49,7 @@ struct StoreSource {
   UcxClient* ucx = nullptr;
   std::vector<uint32_t> regions;  // Manifest region -> client region index.
   uint64_t pulled = 0;            // Bytes got (guarded by the store).
+  uint64_t staged = 0;  // Chunks got into host memory of their own (split between places).
 };
 
 struct FetchTarget;  // Where a fetch's gets land (peer_store.cc).
@@ -116,6 +117,9 @@ class PeerStore final : public CheckpointStore {
   // Gets the segments, every chunk checked; `landed(range, n)` once checked.
   Status Fetch(std::vector<std::vector<std::vector<Seg>>>& segs, FetchTarget& target,
                const std::function<void(size_t range, uint64_t bytes)>& landed);
+  // Maps the memory `ranges` land in for each source's UCX client (their
+  // span, once; the loader's arena for a host load, a staging slot).
+  void MapDestinations(std::span<const Range> ranges);
   // Source rank r's part of a Fetch.
   Status FetchFrom(StoreSource& src, size_t r, std::vector<std::vector<std::vector<Seg>>>& segs,
                    FetchTarget& target,
@@ -130,6 +134,7 @@ class PeerStore final : public CheckpointStore {
   uint64_t file_size_ = 0;
   std::mutex mu_;  // One fetch at a time (the clients are serialized).
   std::string failed_url_;
+  std::vector<std::pair<uintptr_t, uintptr_t>> mapped_;  // Host spans mapped for UCX.
   // Staged chunks (checked) that a read got whole for part of them, kept
   // until the reads of their other parts: by (rank, tensor, chunk), the
   // bytes and how many of them are still to deliver.

@@ -420,6 +420,32 @@ void ExpectTensors(const LoadedCheckpoint& got, const std::vector<RawTensor>& te
   }
 }
 
+// A host pull reads its file in ops of at most LoadOptions::block_size (64
+// KiB here, against 1 MiB chunks): a chunk that several ops fill lands in
+// place all the same, checked there; only a translation between
+// tensor-parallel sizes splits chunks between places (got whole into host
+// memory, checked, copied out), and the report says how many.
+TEST_F(PeerTest, AChunkSeveralReadsFillLandsInPlace) {
+  auto server = Start(Serve());
+  ASSERT_NE(server, nullptr);
+  for (int size : {1, 2}) {
+    SCOPED_TRACE("destination rank 0 of " + std::to_string(size));
+    auto opts = Pull({server->url()}, size, 0);
+    opts.fallback_load.block_size = 64 << 10;
+    PeerLoadReport report;
+    auto got = LoadFromPeer(key_, opts, &report);
+    ASSERT_OK(got);
+    ASSERT_EQ(got->files().size(), 1u);
+    if (size == 1) {
+      EXPECT_THAT(got->files()[0].reason, Not(HasSubstr("split")));
+      EXPECT_EQ(report.bytes, got->total_bytes());
+    } else {
+      EXPECT_THAT(got->files()[0].reason, HasSubstr("chunks split between places"));
+    }
+    ExpectRank(*got, size, 0);
+  }
+}
+
 // A pull is a load of the store's file: onto a device, its blocks (here 192
 // KiB, against the source's 1 MiB chunks) go straight into the device's
 // memory, or through pinned staging when UCX cannot write it; either way a
