@@ -385,8 +385,11 @@ class LoadedCheckpoint {
 // memory) and a device (the staged pipeline: host memory bounded by the
 // staging slots, not by the checkpoint) all work. The options about local
 // files' reads (mode other than auto, engine other than auto, threads) are
-// refused (InvalidArgument, naming the option), never ignored; gds is not
-// used (there is no local file to read straight to the device).
+// refused (InvalidArgument, naming the option), never ignored; gds (on by
+// default) lets a store that reads into device memory itself do so (a peer
+// pull's, where UCX can write the device's memory;
+// CheckpointStore::MakeDirectReader), and off sends its bytes through the
+// staging slots; a store without such a reader always uses the slots.
 Result<LoadedCheckpoint> Load(const Checkpoint& checkpoint, const LoadOptions& options = {});
 // CheckSourceOptions's refusals (the rule above), for loaders built on Load.
 Status CheckSourceOptions(const Checkpoint& checkpoint, const LoadOptions& options);

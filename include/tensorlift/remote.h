@@ -245,11 +245,18 @@ struct PeerLoadOptions {
   TensorParallel parallel;  // The destination's position.
   // Where to load from when no peer works ("" = fail instead).
   std::string fallback_path;
-  // For the disk fallback. The options that shape the tensors are the key's,
-  // for peers and disk alike: the fallback converts to PeerKey::dtype when it
-  // names F32, F16 or BF16 (or torch's float32, float16, bfloat16; another
-  // label is taken as stored); fallback_load.dtype, when set, must be that dtype, and
-  // fallback_load.filter must be every tensor (else InvalidArgument).
+  // The loads' options, a pull's (a Load of the pull's file, peer_store.h)
+  // and the disk fallback's. The options that shape the tensors are the
+  // key's, for peers and disk alike: the fallback converts to PeerKey::dtype
+  // when it names F32, F16 or BF16 (or torch's float32, float16, bfloat16;
+  // another label is taken as stored); fallback_load.dtype, when set, must be
+  // that dtype, and fallback_load.filter must be every tensor (else
+  // InvalidArgument); the slices are PeerLoadOptions::parallel's under the
+  // key's layout; on_tensor is refused (a failed pull would hand out tensors
+  // the next source hands out again). The others apply to both (progress,
+  // staging, fault threads, gds, content_hash: a pull hashes the content only
+  // when kOn, its chunks checked as they land), but mode, engine and threads,
+  // which are about reading local files: the fallback's alone.
   LoadOptions fallback_load;
   // How fallback_path is loaded: Load when empty (a local path); another
   // source's loader otherwise, e.g. ObjectStoreFallback() (objstore.h) for

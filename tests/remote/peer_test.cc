@@ -455,11 +455,15 @@ TEST_F(PeerTest, AChunkSeveralReadsFillLandsInPlace) {
 TEST_F(PeerTest, APullOntoADeviceGetsEachChunkOnceWhateverItsBlocks) {
   auto server = Start(Serve());
   ASSERT_NE(server, nullptr);
-  for (bool straight : {true, false}) {
+  // Straight in; through staging as UCX cannot write the device; through
+  // staging as LoadOptions::gds is off.
+  for (int how : {0, 1, 2}) {
+    const bool straight = how == 0;
     SCOPED_TRACE(straight ? "straight into the device" : "through pinned staging");
-    if (!straight) remote::BounceDevicePullsForTesting(1 << 20);
+    if (how == 1) remote::BounceDevicePullsForTesting(1 << 20);
     auto opts = Pull({server->url()});
     opts.device = DeviceId::Emulated();
+    opts.fallback_load.gds = how != 2;
     opts.fallback_load.staging_bytes = 192 << 10;
     uint64_t last_progress = 0;
     opts.fallback_load.progress = [&](const Progress& p) { last_progress = p.bytes_done; };
@@ -472,8 +476,29 @@ TEST_F(PeerTest, APullOntoADeviceGetsEachChunkOnceWhateverItsBlocks) {
     EXPECT_EQ(report.bytes, got->total_bytes());
     EXPECT_EQ(got->files()[0].bytes, got->total_bytes());
     EXPECT_EQ(last_progress, got->total_bytes());
+    EXPECT_EQ(got->files()[0].reason.find("through pinned host windows") == std::string::npos,
+              straight);
     ExpectTensors(*got, tensors_, 1, 0, &PeerTest::Expected);
   }
+}
+
+// LoadOptions::content_hash: a pull computes the content identity when asked
+// (kOn), the same root as a disk load's; by default it does not (its chunks
+// are checked against the manifest as they land).
+TEST_F(PeerTest, APullHashesItsContentWhenAsked) {
+  auto server = Start(Serve());
+  ASSERT_NE(server, nullptr);
+  auto disk = LoadHashed();
+  ASSERT_OK(disk);
+  auto opts = Pull({server->url()});
+  auto plain = LoadFromPeer(key_, opts);
+  ASSERT_OK(plain);
+  EXPECT_EQ(plain->content(), nullptr);
+  opts.fallback_load.content_hash = ContentHashMode::kOn;
+  auto hashed = LoadFromPeer(key_, opts);
+  ASSERT_OK(hashed);
+  ASSERT_NE(hashed->content(), nullptr);
+  EXPECT_EQ(hashed->content()->root.Hex(), disk->content()->root.Hex());
 }
 
 TEST_F(PeerTest, ServesFromADevicesMemory) {
@@ -629,7 +654,9 @@ TEST_F(PeerTest, ASeedOnADeviceServesItsDeviceMemory) {
 }
 
 TEST_F(PeerTest, ACorruptChunkPulledOntoADeviceIsCaught) {
-  // The staged check of device memory sees a flipped bit, whole and translated.
+  // The staged check of device memory sees a flipped bit, whole and
+  // translated, and the failed pull's device memory is freed.
+  const uint64_t free_before = EmulatedFree();
   for (int size : {1, 2}) {
     auto bad = Start(Serve());
     ASSERT_NE(bad, nullptr);
@@ -641,6 +668,7 @@ TEST_F(PeerTest, ACorruptChunkPulledOntoADeviceIsCaught) {
     ASSERT_FALSE(report.failures.empty());
     EXPECT_THAT(report.failures[0], HasSubstr("tensor 'big' chunk 1"));
   }
+  EXPECT_EQ(EmulatedFree(), free_before);
 }
 
 TEST_F(PeerTest, DeviceDestinationsSayWhatTheyCannotDo) {
