@@ -95,6 +95,7 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
   so.get.stall_timeout = std::chrono::milliseconds(options_.stall_timeout_ms);
   so.get.min_rate = options_.min_rate;
   so.parallel_rank = options_.parallel.rank;
+  so.fault_threads = options_.fallback_load.fault_threads;
   TL_ASSIGN_OR_RETURN(std::shared_ptr<PeerStore> store,
                       PeerStore::Make(std::move(wanted), &from, so));
   int ranks_used = 0;

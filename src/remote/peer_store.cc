@@ -8,6 +8,7 @@
 
 #include "common/checked_math.h"
 #include "device/device.h"
+#include "device/populate.h"
 #include "io/direct_reader.h"
 #include "remote/peer_faults.h"
 #include "tensorlift/checksum.h"
@@ -53,6 +54,11 @@ struct FetchTarget {
   std::shared_ptr<Device> device;
   DeviceStream* stream = nullptr;
   std::function<std::byte*(std::byte* visible)> device_address;
+  // The checks' two windows of pinned host memory (window bytes each) and
+  // their events, kept from fetch to fetch.
+  uint64_t window = 0;
+  std::shared_ptr<Buffer> staging[2];
+  std::unique_ptr<DeviceEvent> copied[2];
 };
 
 namespace {
@@ -100,12 +106,18 @@ Status CheckOnDevice(const StoreSource& src, const std::vector<UcxClient::Get>& 
     windows.push_back({b, e});
     b = e;
   }
-  std::shared_ptr<Buffer> staging[2];
-  std::unique_ptr<DeviceEvent> copied[2];
-  for (int k = 0; k < 2 && k < static_cast<int>(windows.size()); ++k) {
-    TL_ASSIGN_OR_RETURN(staging[k], target.device->AllocatePinned(window));
-    TL_ASSIGN_OR_RETURN(copied[k], target.device->CreateEvent());
+  if (target.window < window) {
+    for (int k = 0; k < 2; ++k) {
+      target.staging[k].reset();
+      TL_ASSIGN_OR_RETURN(target.staging[k], target.device->AllocatePinned(window));
+      if (!target.copied[k]) {
+        TL_ASSIGN_OR_RETURN(target.copied[k], target.device->CreateEvent());
+      }
+    }
+    target.window = window;
   }
+  std::shared_ptr<Buffer>* staging = target.staging;
+  std::unique_ptr<DeviceEvent>* copied = target.copied;
   auto issue = [&](size_t w) -> Status {
     std::byte* to = staging[w % 2]->data();
     for (size_t j = windows[w].first; j < windows[w].second; ++j) {
@@ -482,6 +494,14 @@ class PeerStore::Direct final : public DirectReader {
     }
     std::lock_guard<std::mutex> lock(mu_);
     buffers_.push_back({device_base, bytes, visible});
+    if (memory_ == UcxMemory::kHost) {
+      // Memory the host maps (the emulated device's), faulted in ahead of the
+      // gets as a host load's arena is: first touches inside the gets cost
+      // more than the copies themselves (docs/remote.md).
+      populate_.push_back(
+          std::make_unique<PopulateAhead>(std::vector<PopulateAhead::Region>{{visible, bytes}},
+                                          FaultThreadCount(store_.options_.fault_threads)));
+    }
     return Status::Ok();
   }
 
@@ -503,11 +523,12 @@ class PeerStore::Direct final : public DirectReader {
       }
       store_.Map(r.file_offset - data, r.bytes, visible, 0, &segs);
     }
-    FetchTarget target;
-    target.device = device_;
-    target.stream = stream_.get();
-    target.device_address = [this](std::byte* v) { return DeviceAddress(v); };
-    return store_.Fetch(segs, target, {});
+    if (!target_.device) {
+      target_.device = device_;
+      target_.stream = stream_.get();
+      target_.device_address = [this](std::byte* v) { return DeviceAddress(v); };
+    }
+    return store_.Fetch(segs, target_, {});
   }
 
  private:
@@ -538,6 +559,8 @@ class PeerStore::Direct final : public DirectReader {
   UcxMemory memory_;
   std::mutex mu_;
   std::vector<Mapped> buffers_;
+  FetchTarget target_;  // Guarded by the store's mutex.
+  std::vector<std::unique_ptr<PopulateAhead>> populate_;
 };
 
 Result<std::unique_ptr<DirectReader>> PeerStore::MakeDirectReader(

@@ -62,6 +62,7 @@ class PeerStore final : public CheckpointStore {
   struct Options {
     UcxClient::GetOptions get;  // on_done and cancelled are the store's.
     int parallel_rank = 0;      // The destination's rank (who sends whole tensors).
+    int fault_threads = 0;      // LoadOptions::fault_threads, for device memory the host maps.
   };
 
   // `wanted` in name order; `sources` by rank, each with the manifest's
