@@ -26,6 +26,10 @@ class DirectReader {
   // `device_base` + `offset`; all of them or an error. Thread-safe.
   virtual Status Read(uint32_t file, std::byte* device_base, uint64_t offset, uint64_t bytes,
                       uint64_t file_offset) = 0;
+  // The bytes a block of its reads should have (0: the pipeline's staging
+  // size): a reader with no staging slot behind it and a cost per block (a
+  // peer pull's gets and checks) takes larger ones.
+  virtual uint64_t BlockBytes() const { return 0; }
   // One Read's arguments.
   struct Request {
     std::byte* device_base = nullptr;

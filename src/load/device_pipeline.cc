@@ -93,8 +93,9 @@ Result<LoadedCheckpoint> DevicePipeline::Run(const Checkpoint& ckpt, const LoadO
   const auto t0 = Clock::now();
   TL_RETURN_IF_ERROR(CheckOptions(options));
   DevicePipeline p(ckpt, options, device, type, trace);
-  TL_RETURN_IF_ERROR(p.PlanFiles());
   p.OpenDirectReader(allow_gds, gds_note);
+  TL_RETURN_IF_ERROR(p.PlanFiles());
+  TL_RETURN_IF_ERROR(p.AttachDirectReader());
   TL_RETURN_IF_ERROR(p.CheckFreeMemory());
   TL_RETURN_IF_ERROR(p.Allocate());
   ProgressReporter reporter(options.progress, p.tensor_bytes_);
@@ -139,9 +140,12 @@ Status DevicePipeline::PlanFiles() {
     // Reads out of the page cache in smaller blocks: a block is still in the
     // CPU's cache when it is copied out of its slot. A store's reads (a
     // bucket's ranged GETs) are whole slots: fewer, larger requests.
-    const uint64_t block = direct || job.store
-                               ? options_.staging_bytes
-                               : std::min(options_.staging_bytes, kCachedBlockBytes);
+    // A reader straight into the device may want larger blocks (there is no
+    // staging slot to fill).
+    const uint64_t block =
+        gds_ && gds_->BlockBytes() > 0 ? std::max(options_.staging_bytes, gds_->BlockBytes())
+        : direct || job.store          ? options_.staging_bytes
+                                       : std::min(options_.staging_bytes, kCachedBlockBytes);
     // A store that reads local files with O_DIRECT: blocks placed for it.
     const bool place_direct = direct || (job.store && job.store->WantsFileAlignment());
     job.plan = PlanDeviceFile(job.shard->header, job.wanted, options_.dtype, place_direct, block,
@@ -175,24 +179,34 @@ void DevicePipeline::OpenDirectReader(bool allow_gds, const std::string& gds_not
   const std::shared_ptr<CheckpointStore>& store = ckpt_.store();
   const std::string what = store ? "straight to the device" : "GDS";
   if (allow_gds) {
-    Result<std::unique_ptr<DirectReader>> opened =
-        trace_ && trace_->open_direct_reader ? trace_->open_direct_reader()
-        : store                              ? store->MakeDirectReader(device_, jobs_.size())
-                                             : OpenCuFileReader(jobs_.size());
+    const size_t files = ckpt_.shards().size();
+    Result<std::unique_ptr<DirectReader>> opened = trace_ && trace_->open_direct_reader
+                                                       ? trace_->open_direct_reader()
+                                                   : store ? store->MakeDirectReader(device_, files)
+                                                           : OpenCuFileReader(files);
     if (opened.ok()) {
       gds_ = std::move(opened).value();
-      for (uint32_t f = 0; f < jobs_.size() && gds_; ++f) {
-        if (jobs_[f].wanted.empty()) continue;
-        const int fd = jobs_[f].direct.fd() >= 0 ? jobs_[f].direct.fd() : jobs_[f].buffered.fd();
-        Status st = gds_->AddFile(f, fd);
-        if (!st.ok()) {
-          gds_reason_ = what + " refused " + jobs_[f].shard->path + ": " + st.message();
-          gds_.reset();
-        }
-      }
     } else if (!store || opened.status().code() != StatusCode::kUnimplemented) {
       // (A store without such a reader has nothing to say.)
       gds_reason_ = what + " unavailable: " + opened.status().message();
+    }
+  }
+}
+
+Status DevicePipeline::AttachDirectReader() {
+  const std::string what = ckpt_.store() ? "straight to the device" : "GDS";
+  for (uint32_t f = 0; f < jobs_.size() && gds_; ++f) {
+    if (jobs_[f].wanted.empty()) continue;
+    const int fd = jobs_[f].direct.fd() >= 0 ? jobs_[f].direct.fd() : jobs_[f].buffered.fd();
+    Status st = gds_->AddFile(f, fd);
+    if (!st.ok()) {
+      if (gds_->BlockBytes() > 0) {
+        // Its blocks are planned larger than a staging slot.
+        return InternalError("a reader straight to the device refused " + jobs_[f].shard->path +
+                             " after the plan counted on it: " + st.message());
+      }
+      gds_reason_ = what + " refused " + jobs_[f].shard->path + ": " + st.message();
+      gds_.reset();
     }
   }
   for (auto& job : jobs_) {
@@ -203,6 +217,7 @@ void DevicePipeline::OpenDirectReader(bool allow_gds, const std::string& gds_not
                                                   : gds_reason_ + "; pinned staging instead";
     if (!how.empty()) job.report.reason += (job.report.reason.empty() ? "" : "; ") + how;
   }
+  return Status::Ok();
 }
 
 Status DevicePipeline::CheckFreeMemory() {

@@ -70,13 +70,16 @@ class DevicePipeline {
   }
 
   // The steps of Run.
+  // With `allow_gds`, opens the direct reader (cuFile, the store's, or the
+  // trace's), before the plan: its blocks may be larger (BlockBytes).
+  void OpenDirectReader(bool allow_gds, const std::string& gds_note);
   // Selects the tensors, opens and plans every file (device_plan.h), and sums
   // what the load needs.
   Status PlanFiles();
-  // With `allow_gds`, opens the direct reader (cuFile, or the trace's) and
-  // gives it every file; says in the files' reports how they are read, or
-  // why not straight to the device (`gds_note`, or what failed).
-  void OpenDirectReader(bool allow_gds, const std::string& gds_note);
+  // Gives the direct reader every file; says in the files' reports how they
+  // are read, or why not straight to the device (the note given to
+  // OpenDirectReader, or what failed).
+  Status AttachDirectReader();
   // The memory plan; fails when the device has less free memory than it.
   Status CheckFreeMemory();
   // The files' device buffers, the conversion and staging slots, the stream
@@ -123,7 +126,7 @@ class DevicePipeline {
   const int slots_;    // Staging (and conversion) slots.
   const int readers_;  // Reader threads (StagingReaders).
 
-  // PlanFiles, OpenDirectReader, CheckFreeMemory.
+  // OpenDirectReader, PlanFiles, AttachDirectReader, CheckFreeMemory.
   std::vector<DeviceFileJob> jobs_;  // By file number.
   std::vector<Checkpoint::Location> selected_;
   uint64_t slot_bytes_ = 0;    // A staging slot: the largest read's bytes, at most staging's.

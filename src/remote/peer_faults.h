@@ -29,12 +29,17 @@ namespace tensorlift::remote {
 Status CorruptServedForTesting(PeerServer& server, const std::string& tensor, uint64_t offset,
                                bool lie = false);
 
-// While `window` is not 0, peer pulls onto a device land in pinned host
-// windows of `window` bytes (or a chunk's, if more) and are copied up, as
-// onto a GPU whose memory the loaded UCX cannot write (the emulated device's
-// memory otherwise takes UCX's writes through its host mapping).
+// While `window` is not 0, peer pulls onto a device land in the GPU
+// pipeline's pinned staging slots and are copied up, as onto a GPU whose
+// memory the loaded UCX cannot write (the emulated device's memory otherwise
+// takes UCX's writes through its host mapping). The value is not used.
 void BounceDevicePullsForTesting(uint64_t window);
 uint64_t BounceDevicePulls();
+
+// While `bytes` is not 0, a pull straight into a device's memory reads
+// blocks of `bytes` (DirectReader::BlockBytes; 64 MiB otherwise), so that
+// tests see chunks shared between blocks.
+void DirectPullBlocksForTesting(uint64_t bytes);
 
 }  // namespace tensorlift::remote
 

@@ -447,11 +447,12 @@ TEST_F(PeerTest, AChunkSeveralReadsFillLandsInPlace) {
 }
 
 // A pull is a load of the store's file: onto a device, its blocks (here 192
-// KiB, against the source's 1 MiB chunks) go straight into the device's
-// memory, or through pinned staging when UCX cannot write it; either way a
-// chunk that two blocks share is got once (kept, checked, until both have
-// their parts), and LoadOptions of the fallback that do not shape the tensors
-// (progress, staging) apply to the pull.
+// KiB, against the source's 1 MiB chunks; straight in, 64 MiB unless a test
+// says otherwise) go straight into the device's memory, or through pinned
+// staging when UCX cannot write it; either way a chunk that two blocks share
+// is got once (kept, checked, until both have their parts), and LoadOptions
+// of the fallback that do not shape the tensors (progress, staging) apply to
+// the pull.
 TEST_F(PeerTest, APullOntoADeviceGetsEachChunkOnceWhateverItsBlocks) {
   auto server = Start(Serve());
   ASSERT_NE(server, nullptr);
@@ -460,6 +461,7 @@ TEST_F(PeerTest, APullOntoADeviceGetsEachChunkOnceWhateverItsBlocks) {
   for (int how : {0, 1, 2}) {
     const bool straight = how == 0;
     SCOPED_TRACE(straight ? "straight into the device" : "through pinned staging");
+    if (how == 0) remote::DirectPullBlocksForTesting(192 << 10);
     if (how == 1) remote::BounceDevicePullsForTesting(1 << 20);
     auto opts = Pull({server->url()});
     opts.device = DeviceId::Emulated();
@@ -470,6 +472,7 @@ TEST_F(PeerTest, APullOntoADeviceGetsEachChunkOnceWhateverItsBlocks) {
     PeerLoadReport report;
     auto got = LoadFromPeer(key_, opts, &report);
     remote::BounceDevicePullsForTesting(0);
+    remote::DirectPullBlocksForTesting(0);
     ASSERT_OK(got);
     ASSERT_EQ(got->files().size(), 1u);
     EXPECT_EQ(got->files()[0].gds, straight);
