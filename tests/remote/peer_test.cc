@@ -447,7 +447,7 @@ TEST_F(PeerTest, AChunkSeveralReadsFillLandsInPlace) {
 }
 
 // A pull is a load of the store's file: onto a device, its blocks (here 192
-// KiB, against the source's 1 MiB chunks; straight in, 64 MiB unless a test
+// KiB, against the source's 1 MiB chunks; straight in, 256 MiB unless a test
 // says otherwise) go straight into the device's memory, or through pinned
 // staging when UCX cannot write it; either way a chunk that two blocks share
 // is got once (kept, checked, until both have their parts), and LoadOptions
