@@ -233,8 +233,7 @@ Result<std::string> PeerStore::ReadSmall(const std::string& path, uint64_t /*lim
 }
 
 Result<Header> PeerStore::ReadHeader(const std::string& path, FileIdentity* identity) {
-  TL_ASSIGN_OR_RETURN(const bool directory, IsDirectory(path));
-  (void)directory;
+  TL_RETURN_IF_ERROR(IsDirectory(path).status());  // This pull's file, else NotFound.
   auto h = Header::ParsePrefix({reinterpret_cast<const std::byte*>(header_.data()), header_.size()},
                                file_size_);
   if (!h.ok()) return h.status().WithContext(path);
@@ -295,125 +294,123 @@ Status PeerStore::Fetch(std::vector<std::vector<std::vector<Seg>>>& segs, FetchT
 Status PeerStore::FetchFrom(StoreSource& src, size_t r,
                             std::vector<std::vector<std::vector<Seg>>>& segs, FetchTarget& target,
                             const std::function<void(size_t range, uint64_t bytes)>& done) {
-  {
-    const Manifest& mf = *src.manifest;
-    const uint64_t cb = mf.chunk_bytes;
-    std::vector<UcxClient::Get> gets;
-    std::vector<ChunkGet> chunks;  // chunks[k] is what gets[k] fetches.
-    std::vector<ChunkGet> cached;  // Kept whole from an earlier read.
-    for (size_t i = 0; i < segs[r].size(); ++i) {
-      std::vector<Seg>& list = segs[r][i];
-      if (list.empty()) continue;
-      const ManifestTensor& t = *parts_[i][r].tensor;
-      std::sort(list.begin(), list.end(), [](const Seg& a, const Seg& b) { return a.src < b.src; });
-      size_t j = 0;
-      uint64_t c = list[0].src / cb;
-      while (j < list.size()) {
-        c = std::max(c, list[j].src / cb);
-        const uint64_t begin = c * cb, end = std::min(t.nbytes, begin + cb);
-        size_t k = j;
-        while (k < list.size() && list[k].src < end) ++k;
-        ChunkGet g;
-        g.tensor = &t;
-        g.index = c;
-        std::byte* into;
-        if (Straight(list, j, k, begin, end)) {
-          // The chunk lands in one place (the segments, of one range or
-          // several, follow each other in memory).
-          into = list[j].dst + (begin - list[j].src);
-          for (size_t m = j; m < k; ++m) {
-            const uint64_t a = std::max(begin, list[m].src);
-            const uint64_t b = std::min(end, list[m].src + list[m].bytes);
-            g.lands.push_back({list[m].range, b - a});
-          }
-        } else {
-          for (size_t m = j; m < k; ++m) {
-            const uint64_t a = std::max(begin, list[m].src);
-            const uint64_t b = std::min(end, list[m].src + list[m].bytes);
-            g.deliveries.push_back(
-                {a - begin, b - a, list[m].dst + (a - list[m].src), list[m].range});
-          }
-          // Part of a chunk another read also wants part of: kept from the
-          // read that got it, checked, until every part is delivered.
-          auto kept = partial_.find({r, &t, c});
-          if (kept != partial_.end()) {
-            g.staged = kept->second.bytes;
-            g.needed = kept->second.needed;
-            partial_.erase(kept);
-            cached.push_back(std::move(g));
-            ++c;
-            while (j < list.size() && list[j].src + list[j].bytes <= c * cb) ++j;
-            continue;
-          }
-          ++src.staged;
-          g.staged.reset(new (std::nothrow) std::byte[end - begin]);
-          if (!g.staged) return ResourceExhaustedError("peer load: no memory for a staged chunk");
-          g.needed = NeededOf(parts_[i][r].pieces, begin, end);
-          into = g.staged.get();
+  const Manifest& mf = *src.manifest;
+  const uint64_t cb = mf.chunk_bytes;
+  std::vector<UcxClient::Get> gets;
+  std::vector<ChunkGet> chunks;  // chunks[k] is what gets[k] fetches.
+  std::vector<ChunkGet> cached;  // Kept whole from an earlier read.
+  for (size_t i = 0; i < segs[r].size(); ++i) {
+    std::vector<Seg>& list = segs[r][i];
+    if (list.empty()) continue;
+    const ManifestTensor& t = *parts_[i][r].tensor;
+    std::sort(list.begin(), list.end(), [](const Seg& a, const Seg& b) { return a.src < b.src; });
+    size_t j = 0;
+    uint64_t c = list[0].src / cb;
+    while (j < list.size()) {
+      c = std::max(c, list[j].src / cb);
+      const uint64_t begin = c * cb, end = std::min(t.nbytes, begin + cb);
+      size_t k = j;
+      while (k < list.size() && list[k].src < end) ++k;
+      ChunkGet g;
+      g.tensor = &t;
+      g.index = c;
+      std::byte* into;
+      if (Straight(list, j, k, begin, end)) {
+        // The chunk lands in one place (the segments, of one range or
+        // several, follow each other in memory).
+        into = list[j].dst + (begin - list[j].src);
+        for (size_t m = j; m < k; ++m) {
+          const uint64_t a = std::max(begin, list[m].src);
+          const uint64_t b = std::min(end, list[m].src + list[m].bytes);
+          g.lands.push_back({list[m].range, b - a});
         }
-        gets.push_back({src.regions[t.region], t.offset + begin, end - begin, into});
-        chunks.push_back(std::move(g));
-        ++c;
-        while (j < list.size() && list[j].src + list[j].bytes <= c * cb) ++j;
-      }
-    }
-    UcxClient::GetOptions go = options_.get;
-    go.rate_limit = mf.rate_limit;  // Its grant to this client.
-    Status bad = Status::Ok();
-    std::vector<size_t> on_device;  // Landed in device memory: checked after.
-    go.on_done = [&](size_t k) {
-      src.pulled += gets[k].bytes;
-      if (!bad.ok()) return;
-      const ChunkGet& g = chunks[k];
-      if (target.device && !g.staged) {
-        on_device.push_back(k);
-        return;
-      }
-      const auto* at = static_cast<const std::byte*>(gets[k].dst);
-      bad = CheckChunk(src.url, mf, *g.tensor, g.index, gets[k].bytes, Xxh3_64(at, gets[k].bytes));
-      if (bad.ok()) {
-        for (const auto& [range, n] : g.lands) done(range, n);
-      }
-    };
-    // A chunk that failed its check ends the pull: the rest is not worth pulling.
-    go.cancelled = [&] { return !bad.ok(); };
-    Status got = gets.empty() ? Status::Ok() : src.ucx->GetAll(gets, go).WithContext(src.url);
-    TL_RETURN_IF_ERROR(bad);
-    TL_RETURN_IF_ERROR(got);
-    if (!on_device.empty()) {
-      TL_RETURN_IF_ERROR(CheckOnDevice(src, gets, chunks, on_device, target));
-      for (size_t k : on_device) {
-        for (const auto& [range, n] : chunks[k].lands) done(range, n);
-      }
-    }
-    // The staged chunks' parts, copied out (up to the device: synchronized
-    // before their buffers go).
-    for (ChunkGet& g : cached) chunks.push_back(std::move(g));
-    Status copied = Status::Ok();
-    for (const ChunkGet& g : chunks) {
-      for (const Delivery& d : g.deliveries) {
-        if (!target.device) {
-          std::memcpy(d.to, g.staged.get() + d.from, d.bytes);
-        } else if (copied.ok()) {
-          copied = target.stream->CopyToDevice(target.device_address(d.to), g.staged.get() + d.from,
-                                               d.bytes);
+      } else {
+        for (size_t m = j; m < k; ++m) {
+          const uint64_t a = std::max(begin, list[m].src);
+          const uint64_t b = std::min(end, list[m].src + list[m].bytes);
+          g.deliveries.push_back(
+              {a - begin, b - a, list[m].dst + (a - list[m].src), list[m].range});
         }
+        // Part of a chunk another read also wants part of: kept from the
+        // read that got it, checked, until every part is delivered.
+        auto kept = partial_.find({r, &t, c});
+        if (kept != partial_.end()) {
+          g.staged = kept->second.bytes;
+          g.needed = kept->second.needed;
+          partial_.erase(kept);
+          cached.push_back(std::move(g));
+          ++c;
+          while (j < list.size() && list[j].src + list[j].bytes <= c * cb) ++j;
+          continue;
+        }
+        ++src.staged;
+        g.staged.reset(new (std::nothrow) std::byte[end - begin]);
+        if (!g.staged) return ResourceExhaustedError("peer load: no memory for a staged chunk");
+        g.needed = NeededOf(parts_[i][r].pieces, begin, end);
+        into = g.staged.get();
+      }
+      gets.push_back({src.regions[t.region], t.offset + begin, end - begin, into});
+      chunks.push_back(std::move(g));
+      ++c;
+      while (j < list.size() && list[j].src + list[j].bytes <= c * cb) ++j;
+    }
+  }
+  UcxClient::GetOptions go = options_.get;
+  go.rate_limit = mf.rate_limit;  // Its grant to this client.
+  Status bad = Status::Ok();
+  std::vector<size_t> on_device;  // Landed in device memory: checked after.
+  go.on_done = [&](size_t k) {
+    src.pulled += gets[k].bytes;
+    if (!bad.ok()) return;
+    const ChunkGet& g = chunks[k];
+    if (target.device && !g.staged) {
+      on_device.push_back(k);
+      return;
+    }
+    const auto* at = static_cast<const std::byte*>(gets[k].dst);
+    bad = CheckChunk(src.url, mf, *g.tensor, g.index, gets[k].bytes, Xxh3_64(at, gets[k].bytes));
+    if (bad.ok()) {
+      for (const auto& [range, n] : g.lands) done(range, n);
+    }
+  };
+  // A chunk that failed its check ends the pull: the rest is not worth pulling.
+  go.cancelled = [&] { return !bad.ok(); };
+  Status got = gets.empty() ? Status::Ok() : src.ucx->GetAll(gets, go).WithContext(src.url);
+  TL_RETURN_IF_ERROR(bad);
+  TL_RETURN_IF_ERROR(got);
+  if (!on_device.empty()) {
+    TL_RETURN_IF_ERROR(CheckOnDevice(src, gets, chunks, on_device, target));
+    for (size_t k : on_device) {
+      for (const auto& [range, n] : chunks[k].lands) done(range, n);
+    }
+  }
+  // The staged chunks' parts, copied out (up to the device: synchronized
+  // before their buffers go).
+  for (ChunkGet& g : cached) chunks.push_back(std::move(g));
+  Status copied = Status::Ok();
+  for (const ChunkGet& g : chunks) {
+    for (const Delivery& d : g.deliveries) {
+      if (!target.device) {
+        std::memcpy(d.to, g.staged.get() + d.from, d.bytes);
+      } else if (copied.ok()) {
+        copied = target.stream->CopyToDevice(target.device_address(d.to), g.staged.get() + d.from,
+                                             d.bytes);
       }
     }
-    if (target.device) {
-      const Status drained = target.stream->Synchronize();
-      TL_RETURN_IF_ERROR(copied);
-      TL_RETURN_IF_ERROR(drained);
+  }
+  if (target.device) {
+    const Status drained = target.stream->Synchronize();
+    TL_RETURN_IF_ERROR(copied);
+    TL_RETURN_IF_ERROR(drained);
+  }
+  for (ChunkGet& g : chunks) {
+    uint64_t delivered = 0;
+    for (const Delivery& d : g.deliveries) {
+      done(d.range, d.bytes);
+      delivered += d.bytes;
     }
-    for (ChunkGet& g : chunks) {
-      uint64_t delivered = 0;
-      for (const Delivery& d : g.deliveries) {
-        done(d.range, d.bytes);
-        delivered += d.bytes;
-      }
-      if (g.staged && delivered < g.needed) {
-        partial_[{r, g.tensor, g.index}] = {std::move(g.staged), g.needed - delivered};
-      }
+    if (g.staged && delivered < g.needed) {
+      partial_[{r, g.tensor, g.index}] = {std::move(g.staged), g.needed - delivered};
     }
   }
   return Status::Ok();
