@@ -116,15 +116,19 @@ class PeerStore final : public CheckpointStore {
   void Map(uint64_t begin, uint64_t bytes, std::byte* dst, size_t range,
            std::vector<std::vector<std::vector<Seg>>>* segs) const;
   // Gets the segments, every chunk checked; `landed(range, n)` once checked.
+  // `lock` holds mu_; a device target's checks run with it released (the
+  // next read's gets go on beside them), so the target is the caller's alone.
   Status Fetch(std::vector<std::vector<std::vector<Seg>>>& segs, FetchTarget& target,
-               const std::function<void(size_t range, uint64_t bytes)>& landed);
+               const std::function<void(size_t range, uint64_t bytes)>& landed,
+               std::unique_lock<std::mutex>& lock);
   // Maps the memory `ranges` land in for each source's UCX client (their
   // span, once; the loader's arena for a host load, a staging slot).
   void MapDestinations(std::span<const Range> ranges);
   // Source rank r's part of a Fetch.
   Status FetchFrom(StoreSource& src, size_t r, std::vector<std::vector<std::vector<Seg>>>& segs,
                    FetchTarget& target,
-                   const std::function<void(size_t range, uint64_t bytes)>& done);
+                   const std::function<void(size_t range, uint64_t bytes)>& done,
+                   std::unique_lock<std::mutex>& lock);
 
   std::vector<Wanted> wanted_;
   std::vector<uint64_t> begin_;           // Of each wanted tensor in the data section.
