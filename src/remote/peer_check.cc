@@ -57,41 +57,30 @@ Puller::Puller(const PeerKey& key, const PeerLoadOptions& options, std::shared_p
       device_(std::move(device)),
       expected_(FallbackTensors(options)) {}
 
-Status Puller::OpenSessions(const std::vector<const Control*>& group, std::vector<Source>* sources,
-                            std::string* failed_url) const {
+Status Puller::OpenSessions(const std::vector<const Control*>& group,
+                            const std::vector<const PeerInfo*>& infos,
+                            std::vector<PeerSession>* sources, std::string* failed_url) const {
   const int n = static_cast<int>(group.size());
   for (int r = 0; r < n; ++r) {
     *failed_url = group[r]->url();
-    Source& src = (*sources)[r];
-    src.control = group[r];
-    TL_ASSIGN_OR_RETURN(
-        std::string json,
-        group[r]->Send("POST", "/v1/session", "", ManifestLimits().max_json_bytes, &src.session));
-    auto m = ParseManifest(json);
-    if (!m.ok()) return m.status().WithContext(group[r]->url());
-    src.manifest = std::move(m).value();
+    PeerSession& src = (*sources)[r];
+    TL_RETURN_IF_ERROR(src.Open(*group[r], *infos[r], key_, options_.min_rate));
     const Manifest& mf = src.manifest;
-    if (!mf.key.Mismatch(key_).empty()) {
-      return InvalidArgumentError(group[r]->url() +
-                                  ": manifest key differs: " + key_.Mismatch(mf.key));
-    }
     if (mf.parallel.size != n || mf.parallel.rank != r) {
       return CorruptionError(group[r]->url() + ": manifest says rank " +
                              std::to_string(mf.parallel.rank) + " of " +
                              std::to_string(mf.parallel.size) + ", its key said rank " +
                              std::to_string(r) + " of " + std::to_string(n));
     }
-    TL_RETURN_IF_ERROR(ManifestAgreesWithKey(*src.info, mf));
     if (!key_.content.empty() && n == 1 && mf.content && mf.content->Hex() != key_.content) {
       return InvalidArgumentError(group[r]->url() + ": content differs: expected " + key_.content +
                                   ", the seed's manifest says " + mf.content->Hex());
     }
-    TL_RETURN_IF_ERROR(RateIsEnough(group[r]->url(), mf, options_.min_rate));
   }
   return Status::Ok();
 }
 
-bool Puller::HandsOverWhole(const std::vector<Source>& sources,
+bool Puller::HandsOverWhole(const std::vector<PeerSession>& sources,
                             const std::vector<Wanted>& wanted) const {
   if (options_.handover != HandoverMode::kAuto || sources.size() != 1) return false;
   const Manifest& m = sources[0].manifest;
@@ -105,7 +94,7 @@ bool Puller::HandsOverWhole(const std::vector<Source>& sources,
 }
 
 Result<std::vector<Wanted>> Puller::PlanWanted(const std::vector<const Control*>& group,
-                                               const std::vector<Source>& sources,
+                                               const std::vector<PeerSession>& sources,
                                                const ParallelLayout& layout,
                                                std::string* failed_url) const {
   const int n = static_cast<int>(group.size());
@@ -158,8 +147,8 @@ Status Puller::MatchesFallback(const std::string& url, const std::vector<Wanted>
 }
 
 Result<Wanted> Puller::WantedFor(const ManifestTensor& t, const std::vector<const Control*>& group,
-                                 const std::vector<Source>& sources, const ParallelLayout& layout,
-                                 std::string* failed_url) const {
+                                 const std::vector<PeerSession>& sources,
+                                 const ParallelLayout& layout, std::string* failed_url) const {
   Wanted w;
   w.name = t.name;
   w.dtype = t.dtype;
@@ -184,7 +173,7 @@ Result<Wanted> Puller::WantedFor(const ManifestTensor& t, const std::vector<cons
 }
 
 Status Puller::CheckRanksAgree(const ManifestTensor& t, const std::vector<const Control*>& group,
-                               const std::vector<Source>& sources, std::string* failed_url) {
+                               const std::vector<PeerSession>& sources, std::string* failed_url) {
   const int n = static_cast<int>(group.size());
   const int dim = t.shard_dim;
   for (int r = 0; r < n; ++r) {

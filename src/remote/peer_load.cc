@@ -22,7 +22,7 @@
 #include "remote/peer_access.h"
 #include "remote/peer_content.h"
 #include "remote/peer_pull.h"
-#include "remote/peer_reader.h"
+#include "remote/peer_session.h"
 #include "remote/server.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/checksum.h"

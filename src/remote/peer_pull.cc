@@ -20,22 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 std::atomic<uint64_t> bounce_for_testing{0};
 
-// Closes every session a pull opened (DELETE, with the bytes pulled), whatever
-// happens.
-struct SessionCloser {
-  std::vector<Source>* s;
-  ~SessionCloser() {
-    for (Source& src : *s) {
-      src.ucx.reset();
-      if (!src.session.empty()) {
-        src.control->Send("DELETE", "/v1/session/" + src.session, std::to_string(src.pulled), 1024)
-            .status()
-            .IgnoreError();
-      }
-    }
-  }
-};
-
 }  // namespace
 
 Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
@@ -45,10 +29,8 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
   const auto t0 = Clock::now();
   const int n = static_cast<int>(group.size());
   TL_ASSIGN_OR_RETURN(ParallelLayout layout, ParallelLayout::Parse(key_.layout));
-  std::vector<Source> sources(n);
-  SessionCloser closer{&sources};
-  for (int r = 0; r < n; ++r) sources[r].info = infos[r];
-  TL_RETURN_IF_ERROR(OpenSessions(group, &sources, failed_url));
+  std::vector<PeerSession> sources(n);  // Each closes its session, whatever happens.
+  TL_RETURN_IF_ERROR(OpenSessions(group, infos, &sources, failed_url));
 
   *failed_url = group[0]->url();
   TL_ASSIGN_OR_RETURN(std::vector<Wanted> wanted, PlanWanted(group, sources, layout, failed_url));
@@ -63,7 +45,7 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
     take.verify = options_.handover_verify;
     take.device = device_;
     Result<LoadedCheckpoint> taken =
-        TakeHandover(sources[0].manifest, group[0]->url(), sources[0].session, take);
+        TakeHandover(sources[0].manifest, group[0]->url(), sources[0].id(), take);
     if (taken.ok() && !key_.content.empty()) {
       // The mapped bytes, hashed here: a seed could publish a matching root over other bytes.
       TL_RETURN_IF_ERROR(CheckContent(*taken, key_.content, &sources[0].manifest,
@@ -84,11 +66,6 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
   }
 
   // The destination's tensors as a store's file, loaded as any checkpoint.
-  std::vector<StoreSource> from(n);
-  for (int r = 0; r < n; ++r) {
-    from[r].url = group[r]->url();
-    from[r].manifest = &sources[r].manifest;
-  }
   PeerStore::Options so;
   so.get.max_in_flight = options_.max_in_flight;
   so.get.max_get_bytes = options_.batch_bytes;
@@ -97,14 +74,12 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
   so.parallel_rank = options_.parallel.rank;
   so.fault_threads = options_.fallback_load.fault_threads;
   TL_ASSIGN_OR_RETURN(std::shared_ptr<PeerStore> store,
-                      PeerStore::Make(std::move(wanted), &from, so));
+                      PeerStore::Make(std::move(wanted), &sources, so));
   int ranks_used = 0;
   for (int r = 0; r < n; ++r) {
     if (!store->Uses(r)) continue;
     *failed_url = group[r]->url();
-    TL_RETURN_IF_ERROR(ConnectSource(group[r]->url(), &sources[r]));
-    from[r].ucx = sources[r].ucx.get();
-    from[r].regions = sources[r].regions;
+    TL_RETURN_IF_ERROR(sources[r].Connect(options_.transports, options_.connect_timeout_ms));
     ++ranks_used;
   }
   *failed_url = group[0]->url();
@@ -113,12 +88,7 @@ Result<LoadedCheckpoint> Puller::Pull(const std::vector<const Control*>& group,
     return Load(ckpt, PullLoadOptions());
   }();
   uint64_t pulled = 0;
-  for (int r = 0; r < n; ++r) {
-    sources[r].pulled = from[r].pulled;
-    sources[r].staged = from[r].staged;
-    pulled += from[r].pulled;
-    if (sources[r].ucx) sources[r].transports = sources[r].ucx->TransportsInUse();
-  }
+  for (const PeerSession& src : sources) pulled += src.pulled;
   if (!loaded.ok()) {
     if (!store->failed_url().empty()) *failed_url = store->failed_url();
     return loaded.status();
@@ -158,36 +128,19 @@ LoadOptions Puller::PullLoadOptions() const {
   return o;
 }
 
-Status Puller::ConnectSource(const std::string& url, Source* src) const {
-  UcxOptions uo;
-  uo.transports = options_.transports;
-  auto ucx = UcxClient::Connect(src->manifest.worker_address, uo,
-                                std::chrono::milliseconds(options_.connect_timeout_ms));
-  if (!ucx.ok()) return ucx.status().WithContext(url);  // Name the source.
-  src->ucx = std::move(ucx).value();
-  for (const Region& region : src->manifest.regions) {
-    if (region.rkey.empty()) {
-      return PermissionDeniedError(url + ": the manifest has no remote keys");
-    }
-    auto idx = src->ucx->AddRegion(region.rkey, region.address, region.bytes);
-    if (!idx.ok()) return idx.status().WithContext(url);
-    src->regions.push_back(*idx);
-  }
-  return Status::Ok();
-}
-
 void BounceDevicePullsForTesting(uint64_t window) { bounce_for_testing = window; }
 uint64_t BounceDevicePulls() { return bounce_for_testing; }
 
 void Puller::AddSourceReports(const std::vector<const Control*>& group,
-                              const std::vector<Source>& sources, bool direct,
+                              const std::vector<PeerSession>& sources, bool direct,
                               CheckpointBuilder* out) const {
   const int n = static_cast<int>(group.size());
   for (int r = 0; r < n; ++r) {
     FileReport f;
     f.path = group[r]->url();
+    const std::string transports = sources[r].ucx ? sources[r].ucx->TransportsInUse() : "";
     f.reason = "peer rank " + std::to_string(r) + " of " + std::to_string(n) +
-               (sources[r].transports.empty() ? "" : " over UCX " + sources[r].transports) +
+               (transports.empty() ? "" : " over UCX " + transports) +
                (device_ ? " into " + device_->name() + "'s memory" : "") +
                (device_ && !direct ? " through pinned host windows" : "") +
                (sources[r].staged == 0 ? ""

@@ -18,6 +18,7 @@
 #include "remote/control.h"
 #include "remote/manifest.h"
 #include "remote/peer_access.h"
+#include "remote/peer_session.h"
 #include "remote/peer_store.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checkpoint.h"
@@ -25,19 +26,6 @@
 #include "tensorlift/remote.h"
 
 namespace tensorlift::remote {
-
-// A source rank's pull: its endpoint, session and manifest.
-struct Source {
-  const Control* control = nullptr;
-  const PeerInfo* info = nullptr;  // What its GET /v1/key said.
-  std::string session;
-  Manifest manifest;
-  std::unique_ptr<UcxClient> ucx;
-  std::vector<uint32_t> regions;  // Manifest region -> client region index.
-  uint64_t pulled = 0;
-  uint64_t staged = 0;     // Chunks split between places (PeerStore's count).
-  std::string transports;  // What UCX used, for the report.
-};
 
 // A tensor as the fallback checkpoint's headers give it (what a disk load
 // would hand out: sparse groups by their dense names).
@@ -64,17 +52,19 @@ class Puller {
  private:
   // Opens a session on each source rank and checks its manifest: the key,
   // and the rank and size it says against the group's.
-  Status OpenSessions(const std::vector<const Control*>& group, std::vector<Source>* sources,
+  Status OpenSessions(const std::vector<const Control*>& group,
+                      const std::vector<const PeerInfo*>& infos, std::vector<PeerSession>* sources,
                       std::string* failed_url) const;
 
   // Whether the one source rank offers this host a handover of exactly the
   // tensors wanted, whole (PeerLoadOptions::handover).
-  bool HandsOverWhole(const std::vector<Source>& sources, const std::vector<Wanted>& wanted) const;
+  bool HandsOverWhole(const std::vector<PeerSession>& sources,
+                      const std::vector<Wanted>& wanted) const;
 
   // The destination's tensors (rank 0's list), checked across the source
   // ranks; `failed_url` is set to the rank that disagrees.
   Result<std::vector<Wanted>> PlanWanted(const std::vector<const Control*>& group,
-                                         const std::vector<Source>& sources,
+                                         const std::vector<PeerSession>& sources,
                                          const ParallelLayout& layout,
                                          std::string* failed_url) const;
 
@@ -86,16 +76,13 @@ class Puller {
   // Rank 0's tensor `t` as the destination wants it: split as the layout
   // says, every rank holding its part, and this rank's part of it.
   Result<Wanted> WantedFor(const ManifestTensor& t, const std::vector<const Control*>& group,
-                           const std::vector<Source>& sources, const ParallelLayout& layout,
+                           const std::vector<PeerSession>& sources, const ParallelLayout& layout,
                            std::string* failed_url) const;
 
   // Every source rank holds rank 0's tensor `t` (same dtype, full shape and
   // split dim) and, when it is split, its own part of it.
   static Status CheckRanksAgree(const ManifestTensor& t, const std::vector<const Control*>& group,
-                                const std::vector<Source>& sources, std::string* failed_url);
-
-  // Connects to the source's UCX worker and adds its manifest's regions.
-  Status ConnectSource(const std::string& url, Source* src) const;
+                                const std::vector<PeerSession>& sources, std::string* failed_url);
 
   // The load of the pull's file: the fallback's options but those that shape
   // the tensors (the key's), onto the destination.
@@ -103,7 +90,7 @@ class Puller {
 
   // One file report per source rank: its endpoint, transports and bytes.
   void AddSourceReports(const std::vector<const Control*>& group,
-                        const std::vector<Source>& sources, bool direct,
+                        const std::vector<PeerSession>& sources, bool direct,
                         CheckpointBuilder* out) const;
 
   const PeerKey& key_;

@@ -95,7 +95,7 @@ uint64_t NeededOf(const std::vector<CopyPiece>& pieces, uint64_t begin, uint64_t
 // Checks the chunks `which` of `gets` that landed in device memory: copied to
 // pinned host memory in windows of at least 16 MiB (two, so that the next
 // window's copy runs while this one is hashed) and hashed there.
-Status CheckOnDevice(const StoreSource& src, const std::vector<UcxClient::Get>& gets,
+Status CheckOnDevice(const PeerSession& src, const std::vector<UcxClient::Get>& gets,
                      const std::vector<ChunkGet>& chunks, const std::vector<size_t>& which,
                      FetchTarget& target) {
   uint64_t largest = 0;
@@ -143,7 +143,7 @@ Status CheckOnDevice(const StoreSource& src, const std::vector<UcxClient::Get>& 
         const ChunkGet& c = chunks[which[j]];
         const uint64_t bytes = gets[which[j]].bytes;
         TL_RETURN_IF_ERROR(
-            CheckChunk(src.url, *src.manifest, *c.tensor, c.index, bytes, Xxh3_64(at, bytes)));
+            CheckChunk(src.url(), src.manifest, *c.tensor, c.index, bytes, Xxh3_64(at, bytes)));
         at += bytes;
       }
     }
@@ -164,13 +164,13 @@ uint64_t Elements(const std::vector<int64_t>& shape) {
 }
 
 Result<std::shared_ptr<PeerStore>> PeerStore::Make(std::vector<Wanted> wanted,
-                                                   std::vector<StoreSource>* sources,
+                                                   std::vector<PeerSession>* sources,
                                                    const Options& options) {
   std::shared_ptr<PeerStore> s(new PeerStore());
   s->sources_ = sources;
   s->options_ = options;
   const int n = static_cast<int>(sources->size());
-  const std::string& url = (*sources)[0].url;
+  const std::string& url = (*sources)[0].url();
   // The file: the tensors one after another, in name order.
   std::string json = "{";
   uint64_t at = 0;
@@ -190,7 +190,7 @@ Result<std::shared_ptr<PeerStore>> PeerStore::Make(std::vector<Wanted> wanted,
     // What each source rank gives of it.
     std::vector<Part> parts(n);
     for (int r = 0; r < n; ++r) {
-      const ManifestTensor* t = (*sources)[r].manifest->Find(w.name);
+      const ManifestTensor* t = (*sources)[r].manifest.Find(w.name);
       parts[r].tensor = t;
       if (t == nullptr || t->nbytes == 0) continue;
       if (w.dim < 0) {
@@ -287,18 +287,18 @@ Status PeerStore::Fetch(std::vector<std::vector<std::vector<Seg>>>& segs, FetchT
   for (size_t r = 0; r < segs.size(); ++r) {
     Status st = FetchFrom((*sources_)[r], r, segs, target, done, lock);
     if (!st.ok()) {
-      failed_url_ = (*sources_)[r].url;
+      failed_url_ = (*sources_)[r].url();
       return st;
     }
   }
   return Status::Ok();
 }
 
-Status PeerStore::FetchFrom(StoreSource& src, size_t r,
+Status PeerStore::FetchFrom(PeerSession& src, size_t r,
                             std::vector<std::vector<std::vector<Seg>>>& segs, FetchTarget& target,
                             const std::function<void(size_t range, uint64_t bytes)>& done,
                             std::unique_lock<std::mutex>& lock) {
-  const Manifest& mf = *src.manifest;
+  const Manifest& mf = src.manifest;
   const uint64_t cb = mf.chunk_bytes;
   std::vector<UcxClient::Get> gets;
   std::vector<ChunkGet> chunks;  // chunks[k] is what gets[k] fetches.
@@ -360,7 +360,6 @@ Status PeerStore::FetchFrom(StoreSource& src, size_t r,
     }
   }
   UcxClient::GetOptions go = options_.get;
-  go.rate_limit = mf.rate_limit;  // Its grant to this client.
   Status bad = Status::Ok();
   std::vector<size_t> on_device;  // Landed in device memory: checked after.
   go.on_done = [&](size_t k) {
@@ -372,14 +371,14 @@ Status PeerStore::FetchFrom(StoreSource& src, size_t r,
       return;
     }
     const auto* at = static_cast<const std::byte*>(gets[k].dst);
-    bad = CheckChunk(src.url, mf, *g.tensor, g.index, gets[k].bytes, Xxh3_64(at, gets[k].bytes));
+    bad = CheckChunk(src.url(), mf, *g.tensor, g.index, gets[k].bytes, Xxh3_64(at, gets[k].bytes));
     if (bad.ok()) {
       for (const auto& [range, n] : g.lands) done(range, n);
     }
   };
   // A chunk that failed its check ends the pull: the rest is not worth pulling.
   go.cancelled = [&] { return !bad.ok(); };
-  Status got = gets.empty() ? Status::Ok() : src.ucx->GetAll(gets, go).WithContext(src.url);
+  Status got = src.GetAll(gets, go);
   TL_RETURN_IF_ERROR(bad);
   TL_RETURN_IF_ERROR(got);
   if (!on_device.empty()) {
@@ -473,7 +472,7 @@ void PeerStore::MapDestinations(std::span<const Range> ranges) {
   // mapped go through buffers of its own (as large as the gets in flight).
   // Only an optimization: a failure leaves them so.
   bool any = false;
-  for (StoreSource& src : *sources_) {
+  for (PeerSession& src : *sources_) {
     if (!src.ucx) continue;
     any = src.ucx->MapLocal(reinterpret_cast<void*>(lo), hi - lo, UcxMemory::kHost).ok() || any;
   }
@@ -511,7 +510,7 @@ class PeerStore::Direct final : public DirectReader {
     if (memory_ == UcxMemory::kHost) {
       TL_ASSIGN_OR_RETURN(visible, device_->HostMapping(device_base, bytes));
     }
-    for (StoreSource& src : *store_.sources_) {
+    for (PeerSession& src : *store_.sources_) {
       if (src.ucx) TL_RETURN_IF_ERROR(src.ucx->MapLocal(visible, bytes, memory_));
     }
     std::lock_guard<std::mutex> lock(mu_);

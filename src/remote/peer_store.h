@@ -21,6 +21,7 @@
 
 #include "format/tp_layout.h"
 #include "remote/manifest.h"
+#include "remote/peer_session.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/remote.h"
@@ -41,17 +42,6 @@ struct Wanted {
 // The number of elements of a tensor of `shape`.
 uint64_t Elements(const std::vector<int64_t>& shape);
 
-// A source rank as the store reads it: its manifest and its connected UCX
-// client (null: it holds nothing the destination wants).
-struct StoreSource {
-  std::string url;
-  const Manifest* manifest = nullptr;
-  UcxClient* ucx = nullptr;
-  std::vector<uint32_t> regions;  // Manifest region -> client region index.
-  uint64_t pulled = 0;            // Bytes got (guarded by the store).
-  uint64_t staged = 0;  // Chunks got into host memory of their own (split between places).
-};
-
 struct FetchTarget;  // Where a fetch's gets land (peer_store.cc).
 
 class PeerStore final : public CheckpointStore {
@@ -65,11 +55,11 @@ class PeerStore final : public CheckpointStore {
     int fault_threads = 0;      // LoadOptions::fault_threads, for device memory the host maps.
   };
 
-  // `wanted` in name order; `sources` by rank, each with the manifest's
-  // tensors (checked by the puller). Which source ranks hold bytes of the
-  // destination: Uses().
+  // `wanted` in name order; `sources` by rank (open sessions, whose
+  // manifests the puller checked; connected before the reads of a rank that
+  // Uses()), counting in each what it got (pulled, staged).
   static Result<std::shared_ptr<PeerStore>> Make(std::vector<Wanted> wanted,
-                                                 std::vector<StoreSource>* sources,
+                                                 std::vector<PeerSession>* sources,
                                                  const Options& options);
   // Whether source rank r holds any byte the destination wants.
   bool Uses(int r) const;
@@ -125,7 +115,7 @@ class PeerStore final : public CheckpointStore {
   // span, once; the loader's arena for a host load, a staging slot).
   void MapDestinations(std::span<const Range> ranges);
   // Source rank r's part of a Fetch.
-  Status FetchFrom(StoreSource& src, size_t r, std::vector<std::vector<std::vector<Seg>>>& segs,
+  Status FetchFrom(PeerSession& src, size_t r, std::vector<std::vector<std::vector<Seg>>>& segs,
                    FetchTarget& target,
                    const std::function<void(size_t range, uint64_t bytes)>& done,
                    std::unique_lock<std::mutex>& lock);
@@ -133,7 +123,7 @@ class PeerStore final : public CheckpointStore {
   std::vector<Wanted> wanted_;
   std::vector<uint64_t> begin_;           // Of each wanted tensor in the data section.
   std::vector<std::vector<Part>> parts_;  // [wanted][rank].
-  std::vector<StoreSource>* sources_ = nullptr;
+  std::vector<PeerSession>* sources_ = nullptr;
   Options options_;
   std::string header_;  // The file's first bytes (length and JSON).
   uint64_t file_size_ = 0;

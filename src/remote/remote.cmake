@@ -12,7 +12,7 @@
 #   handover.cc      same-host handover: sealed memfds over an abstract Unix socket
 #   share.cc         ShareTensors: a process's tensors into sealed shared memory
 #   control.cc       the control-plane client (signed requests, GET /v1/key)
-#   peer_reader.cc   PeerReader: byte ranges of a whole-tensor peer's tensors (the striper's peer source)
+#   peer_session.cc  PeerSession: one source rank's session and data plane (pulls and the striper's peer source)
 #   peer_load.cc     LoadFromPeer: finding sources, trying them, the fallback; with
 #   peer_pull.cc     Puller: a pull from one group of source ranks (gets, chunk checks),
 #   peer_check.cc    its sessions and manifests checked against the key, each other, the fallback,
@@ -48,7 +48,7 @@ add_library(tl_remote STATIC
   remote/peer_check.cc
   remote/peer_store.cc
   remote/peer_content.cc
-  remote/peer_reader.cc
+  remote/peer_session.cc
 )
 target_link_libraries(tl_remote PUBLIC tl_load tl_format tl_common
                       PRIVATE tl_sparse PkgConfig::HTTPLIB OpenSSL::Crypto simdjson::simdjson Threads::Threads PkgConfig::XXHASH)
@@ -71,6 +71,6 @@ if(TENSORLIFT_HAVE_UCX)
 endif()
 if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   # (and libstdc++'s <regex> under -fsanitize: layout.cc)
-  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/registry_entry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_reader.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_store.cc remote/peer_content.cc remote/slice.cc
+  set_source_files_properties(remote/manifest.cc remote/manifest_parse.cc remote/registry.cc remote/registry_entry.cc remote/server.cc remote/peer_server.cc remote/control.cc remote/peer_session.cc remote/peer_load.cc remote/peer_pull.cc remote/peer_check.cc remote/peer_store.cc remote/peer_content.cc remote/slice.cc
     PROPERTIES COMPILE_OPTIONS "-Wno-maybe-uninitialized")
 endif()

@@ -10,7 +10,7 @@
 
 #include "common/posix_file.h"
 #include "io/page_cache.h"
-#include "remote/peer_reader.h"
+#include "remote/peer_session.h"
 #include "sources/striped_plan.h"
 #include "sources/striped_sources.h"
 #include "sources/striped_store.h"
@@ -108,21 +108,24 @@ std::vector<std::unique_ptr<Source>> JoinSources(const StripeOptions& options,
       report->failures.push_back(options.object_url + ": " + o.status().message());
     }
   }
-  remote::PeerReaderOptions ro;
-  ro.token = options.token;
-  ro.request_timeout_ms = options.request_timeout_ms;
-  ro.connect_timeout_ms = options.connect_timeout_ms;
-  ro.stall_timeout_ms = options.stall_timeout_ms;
-  ro.min_rate = options.min_rate;
-  ro.transports = options.transports;
+  remote::PeerSession::DialOptions dial;
+  dial.token = options.token;
+  dial.request_timeout_ms = options.request_timeout_ms;
+  dial.connect_timeout_ms = options.connect_timeout_ms;
+  dial.min_rate = options.min_rate;
+  dial.transports = options.transports;
+  dial.whole_only = true;
+  remote::UcxClient::GetOptions get;
+  get.stall_timeout = std::chrono::milliseconds(options.stall_timeout_ms);
+  get.min_rate = options.min_rate;
   *reference = nullptr;
   for (const std::string& url : remote::PeerUrlsFor(
            key, options.peers, options.registry, options.request_timeout_ms, &report->failures)) {
-    auto reader = remote::PeerReader::Open(url, key, ro);
+    auto session = remote::PeerSession::Dial(url, key, dial);
     Result<std::unique_ptr<PeerSource>> p =
-        reader.ok() ? PeerSource::Open(std::move(reader).value(), layout, options.load.filter,
-                                       options.peer_ranges_at_once)
-                    : Result<std::unique_ptr<PeerSource>>(reader.status());
+        session.ok() ? PeerSource::Open(std::move(session).value(), layout, options.load.filter,
+                                        options.peer_ranges_at_once, get)
+                     : Result<std::unique_ptr<PeerSource>>(session.status());
     if (!p.ok()) {
       report->failures.push_back(p.status().message());
       continue;

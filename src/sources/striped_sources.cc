@@ -88,12 +88,14 @@ Status ObjectSource::Fetch(const std::vector<const Piece*>& pieces) {
   return client_->GetRanges(requests);
 }
 
-Result<std::unique_ptr<PeerSource>> PeerSource::Open(std::unique_ptr<remote::PeerReader> reader,
+Result<std::unique_ptr<PeerSource>> PeerSource::Open(std::unique_ptr<remote::PeerSession> session,
                                                      const Layout& layout,
-                                                     const TensorFilter& filter, int take) {
-  std::unique_ptr<PeerSource> p(new PeerSource(reader->url()));
+                                                     const TensorFilter& filter, int take,
+                                                     remote::UcxClient::GetOptions get) {
+  std::unique_ptr<PeerSource> p(new PeerSource(session->url()));
   p->take = take;
-  const remote::Manifest& mf = reader->manifest();
+  p->get_ = std::move(get);
+  const remote::Manifest& mf = session->manifest;
   for (const std::vector<LaidOut>& shard : layout.shards) {
     for (const LaidOut& t : shard) {
       const TensorInfo& info = *t.info;
@@ -105,13 +107,13 @@ Result<std::unique_ptr<PeerSource>> PeerSource::Open(std::unique_ptr<remote::Pee
       if (same) {
         p->served_[&t] = m;
       } else if (filter.Matches(info.name)) {
-        return InvalidArgumentError(reader->url() + ": tensor '" + info.name + "' is " +
+        return InvalidArgumentError(session->url() + ": tensor '" + info.name + "' is " +
                                     (m ? "served with another dtype or shape" : "not served") +
                                     " (the headers': " + std::string(DtypeName(info.dtype)) + ")");
       }
     }
   }
-  p->reader_ = std::move(reader);
+  p->session_ = std::move(session);
   return p;
 }
 
@@ -121,7 +123,7 @@ const remote::ManifestTensor* PeerSource::served(const LaidOut& t) const {
 }
 
 Status PeerSource::Fetch(const std::vector<const Piece*>& pieces) {
-  std::vector<remote::PeerReader::Piece> reads;
+  std::vector<remote::UcxClient::Get> gets;
   for (const Piece* p : pieces) {
     std::byte* dst = p->dst;
     for (const Unit& unit : p->units) {
@@ -130,18 +132,22 @@ Status PeerSource::Fetch(const std::vector<const Piece*>& pieces) {
         return NotFoundError(report.name + ": does not serve tensor '" + unit.tensor->info->name +
                              "' as the headers say");
       }
-      // Adjacent units of one tensor are read as one piece.
-      if (!reads.empty() && reads.back().tensor == m &&
-          reads.back().offset + reads.back().bytes == unit.offset &&
-          static_cast<std::byte*>(reads.back().dst) + reads.back().bytes == dst) {
-        reads.back().bytes += unit.bytes;
+      const uint64_t at = m->offset + unit.offset;
+      const uint32_t region = session_->regions[m->region];
+      // Adjacent units of one tensor are got as one.
+      if (!gets.empty() && gets.back().region == region &&
+          gets.back().offset + gets.back().bytes == at &&
+          static_cast<std::byte*>(gets.back().dst) + gets.back().bytes == dst) {
+        gets.back().bytes += unit.bytes;
       } else {
-        reads.push_back({m, unit.offset, unit.bytes, dst});
+        gets.push_back({region, at, unit.bytes, dst});
       }
       dst += unit.bytes;
     }
   }
-  return reader_->Read(reads);
+  remote::UcxClient::GetOptions go = get_;
+  go.on_done = [&](size_t i) { session_->pulled += gets[i].bytes; };
+  return session_->GetAll(gets, go);
 }
 
 }  // namespace tensorlift::sources

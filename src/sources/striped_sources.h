@@ -16,7 +16,7 @@
 
 #include "common/posix_file.h"
 #include "objstore/s3_client.h"
-#include "remote/peer_reader.h"
+#include "remote/peer_session.h"
 #include "sources/striped_plan.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/objstore.h"
@@ -87,16 +87,17 @@ class ObjectSource final : public Source {
   std::vector<objstore::ObjectUrl> objects_;
 };
 
-// A running peer serving the tensors (remote/peer_reader.h).
+// A running peer serving the tensors whole (a session of its own,
+// remote/peer_session.h): one-sided gets straight into place.
 class PeerSource final : public Source {
  public:
   // Fails when the peer does not serve every tensor that `filter` passes as
   // the headers say (name, dtype, shape, whole). Pieces of a tensor it does
   // not serve so are a failed fetch.
-  static Result<std::unique_ptr<PeerSource>> Open(std::unique_ptr<remote::PeerReader> reader,
+  static Result<std::unique_ptr<PeerSource>> Open(std::unique_ptr<remote::PeerSession> session,
                                                   const Layout& layout, const TensorFilter& filter,
-                                                  int take);
-  const remote::Manifest& manifest() const { return reader_->manifest(); }
+                                                  int take, remote::UcxClient::GetOptions get);
+  const remote::Manifest& manifest() const { return session_->manifest; }
   // Its entry for a tensor of the layout; null: not served as the headers say.
   const remote::ManifestTensor* served(const LaidOut& t) const;
 
@@ -104,7 +105,8 @@ class PeerSource final : public Source {
 
  private:
   using Source::Source;
-  std::unique_ptr<remote::PeerReader> reader_;
+  std::unique_ptr<remote::PeerSession> session_;
+  remote::UcxClient::GetOptions get_;
   std::map<const LaidOut*, const remote::ManifestTensor*> served_;
 };
 

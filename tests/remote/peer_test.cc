@@ -19,7 +19,7 @@
 #include "load/checkpoint_builder.h"
 #include "remote/control.h"
 #include "remote/peer_faults.h"
-#include "remote/peer_reader.h"
+#include "remote/peer_session.h"
 #include "remote/ucx_transport.h"
 #include "tensorlift/checksum.h"
 #include "tensorlift/remote.h"
@@ -836,7 +836,7 @@ TEST_F(PeerTest, MaxSessionsRefusesExtraClients) {
   auto server = Start(o);
   ASSERT_NE(server, nullptr);
   // The first client holds its session open until it is closed.
-  auto first = remote::PeerReader::Open(server->url(), key_, {});
+  auto first = remote::PeerSession::Dial(server->url(), key_, {});
   ASSERT_OK(first);
   ASSERT_EQ(server->active_sessions(), 1);
   PeerLoadReport report;
@@ -862,12 +862,12 @@ TEST_F(PeerTest, SessionsMoveToAFreshWorkerAndTheOldOneGoesWithItsLastSession) {
   ASSERT_NE(server, nullptr);
   const RawTensor& big = tensors_[4];
   ASSERT_EQ(big.name, "big");
-  auto open = [&] { return remote::PeerReader::Open(server->url(), key_, {}); };
-  auto read_big = [&](remote::PeerReader& r) {
-    const remote::ManifestTensor* t = r.manifest().Find("big");
+  auto open = [&] { return remote::PeerSession::Dial(server->url(), key_, {}); };
+  auto read_big = [&](remote::PeerSession& r) {
+    const remote::ManifestTensor* t = r.manifest.Find("big");
     ASSERT_NE(t, nullptr);
     std::vector<uint8_t> got(big.bytes.size());
-    ASSERT_OK(r.Read({{t, 0, got.size(), got.data()}}));
+    ASSERT_OK(r.GetAll({{r.regions[t->region], t->offset, got.size(), got.data()}}, {}));
     EXPECT_TRUE(got == big.bytes);
   };
   // A worker whose last session closed is destroyed by the server's progress
@@ -882,11 +882,11 @@ TEST_F(PeerTest, SessionsMoveToAFreshWorkerAndTheOldOneGoesWithItsLastSession) {
   auto b = open();
   ASSERT_OK(a);
   ASSERT_OK(b);
-  EXPECT_EQ((*a)->manifest().worker_address, (*b)->manifest().worker_address);
+  EXPECT_EQ((*a)->manifest.worker_address, (*b)->manifest.worker_address);
   EXPECT_EQ(server->live_workers(), 1);
   auto c = open();  // The third session gets a fresh worker.
   ASSERT_OK(c);
-  EXPECT_NE((*c)->manifest().worker_address, (*a)->manifest().worker_address);
+  EXPECT_NE((*c)->manifest.worker_address, (*a)->manifest.worker_address);
   EXPECT_EQ(server->live_workers(), 2);
   read_big(**a);  // The old worker serves its sessions on,
   read_big(**c);  // the new one its own.
