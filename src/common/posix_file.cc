@@ -69,11 +69,4 @@ Result<FileIdentity> PosixFile::Identity() const {
                       static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
-Status PosixFile::Close() {
-  if (fd_ < 0) return Status::Ok();
-  int fd = std::exchange(fd_, -1);
-  if (::close(fd) != 0 && errno != EINTR) return PosixError("close", errno);
-  return Status::Ok();
-}
-
 }  // namespace tensorlift

@@ -41,7 +41,6 @@ class PosixFile {
   Result<uint64_t> Size() const;
   // Device, inode, size and modification time from fstat.
   Result<FileIdentity> Identity() const;
-  Status Close();
 
  private:
   explicit PosixFile(int fd) : fd_(fd) {}

@@ -194,15 +194,6 @@ Status CuFileDriver::RegisterBuffer(void* dev_ptr, uint64_t bytes) {
   return Status::Ok();
 }
 
-Status CuFileDriver::DeregisterBuffer(void* dev_ptr) {
-  std::lock_guard lock(mu_);
-  auto it = std::find(registered_.begin(), registered_.end(), dev_ptr);
-  if (it == registered_.end())
-    return InvalidArgumentError("cuFileBufDeregister: the buffer is not registered");
-  registered_.erase(it);
-  return CuFileStatus(api_->buf_deregister(dev_ptr), "cuFileBufDeregister");
-}
-
 Result<uint64_t> CuFileDriver::Read(const Handle& handle, void* dev_base, uint64_t size,
                                     uint64_t file_offset, uint64_t buf_offset) {
   if (!handle.valid()) return InvalidArgumentError("cuFileRead: the file is not registered");

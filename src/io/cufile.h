@@ -87,9 +87,8 @@ class CuFileDriver {
   Result<Handle> Register(int fd);
 
   // Registers `bytes` of device memory at `dev_ptr` for GDS (optional; makes
-  // reads into it faster), until DeregisterBuffer or the driver's end.
+  // reads into it faster), until the driver's end.
   Status RegisterBuffer(void* dev_ptr, uint64_t bytes);
-  Status DeregisterBuffer(void* dev_ptr);
 
   // Reads `size` bytes at `file_offset` of the file into device memory
   // `dev_base` + `buf_offset` (for a registered buffer, `dev_base` is its

@@ -28,9 +28,6 @@ Result<CuFileDriver::Handle> CuFileDriver::Register(int) {
 Status CuFileDriver::RegisterBuffer(void*, uint64_t) {
   return UnimplementedError("built without GPUDirect Storage");
 }
-Status CuFileDriver::DeregisterBuffer(void*) {
-  return UnimplementedError("built without GPUDirect Storage");
-}
 Result<uint64_t> CuFileDriver::Read(const Handle&, void*, uint64_t, uint64_t, uint64_t) {
   return UnimplementedError("built without GPUDirect Storage");
 }

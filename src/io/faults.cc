@@ -169,11 +169,4 @@ int ReadResult(int fd, int res, size_t n) {
   return -ErrnoOf(r->kind);
 }
 
-Status SetIoFaultsForTesting(const std::string& spec) {
-  ArmFromEnvironmentOnce();  // So that the environment cannot re-arm over this later.
-  TL_ASSIGN_OR_RETURN(std::vector<Rule> rules, Parse(spec));
-  Arm(std::move(rules));
-  return Status::Ok();
-}
-
 }  // namespace tensorlift::io

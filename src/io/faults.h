@@ -1,7 +1,7 @@
 // Disk faults for tests (docs/security.md, "Disk faults"). tensorlift's own
 // reads and writes of files go through these, which pass straight through to
 // the system unless faults are armed, by TENSORLIFT_IO_FAULTS in the
-// environment (read at the first call) or by SetIoFaultsForTesting:
+// environment (read at the first call):
 //
 //   RULE[,RULE...]   RULE = OP:KIND[@N]
 //   OP     read (pread, and io_uring's reads) | write (write, pwrite)
@@ -32,11 +32,6 @@ ssize_t Pwrite(int fd, const void* buf, size_t n, off_t offset);
 // For a read the kernel did on its own (an io_uring completion): `res` (bytes
 // or a negative errno) as the armed faults make it, for a read of `n` bytes.
 int ReadResult(int fd, int res, size_t n);
-
-// Arms `spec` (above; "" disarms) and restarts the counts. kInvalidArgument
-// for a malformed spec (TENSORLIFT_IO_FAULTS's is reported on stderr once and
-// ignored).
-Status SetIoFaultsForTesting(const std::string& spec);
 
 }  // namespace tensorlift::io
 

@@ -81,8 +81,6 @@ SlotDevice::SlotDevice(std::shared_ptr<Device> base, std::shared_ptr<Buffer> slo
 }
 
 bool SlotDevice::InUse() const { return state_->live.load(std::memory_order_acquire) > 0; }
-uint64_t SlotDevice::slot_bytes() const { return state_->slot->size(); }
-const std::byte* SlotDevice::slot_data() const { return state_->slot->data(); }
 
 Result<std::shared_ptr<Buffer>> SlotDevice::Allocate(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(state_->mu);

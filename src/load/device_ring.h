@@ -40,8 +40,6 @@ class SlotDevice final : public Device {
 
   // A piece of the slot is alive (a tensor of the layer loaded into it).
   bool InUse() const;
-  uint64_t slot_bytes() const;
-  const std::byte* slot_data() const;
 
   DeviceType kind() const override { return base_->kind(); }
   int ordinal() const override { return base_->ordinal(); }

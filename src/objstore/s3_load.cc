@@ -59,7 +59,6 @@ class S3Store final : public CheckpointStore {
   S3Client& client() { return *client_; }
   // Ranged GETs of tensor data so far.
   uint64_t requests() const { return requests_.load(std::memory_order_relaxed); }
-  void CountRequests(uint64_t n) { requests_.fetch_add(n, std::memory_order_relaxed); }
 
   Result<bool> IsDirectory(const std::string& path) override {
     TL_ASSIGN_OR_RETURN(ObjectUrl url, Parse(path));

@@ -164,7 +164,6 @@ Result<UcxApi> Load() {
   TL_UCX_SYMBOL(worker_query, ucp_worker_query);
   TL_UCX_SYMBOL(worker_progress, ucp_worker_progress);
   TL_UCX_SYMBOL(worker_arm, ucp_worker_arm);
-  TL_UCX_SYMBOL(worker_signal, ucp_worker_signal);
   TL_UCX_SYMBOL(worker_get_efd, ucp_worker_get_efd);
   TL_UCX_SYMBOL(worker_get_address, ucp_worker_get_address);
   TL_UCX_SYMBOL(worker_release_address, ucp_worker_release_address);

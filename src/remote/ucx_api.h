@@ -36,7 +36,6 @@ struct UcxApi {
   decltype(&ucp_worker_query) worker_query;
   decltype(&ucp_worker_progress) worker_progress;
   decltype(&ucp_worker_arm) worker_arm;
-  decltype(&ucp_worker_signal) worker_signal;
   decltype(&ucp_worker_get_efd) worker_get_efd;
   decltype(&ucp_worker_get_address) worker_get_address;
   decltype(&ucp_worker_release_address) worker_release_address;
