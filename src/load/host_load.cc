@@ -6,13 +6,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <mutex>
 #include <optional>
 #include <thread>
 
 #include "common/checked_math.h"
+#include "common/work_queue.h"
 #include "device/host_buffer.h"
 #include "device/populate.h"
 #include "format/store_reads.h"
@@ -24,60 +23,6 @@
 namespace tensorlift {
 
 namespace {
-
-// ContentHasher::Landed on a thread of its own: the read engines' completion
-// threads (io_uring's is one thread that also submits the next reads) only
-// queue what landed, so hashing overlaps the reads instead of delaying them.
-class BackgroundHasher {
- public:
-  explicit BackgroundHasher(ContentHasher* hasher) : hasher_(hasher), thread_([this] { Run(); }) {}
-  ~BackgroundHasher() { Finish(); }
-  BackgroundHasher(const BackgroundHasher&) = delete;
-  BackgroundHasher& operator=(const BackgroundHasher&) = delete;
-
-  void Landed(uint32_t tensor, uint64_t offset, uint64_t length) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back({tensor, offset, length});
-    }
-    cv_.notify_one();
-  }
-  // Returns once everything queued is hashed.
-  void Finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-  }
-
- private:
-  struct Piece {
-    uint32_t tensor;
-    uint64_t offset, length;
-  };
-  void Run() {
-    std::vector<Piece> batch;
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return done_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // Done, and all of it hashed.
-      batch.swap(queue_);
-      lock.unlock();
-      for (const Piece& p : batch) hasher_->Landed(p.tensor, p.offset, p.length);
-      batch.clear();
-      lock.lock();
-    }
-  }
-
-  ContentHasher* hasher_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Piece> queue_;
-  bool done_ = false;
-  std::thread thread_;  // Last: starts once the rest is in place.
-};
 
 int DefaultThreads() {
   const unsigned n = std::thread::hardware_concurrency();
@@ -126,60 +71,6 @@ Status PlanJob(FileJob& job, const LoadOptions& options, bool cached_views) {
   }
   return Status::Ok();
 }
-
-// Hands tensors to LoadOptions::on_tensor from a thread of its own, in the
-// order Ready() is called (engine threads call it; it must be quick).
-class Deliverer {
- public:
-  Deliverer(const TensorCallback& callback, const std::vector<LoadedTensor>& tensors,
-            const std::vector<std::shared_ptr<Buffer>>& owners)
-      : callback_(callback), tensors_(tensors), owners_(owners) {
-    thread_ = std::thread([this] { Loop(); });
-  }
-  ~Deliverer() { (void)Finish(); }
-  void Ready(size_t i) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ready_.push_back(i);
-    }
-    cv_.notify_one();
-  }
-  // Waits until every tensor made ready was handed out (or the callback failed).
-  Status Finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    if (thread_.joinable()) thread_.join();
-    return error_;
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      cv_.wait(lock, [&] { return !ready_.empty() || done_; });
-      if (ready_.empty()) return;
-      const size_t i = ready_.front();
-      ready_.pop_front();
-      if (!error_.ok()) continue;
-      lock.unlock();
-      Status st = callback_(StreamedTensor(tensors_[i], owners_[i]));
-      lock.lock();
-      if (!st.ok()) error_ = st;
-    }
-  }
-  const TensorCallback& callback_;
-  const std::vector<LoadedTensor>& tensors_;
-  const std::vector<std::shared_ptr<Buffer>>& owners_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<size_t> ready_;
-  bool done_ = false;
-  Status error_;
-  std::thread thread_;
-};
 
 }  // namespace
 
@@ -372,9 +263,14 @@ class HostLoad {
         });
       }
     }
-    deliverer_.emplace(options_.on_tensor, out_.tensors(), out_.owners());
+    // Handed out from a thread of their own, in the order they are ready.
+    deliverer_.emplace(
+        [this](size_t& i) {
+          return options_.on_tensor(StreamedTensor(out_.tensors()[i], out_.owners()[i]));
+        },
+        WorkQueue<size_t>::Options{.skip_after_error = true});
     for (size_t i = 0; i < selected_.size(); ++i) {
-      if (waiting_[i] == 0) deliverer_->Ready(i);  // Views, and tensors with no bytes.
+      if (waiting_[i] == 0) deliverer_->Push(i);  // Views, and tensors with no bytes.
     }
   }
 
@@ -385,7 +281,7 @@ class HostLoad {
       ForSpans(op, [&](const Span& t, uint64_t lo, uint64_t hi) {
         const uint64_t from = std::max(lo, t.begin), to = std::min(hi, t.end);
         if (background_) {
-          background_->Landed(t.tensor, from - t.begin, to - from);
+          background_->Push({t.tensor, from - t.begin, to - from});
         } else {
           hasher_->Landed(t.tensor, from - t.begin, to - from);
         }
@@ -395,7 +291,7 @@ class HostLoad {
       hooks_->file_done(op.shard);
     if (deliverer_) {
       for (uint32_t t : read_tensors_[op.id]) {
-        if (waiting_[t].fetch_sub(1, std::memory_order_acq_rel) == 1) deliverer_->Ready(t);
+        if (waiting_[t].fetch_sub(1, std::memory_order_acq_rel) == 1) deliverer_->Push(t);
       }
     }
   }
@@ -454,7 +350,16 @@ class HostLoad {
     // Where nothing is handed on while the reads run (a plain host load), the
     // hashing is a thread's of its own; otherwise it happens before a tensor is
     // handed out or a file handed on (whose memory may then be reused).
-    if (hasher_ && !file_done && !deliverer_) background_.emplace(&*hasher_);
+    // (The engines' completion threads, io_uring's one that also submits the
+    // next reads, only queue what landed.)
+    if (hasher_ && !file_done && !deliverer_) {
+      background_.emplace(
+          [this](Landed& l) {
+            hasher_->Landed(l.tensor, l.offset, l.length);
+            return Status::Ok();
+          },
+          WorkQueue<Landed>::Options{});
+    }
     if (file_done || deliverer_ || hasher_) {
       progress_.op_done = [this, file_done](const ReadOp& op) { OnReadDone(op, file_done); };
     }
@@ -502,7 +407,7 @@ class HostLoad {
       job.report.engine = engine_kind_[job.report.mode == IoMode::kDirect];
       out_.files().push_back(std::move(job.report));
     }
-    if (background_) background_->Finish();
+    if (background_) TL_RETURN_IF_ERROR(background_->Finish());
     if (hasher_) {
       out_.set_content(std::make_shared<const ContentIdentity>(std::move(*hasher_).Finish()));
     }
@@ -530,12 +435,17 @@ class HostLoad {
   std::optional<ContentHasher> hasher_;
   std::vector<std::vector<uint32_t>> read_tensors_;
   std::unique_ptr<std::atomic<uint32_t>[]> waiting_;
-  std::optional<Deliverer> deliverer_;
+  std::optional<WorkQueue<size_t>> deliverer_;  // Tensors ready for on_tensor.
 
   ReadProgress progress_;
   std::optional<ProgressReporter> reporter_;
-  // Declared after what it hashes into, destroyed (joined) before it.
-  std::optional<BackgroundHasher> background_;
+  // Pieces landed, hashed on a thread of its own; declared after what it
+  // hashes into, destroyed (joined) before it.
+  struct Landed {
+    uint32_t tensor;
+    uint64_t offset, length;
+  };
+  std::optional<WorkQueue<Landed>> background_;
 };
 
 }  // namespace

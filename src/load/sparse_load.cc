@@ -10,9 +10,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -20,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/work_queue.h"
 #include "device/device.h"
 #include "device/host_buffer.h"
 #include "load/checkpoint_builder.h"
@@ -32,65 +31,6 @@
 
 namespace tensorlift {
 namespace {
-
-// Decodes groups handed to it on a few threads, in the order they are ready;
-// every group pushed is handed to `decode`, even after an error (which may
-// hold resources to give back); Finish returns the first error.
-class DecodeQueue {
- public:
-  DecodeQueue(int threads, std::function<Status(size_t)> decode) : decode_(std::move(decode)) {
-    for (int t = 0; t < threads; ++t) threads_.emplace_back([this] { Work(); });
-  }
-  ~DecodeQueue() { Finish(/*abort=*/true).IgnoreError(); }
-
-  void Push(size_t group) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ready_.push_back(group);
-    }
-    cv_.notify_one();
-  }
-  // Stops taking work once the queue is empty (closed) or at once (abort);
-  // joins the threads and returns the first error.
-  Status Finish(bool abort = false) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-      if (abort) ready_.clear();
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.join();
-    threads_.clear();
-    return first_error_;
-  }
-
- private:
-  void Work() {
-    for (;;) {
-      size_t g;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return closed_ || !ready_.empty(); });
-        if (ready_.empty()) return;
-        g = ready_.front();
-        ready_.pop_front();
-      }
-      Status st = decode_(g);
-      if (!st.ok()) {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (first_error_.ok()) first_error_ = st;
-      }
-    }
-  }
-
-  std::function<Status(size_t)> decode_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<size_t> ready_;
-  bool closed_ = false;
-  Status first_error_ = Status::Ok();
-  std::vector<std::thread> threads_;
-};
 
 // Gives the whole pages inside [p, p + bytes) of an arena back to the system.
 void Release(const std::byte* p, uint64_t bytes) {
@@ -241,10 +181,14 @@ Result<CheckpointBuilder> RunSparseMapped(const Checkpoint& ckpt, const LoadOpti
   }
   // Where each group's parts are (set before any read, read by the decoders).
   std::vector<std::array<const std::byte*, 3>> where(groups.size());
-  DecodeQueue queue(DecodeThreads(), [&](size_t i) {
-    return DecodeGroup(ckpt, *groups[i], where[i][0], where[i][1], where[i][2],
-                       dense->data() + sel.dense_offset[i]);
-  });
+  // Groups decoded on a few threads as their files complete; every group
+  // pushed is decoded, even after an error (Finish drops the rest on failure).
+  WorkQueue<size_t> queue(
+      [&](size_t& i) {
+        return DecodeGroup(ckpt, *groups[i], where[i][0], where[i][1], where[i][2],
+                           dense->data() + sel.dense_offset[i]);
+      },
+      {.threads = DecodeThreads(), .drop_on_destroy = true});
   HostLoadHooks hooks;
   if (dense) hooks.populate.push_back(dense);
   hooks.placed = [&](Checkpoint::Location loc, const std::byte* data) {
@@ -259,7 +203,7 @@ Result<CheckpointBuilder> RunSparseMapped(const Checkpoint& ckpt, const LoadOpti
   LoadOptions stored_options = options;
   stored_options.filter = TensorFilter::Names(std::move(stored));
   Result<LoadedCheckpoint> raw = LoadOnHost(ckpt, stored_options, wrap, &hooks);
-  Status decoded = queue.Finish(/*abort=*/!raw.ok());
+  Status decoded = queue.Finish(/*drop=*/!raw.ok());
   if (!raw.ok()) return raw.status();
   TL_RETURN_IF_ERROR(decoded);
   return Assemble(ckpt, CheckpointBuilder(std::move(raw).value()), sel.groups,
