@@ -287,9 +287,10 @@ class S3Store final : public CheckpointStore {
       TL_RETURN_IF_ERROR(client_->GetRanges({&rest, 1}));
     }
     TL_ASSIGN_OR_RETURN(Header header, Header::ParsePrefix(prefix, size));  // Checks n.
-    prefix.resize(8 + header.header_size());
+    // Its header's bytes alone (a copy: the probe's 1 MiB would stay with it).
+    std::vector<std::byte> kept(prefix.begin(), prefix.begin() + 8 + header.header_size());
     std::lock_guard lock(mu_);
-    objects_[path].header = std::move(prefix);
+    objects_[path].header = std::move(kept);
     return header;
   }
 

@@ -8,6 +8,7 @@
 // the one loader, not a loader of its own.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -46,6 +47,11 @@ class S3LoadTest : public ::testing::Test {
     std::filesystem::create_directories(root_.File("s3/models/sharded"));
     std::filesystem::create_directories(root_.File("s3/models/plain"));
     std::filesystem::create_directories(root_.File("s3/models/tp"));
+    std::filesystem::create_directories(root_.File("s3/models/many"));
+    for (int i = 0; i < kManyShards; ++i) {
+      WriteRaw(root_.File("s3/models/many/part-" + std::to_string(100 + i) + ".safetensors"),
+               {Random("t" + std::to_string(i), Dtype::kF32, {300000}, 40 + i)});
+    }
     std::filesystem::create_directories(root_.File("dense"));
     tp_ = {Random("a.w", Dtype::kF32, {64, 48}, 11),
            Random("b.proj", Dtype::kBF16, {40, 300}, 12),
@@ -121,6 +127,7 @@ class S3LoadTest : public ::testing::Test {
     }
   }
 
+  static constexpr int kManyShards = 24;  // Of 1.2 MB each.
   ScratchDir root_{"tl_s3"};
   std::vector<RawTensor> mixed_, tp_;
   std::unique_ptr<RcloneS3Server> server_;
@@ -402,6 +409,24 @@ TEST_F(S3LoadTest, OntoADevice) {
   ASSERT_OK(got);
   for (const LoadedTensor& t : got->tensors()) EXPECT_EQ(t.device, DeviceType::kEmulated);
   ExpectSameAsLocal(*got, root_.File("s3/models/mixed/model.safetensors"));
+}
+
+// An open checkpoint keeps each file's header bytes, not the 1 MiB its first
+// GET probes with (24 shards of 1.2 MB kept 24 MiB before).
+TEST_F(S3LoadTest, AnOpenCheckpointKeepsItsHeadersNotTheirProbes) {
+  auto allocated = [] {
+    const struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+  };
+  // Once first: what the first open sets up for the process (the client's
+  // libraries) is not what this counts.
+  ASSERT_OK(OpenObjectStoreCheckpoint("s3://models/plain", store_));
+  const size_t before = allocated();
+  auto ckpt = OpenObjectStoreCheckpoint("s3://models/many", store_);
+  ASSERT_OK(ckpt);
+  ASSERT_EQ(ckpt->shards().size(), static_cast<size_t>(kManyShards));
+  const size_t kept = allocated() - std::min(allocated(), before);
+  EXPECT_LT(kept, kManyShards * (256u << 10)) << kept << " bytes allocated by the open";
 }
 
 TEST_F(S3LoadTest, ClearErrors) {
