@@ -18,6 +18,7 @@
 #define TENSORLIFT_REMOTE_PEER_FAULTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "tensorlift/remote.h"
@@ -40,6 +41,11 @@ uint64_t BounceDevicePulls();
 // blocks of `bytes` (DirectReader::BlockBytes; 256 MiB otherwise), so that
 // tests see chunks shared between blocks.
 void DirectPullBlocksForTesting(uint64_t bytes);
+
+// While set, a read straight into a device's memory calls `hook` after its
+// gets have landed, with the store's lock released, before its chunks'
+// checks: tests hold one read there while another is planned and got.
+void BeforeDeviceChecksForTesting(std::function<void()> hook);
 
 }  // namespace tensorlift::remote
 

@@ -20,6 +20,8 @@ namespace tensorlift::remote {
 namespace {
 
 std::atomic<uint64_t> direct_blocks_for_testing{0};
+std::mutex hook_mu;
+std::function<void()> before_device_checks;  // Guarded by hook_mu.
 
 // kCorruption naming the chunk when `sum` is not the manifest's.
 Status CheckChunk(const std::string& url, const Manifest& mf, const ManifestTensor& t,
@@ -381,11 +383,28 @@ Status PeerStore::FetchFrom(PeerSession& src, size_t r,
   Status got = src.GetAll(gets, go);
   TL_RETURN_IF_ERROR(bad);
   TL_RETURN_IF_ERROR(got);
+  // Staged chunks (checked as they landed, in host memory) of which another
+  // read wants parts are kept for it before the lock is released below: a
+  // read planned meanwhile finds them instead of getting them again.
+  for (ChunkGet& g : cached) chunks.push_back(std::move(g));
+  for (const ChunkGet& g : chunks) {
+    uint64_t delivered = 0;
+    for (const Delivery& d : g.deliveries) delivered += d.bytes;
+    if (g.staged && delivered < g.needed) {
+      partial_[{r, g.tensor, g.index}] = {g.staged, g.needed - delivered};
+    }
+  }
   if (!on_device.empty()) {
     // Checked with the store's lock released: the chunks are this read's
-    // alone (their memory, the kept chunks' entries taken above), and the
-    // next read's gets go on meanwhile.
+    // alone (their memory, and the kept chunks' entries taken above), and
+    // the next read's gets go on meanwhile.
     lock.unlock();
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> h(hook_mu);
+      hook = before_device_checks;
+    }
+    if (hook) hook();
     const Status checked = CheckOnDevice(src, gets, chunks, on_device, target);
     lock.lock();
     TL_RETURN_IF_ERROR(checked);
@@ -395,7 +414,6 @@ Status PeerStore::FetchFrom(PeerSession& src, size_t r,
   }
   // The staged chunks' parts, copied out (up to the device: synchronized
   // before their buffers go).
-  for (ChunkGet& g : cached) chunks.push_back(std::move(g));
   Status copied = Status::Ok();
   for (const ChunkGet& g : chunks) {
     for (const Delivery& d : g.deliveries) {
@@ -412,15 +430,8 @@ Status PeerStore::FetchFrom(PeerSession& src, size_t r,
     TL_RETURN_IF_ERROR(copied);
     TL_RETURN_IF_ERROR(drained);
   }
-  for (ChunkGet& g : chunks) {
-    uint64_t delivered = 0;
-    for (const Delivery& d : g.deliveries) {
-      done(d.range, d.bytes);
-      delivered += d.bytes;
-    }
-    if (g.staged && delivered < g.needed) {
-      partial_[{r, g.tensor, g.index}] = {std::move(g.staged), g.needed - delivered};
-    }
+  for (const ChunkGet& g : chunks) {
+    for (const Delivery& d : g.deliveries) done(d.range, d.bytes);
   }
   return Status::Ok();
 }
@@ -635,5 +646,10 @@ Result<std::unique_ptr<DirectReader>> PeerStore::MakeDirectReader(
 }
 
 void DirectPullBlocksForTesting(uint64_t bytes) { direct_blocks_for_testing = bytes; }
+
+void BeforeDeviceChecksForTesting(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(hook_mu);
+  before_device_checks = std::move(hook);
+}
 
 }  // namespace tensorlift::remote

@@ -9,7 +9,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "../common/assert_ok.h"
@@ -483,6 +485,43 @@ TEST_F(PeerTest, APullOntoADeviceGetsEachChunkOnceWhateverItsBlocks) {
               straight);
     ExpectTensors(*got, tensors_, 1, 0, &PeerTest::Expected);
   }
+}
+
+// A read straight into the device checks its chunks with the store's lock
+// released; a read planned meanwhile (held there until the next read's gets
+// have landed) finds the chunks the first got whole for both of them kept,
+// and gets none of them again.
+TEST_F(PeerTest, AReadPlannedWhileAnotherChecksFindsTheChunksItKept) {
+  auto server = Start(Serve());
+  ASSERT_NE(server, nullptr);
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  remote::BeforeDeviceChecksForTesting([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (++calls == 1) {
+      // A watchdog, not a measure: the next read arrives unless the load failed.
+      cv.wait_for(lock, std::chrono::seconds(60), [&] { return calls > 1; });
+    } else {
+      cv.notify_all();
+    }
+  });
+  // Blocks of 1.5 MiB against 1 MiB chunks: each block's whole chunks are
+  // checked on the device, the chunk across its edge is got whole for both.
+  remote::DirectPullBlocksForTesting(1536 << 10);
+  auto opts = Pull({server->url()});
+  opts.device = DeviceId::Emulated();
+  opts.fallback_load.staging_bytes = 1536 << 10;  // Blocks: the larger of the two.
+  PeerLoadReport report;
+  auto got = LoadFromPeer(key_, opts, &report);
+  remote::DirectPullBlocksForTesting(0);
+  remote::BeforeDeviceChecksForTesting(nullptr);
+  ASSERT_OK(got);
+  EXPECT_GT(calls, 1);
+  ASSERT_EQ(got->files().size(), 1u);
+  EXPECT_TRUE(got->files()[0].gds);
+  EXPECT_EQ(report.bytes, got->total_bytes());  // Each chunk got once.
+  ExpectTensors(*got, tensors_, 1, 0, &PeerTest::Expected);
 }
 
 // LoadOptions::content_hash: a pull computes the content identity when asked
