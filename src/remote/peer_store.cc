@@ -94,6 +94,23 @@ uint64_t NeededOf(const std::vector<CopyPiece>& pieces, uint64_t begin, uint64_t
   return n;
 }
 
+// A device read's checks copy its chunks back in windows of at least this.
+constexpr uint64_t kWindow = 16ull << 20;
+
+// The target's two windows of at least `window` bytes, and their events.
+Status Reserve(FetchTarget& target, uint64_t window) {
+  if (target.window >= window) return Status::Ok();
+  for (int k = 0; k < 2; ++k) {
+    target.staging[k].reset();
+    TL_ASSIGN_OR_RETURN(target.staging[k], target.device->AllocatePinned(window));
+    if (!target.copied[k]) {
+      TL_ASSIGN_OR_RETURN(target.copied[k], target.device->CreateEvent());
+    }
+  }
+  target.window = window;
+  return Status::Ok();
+}
+
 // Checks the chunks `which` of `gets` that landed in device memory: copied to
 // pinned host memory in windows of at least 16 MiB (two, so that the next
 // window's copy runs while this one is hashed) and hashed there.
@@ -102,7 +119,7 @@ Status CheckOnDevice(const PeerSession& src, const std::vector<UcxClient::Get>& 
                      FetchTarget& target) {
   uint64_t largest = 0;
   for (size_t k : which) largest = std::max(largest, gets[k].bytes);
-  const uint64_t window = std::max<uint64_t>(largest, 16ull << 20);
+  const uint64_t window = std::max<uint64_t>(largest, kWindow);
   // Windows: runs of gets (in landing order) whose bytes fit in one window.
   std::vector<std::pair<size_t, size_t>> windows;  // [begin, end) in `which`.
   for (size_t b = 0; b < which.size();) {
@@ -113,16 +130,7 @@ Status CheckOnDevice(const PeerSession& src, const std::vector<UcxClient::Get>& 
     windows.push_back({b, e});
     b = e;
   }
-  if (target.window < window) {
-    for (int k = 0; k < 2; ++k) {
-      target.staging[k].reset();
-      TL_ASSIGN_OR_RETURN(target.staging[k], target.device->AllocatePinned(window));
-      if (!target.copied[k]) {
-        TL_ASSIGN_OR_RETURN(target.copied[k], target.device->CreateEvent());
-      }
-    }
-    target.window = window;
-  }
+  TL_RETURN_IF_ERROR(Reserve(target, window));
   std::shared_ptr<Buffer>* staging = target.staging;
   std::unique_ptr<DeviceEvent>* copied = target.copied;
   auto issue = [&](size_t w) -> Status {
@@ -528,11 +536,10 @@ class PeerStore::Direct final : public DirectReader {
     buffers_.push_back({device_base, bytes, visible});
     if (memory_ == UcxMemory::kHost) {
       // Memory the host maps (the emulated device's), faulted in ahead of the
-      // gets as a host load's arena is: first touches inside the gets cost
-      // more than the copies themselves (docs/remote.md).
-      populate_.push_back(
-          std::make_unique<PopulateAhead>(std::vector<PopulateAhead::Region>{{visible, bytes}},
-                                          FaultThreadCount(store_.options_.fault_threads)));
+      // gets as a host load's arena is (first touches inside the gets cost
+      // more than the copies themselves; docs/remote.md), from the first read.
+      fresh_.push_back({visible, bytes});
+      if (faulting_) StartFaults();  // Added after the reads began.
     }
     return Status::Ok();
   }
@@ -544,7 +551,8 @@ class PeerStore::Direct final : public DirectReader {
   }
 
   Status ReadBatch(uint32_t /*file*/, std::span<const Request> reads) override {
-    TL_ASSIGN_OR_RETURN(std::unique_ptr<FetchTarget> target, TakeTarget());
+    TL_RETURN_IF_ERROR(Prepare());
+    std::unique_ptr<FetchTarget> target = TakeTarget();
     Status st = [&]() -> Status {
       std::unique_lock<std::mutex> lock(store_.mu_);
       const uint64_t data = store_.header_.size();
@@ -569,32 +577,46 @@ class PeerStore::Direct final : public DirectReader {
     uint64_t bytes;
     std::byte* visible;
   };
-  // A target for one read's checks (its stream and pinned windows): two at
-  // most, so that one read's checks overlap the next read's gets and the
+  // Targets for the reads' checks (a stream and two pinned windows each):
+  // two, so that one read's checks overlap the next read's gets and the
   // windows' memory stays two reads' worth.
   static constexpr size_t kTargets = 2;
-  Result<std::unique_ptr<FetchTarget>> TakeTarget() {
+  // Once, at the first read: the targets, then the fault threads. In that
+  // order: a populate step holds the mmap lock that a new mapping (a stream's
+  // thread stack, a window) waits for, and the pipeline's reader threads
+  // have started by now (1 GB over shared memory onto the emulated device:
+  // the first read waited 50 to 340 ms for them when faults began at
+  // AddBuffer).
+  Status Prepare() {
+    std::lock_guard<std::mutex> lock(prepare_mu_);
+    if (prepared_) return Status::Ok();
+    for (size_t k = 0; k < kTargets; ++k) {
+      auto t = std::make_unique<FetchTarget>();
+      TL_ASSIGN_OR_RETURN(t->own_stream, device_->CreateStream());
+      t->device = device_;
+      t->stream = t->own_stream.get();
+      t->device_address = [this](std::byte* v) { return DeviceAddress(v); };
+      TL_RETURN_IF_ERROR(Reserve(*t, kWindow));
+      GiveTarget(std::move(t));
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    faulting_ = true;
+    StartFaults();
+    prepared_ = true;
+    return Status::Ok();
+  }
+  // Under mu_: fault threads over the regions added since the last call.
+  void StartFaults() {
+    if (fresh_.empty()) return;
+    populate_.push_back(
+        std::make_unique<PopulateAhead>(fresh_, FaultThreadCount(store_.options_.fault_threads)));
+    fresh_.clear();
+  }
+  std::unique_ptr<FetchTarget> TakeTarget() {
     std::unique_lock<std::mutex> lock(mu_);
-    target_cv_.wait(lock, [&] { return !free_.empty() || made_ < kTargets; });
-    if (!free_.empty()) {
-      std::unique_ptr<FetchTarget> t = std::move(free_.back());
-      free_.pop_back();
-      return t;
-    }
-    ++made_;
-    lock.unlock();
-    auto t = std::make_unique<FetchTarget>();
-    Result<std::unique_ptr<DeviceStream>> stream = device_->CreateStream();
-    if (!stream.ok()) {
-      lock.lock();
-      --made_;
-      target_cv_.notify_one();
-      return stream.status();
-    }
-    t->own_stream = std::move(stream).value();
-    t->device = device_;
-    t->stream = t->own_stream.get();
-    t->device_address = [this](std::byte* v) { return DeviceAddress(v); };
+    target_cv_.wait(lock, [&] { return !free_.empty(); });
+    std::unique_ptr<FetchTarget> t = std::move(free_.back());
+    free_.pop_back();
     return t;
   }
   void GiveTarget(std::unique_ptr<FetchTarget> t) {
@@ -621,11 +643,14 @@ class PeerStore::Direct final : public DirectReader {
   PeerStore& store_;
   std::shared_ptr<Device> device_;
   UcxMemory memory_;
-  std::mutex mu_;  // buffers_, free_, made_.
+  std::mutex prepare_mu_;
+  bool prepared_ = false;  // Guarded by prepare_mu_.
+  std::mutex mu_;          // buffers_, free_, fresh_, populate_.
   std::condition_variable target_cv_;
   std::vector<Mapped> buffers_;
   std::vector<std::unique_ptr<FetchTarget>> free_;
-  size_t made_ = 0;
+  std::vector<PopulateAhead::Region> fresh_;  // Not yet being faulted in.
+  bool faulting_ = false;                     // Since the first read.
   std::vector<std::unique_ptr<PopulateAhead>> populate_;
 };
 
