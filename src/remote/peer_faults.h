@@ -38,7 +38,7 @@ void BounceDevicePullsForTesting(uint64_t window);
 uint64_t BounceDevicePulls();
 
 // While `bytes` is not 0, a pull straight into a device's memory reads
-// blocks of `bytes` (DirectReader::BlockBytes; 256 MiB otherwise), so that
+// blocks of `bytes` (DirectReader::BlockBytes; 1 GiB otherwise), so that
 // tests see chunks shared between blocks.
 void DirectPullBlocksForTesting(uint64_t bytes);
 

@@ -506,15 +506,14 @@ class PeerStore::Direct final : public DirectReader {
 
   // Each block's gets are a run of their own and its chunks are checked
   // after it (a copy back and a hash) with the store's lock released, so that
-  // the next block's gets go on meanwhile: a 1 GB pull over shared memory onto
-  // the emulated device took 0.36 s in 16 MiB blocks, 0.28 s in 64 MiB, 0.25 s
-  // in 256 MiB and 0.22 s in one block, the old puller's single run 0.21 s
-  // (medians of 7, checks under the lock; over tcp all 0.91-0.95 s, and 0.74 s
-  // with the checks beside the next gets). 256 MiB: near one run, with progress
-  // and the kept chunks still a block at a time (docs/remote.md).
+  // the next block's gets go on meanwhile. Blocks are large: each costs a
+  // round of gets that drains before it ends. A 1 GB pull onto the emulated
+  // device, medians of 7 alternated with the old puller's single run (0.193 s
+  // over shared memory, 0.821 s over tcp): 256 MiB blocks 0.317 s and 0.712
+  // s, 512 MiB 0.222 s and 0.745 s, 1 GiB 0.194 s and 0.749 s (docs/remote.md).
   uint64_t BlockBytes() const override {
     const uint64_t testing = direct_blocks_for_testing;
-    return testing != 0 ? testing : 256ull << 20;
+    return testing != 0 ? testing : 1ull << 30;
   }
 
   Status AddFile(uint32_t file, int /*fd*/) override {
