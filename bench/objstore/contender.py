@@ -8,7 +8,9 @@
     python bench/objstore/contender.py verify URL SHARD...   (not timed: tensorlift vs local files)
     python bench/objstore/contender.py imports               (the baseline: imports only, for peak RSS)
     python bench/objstore/contender.py disk DIR              (tensorlift.load of the local copy)
-    python bench/objstore/contender.py peer URL DIR          (tensorlift.remote.load_from_peer, DIR's key)
+    python bench/objstore/contender.py peer URL DIR [HANDOVER]
+                                      (tensorlift.remote.load_from_peer, DIR's key; HANDOVER: auto
+                                       by default, off: over UCX even from a seed on this host)
     python bench/objstore/contender.py stripe DIR|- URL|- PEER|- KEYDIR [DEVICE]
                                       (tensorlift.remote.load_striped over the given sources, with
                                        its defaults; the peers' key is KEYDIR's, as tensorlift serve's)
@@ -245,13 +247,13 @@ def run_disk(path):
     return {"seconds": t1 - t0, "tensors": len(tensors), "bytes": sum(nbytes(t) for t in tensors.values())}
 
 
-def run_peer(url, path):
+def run_peer(url, path, handover="auto"):
     import torch  # noqa: F401
     from tensorlift import remote
 
     key = remote.key_for(path)  # as `tensorlift serve DIR` keys it (not timed: headers only)
     t0 = time.perf_counter()
-    tensors = remote.load_from_peer(url, model=key["model"], revision=key["revision"])
+    tensors = remote.load_from_peer(url, model=key["model"], revision=key["revision"], handover=handover)
     t1 = time.perf_counter()
     rep = remote.last_report()
     return {"seconds": t1 - t0, "tensors": len(tensors), "bytes": sum(nbytes(t) for t in tensors.values()),
@@ -312,7 +314,7 @@ def main():
     elif kind == "disk":
         res = run_disk(sys.argv[2])
     elif kind == "peer":
-        res = run_peer(sys.argv[2], sys.argv[3])
+        res = run_peer(*sys.argv[2:5])
     elif kind == "stripe":
         res = run_stripe(*sys.argv[2:7])
     elif kind == "verify":

@@ -127,7 +127,9 @@ def command(python, script, combo, path, url, peer_url):
             return [python, script, "disk", path]
         if kind == "s3":
             return [python, script, "tl", url]
-        return [python, script, "peer", peer_url, path]
+        # Over UCX, as a striped load reads a peer: a seed on this host would
+        # otherwise hand its memory over (milliseconds, no bytes moved).
+        return [python, script, "peer", peer_url, path, "off"]
     return [python, script, "stripe", path if "disk" in combo else "-", url if "s3" in combo else "-",
             peer_url if "peer" in combo else "-", path] + (["emulated:0"] if DEVICE in combo else [])
 
@@ -147,7 +149,7 @@ def summarize(data):
     lines = [f"Striped loads, {tb / 1e9:.2f} GB ({data['shards']} shards, {data['tensors']} tensors), "
              f"medians of {data['runs_per_cell']} runs, {data['date']}.", "",
              "Each source alone with its defaults (disk: tensorlift.load, views of the page cache when "
-             "warm; s3: tensorlift.load(s3://...); peer: remote.load_from_peer); combinations: "
+             "warm; s3: tensorlift.load(s3://...); peer: remote.load_from_peer with handover off); combinations: "
              "remote.load_striped with its defaults (a local copy in the page cache is loaded from alone).",
              "",
              "| sources | state | GB/s | vs the sum of its sources alone | peak RSS GiB | bytes per source (median run) |",
