@@ -170,4 +170,12 @@ Status RateIsEnough(const std::string& url, const Manifest& manifest, uint64_t m
                           " (min_rate)");
 }
 
+Result<PeerInfo> AskKey(const Control& control, const PeerKey& key) {
+  TL_ASSIGN_OR_RETURN(std::string body, control.Send("GET", "/v1/key", "", 64 << 10));
+  TL_ASSIGN_OR_RETURN(PeerInfo info, ParseKeyJson(control.url(), body));
+  const std::string mismatch = key.Mismatch(info.key);
+  if (!mismatch.empty()) return InvalidArgumentError(control.url() + ": incompatible: " + mismatch);
+  return info;
+}
+
 }  // namespace tensorlift::remote

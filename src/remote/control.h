@@ -55,6 +55,10 @@ Status RateIsEnough(const std::string& url, const Manifest& manifest, uint64_t m
 // Parses GET /v1/key's answer from `url` (untrusted: every field checked).
 Result<PeerInfo> ParseKeyJson(const std::string& url, const std::string& json);
 
+// GET /v1/key on `control`, parsed; kInvalidArgument ("URL: incompatible:
+// ...") when its key is not `key`'s.
+Result<PeerInfo> AskKey(const Control& control, const PeerKey& key);
+
 }  // namespace tensorlift::remote
 
 #endif  // TENSORLIFT_REMOTE_CONTROL_H_

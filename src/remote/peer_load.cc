@@ -128,15 +128,9 @@ Endpoints FindEndpoints(const PeerKey& key, const PeerLoadOptions& options,
       report->failures.push_back(url + ": " + c.status().message());
       continue;
     }
-    auto body = c->Send("GET", "/v1/key", "", 64 << 10);
-    Result<PeerInfo> info = body.ok() ? ParseKeyJson(url, *body) : Result<PeerInfo>(body.status());
+    Result<PeerInfo> info = AskKey(*c, key);
     if (!info.ok()) {
       report->failures.push_back(info.status().message());
-      continue;
-    }
-    const std::string mismatch = key.Mismatch(info->key);
-    if (!mismatch.empty()) {
-      report->failures.push_back(url + ": incompatible: " + mismatch);
       continue;
     }
     if (!key.content.empty() && info->parallel.size == 1 && !info->content.empty() &&

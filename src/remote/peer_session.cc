@@ -38,10 +38,7 @@ Result<std::unique_ptr<PeerSession>> PeerSession::Dial(const std::string& url, c
   TL_ASSIGN_OR_RETURN(Control control,
                       Control::Make(url, options.token, options.request_timeout_ms));
   s->own_control_ = std::make_unique<Control>(std::move(control));
-  TL_ASSIGN_OR_RETURN(std::string body, s->own_control_->Send("GET", "/v1/key", "", 64 << 10));
-  TL_ASSIGN_OR_RETURN(PeerInfo said, ParseKeyJson(url, body));
-  const std::string mismatch = key.Mismatch(said.key);
-  if (!mismatch.empty()) return InvalidArgumentError(url + ": incompatible: " + mismatch);
+  TL_ASSIGN_OR_RETURN(PeerInfo said, AskKey(*s->own_control_, key));
   auto whole = [&](const TensorParallel& p) -> Status {
     if (!options.whole_only || p.size == 1) return Status::Ok();
     return UnimplementedError(url + ": serves rank " + std::to_string(p.rank) + " of " +
