@@ -10,6 +10,15 @@
 #include "tensorlift/text.h"
 
 namespace tensorlift {
+
+Status CheckRank(const TensorParallel& parallel, std::string_view who) {
+  if (parallel.size >= 1 && parallel.rank >= 0 && parallel.rank < parallel.size) {
+    return Status::Ok();
+  }
+  return InvalidArgumentError((who.empty() ? "" : std::string(who) + ": ") +
+                              "tensor parallel rank " + std::to_string(parallel.rank) +
+                              " of size " + std::to_string(parallel.size) + " is out of range");
+}
 namespace {
 
 bool IsSpace(char c) {

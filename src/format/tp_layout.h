@@ -11,10 +11,15 @@
 #include <vector>
 
 #include "tensorlift/assign.h"
+#include "tensorlift/loader.h"
 #include "tensorlift/safetensors.h"
 #include "tensorlift/status.h"
 
 namespace tensorlift {
+
+// InvalidArgument ("WHO: tensor parallel rank R of size N is out of range")
+// unless 0 <= rank < size; `who` may be empty.
+Status CheckRank(const TensorParallel& parallel, std::string_view who = {});
 
 // Rules "REGEX=DIM" separated by ';' (the first rule whose ECMAScript regex
 // matches anywhere in the name wins); e.g. the Llama layout

@@ -231,10 +231,7 @@ Status CheckSourceOptions(const Checkpoint& checkpoint, const LoadOptions& optio
 // parses, no content identity, no sparse tensors to decode.
 Status CheckParallelOptions(const Checkpoint& checkpoint, const LoadOptions& options) {
   const TensorParallel& p = options.parallel;
-  if (p.size < 1 || p.rank < 0 || p.rank >= p.size) {
-    return InvalidArgumentError("tensor-parallel rank " + std::to_string(p.rank) + " of size " +
-                                std::to_string(p.size) + " is out of range");
-  }
+  TL_RETURN_IF_ERROR(CheckRank(p));
   if (p.size == 1) return Status::Ok();
   TL_RETURN_IF_ERROR(ParallelLayout::Parse(options.layout).status());
   if (options.content_hash == ContentHashMode::kOn) {

@@ -87,13 +87,7 @@ Status CheckPeerLoad(const PeerKey& key, const ParallelLayout& layout,
         std::to_string(options.parallel.rank) + " of " + std::to_string(options.parallel.size) +
         " receives slices of it and cannot check it");
   }
-  if (options.parallel.size < 1 || options.parallel.rank < 0 ||
-      options.parallel.rank >= options.parallel.size) {
-    return InvalidArgumentError("peer load: tensor parallel rank " +
-                                std::to_string(options.parallel.rank) + " of size " +
-                                std::to_string(options.parallel.size) + " is out of range");
-  }
-  return Status::Ok();
+  return CheckRank(options.parallel, "peer load");
 }
 
 // The endpoints that can serve `key`, each with its control connection and

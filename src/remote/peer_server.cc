@@ -25,6 +25,7 @@
 #include <thread>
 #include <utility>
 
+#include "format/tp_layout.h"
 #include "remote/auth.h"
 #include "remote/handover.h"
 #include "remote/manifest.h"
@@ -61,12 +62,7 @@ class PeerServerImpl final : public PeerServer {
                std::shared_ptr<const void> keep_alive, const ContentIdentity* known = nullptr) {
     keep_alive_ = std::move(keep_alive);
     TL_RETURN_IF_ERROR(key_.Validate());
-    if (options_.parallel.size < 1 || options_.parallel.rank < 0 ||
-        options_.parallel.rank >= options_.parallel.size) {
-      return InvalidArgumentError("serve: tensor parallel rank " +
-                                  std::to_string(options_.parallel.rank) + " of size " +
-                                  std::to_string(options_.parallel.size) + " is out of range");
-    }
+    TL_RETURN_IF_ERROR(CheckRank(options_.parallel, "serve"));
     if (options_.chunk_bytes < 4096 || options_.chunk_bytes > (1ull << 30)) {
       return InvalidArgumentError("serve: chunk_bytes " + std::to_string(options_.chunk_bytes) +
                                   " is outside [4096, 1 GiB]");

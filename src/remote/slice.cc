@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "common/checked_math.h"
+#include "format/tp_layout.h"
 #include "load/checkpoint_builder.h"
 #include "remote/peer_access.h"
 
@@ -56,10 +57,7 @@ std::vector<int64_t> ShardShape(const ShardOf& s, int64_t length) {
 Result<LoadedCheckpoint> SliceForRank(LoadedCheckpoint whole, const ParallelLayout& layout,
                                       const TensorParallel& parallel,
                                       std::vector<ShardOf>* shards) {
-  if (parallel.size < 1 || parallel.rank < 0 || parallel.rank >= parallel.size) {
-    return InvalidArgumentError("tensor parallel rank " + std::to_string(parallel.rank) +
-                                " of size " + std::to_string(parallel.size) + " is out of range");
-  }
+  TL_RETURN_IF_ERROR(CheckRank(parallel));
   std::vector<ShardOf> of(whole.tensors().size());
   std::vector<IndexRange> ranges(of.size());
   std::vector<uint64_t> offsets(of.size());
