@@ -58,8 +58,7 @@ struct ChunkGet {
 // checked on a copy staged back in pinned host memory.
 struct FetchTarget {
   std::shared_ptr<Device> device;
-  std::unique_ptr<DeviceStream> own_stream;  // A direct reader's.
-  DeviceStream* stream = nullptr;
+  std::unique_ptr<DeviceStream> stream;
   std::function<std::byte*(std::byte* visible)> device_address;
   // The checks' two windows of pinned host memory (window bytes each) and
   // their events, kept from fetch to fetch.
@@ -538,7 +537,7 @@ class PeerStore::Direct final : public DirectReader {
       // gets as a host load's arena is (first touches inside the gets cost
       // more than the copies themselves; docs/remote.md), from the first read.
       fresh_.push_back({visible, bytes});
-      if (faulting_) StartFaults();  // Added after the reads began.
+      if (prepared_) StartFaults();  // Added after the reads began.
     }
     return Status::Ok();
   }
@@ -591,15 +590,13 @@ class PeerStore::Direct final : public DirectReader {
     if (prepared_) return Status::Ok();
     for (size_t k = 0; k < kTargets; ++k) {
       auto t = std::make_unique<FetchTarget>();
-      TL_ASSIGN_OR_RETURN(t->own_stream, device_->CreateStream());
+      TL_ASSIGN_OR_RETURN(t->stream, device_->CreateStream());
       t->device = device_;
-      t->stream = t->own_stream.get();
       t->device_address = [this](std::byte* v) { return DeviceAddress(v); };
       TL_RETURN_IF_ERROR(Reserve(*t, kWindow));
       GiveTarget(std::move(t));
     }
     std::lock_guard<std::mutex> l(mu_);
-    faulting_ = true;
     StartFaults();
     prepared_ = true;
     return Status::Ok();
@@ -642,14 +639,13 @@ class PeerStore::Direct final : public DirectReader {
   PeerStore& store_;
   std::shared_ptr<Device> device_;
   UcxMemory memory_;
-  std::mutex prepare_mu_;
-  bool prepared_ = false;  // Guarded by prepare_mu_.
-  std::mutex mu_;          // buffers_, free_, fresh_, populate_.
+  std::mutex prepare_mu_;              // Prepare, once.
+  std::atomic<bool> prepared_{false};  // Set under prepare_mu_ and mu_.
+  std::mutex mu_;                      // buffers_, free_, fresh_, populate_.
   std::condition_variable target_cv_;
   std::vector<Mapped> buffers_;
   std::vector<std::unique_ptr<FetchTarget>> free_;
   std::vector<PopulateAhead::Region> fresh_;  // Not yet being faulted in.
-  bool faulting_ = false;                     // Since the first read.
   std::vector<std::unique_ptr<PopulateAhead>> populate_;
 };
 
