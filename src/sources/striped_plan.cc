@@ -78,7 +78,10 @@ class Cutter {
     const uint64_t cb = t.checked_by ? layout_.chunk_bytes : 0;
     while (length > 0) {
       if (cb == 0) {
-        const uint64_t n = std::min(length, piece_bytes_);
+        // Cut where the file's offset is a multiple of piece_bytes: a piece's
+        // ends are then aligned for O_DIRECT (all but a run's own ends).
+        const uint64_t file = t.file_offset + offset;
+        const uint64_t n = std::min(length, piece_bytes_ - file % piece_bytes_);
         Append(run, {&t, offset, n, -1}, dst);
         offset += n, dst += n, length -= n;
         continue;
@@ -103,7 +106,8 @@ class Cutter {
     Piece* last = open_ == SIZE_MAX ? nullptr : &pieces_[open_];
     if (last && last->run == run && last->shard == u.tensor->shard &&
         last->file_offset + last->bytes == file && last->dst + last->bytes == dst &&
-        last->bytes + u.bytes <= std::max(piece_bytes_, u.bytes)) {
+        last->bytes + u.bytes <= std::max(piece_bytes_, u.bytes) &&
+        (u.chunk >= 0 || file % piece_bytes_ != 0)) {
       last->bytes += u.bytes;
       last->units.push_back(u);
       return;

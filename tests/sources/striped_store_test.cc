@@ -102,7 +102,7 @@ TEST(StripedStoreTest, ASlowSourceHoldsOnlyItsProbeWhileTheOthersDeliverTheRest)
   sources.push_back(std::move(slow));  // First: its first worker is dealt a piece first.
   sources.push_back(std::move(fast));
   StripedStore::Options options;
-  options.piece_bytes = 64 << 10;  // 32 pieces.
+  options.piece_bytes = 64 << 10;
   StripedStore store(LayOut(*ckpt), std::move(sources), options);
 
   const Checkpoint::Shard& shard = ckpt->shards()[0];
@@ -115,7 +115,10 @@ TEST(StripedStoreTest, ASlowSourceHoldsOnlyItsProbeWhileTheOthersDeliverTheRest)
   ASSERT_TRUE(slow_p->WaitForPieces(1));
   // The fast source delivers everything but the slow one's probe: its other
   // three workers wait for the probe to measure it, and take nothing.
-  const size_t pieces = length / options.piece_bytes;
+  // Cut where the file's offset is a multiple of 64 KiB: 33 (the data's
+  // first and last pieces are partial).
+  const size_t pieces = store.pieces();
+  ASSERT_EQ(pieces, length / options.piece_bytes + 1);
   ASSERT_TRUE(fast_p->WaitForPieces(pieces - 1));
   EXPECT_EQ(fast_p->fetched_pieces(), pieces - 1);
   EXPECT_EQ(slow_p->fetches(), 1);
@@ -125,6 +128,42 @@ TEST(StripedStoreTest, ASlowSourceHoldsOnlyItsProbeWhileTheOthersDeliverTheRest)
   ASSERT_OK(read);
   EXPECT_EQ(std::memcmp(into.data(), files[0].data() + begin, length), 0);
   EXPECT_EQ(slow_p->fetches(), 1);
+}
+
+// Unchecked pieces are cut on a grid of the file's offsets (multiples of
+// piece_bytes), whatever the tensors' bounds: only the data's own ends are
+// not aligned for O_DIRECT, and the pieces cover the read exactly.
+TEST(StripedStoreTest, PiecesAreCutWhereTheFileOffsetIsAMultipleOfThePieceSize) {
+  ScratchDir dir("tl_striped_cut");
+  const std::string path = dir.File("m.safetensors");
+  std::vector<testing::RawTensor> tensors;
+  for (int i = 0; i < 5; ++i)  // Sizes that are no multiple of 4 KiB.
+    tensors.push_back(testing::Random("t" + std::to_string(i), Dtype::kU8, {100000 + 777u * i}, i));
+  testing::WriteRaw(path, tensors);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  const Layout layout = LayOut(*ckpt);
+  const Checkpoint::Shard& shard = ckpt->shards()[0];
+  const uint64_t begin = shard.header.data_offset();
+  const uint64_t length = shard.identity.size - begin;
+  ASSERT_NE(begin % 4096, 0u);
+  std::vector<std::byte> into(length);
+  const CheckpointStore::Range range{&shard.path, begin, length, into.data()};
+  constexpr uint64_t kPiece = 64 << 10;
+  auto cut = CutPieces(layout, {&range, 1}, kPiece);
+  ASSERT_OK(cut);
+  ASSERT_EQ(cut->pieces.size(), (begin + length - 1) / kPiece - begin / kPiece + 1);
+  uint64_t at = begin;
+  for (const Piece& p : cut->pieces) {
+    EXPECT_EQ(p.file_offset, at);
+    EXPECT_EQ(p.dst, into.data() + (at - begin));
+    EXPECT_LE(p.bytes, kPiece);
+    at += p.bytes;
+    if (at < begin + length) {
+      EXPECT_EQ(at % kPiece, 0u) << "a piece ends at " << at;
+    }
+  }
+  EXPECT_EQ(at, begin + length);
 }
 
 }  // namespace
