@@ -79,7 +79,7 @@ std::vector<std::unique_ptr<Source>> JoinSources(const StripeOptions& options,
                                                  const PeerSource** reference) {
   std::vector<std::unique_ptr<Source>> sources;
   if (disk) {
-    auto d = DiskSource::Open(*disk, options.disk_threads);
+    auto d = DiskSource::Open(*disk, options.disk_threads, /*take=*/1);
     if (d.ok()) {
       sources.push_back(std::move(d).value());
     } else {

@@ -12,56 +12,81 @@
 
 namespace tensorlift::sources {
 
-Result<std::unique_ptr<DiskSource>> DiskSource::Open(const Checkpoint& ckpt, int threads) {
+Result<std::unique_ptr<DiskSource>> DiskSource::Open(const Checkpoint& ckpt, int workers,
+                                                     int take) {
   std::unique_ptr<DiskSource> d(new DiskSource("disk:" + ckpt.path()));
-  d->workers = threads;
+  d->workers = workers;
+  d->take = take;
   for (const Checkpoint::Shard& shard : ckpt.shards()) {
-    auto f = PosixFile::OpenForRead(shard.path);
+    // O_DIRECT where the filesystem has it (not tmpfs): buffered otherwise.
+    auto f = PosixFile::OpenForRead(shard.path, O_DIRECT);
+    const bool direct = f.ok();
+    if (!direct) f = PosixFile::OpenForRead(shard.path);
     if (!f.ok()) return f.status().WithContext(shard.path);
     TL_ASSIGN_OR_RETURN(FileIdentity id, f->Identity());
     if (id != shard.identity) {
       return IOError(shard.path + ": changed since its header was read");
     }
-    // O_DIRECT where the filesystem has it (not tmpfs): buffered otherwise.
-    auto direct = PosixFile::OpenForRead(shard.path, O_DIRECT);
-    d->direct_.push_back(direct.ok() ? std::move(direct).value() : PosixFile());
     d->files_.push_back(std::move(f).value());
+    d->direct_.push_back(direct);
     d->paths_.push_back(shard.path);
+  }
+  // Every worker's engine now, before the load: a ring's set-up maps memory,
+  // which would wait for the mmap lock that the loader's fault threads hold.
+  for (int w = 0; w < workers; ++w) {
+    TL_ASSIGN_OR_RETURN(std::unique_ptr<ReadEngine> engine, d->MakeEngine());
+    d->idle_.push_back(std::move(engine));
   }
   return d;
 }
 
-Status DiskSource::Fetch(const std::vector<const Piece*>& pieces) {
-  for (const Piece* p : pieces) {
-    const uint64_t begin = p->file_offset, end = p->file_offset + p->bytes;
-    const uint64_t a = RoundUp(begin, kBlock), b = end / kBlock * kBlock;
-    const bool aligned = (reinterpret_cast<uintptr_t>(p->dst) - begin) % kBlock == 0;
-    if (direct_[p->shard].fd() < 0 || b <= a || !aligned) {
-      TL_RETURN_IF_ERROR(ReadAt(files_[p->shard], p->shard, begin, end, p->dst));
-      continue;
-    }
-    TL_RETURN_IF_ERROR(ReadAt(files_[p->shard], p->shard, begin, a, p->dst));
-    TL_RETURN_IF_ERROR(ReadAt(direct_[p->shard], p->shard, a, b, p->dst + (a - begin)));
-    TL_RETURN_IF_ERROR(ReadAt(files_[p->shard], p->shard, b, end, p->dst + (b - begin)));
-  }
-  return Status::Ok();
+DiskSource::~DiskSource() = default;
+
+Result<std::unique_ptr<ReadEngine>> DiskSource::MakeEngine() const {
+  std::vector<EngineFile> files;
+  for (size_t s = 0; s < files_.size(); ++s) files.push_back({files_[s].fd(), &paths_[s]});
+  auto uring = MakeUringEngine(2 * take, files);
+  if (uring.ok()) return std::move(uring).value();
+  return MakeInlineEngine(std::move(files));
 }
 
-Status DiskSource::ReadAt(const PosixFile& file, uint32_t shard, uint64_t begin, uint64_t end,
-                          std::byte* dst) const {
-  uint64_t done = 0;
-  while (begin + done < end) {
-    const ssize_t n =
-        io::Pread(file.fd(), dst + done, end - begin - done, static_cast<off_t>(begin + done));
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n < 0) return PosixError(paths_[shard] + ": read", errno);
-    if (n == 0) {
-      return IOError(paths_[shard] + ": ends at " + std::to_string(begin + done) +
-                     ", before the range's end " + std::to_string(end));
+Result<std::unique_ptr<ReadEngine>> DiskSource::TakeEngine() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      std::unique_ptr<ReadEngine> e = std::move(idle_.back());
+      idle_.pop_back();
+      return e;
     }
-    done += static_cast<uint64_t>(n);
   }
-  return Status::Ok();
+  return MakeEngine();
+}
+
+Status DiskSource::Fetch(const std::vector<const Piece*>& pieces) {
+  // The aligned middles first, in flight together; the bounce blocks of the
+  // unaligned ends after them (read one at a time, while the middles are).
+  std::vector<ReadOp> ops, ends;
+  for (const Piece* p : pieces) {
+    const uint64_t begin = p->file_offset, end = p->file_offset + p->bytes;
+    const uint64_t a = RoundUp(begin, kDirectAlign), b = end / kDirectAlign * kDirectAlign;
+    const bool aligned = (reinterpret_cast<uintptr_t>(p->dst) - begin) % kDirectAlign == 0;
+    if (!direct_[p->shard] || (a == begin && b == end && aligned)) {
+      ops.push_back({p->shard, begin, p->bytes, p->dst});
+    } else if (b <= a || !aligned) {
+      ends.push_back({p->shard, begin, p->bytes, p->dst, /*bounce=*/true});
+    } else {
+      if (a > begin) ends.push_back({p->shard, begin, a - begin, p->dst, true});
+      ops.push_back({p->shard, a, b - a, p->dst + (a - begin)});
+      if (end > b) ends.push_back({p->shard, b, end - b, p->dst + (b - begin), true});
+    }
+  }
+  ops.insert(ops.end(), ends.begin(), ends.end());
+  TL_ASSIGN_OR_RETURN(std::unique_ptr<ReadEngine> engine, TakeEngine());
+  ReadProgress progress;
+  Status st = engine->Run(ops, &progress);
+  std::lock_guard<std::mutex> lock(mu_);
+  idle_.push_back(std::move(engine));
+  return st;
 }
 
 Result<std::unique_ptr<ObjectSource>> ObjectSource::Open(const Checkpoint& bucket,

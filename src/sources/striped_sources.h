@@ -10,11 +10,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/posix_file.h"
+#include "io/read_op.h"
 #include "objstore/s3_client.h"
 #include "remote/peer_session.h"
 #include "sources/striped_plan.h"
@@ -51,25 +53,31 @@ class Source {
 };
 
 // The local files of the checkpoint, as opened (each checked to be the file
-// its header was read from).
+// its header was read from), read by the loader's read engines: a fetch's
+// pieces are one engine run (io_uring where the kernel has it, else a pool of
+// pread threads), so `workers` fetches keep workers x take pieces in flight.
+// A piece's whole 4 KiB blocks are read with O_DIRECT when it lands at an
+// address congruent to its file offset modulo 4 KiB (the loader places a
+// striped store's tensors so), its unaligned ends through a bounce block:
+// cold bytes come from the disk at its speed, without filling the page cache,
+// as a disk load's do. Files on a filesystem without O_DIRECT (tmpfs) are
+// read buffered.
 class DiskSource final : public Source {
  public:
-  static Result<std::unique_ptr<DiskSource>> Open(const Checkpoint& ckpt, int threads);
-  // A piece's whole 4 KiB blocks are read with O_DIRECT when it lands at an
-  // address congruent to its file offset modulo 4 KiB (the loader places a
-  // striped store's tensors so), its ends buffered: cold bytes come from the
-  // disk at its speed, without filling the page cache, as a disk load's do.
+  static Result<std::unique_ptr<DiskSource>> Open(const Checkpoint& ckpt, int workers, int take);
+  ~DiskSource() override;
   Status Fetch(const std::vector<const Piece*>& pieces) override;
 
  private:
-  static constexpr uint64_t kBlock = 4096;
-  // File bytes [begin, end) into dst, through `file`.
-  Status ReadAt(const PosixFile& file, uint32_t shard, uint64_t begin, uint64_t end,
-                std::byte* dst) const;
-
   using Source::Source;
-  std::vector<PosixFile> files_, direct_;
+  Result<std::unique_ptr<ReadEngine>> MakeEngine() const;
+  // An engine no fetch is using (made when there is none).
+  Result<std::unique_ptr<ReadEngine>> TakeEngine();
+  std::vector<PosixFile> files_;  // O_DIRECT where the filesystem has it.
+  std::vector<bool> direct_;
   std::vector<std::string> paths_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<ReadEngine>> idle_;  // Guarded by mu_.
 };
 
 // The checkpoint's copy in a bucket: ranged GETs straight into place.

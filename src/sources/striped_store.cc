@@ -178,6 +178,10 @@ void StripedStore::Release(Source& src, const std::vector<Queued>& ids) {
 }
 
 void StripedStore::Work(Source& src, size_t worker) {
+  // This thread's first allocation maps its malloc arena: now, before any
+  // read, not while the loader's fault threads hold the mmap lock.
+  std::vector<const Piece*> pieces;
+  pieces.reserve(static_cast<size_t>(src.take));
   for (;;) {
     std::vector<Queued> mine;
     {
@@ -185,7 +189,7 @@ void StripedStore::Work(Source& src, size_t worker) {
       mine = Take(src, worker, lock);
       if (mine.empty()) return;
     }
-    std::vector<const Piece*> pieces;
+    pieces.clear();
     for (const Queued& q : mine) pieces.push_back(&q.read->pieces[q.piece]);
     Status st = src.Fetch(pieces);
     for (size_t k = 0; st.ok() && k < pieces.size(); ++k)

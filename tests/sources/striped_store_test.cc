@@ -4,9 +4,12 @@
 // load than its probe while the others deliver the rest.
 #include "sources/striped_store.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -164,6 +167,61 @@ TEST(StripedStoreTest, PiecesAreCutWhereTheFileOffsetIsAMultipleOfThePieceSize) 
     }
   }
   EXPECT_EQ(at, begin + length);
+}
+
+// The disk source reads through the loader's engines: whole blocks with
+// O_DIRECT, unaligned ends and destinations through bounce blocks, every
+// byte exact; a file cut short under it is the loads' one verdict on a short
+// read (IOError "short read", naming the file).
+TEST(StripedStoreTest, TheDiskSourceReadsEveryPieceExactlyAndAShortFileIsTheOneVerdict) {
+  ScratchDir dir("tl_striped_disk");
+  const std::string path = dir.File("m.safetensors");
+  std::vector<testing::RawTensor> tensors;
+  for (int i = 0; i < 4; ++i)
+    tensors.push_back(testing::Random("t" + std::to_string(i), Dtype::kU8, {90000 + 999u * i}, i));
+  testing::WriteRaw(path, tensors);
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  const std::string file = ReadAll(path);
+  const Layout layout = LayOut(*ckpt);
+  const Checkpoint::Shard& shard = ckpt->shards()[0];
+  const uint64_t begin = shard.header.data_offset();
+  const uint64_t length = shard.identity.size - begin;
+  ASSERT_NE(begin % 4096, 0u);
+  auto disk = DiskSource::Open(*ckpt, /*workers=*/2, /*take=*/1);
+  ASSERT_OK(disk);
+
+  // Congruent with the file modulo 4 KiB (as the loader places a striped
+  // store's tensors), and one byte off (every piece through a bounce block).
+  for (uint64_t skew : {uint64_t{0}, uint64_t{1}}) {
+    SCOPED_TRACE(skew);
+    std::unique_ptr<std::byte, decltype(&std::free)> buf(
+        static_cast<std::byte*>(std::aligned_alloc(4096, length + 8192)), &std::free);
+    std::byte* into = buf.get() + begin % 4096 + skew;
+    const CheckpointStore::Range range{&shard.path, begin, length, into};
+    auto cut = CutPieces(layout, {&range, 1}, 16 << 10);
+    ASSERT_OK(cut);
+    std::vector<const Piece*> pieces;
+    for (const Piece& p : cut->pieces) pieces.push_back(&p);
+    // And a piece inside one block, unaligned at both ends.
+    Piece inside = cut->pieces[1];
+    inside.file_offset += 5;
+    inside.bytes = 100;
+    inside.dst += 5;
+    pieces.push_back(&inside);
+    ASSERT_OK((*disk)->Fetch(pieces));
+    EXPECT_EQ(std::memcmp(into, file.data() + begin, length), 0);
+  }
+
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(begin + 1000)), 0);
+  std::vector<std::byte> into(length + 4096);
+  const CheckpointStore::Range range{&shard.path, begin, length, into.data()};
+  auto cut = CutPieces(layout, {&range, 1}, 16 << 10);
+  ASSERT_OK(cut);
+  const Status st = (*disk)->Fetch({&cut->pieces.back()});
+  EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
+  EXPECT_THAT(st.message(), ::testing::HasSubstr("short read"));
+  EXPECT_THAT(st.message(), ::testing::HasSubstr(path));
 }
 
 }  // namespace
