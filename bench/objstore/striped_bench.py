@@ -221,6 +221,12 @@ def measure(args):
             env["UCX_TLS"] = "tcp"
         combos = [c for n in range(1, 4) for c in itertools.combinations(SOURCES, n)]
         combos.append(SOURCES + (DEVICE,))
+        if args.only:
+            # The named rows, and each source alone of theirs (their sum is the yardstick).
+            wanted = [tuple(w.strip().split("+")) for w in args.only.split(",") if w.strip()]
+            keep = set(wanted) | {(s,) for w in wanted for s in w if s in SOURCES}
+            keep |= {SOURCES + (DEVICE,) for w in wanted if w == ("device",)}
+            combos = [c for c in combos if c in keep]
         where = (f"; peer and bucket on hosts of their own, links capped at {args.cap_mbit:g} Mbit/s each way"
                  if cluster is not None else "")
         print(f"striped bench: {ckpt_dir}: {len(shards)} shards, {n_tensors} tensors, {tensor_bytes / 1e9:.2f} GB; "
@@ -302,6 +308,9 @@ def main():
     ap.add_argument("--hosts", action="store_true",
                     help="the peer and the bucket on hosts of their own (network namespaces, capped links)")
     ap.add_argument("--cap-mbit", type=float, default=1000.0, help="with --hosts: each link's cap, Mbit/s each way")
+    ap.add_argument("--only", default="",
+                    help="these rows alone (and each of their sources alone): e.g. disk+s3+peer,device "
+                         "(device: every source onto the emulated device)")
     args = ap.parse_args()
     args.states = [s for s in args.states.split(",") if s]
     signal.signal(signal.SIGTERM, lambda n, f: sys.exit(128 + n))

@@ -29,6 +29,13 @@ Result<std::unique_ptr<DiskSource>> DiskSource::Open(const Checkpoint& ckpt, int
     }
     d->files_.push_back(std::move(f).value());
     d->direct_.push_back(direct);
+    if (direct) {
+      auto buffered = PosixFile::OpenForRead(shard.path);
+      if (!buffered.ok()) return buffered.status().WithContext(shard.path);
+      d->buffered_.push_back(std::move(buffered).value());
+    } else {
+      d->buffered_.emplace_back();
+    }
     d->paths_.push_back(shard.path);
   }
   // Every worker's engine now, before the load: a ring's set-up maps memory,
@@ -44,7 +51,9 @@ DiskSource::~DiskSource() = default;
 
 Result<std::unique_ptr<ReadEngine>> DiskSource::MakeEngine() const {
   std::vector<EngineFile> files;
+  // Shard s is file s (O_DIRECT where it can be) and file n + s (buffered).
   for (size_t s = 0; s < files_.size(); ++s) files.push_back({files_[s].fd(), &paths_[s]});
+  for (size_t s = 0; s < files_.size(); ++s) files.push_back({buffered_[s].fd(), &paths_[s]});
   auto uring = MakeUringEngine(2 * take, files);
   if (uring.ok()) return std::move(uring).value();
   return MakeInlineEngine(std::move(files));
@@ -70,9 +79,17 @@ Status DiskSource::Fetch(const std::vector<const Piece*>& pieces) {
     const uint64_t begin = p->file_offset, end = p->file_offset + p->bytes;
     const uint64_t a = RoundUp(begin, kDirectAlign), b = end / kDirectAlign * kDirectAlign;
     const bool aligned = (reinterpret_cast<uintptr_t>(p->dst) - begin) % kDirectAlign == 0;
-    if (!direct_[p->shard] || (a == begin && b == end && aligned)) {
+    if (!direct_[p->shard]) {
       ops.push_back({p->shard, begin, p->bytes, p->dst});
-    } else if (b <= a || !aligned) {
+    } else if (!aligned || p->whole) {
+      // Through the page cache: no O_DIRECT read lands there, or a chunk
+      // fetched whole for parts of it, which the reads of its other parts
+      // may fetch again (from the page cache then, not from the disk).
+      const uint32_t buffered = static_cast<uint32_t>(files_.size()) + p->shard;
+      ops.push_back({buffered, begin, p->bytes, p->dst});
+    } else if (a == begin && b == end) {
+      ops.push_back({p->shard, begin, p->bytes, p->dst});
+    } else if (b <= a) {
       ends.push_back({p->shard, begin, p->bytes, p->dst, /*bounce=*/true});
     } else {
       if (a > begin) ends.push_back({p->shard, begin, a - begin, p->dst, true});

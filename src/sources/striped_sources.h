@@ -58,7 +58,8 @@ class Source {
 // pread threads), so `workers` fetches keep workers x take pieces in flight.
 // A piece's whole 4 KiB blocks are read with O_DIRECT when it lands at an
 // address congruent to its file offset modulo 4 KiB (the loader places a
-// striped store's tensors so), its unaligned ends through a bounce block:
+// striped store's tensors so), its unaligned ends through a bounce block
+// (other pieces, and chunks fetched whole for parts of them: buffered):
 // cold bytes come from the disk at its speed, without filling the page cache,
 // as a disk load's do. Files on a filesystem without O_DIRECT (tmpfs) are
 // read buffered.
@@ -75,6 +76,7 @@ class DiskSource final : public Source {
   Result<std::unique_ptr<ReadEngine>> TakeEngine();
   std::vector<PosixFile> files_;  // O_DIRECT where the filesystem has it.
   std::vector<bool> direct_;
+  std::vector<PosixFile> buffered_;  // Of the files_ opened O_DIRECT (for unaligned pieces).
   std::vector<std::string> paths_;
   std::mutex mu_;
   std::vector<std::unique_ptr<ReadEngine>> idle_;  // Guarded by mu_.

@@ -4,6 +4,7 @@
 // load than its probe while the others deliver the rest.
 #include "sources/striped_store.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -21,6 +22,8 @@
 #include "../common/assert_ok.h"
 #include "../common/scratch_dir.h"
 #include "../load/test_files.h"
+#include "common/posix_file.h"
+#include "io/page_cache.h"
 #include "sources/striped_plan.h"
 #include "sources/striped_sources.h"
 #include "tensorlift/checkpoint.h"
@@ -211,6 +214,38 @@ TEST(StripedStoreTest, TheDiskSourceReadsEveryPieceExactlyAndAShortFileIsTheOneV
     pieces.push_back(&inside);
     ASSERT_OK((*disk)->Fetch(pieces));
     EXPECT_EQ(std::memcmp(into, file.data() + begin, length), 0);
+  }
+
+  // Cold bytes with O_DIRECT leave the page cache as it was; a chunk fetched
+  // whole for parts of it is read through it (the reads of its other parts
+  // may fetch it again: from the page cache then, not the disk).
+  {
+    auto f = PosixFile::OpenForRead(path);
+    ASSERT_OK(f);
+    ASSERT_EQ(::fdatasync(f->fd()), 0);
+    ASSERT_EQ(::posix_fadvise(f->fd(), 0, 0, POSIX_FADV_DONTNEED), 0);
+    std::unique_ptr<std::byte, decltype(&std::free)> buf(
+        static_cast<std::byte*>(std::aligned_alloc(4096, length + 8192)), &std::free);
+    std::byte* into = buf.get() + begin % 4096;
+    const CheckpointStore::Range range{&shard.path, begin, length, into};
+    auto cut = CutPieces(layout, {&range, 1}, 16 << 10);
+    ASSERT_OK(cut);
+    const Piece& middle = cut->pieces[2];  // Whole blocks, none shared with another piece.
+    ASSERT_OK((*disk)->Fetch({&middle}));
+    auto resident = ResidentFraction(f->fd(), middle.file_offset, middle.bytes);
+    ASSERT_OK(resident);
+    EXPECT_EQ(*resident, 0.0);
+    // The same blocks as a chunk fetched whole, into a buffer congruent too.
+    Piece whole = middle;
+    std::unique_ptr<std::byte, decltype(&std::free)> chunk(
+        static_cast<std::byte*>(std::aligned_alloc(4096, middle.bytes + 4096)), &std::free);
+    whole.whole = std::shared_ptr<std::byte[]>(new std::byte[1]);  // Marks it as such.
+    whole.dst = chunk.get() + middle.file_offset % 4096;
+    ASSERT_OK((*disk)->Fetch({&whole}));
+    EXPECT_EQ(std::memcmp(whole.dst, file.data() + middle.file_offset, middle.bytes), 0);
+    resident = ResidentFraction(f->fd(), middle.file_offset, middle.bytes);
+    ASSERT_OK(resident);
+    EXPECT_EQ(*resident, 1.0);
   }
 
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(begin + 1000)), 0);
