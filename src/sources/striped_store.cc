@@ -86,7 +86,17 @@ Status StripedStore::ReadRanges(std::span<const Range> ranges,
   if (alive_ == 0) return UnavailableError("striped load: every source failed:" + EveryFailure());
   pieces_ += read.pieces.size();
   for (size_t i = 0; i < read.pieces.size(); ++i) {
-    if (FromKept(read.pieces[i], read)) continue;
+    Piece& p = read.pieces[i];
+    if (FromKept(p, read)) continue;
+    if (p.whole) {
+      auto [it, fresh] = fetching_.try_emplace({p.units[0].tensor, p.units[0].chunk});
+      if (!fresh) {  // Another read's piece is fetching the chunk.
+        it->second.waiting.push_back({&read, i});
+        ++read.left;
+        continue;
+      }
+      it->second.read = &read;
+    }
     queue_.push_back({&read, i});
     queued_bytes_ += read.pieces[i].bytes;
     ++read.left;
@@ -108,6 +118,7 @@ Status StripedStore::ReadRanges(std::span<const Range> ranges,
     if (alive_ == 0 && read.in_flight == 0) {
       // Its pieces still queued go (no worker takes them any more).
       std::erase_if(queue_, [&](const Queued& q) { return q.read == &read; });
+      Forget(read);
       return UnavailableError("striped load: every source failed:" + EveryFailure());
     }
   }
@@ -144,6 +155,29 @@ void StripedStore::PartsDelivered(const Piece& p, const Source* fetched_by) {
   size_t source = 0;
   while (sources_[source].get() != fetched_by) ++source;
   kept_[key] = Kept{p.whole, source};
+}
+
+void StripedStore::ServeWaiting(const Piece& p) {
+  auto it = fetching_.find({p.units[0].tensor, p.units[0].chunk});
+  if (it == fetching_.end()) return;
+  std::vector<Queued> waiting = std::move(it->second.waiting);
+  fetching_.erase(it);
+  for (const Queued& q : waiting) {
+    // Kept while parts of it are still to be delivered (theirs are).
+    if (FromKept(q.read->pieces[q.piece], *q.read)) {
+      --q.read->left;
+      continue;
+    }
+    queue_.push_back(q);  // (Not kept: fetched after all.)
+    queued_bytes_ += q.read->pieces[q.piece].bytes;
+  }
+}
+
+void StripedStore::Forget(Read& read) {
+  for (auto it = fetching_.begin(); it != fetching_.end();) {
+    std::erase_if(it->second.waiting, [&](const Queued& q) { return q.read == &read; });
+    it = it->second.read == &read ? fetching_.erase(it) : std::next(it);
+  }
 }
 
 void StripedStore::DealFirstBatches() {
@@ -257,6 +291,7 @@ void StripedStore::Landed(Source& src, const std::vector<Queued>& mine) {
     } else {
       for (const Delivery& d : p.deliveries) q.read->Landed(p.file_offset + d.from, d.bytes, d.run);
       PartsDelivered(p, &src);
+      ServeWaiting(p);
     }
     bytes += p.Delivers();
     --q.read->in_flight;

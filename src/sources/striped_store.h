@@ -92,6 +92,11 @@ class StripedStore final : public CheckpointStore {
   // Under mu_: `p`'s parts of its chunk are delivered; keeps the chunk
   // (fetched by `fetched_by`, null: it was already kept) while parts remain.
   void PartsDelivered(const Piece& p, const Source* fetched_by);
+  // Under mu_: the chunk `p` fetched whole has landed: the pieces waiting
+  // for it are served from it.
+  void ServeWaiting(const Piece& p);
+  // Under mu_: a read that ends takes its entries out of fetching_.
+  void Forget(Read& read);
   std::string EveryFailure() const;
 
   const Layout layout_;
@@ -113,6 +118,15 @@ class StripedStore final : public CheckpointStore {
   };
   std::map<std::pair<const LaidOut*, int64_t>, Kept> kept_;
   std::map<std::pair<const LaidOut*, int64_t>, uint64_t> delivered_;
+  // Chunks a read's piece is fetching whole (queued or in flight), and the
+  // pieces of later reads that need parts of them: served from the chunk
+  // once it lands, not fetched again (a GPU pipeline's blocks are read
+  // several at once, and a chunk that two blocks share would be).
+  struct Fetching {
+    Read* read = nullptr;
+    std::vector<Queued> waiting;
+  };
+  std::map<std::pair<const LaidOut*, int64_t>, Fetching> fetching_;
   int alive_ = 0;
   bool stop_ = false;
   bool started_ = false;

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -24,9 +26,11 @@
 #include "../load/test_files.h"
 #include "common/posix_file.h"
 #include "io/page_cache.h"
+#include "remote/manifest.h"
 #include "sources/striped_plan.h"
 #include "sources/striped_sources.h"
 #include "tensorlift/checkpoint.h"
+#include "tensorlift/checksum.h"
 
 namespace tensorlift::sources {
 namespace {
@@ -47,6 +51,7 @@ class FakeSource final : public Source {
       std::unique_lock<std::mutex> lock(mu_);
       ++fetches_;
       fetched_pieces_ += pieces.size();
+      for (const Piece* p : pieces) fetched_.emplace_back(p->file_offset, p->bytes);
       cv_.notify_all();
       if (block_) cv_.wait(lock, [&] { return released_; });
     }
@@ -73,6 +78,12 @@ class FakeSource final : public Source {
     std::lock_guard<std::mutex> lock(mu_);
     return fetched_pieces_;
   }
+  // How many of the pieces it fetched were file bytes [offset, +bytes).
+  int FetchedTimes(uint64_t offset, uint64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(
+        std::count(fetched_.begin(), fetched_.end(), std::make_pair(offset, bytes)));
+  }
 
  private:
   const std::vector<std::string>& files_;
@@ -81,6 +92,7 @@ class FakeSource final : public Source {
   std::condition_variable cv_;
   int fetches_ = 0;
   size_t fetched_pieces_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> fetched_;
   bool released_ = false;
 };
 
@@ -257,6 +269,57 @@ TEST(StripedStoreTest, TheDiskSourceReadsEveryPieceExactlyAndAShortFileIsTheOneV
   EXPECT_EQ(st.code(), StatusCode::kIOError) << st.ToString();
   EXPECT_THAT(st.message(), ::testing::HasSubstr("short read"));
   EXPECT_THAT(st.message(), ::testing::HasSubstr(path));
+}
+
+// Two reads that each need part of one checked chunk (two blocks of the GPU
+// pipeline, read at once): the chunk is fetched whole once, for the first,
+// and the second's part is copied out of it when it lands; not fetched again.
+TEST(StripedStoreTest, AChunkTwoReadsShareIsFetchedOnce) {
+  ScratchDir dir("tl_striped_share");
+  const std::string path = dir.File("m.safetensors");
+  testing::WriteRaw(path, {testing::Random("w", Dtype::kU8, {256 << 10}, 7)});
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  const std::vector<std::string> files = {ReadAll(path)};
+  constexpr uint64_t kChunk = 64 << 10;
+  Layout layout = LayOut(*ckpt);
+  LaidOut& t = layout.shards[0][0];
+  remote::ManifestTensor served;  // The reference's entry: each chunk's XXH3.
+  served.name = "w";
+  for (uint64_t at = 0; at < t.nbytes; at += kChunk)
+    served.chunk_xxh3.push_back(Xxh3_64(files[0].data() + t.file_offset + at, kChunk));
+  t.checked_by = &served;
+  layout.chunk_bytes = kChunk;
+  const uint64_t chunk1 = t.file_offset + kChunk;
+
+  auto source = std::make_unique<FakeSource>("only", files, 2, /*block=*/true);
+  FakeSource* src = source.get();
+  std::vector<std::unique_ptr<Source>> sources;
+  sources.push_back(std::move(source));
+  StripedStore store(std::move(layout), std::move(sources), StripedStore::Options{});
+  // Read A: chunk 0 and the first half of chunk 1; read B: the rest.
+  const std::string& file = ckpt->shards()[0].path;
+  std::vector<std::byte> into(t.nbytes);
+  const uint64_t split = kChunk + kChunk / 2;
+  const CheckpointStore::Range a{&file, t.file_offset, split, into.data()};
+  const CheckpointStore::Range b{&file, t.file_offset + split, t.nbytes - split,
+                                 into.data() + split};
+  Status read_a, read_b;
+  std::thread ta([&] { read_a = store.ReadRanges({&a, 1}, {}); });
+  ASSERT_TRUE(src->WaitForPieces(1));  // A's pieces are cut and queued (its fetches wait).
+  std::thread tb([&] { read_b = store.ReadRanges({&b, 1}, {}); });
+  // B's pieces are cut too before anything lands (A: chunk 0, chunk 1 whole
+  // for its part; B: its part of chunk 1, chunks 2 and 3 in one piece).
+  for (int i = 0; i < 60000 && store.pieces() < 4; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(store.pieces(), 4u);
+  src->Release();
+  ta.join();
+  tb.join();
+  ASSERT_OK(read_a);
+  ASSERT_OK(read_b);
+  EXPECT_EQ(std::memcmp(into.data(), files[0].data() + t.file_offset, t.nbytes), 0);
+  EXPECT_EQ(src->FetchedTimes(chunk1, kChunk), 1);
 }
 
 }  // namespace
