@@ -27,7 +27,7 @@
 #include "../common/scratch_dir.h"
 #include "device/device.h"
 #include "rank_failure_printer.h"
-#include "ranks/in_process_communicator.h"
+#include "in_process_communicator.h"
 #include "tensorlift/checkpoint.h"
 #include "tensorlift/distributed.h"
 #include "tensorlift/loader.h"

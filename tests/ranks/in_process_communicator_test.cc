@@ -1,7 +1,7 @@
 // The in-process communicators (ranks are threads): every collective on host
 // memory and on the emulated device's memory, against a pattern; errors and
 // mismatched calls fail on every rank instead of hanging.
-#include "ranks/in_process_communicator.h"
+#include "in_process_communicator.h"
 
 #include <gtest/gtest.h>
 

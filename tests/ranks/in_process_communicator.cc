@@ -1,4 +1,4 @@
-#include "ranks/in_process_communicator.h"
+#include "in_process_communicator.h"
 
 #include <condition_variable>
 #include <cstddef>

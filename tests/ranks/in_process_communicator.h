@@ -1,6 +1,6 @@
-// Communicators whose ranks are threads of one process: the multi-rank
-// loader's collectives without MPI or NCCL, for tests of several ranks in one
-// test process and for loading onto several devices from one process.
+// Communicators whose ranks are threads of one process (a test helper, not
+// part of the library): the multi-rank loader's collectives without MPI or
+// NCCL, for tests of several ranks in one test process.
 //
 // Each collective is a rendezvous: every rank posts its buffers and waits for
 // the others; then each rank copies what it receives out of the posting ranks'
@@ -14,8 +14,8 @@
 // default), device addresses with the emulated device or a GPU, copied on the
 // receiving rank's stream of that device (device to device, as NCCL moves
 // GPU buffers). All ranks share the one device.
-#ifndef TENSORLIFT_RANKS_IN_PROCESS_COMMUNICATOR_H_
-#define TENSORLIFT_RANKS_IN_PROCESS_COMMUNICATOR_H_
+#ifndef TENSORLIFT_TESTS_RANKS_IN_PROCESS_COMMUNICATOR_H_
+#define TENSORLIFT_TESTS_RANKS_IN_PROCESS_COMMUNICATOR_H_
 
 #include <memory>
 #include <vector>
@@ -33,4 +33,4 @@ Result<std::vector<std::unique_ptr<Communicator>>> MakeInProcessCommunicators(
 
 }  // namespace tensorlift
 
-#endif  // TENSORLIFT_RANKS_IN_PROCESS_COMMUNICATOR_H_
+#endif  // TENSORLIFT_TESTS_RANKS_IN_PROCESS_COMMUNICATOR_H_
