@@ -8,8 +8,9 @@
    is an include directory only of the src/ targets and the tests.)
 3. A folder's private headers (PRIVATE) are included only from that folder, and a header shared
    by a few folders (SHARED) only from those: the read engines (io/read_op.h) are run by the
-   loader (load/) and made by a checkpoint's store (format/store_reads.cc); every other folder
-   reads bytes through a store or a load, or with the plain reads of io/pread.h.
+   loader (load/), made by a checkpoint's store (format/store_reads.cc) and run on the local
+   files by a striped load's disk source (sources/); every other folder reads bytes through a
+   store or a load, or with the plain reads of io/pread.h.
 4. No circles between files. C++: a unit is a file with the files of the same name in its folder
    (checkpoint.h and checkpoint.cc are one unit); unit A depends on unit B when a file of A
    includes a file of B (`#include "..."`, as the compiler finds it: beside the file, then under
@@ -43,7 +44,7 @@ PRIVATE = ["load/loader_internal.h", "load/owners.h", "load/host_load.h", "load/
            "remote/peer_plan.h", "remote/peer_content.h", "remote/peer_server.h",
            "remote/registry_entry.h"]
 # Headers that only the folders listed may include (their own folder first).
-SHARED = {"io/read_op.h": ["io", "format", "load", "capabilities"]}
+SHARED = {"io/read_op.h": ["io", "format", "load", "capabilities", "sources"]}
 INCLUDE = re.compile(r'\s*#\s*include\s+"([^"]+)"')
 SOURCES = (".h", ".cc", ".cu", ".cuh", ".cpp")
 # The Python package whose imports are checked for circles, and its compiled module (no source).
