@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "common/checked_math.h"
+#include "common/clock.h"
 #include "device/stream_checks.h"
 #include "kernels/bitmask_kernel.h"
 #include "kernels/convert.h"
@@ -24,12 +25,6 @@
 
 namespace tensorlift::emulated {
 namespace {
-
-double NowMicros() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // What an event knows; shared with the stream ops that complete it.
 struct EventState {

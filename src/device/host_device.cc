@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/clock.h"
 #include "device/device.h"
 #include "device/stream_checks.h"
 #include "tensorlift/bitmask.h"
@@ -9,12 +10,6 @@
 
 namespace tensorlift {
 namespace {
-
-double NowMicros() {
-  return std::chrono::duration<double, std::micro>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 class HostEvent final : public DeviceEvent {
  public:

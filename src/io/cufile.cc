@@ -41,10 +41,6 @@ namespace {
 constexpr const char* kDefaultLibrary = "libcufile.so.0";
 constexpr const char* kProcModules = "/proc/modules";
 
-Status Unavailable(std::string message) {
-  return Status(StatusCode::kUnavailable, std::move(message));
-}
-
 // cuFile's error as a Status: "`what`: <cuFile's message> (cuFile error N)",
 // plus the CUDA driver's error code when cuFile reports one. Argument and
 // registration errors are InvalidArgument, memory errors ResourceExhausted,
@@ -75,7 +71,7 @@ Status CuFileStatus(CUfileError_t e, const char* what) {
     case CU_FILE_IO_ERROR:
       return IOError(std::move(message));
     default:
-      return Unavailable(std::move(message));
+      return UnavailableError(std::move(message));
   }
 }
 
@@ -153,9 +149,9 @@ Result<std::unique_ptr<CuFileDriver>> CuFileDriver::Open() {
   if (const int fd = ::open(kProcModules, O_RDONLY | O_CLOEXEC); fd >= 0) {
     ::close(fd);
   } else {
-    return Unavailable("cuFileDriverOpen not called: " +
-                       PosixError(std::string("open(") + kProcModules + ")", errno).message() +
-                       ", and cuFile hangs without it");
+    return UnavailableError("cuFileDriverOpen not called: " +
+                            PosixError(std::string("open(") + kProcModules + ")", errno).message() +
+                            ", and cuFile hangs without it");
   }
   TL_RETURN_IF_ERROR(CuFileStatus(api->driver_open(), "cuFileDriverOpen"));
   auto driver = std::unique_ptr<CuFileDriver>(new (std::nothrow) CuFileDriver(api));

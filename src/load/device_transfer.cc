@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 
+#include "common/clock.h"
 #include "format/store_reads.h"
 #include "io/page_cache.h"
 #include "io/pread.h"
@@ -17,10 +18,6 @@ namespace tensorlift {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double NowMicros() {
-  return std::chrono::duration<double, std::micro>(Clock::now().time_since_epoch()).count();
-}
 
 }  // namespace
 

@@ -33,10 +33,6 @@ struct NcclApi {
   std::string path;  // Where the library was found.
 };
 
-Status Unavailable(std::string message) {
-  return Status(StatusCode::kUnavailable, std::move(message));
-}
-
 // Loads the library once; a failure is tried again next time.
 Result<const NcclApi*> LoadNccl() {
   static std::mutex mu;
@@ -76,8 +72,8 @@ Result<const NcclApi*> LoadNccl() {
 
 Status CudaError(cudaError_t err, const char* what) {
   if (err == cudaSuccess) return Status::Ok();
-  return Unavailable(std::string(what) + ": " + cudaGetErrorString(err) + " (" +
-                     cudaGetErrorName(err) + ")");
+  return UnavailableError(std::string(what) + ": " + cudaGetErrorString(err) + " (" +
+                          cudaGetErrorName(err) + ")");
 }
 
 class NcclCommunicator final : public Communicator {
@@ -163,7 +159,7 @@ class NcclCommunicator final : public Communicator {
   }
   Status Nccl(ncclResult_t r, const char* what) const {
     if (r == ncclSuccess) return Status::Ok();
-    return Unavailable(std::string(what) + ": " + api_->error_string(r));
+    return UnavailableError(std::string(what) + ": " + api_->error_string(r));
   }
 
   const NcclApi* api_;
@@ -183,7 +179,8 @@ Result<std::string> NcclLibraryVersion() {
   TL_ASSIGN_OR_RETURN(const NcclApi* api, LoadNccl());
   int v = 0;
   const ncclResult_t r = api->get_version(&v);
-  if (r != ncclSuccess) return Unavailable(std::string("ncclGetVersion: ") + api->error_string(r));
+  if (r != ncclSuccess)
+    return UnavailableError(std::string("ncclGetVersion: ") + api->error_string(r));
   // NCCL >= 2.9 encodes major * 10000 + minor * 100 + patch.
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
          std::to_string(v % 100) + " (" + api->path + ")";
@@ -204,7 +201,7 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstr
   if (st.ok() && bootstrap.rank() == 0) {
     ncclResult_t r = (*api)->get_unique_id(&id);
     if (r != ncclSuccess)
-      st = Unavailable(std::string("ncclGetUniqueId: ") + (*api)->error_string(r));
+      st = UnavailableError(std::string("ncclGetUniqueId: ") + (*api)->error_string(r));
   }
   Status ready = bootstrap.Agree(st);
   if (ready.ok()) ready = bootstrap.Broadcast(&id, sizeof id, 0);
@@ -214,8 +211,9 @@ Result<std::unique_ptr<Communicator>> MakeNcclCommunicator(Communicator& bootstr
   }
   ncclComm_t comm = nullptr;
   ncclResult_t r = (*api)->comm_init_rank(&comm, bootstrap.size(), id, bootstrap.rank());
-  st = r == ncclSuccess ? Status::Ok()
-                        : Unavailable(std::string("ncclCommInitRank: ") + (*api)->error_string(r));
+  st = r == ncclSuccess
+           ? Status::Ok()
+           : UnavailableError(std::string("ncclCommInitRank: ") + (*api)->error_string(r));
   Status agreed = bootstrap.Agree(st);
   if (!agreed.ok()) {
     if (comm != nullptr) (*api)->comm_abort(comm);

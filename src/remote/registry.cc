@@ -39,10 +39,6 @@ constexpr size_t kMaxSmallResponseBytes = size_t{64} << 10;
 constexpr int kMaxTtlSeconds = 86400;
 constexpr std::chrono::milliseconds kMaxTimeout{600000};
 
-Status Unavailable(std::string message) {
-  return Status(StatusCode::kUnavailable, std::move(message));
-}
-
 std::string DescribeError(httplib::Error error, std::chrono::milliseconds timeout,
                           size_t max_bytes) {
   const std::string ms = std::to_string(timeout.count()) + " ms";
@@ -162,8 +158,8 @@ class EtcdGateway {
   }
 
   Status Fail(std::string_view path, std::string_view what) const {
-    return Unavailable("etcd " + url_ + ": " + std::string(what) + " (POST " + std::string(path) +
-                       ")");
+    return UnavailableError("etcd " + url_ + ": " + std::string(what) + " (POST " +
+                            std::string(path) + ")");
   }
 
  private:
