@@ -224,6 +224,13 @@ TEST(StripedStoreTest, TheDiskSourceReadsEveryPieceExactlyAndAShortFileIsTheOneV
     inside.bytes = 100;
     inside.dst += 5;
     pieces.push_back(&inside);
+    // And one of whole blocks between two unaligned ends (as a chunk of a
+    // checked load is cut): its ends through bounce blocks.
+    Piece ends = cut->pieces[2];
+    ends.file_offset += 100;
+    ends.bytes -= 300;
+    ends.dst += 100;
+    pieces.push_back(&ends);
     ASSERT_OK((*disk)->Fetch(pieces));
     EXPECT_EQ(std::memcmp(into, file.data() + begin, length), 0);
   }
