@@ -96,6 +96,12 @@ class FakeSource final : public Source {
   bool released_ = false;
 };
 
+// `bytes` (rounded up to whole 4 KiB blocks) at a 4 KiB-aligned address.
+std::unique_ptr<std::byte, decltype(&std::free)> AlignedBlocks(uint64_t bytes) {
+  return {static_cast<std::byte*>(std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096)),
+          &std::free};
+}
+
 std::string ReadAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});
@@ -210,8 +216,7 @@ TEST(StripedStoreTest, TheDiskSourceReadsEveryPieceExactlyAndAShortFileIsTheOneV
   // store's tensors), and one byte off (every piece through a bounce block).
   for (uint64_t skew : {uint64_t{0}, uint64_t{1}}) {
     SCOPED_TRACE(skew);
-    std::unique_ptr<std::byte, decltype(&std::free)> buf(
-        static_cast<std::byte*>(std::aligned_alloc(4096, length + 8192)), &std::free);
+    auto buf = AlignedBlocks(length + 8192);
     std::byte* into = buf.get() + begin % 4096 + skew;
     const CheckpointStore::Range range{&shard.path, begin, length, into};
     auto cut = CutPieces(layout, {&range, 1}, 16 << 10);
@@ -243,8 +248,7 @@ TEST(StripedStoreTest, TheDiskSourceReadsEveryPieceExactlyAndAShortFileIsTheOneV
     ASSERT_OK(f);
     ASSERT_EQ(::fdatasync(f->fd()), 0);
     ASSERT_EQ(::posix_fadvise(f->fd(), 0, 0, POSIX_FADV_DONTNEED), 0);
-    std::unique_ptr<std::byte, decltype(&std::free)> buf(
-        static_cast<std::byte*>(std::aligned_alloc(4096, length + 8192)), &std::free);
+    auto buf = AlignedBlocks(length + 8192);
     std::byte* into = buf.get() + begin % 4096;
     const CheckpointStore::Range range{&shard.path, begin, length, into};
     auto cut = CutPieces(layout, {&range, 1}, 16 << 10);
@@ -256,8 +260,7 @@ TEST(StripedStoreTest, TheDiskSourceReadsEveryPieceExactlyAndAShortFileIsTheOneV
     EXPECT_EQ(*resident, 0.0);
     // The same blocks as a chunk fetched whole, into a buffer congruent too.
     Piece whole = middle;
-    std::unique_ptr<std::byte, decltype(&std::free)> chunk(
-        static_cast<std::byte*>(std::aligned_alloc(4096, middle.bytes + 4096)), &std::free);
+    auto chunk = AlignedBlocks(middle.bytes + 4096);
     whole.whole = std::shared_ptr<std::byte[]>(new std::byte[1]);  // Marks it as such.
     whole.dst = chunk.get() + middle.file_offset % 4096;
     ASSERT_OK((*disk)->Fetch({&whole}));
