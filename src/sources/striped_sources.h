@@ -54,8 +54,9 @@ class Source {
 
 // The local files of the checkpoint, as opened (each checked to be the file
 // its header was read from), read by the loader's read engines: a fetch's
-// pieces are one engine run (io_uring where the kernel has it, else a pool of
-// pread threads), so `workers` fetches keep workers x take pieces in flight.
+// pieces are one engine run (io_uring where the kernel has it, else one read
+// after another on the worker's thread), so `workers` fetches keep workers x
+// take pieces in flight; each worker's engine is made at Open.
 // A piece's whole 4 KiB blocks are read with O_DIRECT when it lands at an
 // address congruent to its file offset modulo 4 KiB (the loader places a
 // striped store's tensors so), its unaligned ends through a bounce block
