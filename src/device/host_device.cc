@@ -1,5 +1,4 @@
 // The host as a device: synchronous, over plain host memory (device.h).
-#include <chrono>
 #include <cstring>
 
 #include "common/clock.h"

@@ -28,7 +28,6 @@ Result<std::unique_ptr<DiskSource>> DiskSource::Open(const Checkpoint& ckpt, int
       return IOError(shard.path + ": changed since its header was read");
     }
     d->files_.push_back(std::move(f).value());
-    d->direct_.push_back(direct);
     if (direct) {
       auto buffered = PosixFile::OpenForRead(shard.path);
       if (!buffered.ok()) return buffered.status().WithContext(shard.path);
@@ -79,7 +78,7 @@ Status DiskSource::Fetch(const std::vector<const Piece*>& pieces) {
     const uint64_t begin = p->file_offset, end = p->file_offset + p->bytes;
     const uint64_t a = RoundUp(begin, kDirectAlign), b = end / kDirectAlign * kDirectAlign;
     const bool aligned = (reinterpret_cast<uintptr_t>(p->dst) - begin) % kDirectAlign == 0;
-    if (!direct_[p->shard]) {
+    if (buffered_[p->shard].fd() < 0) {  // The file itself is read buffered.
       ops.push_back({p->shard, begin, p->bytes, p->dst});
     } else if (!aligned || p->whole) {
       // Through the page cache: no O_DIRECT read lands there, or a chunk

@@ -76,8 +76,8 @@ class DiskSource final : public Source {
   // An engine no fetch is using (made when there is none).
   Result<std::unique_ptr<ReadEngine>> TakeEngine();
   std::vector<PosixFile> files_;  // O_DIRECT where the filesystem has it.
-  std::vector<bool> direct_;
-  std::vector<PosixFile> buffered_;  // Of the files_ opened O_DIRECT (for unaligned pieces).
+  // Of each file opened O_DIRECT, for unaligned pieces (none: files_ is buffered).
+  std::vector<PosixFile> buffered_;
   std::vector<std::string> paths_;
   std::mutex mu_;
   std::vector<std::unique_ptr<ReadEngine>> idle_;  // Guarded by mu_.
