@@ -39,9 +39,10 @@ apt_build=(cmake make g++ pkg-config libsimdjson-dev libcli11-dev libxxhash-dev 
            libcurl4-openssl-dev python3 python3-venv ccache)
 # The tests' and the full build's: clang for the sanitizer and fuzz builds, MPI and UCX for
 # the multi-rank and peer backends and their tests, etcd for the registry's tests, graphviz
-# for the docs' diagrams (scripts/render_diagrams.sh; tests/python/test_diagrams.py).
+# for the docs' diagrams (scripts/render_diagrams.sh; tests/python/test_diagrams.py); iproute2,
+# nftables and ethtool for the cluster of namespaces (tests/python/cluster.py: links, loss, offloads).
 apt_all=(clang clang-format libclang-rt-14-dev libopenmpi-dev openmpi-bin libucx-dev ucx-utils
-         etcd-server etcd-client iproute2 graphviz)
+         etcd-server etcd-client iproute2 nftables ethtool graphviz)
 apt_pkgs=("${apt_build[@]}")
 [ "$mode" = all ] && apt_pkgs+=("${apt_all[@]}")
 missing=()

@@ -16,6 +16,12 @@ so that nothing on one host reaches another through shared memory (UCX would oth
 shared memory between processes of one machine and bypass the caps); pass `--transports tcp`
 to UCX users as well.
 
+Faults: `set_loss(i, percent)` drops that share of the packets host i receives and sends (an
+nftables `numgen random` rule in its namespace: this kernel has no netem); `partition(i)` is
+100 %, `heal(i)` 0 %. `loss=` at construction sets it for every host (a number, or one per host).
+`etcd(i)` starts a real etcd listening on host i's address (reachable from every host) and
+returns its URL; `stop(p)` and `restart_etcd()` kill and start it again with its data.
+
 Every process started is stopped by its process group at close (SIGTERM, then SIGKILL), and
 every namespace made is deleted, also when the caller fails. `reason()` says why a cluster
 cannot be made here (not root, no iproute2 or tc, namespaces or veth refused), else None.
@@ -41,7 +47,7 @@ def reason():
     """Why a cluster cannot be made on this machine, or None."""
     if os.geteuid() != 0:
         return "needs root for ip netns"
-    for tool in ("ip", "tc", "unshare"):
+    for tool in ("ip", "tc", "unshare", "nft"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
     try:
@@ -53,7 +59,7 @@ def reason():
 
 
 class Cluster:
-    def __init__(self, hosts, cap_mbit=None, tag=None):
+    def __init__(self, hosts, cap_mbit=None, tag=None, loss=None):
         if hosts < 1 or hosts > 200:
             raise ValueError("hosts must be 1..200")
         self.hosts = hosts
@@ -61,6 +67,10 @@ class Cluster:
         if len(caps) != hosts:
             raise ValueError("cap_mbit: one per host")
         self.caps = list(caps)
+        self.losses = list(loss if isinstance(loss, (list, tuple)) else [loss] * hosts)
+        if len(self.losses) != hosts:
+            raise ValueError("loss: one per host")
+        self._etcd = None  # (host, argv, process) of etcd()
         self.tag = tag if tag is not None else f"{os.getpid() % 100000}{int(time.monotonic() * 1000) % 1000}"
         self.bridge = f"tl{self.tag}br"
         self.names = [f"tl{self.tag}h{i}" for i in range(hosts)]
@@ -102,6 +112,9 @@ class Cluster:
             if self.caps[i]:
                 self._cap(ns, "eth0", self.caps[i])
                 self._cap(self.bridge, f"p{i}", self.caps[i])
+        for i, percent in enumerate(self.losses):
+            if percent:
+                self.set_loss(i, percent)
 
     def _cap(self, ns, dev, mbit):
         # burst: at least one 1 ms of traffic and 64 KiB (a GSO segment); latency bounds the queue.
@@ -112,6 +125,75 @@ class Cluster:
         # Segmentation offloads would hand tbf 64 KiB super-packets; off, it shapes real packets.
         _run(["ip", "netns", "exec", ns, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off"],
              check=False)
+
+    def set_loss(self, i, percent):
+        """Host i drops `percent` % of the packets it receives and of those it sends, each at
+        random (0: none; 100: host i is cut off, a partition). Replaces what was set before."""
+        if not 0 <= percent <= 100:
+            raise ValueError("percent must be 0..100")
+        ns = self.names[i]
+        _run(["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "tlloss"], check=False)
+        if percent == 0:
+            return
+        rules = ["add table inet tlloss"]
+        cond = "" if percent >= 100 else f"numgen random mod 100 < {int(percent)} "
+        for chain, hook, dev in (("in", "input", "iif"), ("out", "output", "oif")):
+            rules.append(f"add chain inet tlloss {chain} {{ type filter hook {hook} priority 0 ; }}")
+            # Loopback stays whole: a host's own processes still reach each other.
+            rules.append(f"add rule inet tlloss {chain} {dev} != lo {cond}drop")
+        r = subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input="\n".join(rules) + "\n",
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"nft on {ns}: {r.stderr.strip()}")
+
+    def partition(self, i):
+        """Cuts host i off from every other host (its processes keep running)."""
+        self.set_loss(i, 100)
+
+    def heal(self, i):
+        self.set_loss(i, 0)
+
+    def etcd(self, i, port=2379):
+        """Starts etcd on host i, listening on its address (and loopback), with its data in a
+        directory of its own; returns "http://ADDR:PORT" once it answers. Stopped at close."""
+        import tempfile
+        exe = shutil.which("etcd")
+        if exe is None:
+            raise RuntimeError("etcd is not installed (Debian etcd-server)")
+        if self._etcd is not None:
+            raise RuntimeError("one etcd per cluster")
+        data = tempfile.mkdtemp(prefix="tl-cluster-etcd-")
+        url = f"http://{self.addr(i)}:{port}"
+        peer = f"http://127.0.0.1:{port + 1}"
+        argv = [exe, "--data-dir", data, "--listen-client-urls", f"{url},http://127.0.0.1:{port}",
+                "--advertise-client-urls", url, "--listen-peer-urls", peer, "--initial-advertise-peer-urls",
+                peer, "--initial-cluster", f"default={peer}"]
+        self._etcd = [i, argv, None, data, url]
+        self.restart_etcd()
+        return url
+
+    def restart_etcd(self):
+        """Starts the cluster's etcd again (after `stop`), with the data it had; waits until it
+        answers."""
+        i, argv, old, data, url = self._etcd
+        if old is not None:
+            self._stop(old)
+        p = self.popen(i, argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._etcd[2] = p
+        deadline = time.monotonic() + 60
+        while True:
+            r = subprocess.run(["ip", "netns", "exec", self.names[i], "bash", "-c",
+                                f"exec 3<>/dev/tcp/{self.addr(i)}/{url.rsplit(':', 1)[1]}"],
+                               capture_output=True)
+            if r.returncode == 0:
+                return p
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"etcd on host {i} did not start")
+            time.sleep(0.1)
+
+    def etcd_process(self):
+        """The running etcd's Popen (for `stop`), or None."""
+        return self._etcd[2] if self._etcd else None
 
     def wrap(self, i, argv):
         """argv run on host i: its network namespace, an IPC namespace and a /dev/shm of its own."""
@@ -162,6 +244,9 @@ class Cluster:
         for ns in reversed(self.made):
             _run(["ip", "netns", "del", ns], check=False)
         self.made = []
+        if self._etcd is not None:
+            shutil.rmtree(self._etcd[3], ignore_errors=True)
+            self._etcd = None
 
     def namespaces_left(self):
         """The cluster's namespaces that exist now (none after close)."""
