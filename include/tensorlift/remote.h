@@ -297,7 +297,9 @@ struct PeerLoadOptions {
   // Bytes per second a source must give this client: one whose manifest
   // grants less (its rate limit's share) is skipped, and a pull that has
   // averaged less once it is stall_timeout_ms old fails over, like a stall
-  // (a peer that lets a get finish just often enough never stalls). 0: any.
+  // (a peer that lets a get finish just often enough never stalls); the
+  // bytes of its gets in flight count as arriving (a seed serving several
+  // clients lands their gets late and together). 0: any.
   uint64_t min_rate = 1000000;
   uint64_t batch_bytes = 8ull << 20;  // The largest single get.
   int max_in_flight = 16;             // Gets outstanding per source rank.

@@ -258,6 +258,10 @@ class UcxClientImpl final : public UcxClient {
     ucs_status_t failure = UCS_OK;
     bool stalled = false;
     bool too_slow = false;  // Below min_rate (counts as stalled).
+    // When it was judged so, what had landed and what was in flight.
+    Clock::time_point too_slow_at;
+    uint64_t too_slow_landed = 0;
+    uint64_t too_slow_in_flight = 0;
   };
 
   // GetAll's arguments: positive limits, a connection, and every get inside
@@ -367,6 +371,9 @@ class UcxClientImpl final : public UcxClient {
     const auto now = Clock::now();
     if (TooSlow(*run, now)) {
       run->stalled = run->too_slow = true;
+      run->too_slow_at = now;
+      run->too_slow_landed = run->landed_bytes;
+      for (const InFlight& f : run->in_flight) run->too_slow_in_flight += f.bytes;
       return false;
     }
     if (completed) {
@@ -406,12 +413,9 @@ class UcxClientImpl final : public UcxClient {
   // Once a run is stall_timeout old, it must have averaged min_rate: a peer
   // that lets a get finish just often enough never stalls (a slowloris).
   static bool TooSlow(const GetRun& run, Clock::time_point now) {
-    const uint64_t min_rate = run.options.min_rate;
-    const auto elapsed = now - run.start;
-    if (min_rate == 0 || elapsed < run.options.stall_timeout) return false;
-    const long double seconds = std::chrono::duration<long double>(elapsed).count();
-    return static_cast<long double>(run.landed_bytes) <
-           static_cast<long double>(min_rate) * seconds;
+    uint64_t in_flight = 0;
+    for (const InFlight& f : run.in_flight) in_flight += f.bytes;
+    return BelowMinRate(run.options, run.landed_bytes, in_flight, now - run.start);
   }
 
   // Releases the requests that have finished, counting the pieces that landed
@@ -447,9 +451,10 @@ class UcxClientImpl final : public UcxClient {
     const ucs_status_t failure = run->failure;
     const std::string stall_why =
         run->too_slow
-            ? "too slow: " + std::to_string(run->landed_bytes) + " bytes landed in " +
+            ? "too slow: " + std::to_string(run->too_slow_landed) + " bytes landed (and " +
+                  std::to_string(run->too_slow_in_flight) + " in flight) in " +
                   std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                     Clock::now() - run->start)
+                                     run->too_slow_at - run->start)
                                      .count()) +
                   " ms, below the minimum of " + std::to_string(run->options.min_rate) + " bytes/s"
             : "no get finished within " + std::to_string(run->options.stall_timeout.count()) +
@@ -586,6 +591,14 @@ Result<int> WorkerEventFd(const UcxCore& core) {
 }
 
 }  // namespace
+
+bool BelowMinRate(const UcxClient::GetOptions& options, uint64_t landed, uint64_t in_flight,
+                  std::chrono::steady_clock::duration elapsed) {
+  if (options.min_rate == 0 || elapsed < options.stall_timeout) return false;
+  const long double seconds = std::chrono::duration<long double>(elapsed).count();
+  return static_cast<long double>(landed) + static_cast<long double>(in_flight) <
+         static_cast<long double>(options.min_rate) * seconds;
+}
 
 Result<std::unique_ptr<UcxClient>> UcxClient::Connect(std::string_view worker_address,
                                                       const UcxOptions& options,

@@ -125,8 +125,9 @@ class UcxClient {
     uint64_t max_get_bytes = 8ull << 20;  // Larger gets are split.
     uint64_t rate_limit = 0;              // Bytes/s this client paces itself to (0: none).
     std::chrono::milliseconds stall_timeout{10000};  // Longest wait with no get finishing.
-    // Bytes/s the run must average once it is stall_timeout old (0: no floor);
-    // below it the run ends as a stall would.
+    // Bytes/s the run must average once it is stall_timeout old (0: no floor),
+    // its gets in flight counted as arriving; below it the run ends as a
+    // stall would.
     uint64_t min_rate = 0;
     // Called (on this thread) as each Get of `gets` has fully landed.
     std::function<void(size_t index)> on_done;
@@ -142,6 +143,17 @@ class UcxClient {
   virtual Status GetAll(const std::vector<Get>& gets, const GetOptions& options) = 0;
   virtual std::string TransportsInUse() const = 0;
 };
+
+// Whether a run `elapsed` old, of which `landed` bytes have landed and
+// `in_flight` are in gets not yet finished, is below options.min_rate
+// (GetAll ends it then). A piece counts once it has landed whole, and a
+// source serving several clients (or many pieces of one) may send the pieces'
+// bytes interleaved, so that they land late and together: the bytes in flight
+// count as arriving. An honest link at min_rate or more is never judged too
+// slow; a slowloris is, once what it holds in flight (max_in_flight x
+// max_get_bytes at most) no longer covers its time at min_rate.
+bool BelowMinRate(const UcxClient::GetOptions& options, uint64_t landed, uint64_t in_flight,
+                  std::chrono::steady_clock::duration elapsed);
 
 }  // namespace tensorlift::remote
 

@@ -513,6 +513,36 @@ TEST_P(UcxTransportTest, ARunBelowTheMinimumRateEndsLikeAStall) {
   EXPECT_GE(secs, 0.45);
 }
 
+// The minimum rate counts the bytes in flight as arriving: a source serving
+// several clients may send each piece's bytes interleaved with the others',
+// so that pieces land late and together. Eight receivers pulling at once from
+// one seed behind a 200 Mbit/s link (bench/remote/fanout_bench.py) each got
+// ~3 MB/s, yet one was dropped as "too slow: 16777216 bytes landed in 20004
+// ms" with 14 pieces of 8 MiB in flight. Each case here is that rule's
+// arithmetic at the boundary.
+TEST(UcxMinRate, BytesInFlightCountAsArrivingAndASlowlorisIsStillCaught) {
+  using std::chrono::milliseconds;
+  UcxClient::GetOptions o;
+  o.min_rate = 1000000;
+  o.stall_timeout = milliseconds(10000);
+  // Not judged before stall_timeout, nor with no floor.
+  EXPECT_FALSE(BelowMinRate(o, 0, 0, milliseconds(9999)));
+  UcxClient::GetOptions no_floor = o;
+  no_floor.min_rate = 0;
+  EXPECT_FALSE(BelowMinRate(no_floor, 0, 0, milliseconds(60000)));
+  // The eight-receiver case: 16 MB landed, 14 x 8 MiB in flight, 20 s.
+  EXPECT_FALSE(BelowMinRate(o, 16ull << 20, 14 * (8ull << 20), milliseconds(20004)));
+  // Nothing landed yet, but a window of pieces in flight that covers the time.
+  EXPECT_FALSE(BelowMinRate(o, 0, 16ull << 20, milliseconds(10000)));
+  // A slowloris holding 8 MB in flight, 2 MB landed: caught once its time at
+  // the minimum rate is more than both.
+  EXPECT_FALSE(BelowMinRate(o, 2000000, 8000000, milliseconds(10000)));
+  EXPECT_TRUE(BelowMinRate(o, 2000000, 8000000, milliseconds(10001)));
+  // Nothing in flight: the average alone, as before.
+  EXPECT_TRUE(BelowMinRate(o, 9999999, 0, milliseconds(10000)));
+  EXPECT_FALSE(BelowMinRate(o, 10000000, 0, milliseconds(10000)));
+}
+
 // cancelled() ends a run between progress rounds, its gets cancelled: at
 // once, at the round where it first says so (it is not asked again), not by
 // running the rate-limited 64 s to the end.
