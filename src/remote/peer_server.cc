@@ -27,6 +27,7 @@
 
 #include "format/tp_layout.h"
 #include "remote/auth.h"
+#include "remote/availability.h"
 #include "remote/handover.h"
 #include "remote/manifest.h"
 #include "remote/peer_faults.h"
@@ -59,8 +60,16 @@ class PeerServerImpl final : public PeerServer {
   // `known`: the tensors' content identity when their load computed it (may be
   // null); its hashes are used instead of hashing host tensors again.
   Status Start(std::vector<Served> tensors, std::vector<Span> regions,
-               std::shared_ptr<const void> keep_alive, const ContentIdentity* known = nullptr) {
+               std::shared_ptr<const void> keep_alive, const ContentIdentity* known = nullptr,
+               const RelayOf* relay = nullptr) {
     keep_alive_ = std::move(keep_alive);
+    if (relay) {
+      // Its chunks are the reference's; its memory is still being written
+      // (nothing to hand over).
+      options_.chunk_bytes = relay->reference->chunk_bytes;
+      options_.handover = false;
+      have_ = relay->have;
+    }
     TL_RETURN_IF_ERROR(key_.Validate());
     TL_RETURN_IF_ERROR(CheckRank(options_.parallel, "serve"));
     if (options_.chunk_bytes < 4096 || options_.chunk_bytes > (1ull << 30)) {
@@ -163,7 +172,13 @@ class PeerServerImpl final : public PeerServer {
       m.offset = static_cast<uint64_t>(t.data - merged[r].data);
       manifest_.total_bytes += t.nbytes;
     }
-    TL_RETURN_IF_ERROR(ComputeChecksums(known));
+    if (relay) {
+      TL_RETURN_IF_ERROR(TakeReferenceChecksums(*relay->reference));
+    } else {
+      TL_RETURN_IF_ERROR(ComputeChecksums(known));
+      have_ = std::make_shared<Availability>(manifest_);
+      have_->MarkAll();
+    }
     // Refuse to serve what a client would refuse (bounds, names).
     auto check = ParseManifest(manifest_.ToJson());
     if (!check.ok()) return check.status().WithContext("serve: the manifest would be invalid");
@@ -186,6 +201,10 @@ class PeerServerImpl final : public PeerServer {
       seed.world = options_.parallel.size;
       seed.load = 0;
       if (manifest_.content) seed.content = manifest_.content->Hex();
+      if (relay) {
+        seed.partial = true;
+        seed.progress = Progress();
+      }
       TL_ASSIGN_OR_RETURN(registration_, registry_->Register(seed, options_.registry_ttl_s));
     }
     return Status::Ok();
@@ -271,6 +290,43 @@ class PeerServerImpl final : public PeerServer {
     return Status::Ok();
   }
 
+  // A relay's checksums and content root: the reference's, tensor by tensor
+  // (the same names, dtypes, shapes and bytes, or InvalidArgument).
+  Status TakeReferenceChecksums(const Manifest& reference) {
+    if (reference.tensors.size() != manifest_.tensors.size()) {
+      return InvalidArgumentError("relay: " + std::to_string(manifest_.tensors.size()) +
+                                  " tensors, the reference has " +
+                                  std::to_string(reference.tensors.size()));
+    }
+    for (ManifestTensor& m : manifest_.tensors) {
+      const ManifestTensor* r = reference.Find(m.name);
+      if (!r || r->dtype != m.dtype || r->shape != m.shape || r->nbytes != m.nbytes ||
+          r->shard_dim != -1) {
+        return InvalidArgumentError("relay: tensor '" + m.name +
+                                    "' is not the reference's whole tensor");
+      }
+      m.chunk_xxh3 = r->chunk_xxh3;
+      m.xxh128 = r->xxh128;
+    }
+    manifest_.content = reference.content;
+    return Status::Ok();
+  }
+
+  double Progress() const {
+    return manifest_.total_bytes
+               ? std::min(1.0, double(have_->held_bytes()) / double(manifest_.total_bytes))
+               : 1.0;
+  }
+
+ public:
+  // A relay's registry entry: its progress, or whole once every chunk is held.
+  Status UpdateRelay() {
+    if (!registration_) return Status::Ok();
+    const bool whole = have_->held() == have_->chunks();
+    return registration_->UpdateProgress(!whole, Progress());
+  }
+
+ private:
   // Each tensor's chunk checksums into the manifest, on up to 4 threads:
   // host memory directly, device memory through pinned staging (each thread
   // its own stream and about 8 MiB of staging, a whole number of chunks); and
@@ -396,6 +452,21 @@ class PeerServerImpl final : public PeerServer {
     });
     http_->Get("/v1/key", [this](const httplib::Request&, httplib::Response& res) {
       res.set_content(KeyJson(), "application/json");
+    });
+    http_->Get("/v1/have", [this](const httplib::Request& req, httplib::Response& res) {
+      // ?after=V&wait_ms=W: answers once the map's version is past V, or
+      // after W ms (at most 5 s).
+      uint64_t after = 0, wait_ms = 0;
+      auto number = [&](const char* name, uint64_t* out) {
+        if (!req.has_param(name)) return;
+        const std::string v = req.get_param_value(name);
+        std::from_chars(v.data(), v.data() + v.size(), *out);
+      };
+      number("after", &after);
+      number("wait_ms", &wait_ms);
+      res.set_content(
+          have_->Wait(after, std::chrono::milliseconds(std::min<uint64_t>(wait_ms, 5000))),
+          "application/json");
     });
     http_->Post("/v1/session",
                 [this](const httplib::Request&, httplib::Response& res) { OpenSession(res); });
@@ -532,6 +603,7 @@ class PeerServerImpl final : public PeerServer {
   std::vector<ExportedMemory> exported_;  // Device memory handed over (descriptors it owns).
   std::unique_ptr<HandoverServer> handover_;
   std::unique_ptr<LocalAnnouncement> announcement_;
+  std::shared_ptr<Availability> have_;  // GET /v1/have; every chunk unless a relay.
 };
 
 }  // namespace
@@ -540,11 +612,18 @@ Result<std::unique_ptr<PeerServer>> StartPeerServer(const PeerKey& key, const Se
                                                     std::vector<Served> tensors,
                                                     std::vector<Span> regions,
                                                     std::shared_ptr<const void> keep_alive,
-                                                    const ContentIdentity* known) {
+                                                    const ContentIdentity* known,
+                                                    const RelayOf* relay) {
   auto server = std::make_unique<PeerServerImpl>(key, options);
   TL_RETURN_IF_ERROR(
-      server->Start(std::move(tensors), std::move(regions), std::move(keep_alive), known));
+      server->Start(std::move(tensors), std::move(regions), std::move(keep_alive), known, relay));
   return std::unique_ptr<PeerServer>(std::move(server));
+}
+
+Status UpdateRelayEntry(PeerServer& server) {
+  auto* impl = dynamic_cast<PeerServerImpl*>(&server);
+  if (impl == nullptr) return InvalidArgumentError("not a tensorlift peer server");
+  return impl->UpdateRelay();
 }
 
 Status CorruptServedForTesting(PeerServer& server, const std::string& tensor, uint64_t offset,

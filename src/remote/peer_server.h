@@ -20,6 +20,9 @@
 
 namespace tensorlift::remote {
 
+class Availability;
+struct Manifest;
+
 // A tensor to serve.
 struct Served {
   std::string name;
@@ -49,15 +52,32 @@ struct Span {
 // memory; a GPU's is CUDA memory.
 UcxMemory MemoryOf(const Device* device);
 
+// A relay (docs/remote.md, "Relaying"): a server of memory that a pull is
+// still filling. Its chunk size, checksums and content root are the
+// reference's (the root seed's manifest: every tensor served must be its
+// whole tensor), GET /v1/have lists the chunks `have` holds, and its registry
+// entry is partial (SeedInfo::partial) until UpdateRelayEntry finds every
+// chunk held. No handover: the memory is still written.
+struct RelayOf {
+  const Manifest* reference = nullptr;
+  std::shared_ptr<Availability> have;
+};
+
 // Starts serving `tensors` (names unique) from `regions` (none: the tensors'
 // own ranges, merged where they touch), keeping `keep_alive` until the server
 // is destroyed. `known`: the tensors' content identity when their load
-// computed it (may be null).
+// computed it (may be null). Every server answers GET /v1/have; a whole
+// seed's map holds every chunk.
 Result<std::unique_ptr<PeerServer>> StartPeerServer(const PeerKey& key, const ServeOptions& options,
                                                     std::vector<Served> tensors,
                                                     std::vector<Span> regions,
                                                     std::shared_ptr<const void> keep_alive,
-                                                    const ContentIdentity* known = nullptr);
+                                                    const ContentIdentity* known = nullptr,
+                                                    const RelayOf* relay = nullptr);
+
+// A relay's registry entry rewritten with its progress (whole once it holds
+// every chunk). OK for a server without a registry.
+Status UpdateRelayEntry(PeerServer& server);
 
 }  // namespace tensorlift::remote
 

@@ -93,6 +93,9 @@ std::vector<std::string> PeerUrlsFor(const PeerKey& key, const std::vector<std::
     failures->push_back("registry " + registry + ": no live seed for key " + key.Digest());
   } else {
     for (const SeedInfo& s : *seeds) {
+      // A relay still receiving serves only what it holds: pulls that do not
+      // relay (which read every chunk of one source) leave it out.
+      if (s.partial) continue;
       if (std::find(urls.begin(), urls.end(), s.url) == urls.end()) urls.push_back(s.url);
     }
   }

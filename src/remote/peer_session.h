@@ -72,7 +72,8 @@ class PeerSession {
 };
 
 // The endpoints to try for `key`: `peers`, then the live seeds the etcd
-// `registry` lists for it (when not empty), each once. What could not be
+// `registry` lists for it (when not empty; relays still receiving left out),
+// each once. What could not be
 // asked is added to `failures` (one line each).
 std::vector<std::string> PeerUrlsFor(const PeerKey& key, const std::vector<std::string>& peers,
                                      const std::string& registry, int timeout_ms,

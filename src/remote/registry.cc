@@ -255,6 +255,20 @@ class EtcdRegistration final : public Registration {
     return status;
   }
 
+  Status UpdateProgress(bool partial, double progress) override {
+    if (!std::isfinite(progress) || progress < 0 || progress > 1) {
+      return InvalidArgumentError("registry: progress " + FormatDouble(progress) +
+                                  " is not in [0, 1]");
+    }
+    std::lock_guard<std::mutex> op_lock(op_mu_);
+    seed_.partial = partial;
+    seed_.progress = partial ? progress : 1;
+    bool lease_gone = false;
+    Status status = PutUnderLease(etcd_, key_, EntryValue(seed_), lease_.id, &lease_gone);
+    if (lease_gone) status = RegrantLocked();
+    return status;
+  }
+
   Status health() const override {
     std::lock_guard<std::mutex> lock(mu_);
     return health_;

@@ -151,7 +151,9 @@ std::string EntryValue(const SeedInfo& seed) {
   return "{\"url\":" + JsonString(seed.url) + ",\"rank\":" + std::to_string(seed.rank) +
          ",\"world\":" + std::to_string(seed.world) + ",\"load\":" + FormatDouble(seed.load) +
          ",\"id\":" + JsonString(seed.id) +
-         (seed.content.empty() ? "" : ",\"content\":" + JsonString(seed.content)) + "}";
+         (seed.content.empty() ? "" : ",\"content\":" + JsonString(seed.content)) +
+         (seed.partial ? ",\"partial\":true,\"progress\":" + FormatDouble(seed.progress) : "") +
+         "}";
 }
 
 std::string SeedProblem(const SeedInfo& s) {
@@ -173,6 +175,9 @@ std::string SeedProblem(const SeedInfo& s) {
   }
   if (!s.content.empty() && !Hash128::IsCanonicalHex(s.content)) {
     return "content '" + Printable(s.content, 100) + "' is not 32 lowercase hex digits";
+  }
+  if (!std::isfinite(s.progress) || s.progress < 0 || s.progress > 1) {
+    return "progress " + FormatDouble(s.progress) + " is not in [0, 1]";
   }
   return "";
 }
@@ -213,6 +218,14 @@ bool ParseEntry(simdjson::dom::parser& parser, std::string_view digest, std::str
     std::string_view content;
     if (content_el.get(content) != simdjson::SUCCESS || content.empty()) return false;
     seed.content = std::string(content.substr(0, 33));
+  }
+  // Optional: a relay still receiving, and how far it is.
+  simdjson::dom::element partial_el;
+  if (obj["partial"].get(partial_el) == simdjson::SUCCESS) {
+    if (partial_el.get(seed.partial) != simdjson::SUCCESS ||
+        obj["progress"].get(seed.progress) != simdjson::SUCCESS) {
+      return false;
+    }
   }
   if (!SeedProblem(seed).empty()) return false;
   if (key_suffix != std::to_string(seed.rank) + "/" + seed.id) return false;
@@ -256,6 +269,14 @@ Result<RangePage> ParseRangePage(std::string_view reply, std::string_view key_di
                     &seed)) {
       ++page.skipped;
       continue;  // Invalid entries are skipped.
+    }
+    // etcd's JSON gateway writes int64 as strings.
+    std::string_view created;
+    int64_t created_n = 0;
+    if (kv["create_revision"].get(created) == simdjson::SUCCESS) {
+      std::from_chars(created.data(), created.data() + created.size(), seed.created);
+    } else if (kv["create_revision"].get(created_n) == simdjson::SUCCESS) {
+      seed.created = created_n;
     }
     page.seeds.push_back(std::move(seed));
   }

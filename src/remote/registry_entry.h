@@ -26,6 +26,14 @@ struct SeedInfo {
   // The content identity root of what it serves (32 lowercase hex digits),
   // or empty; an entry with any other value is skipped.
   std::string content;
+  // A relay still receiving (docs/remote.md, "Relaying"): it serves only
+  // the chunks its GET /v1/have lists, and `progress` (0..1) of its bytes are
+  // in. Pullers that do not relay skip such entries.
+  bool partial = false;
+  double progress = 1;
+  // etcd's create_revision of the entry (read back, never written): the
+  // order relays registered in.
+  int64_t created = 0;
 };
 
 // One page of etcd's reply to a range request for the seeds of `key_digest`

@@ -12,6 +12,7 @@
 #   handover.cc      same-host handover: sealed memfds over an abstract Unix socket
 #   share.cc         ShareTensors: a process's tensors into sealed shared memory
 #   control.cc       the control-plane client (signed requests, GET /v1/key)
+#   availability.cc  which chunks a relay holds (GET /v1/have) and its children's view of it
 #   peer_session.cc  PeerSession: one source rank's session and data plane (pulls and the striper's peer source)
 #   peer_load.cc     LoadFromPeer: finding sources, trying them, the fallback; with
 #   peer_pull.cc     Puller: a pull from one group of source ranks (gets, chunk checks),
@@ -43,6 +44,7 @@ add_library(tl_remote STATIC
   remote/handover.cc
   remote/share.cc
   remote/control.cc
+  remote/availability.cc
   remote/peer_load.cc
   remote/peer_pull.cc
   remote/peer_check.cc

@@ -19,6 +19,7 @@ namespace tensorlift::remote {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string ReadSeed(const std::string& name) {
   std::ifstream in(std::string(TENSORLIFT_SOURCE_DIR) + "/tests/fuzz/" + name, std::ios::binary);
@@ -179,6 +180,35 @@ TEST(RangePageTest, KeysOutsideTheRangeOrOutOfOrderOrTooManyAreCorruption) {
   page = ParseRangePage(R"({"kvs":[)" + Kv("0/ab", v) + "]}", "0123456789abcdef", 500,
                         "/tensorlift/seeds/0123456789abcdef/0/ab");
   EXPECT_FALSE(page.ok());
+}
+
+// A relay's entry (docs/remote.md, "Relaying"): partial with its progress,
+// written and read back; etcd's create_revision (a string in its JSON
+// gateway) gives the order relays registered in; a bad progress is skipped.
+TEST(RangePageTest, ARelaysEntryIsPartialWithItsProgressAndItsCreationOrder) {
+  SeedInfo relay;
+  relay.key_digest = "0123456789abcdef";
+  relay.url = "http://10.77.0.3:9000";
+  relay.id = "ef";
+  relay.partial = true;
+  relay.progress = 0.25;
+  const std::string value = EntryValue(relay);
+  EXPECT_THAT(value, HasSubstr(R"("partial":true,"progress":0.25)"));
+  SeedInfo whole = relay;
+  whole.partial = false;
+  EXPECT_THAT(EntryValue(whole), Not(HasSubstr("partial")));
+  const std::string kv = R"({"key":")" + B64("/tensorlift/seeds/0123456789abcdef/0/ef") +
+                         R"(","create_revision":"42","value":")" + B64(value) + R"("})";
+  const std::string bad = R"({"url":"http://h:1","rank":0,"world":1,"load":0,"id":"ff",)"
+                          R"("partial":true,"progress":1.5})";
+  auto page =
+      ParseRangePage(R"({"kvs":[)" + kv + "," + Kv("0/ff", bad) + "]}", "0123456789abcdef", 500);
+  ASSERT_OK(page);
+  ASSERT_EQ(page->seeds.size(), 1u);
+  EXPECT_TRUE(page->seeds[0].partial);
+  EXPECT_EQ(page->seeds[0].progress, 0.25);
+  EXPECT_EQ(page->seeds[0].created, 42);
+  EXPECT_EQ(page->skipped, 1u);
 }
 
 }  // namespace
