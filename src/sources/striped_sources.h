@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -33,10 +34,16 @@ class Source {
   virtual ~Source() = default;
   // Fills every piece; may be called from `workers` threads at once.
   virtual Status Fetch(const std::vector<const Piece*>& pieces) = 0;
+  // Whether it holds `p`'s bytes now (a relay: the chunks it has received);
+  // called under the store's mutex, so it must not block.
+  virtual bool Holds(const Piece& /*p*/) const { return true; }
+  // Set by the store: call when what it holds changed.
+  std::function<void()> changed;
   int workers = 1;
   int take = 1;  // Pieces a worker takes together.
   // Guarded by the scheduler's mutex.
   bool dead = false;
+  bool retired = false;         // Takes no more pieces (StripedStore::Retire).
   int fetching = 0;             // Batches its workers hold (taken, not landed).
   uint64_t fetching_bytes = 0;  // Their bytes.
   double active_s = 0;          // Seconds it has held a batch, ended spans.

@@ -37,8 +37,46 @@ StripedStore::StripedStore(Layout layout, std::vector<std::unique_ptr<Source>> s
   // Dealt a first batch: each source's first worker (the first of the round-robin).
   dealt_.assign(worker_source_.size(), true);
   for (size_t k = 0; k < worker_source_.size() && k < sources_.size(); ++k) dealt_[k] = false;
+  for (auto& s : sources_) s->changed = [this] { Changed(); };
   for (size_t k = 0; k < worker_source_.size(); ++k)
     threads_.emplace_back([this, k] { Work(*worker_source_[k], k); });
+}
+
+void StripedStore::Changed() {
+  {
+    // Taken so that a worker between its check and its wait sees the change.
+    std::lock_guard<std::mutex> lock(mu_);
+  }
+  work_cv_.notify_all();
+}
+
+Source* StripedStore::AddSource(std::unique_ptr<Source> source) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Source* src = source.get();
+  src->changed = [this] { Changed(); };
+  sources_.push_back(std::move(source));
+  ++alive_;
+  if (stop_) return src;
+  for (int w = 0; w < src->workers; ++w) {
+    const size_t k = worker_source_.size();
+    worker_source_.push_back(src);
+    first_.emplace_back();
+    dealt_.push_back(w != 0);
+    threads_.emplace_back([this, k, src] { Work(*src, k); });
+  }
+  DealFirstBatches();
+  work_cv_.notify_all();
+  return src;
+}
+
+void StripedStore::Retire(Source* source) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : sources_) {
+      if (s.get() == source) s->retired = true;
+    }
+  }
+  work_cv_.notify_all();
 }
 
 StripedStore::~StripedStore() {
@@ -104,9 +142,21 @@ Status StripedStore::ReadRanges(std::span<const Range> ranges,
   DealFirstBatches();
   work_cv_.notify_all();
   for (;;) {
-    read_cv_.wait(lock, [&] {
+    auto ready = [&] {
       return !read.landed.empty() || read.left == 0 || (alive_ == 0 && read.in_flight == 0);
-    });
+    };
+    if (options_.idle_timeout.count() == 0) {
+      read_cv_.wait(lock, ready);
+    } else if (!read_cv_.wait_for(lock, options_.idle_timeout, ready) && read.in_flight == 0 &&
+               Clock::now() - last_landed_ >= options_.idle_timeout) {
+      // Nothing landed for idle_timeout and no source fetches this read's
+      // pieces: none holds them (relays that stopped receiving).
+      std::erase_if(queue_, [&](const Queued& q) { return q.read == &read; });
+      Forget(read);
+      return UnavailableError("striped load: no source holds the pieces left (nothing landed for " +
+                              std::to_string(options_.idle_timeout.count()) +
+                              " ms):" + EveryFailure());
+    }
     std::vector<std::pair<size_t, uint64_t>> now;
     now.swap(read.landed);
     if (landed && !now.empty()) {
@@ -183,17 +233,18 @@ void StripedStore::Forget(Read& read) {
 void StripedStore::DealFirstBatches() {
   for (size_t k = 0; k < worker_source_.size() && !queue_.empty(); ++k) {
     Source& src = *worker_source_[k];
-    if (dealt_[k] || src.dead) continue;
-    dealt_[k] = true;
+    if (dealt_[k] || src.dead || src.retired) continue;
     // One piece: the probe that measures the source (a slow source's batch of
-    // `take` pieces could outlast the whole load).
-    while (!queue_.empty() && first_[k].empty()) {
-      const Queued q = queue_.front();
-      queue_.pop_front();
-      queued_bytes_ -= q.read->pieces[q.piece].bytes;
-      ++q.read->in_flight;
-      first_[k].push_back(q);
-    }
+    // `take` pieces could outlast the whole load); the first it holds.
+    auto it = std::find_if(queue_.begin(), queue_.end(),
+                           [&](const Queued& q) { return src.Holds(q.read->pieces[q.piece]); });
+    if (it == queue_.end()) continue;  // Dealt once it holds one.
+    dealt_[k] = true;
+    const Queued q = *it;
+    queue_.erase(it);
+    queued_bytes_ -= q.read->pieces[q.piece].bytes;
+    ++q.read->in_flight;
+    first_[k].push_back(q);
     Hold(src, first_[k]);
   }
 }
@@ -246,7 +297,8 @@ std::vector<StripedStore::Queued> StripedStore::Take(Source& src, size_t worker,
                                                      std::unique_lock<std::mutex>& lock) {
   std::vector<Queued> ids;
   work_cv_.wait(lock, [&] {
-    return stop_ || src.dead || !first_[worker].empty() || (!queue_.empty() && MayTake(src) > 0);
+    return stop_ || src.dead || !first_[worker].empty() ||
+           (!queue_.empty() && MayTake(src) > 0 && HoldsAny(src));
   });
   if (stop_) return ids;  // No read is in progress: nothing was dealt.
   if (src.dead) {
@@ -270,9 +322,15 @@ std::vector<StripedStore::Queued> StripedStore::Take(Source& src, size_t worker,
     return ids;
   }
   const int want = MayTake(src);
-  while (!queue_.empty() && static_cast<int>(ids.size()) < want) {
-    const Queued q = queue_.front();
-    queue_.pop_front();
+  // The first pieces in the queue that the source holds (a relay holds only
+  // what it has received).
+  for (auto it = queue_.begin(); it != queue_.end() && static_cast<int>(ids.size()) < want;) {
+    if (!src.Holds(it->read->pieces[it->piece])) {
+      ++it;
+      continue;
+    }
+    const Queued q = *it;
+    it = queue_.erase(it);
     queued_bytes_ -= q.read->pieces[q.piece].bytes;
     ++q.read->in_flight;
     ids.push_back(q);
@@ -300,6 +358,7 @@ void StripedStore::Landed(Source& src, const std::vector<Queued>& mine) {
   src.report.bytes += bytes;
   Release(src, mine);
   landed_bytes_ += bytes;
+  last_landed_ = Clock::now();
   src.report.ranges += mine.size();
   src.report.seconds = std::chrono::duration<double>(Clock::now() - start_).count();
   if (options_.on_range) options_.on_range(src.report.name, bytes);
@@ -338,14 +397,22 @@ void StripedStore::Failed(Source& src, const std::vector<Queued>& mine, const St
 // while that piece would land before the others delivered all that is left
 // of the load, and leaves the load's tail to them. Re-asked whenever the
 // queue or the sources change.
+bool StripedStore::HoldsAny(const Source& src) const {
+  for (const Queued& q : queue_) {
+    if (src.Holds(q.read->pieces[q.piece])) return true;
+  }
+  return false;
+}
+
 int StripedStore::MayTake(const Source& src) const {
+  if (src.retired) return 0;
   const auto now = Clock::now();
   const double mine = src.Rate(now);
   if (mine <= 0) return src.fetching > 0 ? 0 : 1;
   double others = 0, fastest = 0;
   uint64_t others_hold = 0;
   for (const auto& s : sources_) {
-    const double rate = s->dead ? 0 : s->Rate(now);
+    const double rate = s->dead || s->retired ? 0 : s->Rate(now);
     if (rate <= 0) continue;
     fastest = std::max(fastest, rate);
     if (s.get() == &src) continue;

@@ -39,6 +39,9 @@ class StripedStore final : public CheckpointStore {
   struct Options {
     uint64_t piece_bytes = 8ull << 20;  // The most bytes one piece holds.
     std::function<void(const std::string& source, uint64_t bytes)> on_range;
+    // A read fails once nothing has landed for this long while no source
+    // fetches its pieces (relays that stopped receiving); 0: it waits.
+    std::chrono::milliseconds idle_timeout{0};
   };
   // `layout`'s tensors are checked against `reference`'s entries (set by the
   // caller) when layout.chunk_bytes is not 0. Starts every source's workers.
@@ -57,6 +60,14 @@ class StripedStore final : public CheckpointStore {
                     const std::function<void(size_t range, uint64_t bytes)>& landed) override;
   std::string Describe(const std::string& path) const override;
   bool WantsFileAlignment() const override { return true; }
+
+  // A source joining while the reads go on (a relay found after the load
+  // began): its workers start now. The store owns it; the pointer stays valid
+  // as long as the store.
+  Source* AddSource(std::unique_ptr<Source> source);
+  // A source that takes no more pieces (those it holds still land): a relay's
+  // parent replaced by a closer one.
+  void Retire(Source* source);
 
   // After the reads: each source's report, pieces fetched again after their
   // source failed, and pieces cut.
@@ -87,6 +98,10 @@ class StripedStore final : public CheckpointStore {
   void Failed(Source& src, const std::vector<Queued>& mine, const Status& why);
   // Under mu_: how many pieces a worker of `src` may take now (0: none).
   int MayTake(const Source& src) const;
+  // Under mu_: whether `src` holds a queued piece.
+  bool HoldsAny(const Source& src) const;
+  // What a source holds changed: its workers look at the queue again.
+  void Changed();
   // A chunk fetched whole earlier for part of it: copies out what `p` needs.
   bool FromKept(Piece& p, Read& read);
   // Under mu_: `p`'s parts of its chunk are delivered; keeps the chunk
@@ -134,6 +149,7 @@ class StripedStore final : public CheckpointStore {
   uint64_t refetched_ = 0;
   uint64_t pieces_ = 0;
   uint64_t landed_bytes_ = 0;  // Delivered by every source so far.
+  Clock::time_point last_landed_ = Clock::now();
   std::vector<std::thread> threads_;
   std::vector<Source*> worker_source_;      // Per worker.
   std::vector<std::vector<Queued>> first_;  // Per worker: its dealt batch.

@@ -64,6 +64,24 @@ class FakeSource final : public Source {
     released_ = true;
     cv_.notify_all();
   }
+  // As a relay: it holds only the chunks named (of every tensor), until
+  // HoldAll; the store is told when that changes.
+  void HoldOnly(std::vector<int64_t> chunks) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      partial_ = true;
+      held_ = std::move(chunks);
+    }
+    if (changed) changed();
+  }
+  bool Holds(const Piece& p) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!partial_) return true;
+    for (const Unit& u : p.units) {
+      if (std::find(held_.begin(), held_.end(), u.chunk) == held_.end()) return false;
+    }
+    return true;
+  }
   // Waits until fetches of `n` pieces have begun (true), or gives up after a
   // minute (false: a safety net, not a timing).
   bool WaitForPieces(size_t n) {
@@ -88,7 +106,9 @@ class FakeSource final : public Source {
  private:
   const std::vector<std::string>& files_;
   const bool block_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
+  bool partial_ = false;
+  std::vector<int64_t> held_;
   std::condition_variable cv_;
   int fetches_ = 0;
   size_t fetched_pieces_ = 0;
@@ -331,6 +351,92 @@ TEST(StripedStoreTest, AChunkTwoReadsShareIsFetchedOnce) {
   ASSERT_OK(read_b);
   EXPECT_EQ(std::memcmp(into.data(), files[0].data() + t.file_offset, t.nbytes), 0);
   EXPECT_EQ(src->FetchedTimes(chunk1, kChunk), 1);
+}
+
+// A relay holds only what it has received: it takes the pieces it holds and
+// leaves the others, takes more once it holds more, and may join while the
+// read goes on (found after the load began). Here the root is busy with its
+// probe (chunk 0, held until released) the whole time: a relay added
+// holding chunk 2 fetches it, then chunks 1 and 3 once it holds them.
+TEST(StripedStoreTest, ARelayTakesOnlyThePiecesItHoldsAndMayJoinDuringARead) {
+  ScratchDir dir("tl_striped_relay");
+  const std::string path = dir.File("m.safetensors");
+  testing::WriteRaw(path, {testing::Random("w", Dtype::kU8, {256 << 10}, 9)});
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  const std::vector<std::string> files = {ReadAll(path)};
+  constexpr uint64_t kChunk = 64 << 10;
+  Layout layout = LayOut(*ckpt);
+  LaidOut& t = layout.shards[0][0];
+  remote::ManifestTensor served;
+  served.name = "w";
+  for (uint64_t at = 0; at < t.nbytes; at += kChunk)
+    served.chunk_xxh3.push_back(Xxh3_64(files[0].data() + t.file_offset + at, kChunk));
+  t.checked_by = &served;
+  layout.chunk_bytes = kChunk;
+  const uint64_t begin = t.file_offset;
+
+  auto root_owned = std::make_unique<FakeSource>("root", files, 1, /*block=*/true);
+  FakeSource* root = root_owned.get();
+  std::vector<std::unique_ptr<Source>> sources;
+  sources.push_back(std::move(root_owned));
+  StripedStore::Options options;
+  options.piece_bytes = kChunk;
+  StripedStore store(std::move(layout), std::move(sources), options);
+  const std::string& file = ckpt->shards()[0].path;
+  std::vector<std::byte> into(t.nbytes);
+  const CheckpointStore::Range range{&file, begin, t.nbytes, into.data()};
+  Status read;
+  std::thread reader([&] { read = store.ReadRanges({&range, 1}, {}); });
+  ASSERT_TRUE(root->WaitForPieces(1));
+  EXPECT_EQ(root->FetchedTimes(begin, kChunk), 1);  // Its probe: chunk 0.
+
+  auto relay_owned = std::make_unique<FakeSource>("relay", files, 1, /*block=*/false);
+  FakeSource* relay = relay_owned.get();
+  relay->HoldOnly({2});
+  store.AddSource(std::move(relay_owned));
+  ASSERT_TRUE(relay->WaitForPieces(1));
+  EXPECT_EQ(relay->FetchedTimes(begin + 2 * kChunk, kChunk), 1);
+  relay->HoldOnly({1, 2, 3});
+  ASSERT_TRUE(relay->WaitForPieces(3));
+  EXPECT_EQ(relay->FetchedTimes(begin + kChunk, kChunk), 1);
+  EXPECT_EQ(relay->FetchedTimes(begin + 3 * kChunk, kChunk), 1);
+  root->Release();
+  reader.join();
+  ASSERT_OK(read);
+  EXPECT_EQ(std::memcmp(into.data(), files[0].data() + begin, t.nbytes), 0);
+  EXPECT_EQ(root->fetched_pieces(), 1u);
+  EXPECT_EQ(relay->fetched_pieces(), 3u);
+  std::vector<StripeSourceReport> reports = store.SourceReports();
+  ASSERT_EQ(reports.size(), 2u);
+  EXPECT_EQ(reports[0].bytes, kChunk);
+  EXPECT_EQ(reports[1].bytes, 3 * kChunk);
+}
+
+// A read whose pieces no source holds, and that nothing fetches, fails once
+// nothing has landed for idle_timeout (relays that stopped receiving), not
+// never.
+TEST(StripedStoreTest, ReadsThatNoSourceHoldsFailAfterTheIdleTimeout) {
+  ScratchDir dir("tl_striped_idle");
+  const std::string path = dir.File("m.safetensors");
+  testing::WriteRaw(path, {testing::Random("w", Dtype::kU8, {64 << 10}, 3)});
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  const std::vector<std::string> files = {ReadAll(path)};
+  auto relay_owned = std::make_unique<FakeSource>("relay", files, 1, /*block=*/false);
+  relay_owned->HoldOnly({});
+  std::vector<std::unique_ptr<Source>> sources;
+  sources.push_back(std::move(relay_owned));
+  StripedStore::Options options;
+  options.idle_timeout = std::chrono::milliseconds(50);
+  StripedStore store(LayOut(*ckpt), std::move(sources), options);
+  const Checkpoint::Shard& shard = ckpt->shards()[0];
+  const uint64_t begin = shard.header.data_offset();
+  std::vector<std::byte> into(shard.identity.size - begin);
+  const CheckpointStore::Range range{&shard.path, begin, into.size(), into.data()};
+  Status read = store.ReadRanges({&range, 1}, {});
+  EXPECT_EQ(read.code(), StatusCode::kUnavailable);
+  EXPECT_THAT(read.message(), ::testing::HasSubstr("no source holds the pieces left"));
 }
 
 }  // namespace
