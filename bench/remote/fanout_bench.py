@@ -1,0 +1,191 @@
+"""Many new instances pulling one model at once, on a cluster of hosts (tests/python/cluster.py):
+a root seed on host 0, N receivers on hosts 1..N, every link capped (tbf, both directions), etcd on
+the root's host as the registry. Measures, per N and mode, the time until every receiver is done
+(and the median receiver's) against T1, one receiver alone on the same harness, and the bytes the
+root's link sent (its interface's counter, headers included) against the checkpoint's.
+
+Modes (each receiver runs `tensorlift fetch --registry URL --model M --revision R` with
+--transports tcp):
+  star     the receivers list the registry's seeds (the root) and pull from them;
+  seed     the same with --seed: a receiver that is done serves what it got and registers, as
+           today's answer to fan-out ("doubling" when later receivers start after earlier ones
+           finish; here they all start together, as a scaling event starts them).
+
+    sudo .venv/bin/python bench/remote/fanout_bench.py --mib 128 --cap-mbit 200 --n 2 4 8 --runs 3
+
+Needs root (namespaces), etcd and tensorlift's CLI (build/tensorlift). Writes
+bench/out/fanout.json and prints a table. Nothing here is asserted: it measures.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+import cluster as cl  # noqa: E402
+
+MODEL = ["--model", "fanout", "--revision", "r1"]
+
+
+def make_checkpoint(path, mib):
+    """A checkpoint of `mib` MiB of random bytes in 8 MiB tensors (safetensors, one file)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+    rng = np.random.default_rng(1)
+    tensors = {}
+    left = mib << 20
+    i = 0
+    while left > 0:
+        n = min(8 << 20, left)
+        tensors[f"layers.{i}.w"] = rng.integers(0, 255, size=n, dtype=np.uint8)
+        left -= n
+        i += 1
+    os.makedirs(path, exist_ok=True)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    return sum(t.nbytes for t in tensors.values())
+
+
+def tx_bytes(c, host):
+    r = subprocess.run(["ip", "-n", c.names[host], "-s", "-j", "link", "show", "eth0"], capture_output=True,
+                       text=True, check=True)
+    return json.loads(r.stdout)[0]["stats64"]["tx"]["bytes"]
+
+
+def wait_file(path, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path) or not open(path).read().strip():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args}: exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear")
+        time.sleep(0.02)
+    return open(path).read().strip()
+
+
+def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
+    """Seed + n receivers started together; (per-receiver seconds, root tx bytes, sources)."""
+    with cl.Cluster(n + 1, cap_mbit=args.cap_mbit) as c:
+        etcd = c.etcd(0)
+        ready = os.path.join(workdir, "root-url")
+        if os.path.exists(ready):
+            os.unlink(ready)
+        root = c.popen(0, [args.cli, "serve", ckpt, *MODEL, "--host", c.addr(0), "--transports", "tcp",
+                           "--no-handover", "--registry", etcd, "--ready-file", ready],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_file(ready, root)
+        tx0 = tx_bytes(c, 0)
+        env = dict(os.environ, UCX_TLS="tcp")
+        procs, readies = [], []
+        start = time.monotonic()
+        for i in range(1, n + 1):
+            argv = [args.cli, "fetch", "--registry", etcd, *MODEL, "--transports", "tcp", "--handover", "off",
+                    "--no-local", *args.fetch_args.split()]
+            if mode == "seed":
+                rf = os.path.join(workdir, f"seed-{i}")
+                if os.path.exists(rf):
+                    os.unlink(rf)
+                readies.append(rf)
+                argv += ["--seed", "--seed-host", c.addr(i), "--ready-file", rf]
+            procs.append(c.popen(i, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        done = [None] * n
+        sources = [None] * n
+        deadline = start + args.timeout
+        while any(d is None for d in done):
+            for k, p in enumerate(procs):
+                if done[k] is not None:
+                    continue
+                finished = p.poll() is not None if mode == "star" else (
+                    os.path.exists(readies[k]) and open(readies[k]).read().strip())
+                if mode == "seed" and p.poll() is not None and not finished:
+                    raise RuntimeError(f"receiver {k + 1}: {p.stderr.read()}")
+                if finished:
+                    done[k] = time.monotonic() - start
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"n={n} {mode}: not done after {args.timeout} s")
+            time.sleep(0.01)
+        tx = tx_bytes(c, 0) - tx0
+        for k, p in enumerate(procs):
+            if mode == "seed":
+                c.stop(p)
+            out, err = p.communicate()
+            if mode == "star" and p.returncode != 0:
+                raise RuntimeError(f"receiver {k + 1} failed: {err}")
+            sources[k] = [line for line in err.splitlines() if " from " in line or "fallback" in line][-1:]
+        return done, tx, sources
+
+
+def median_spread(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cli", default=os.path.join(ROOT, "build", "tensorlift"))
+    ap.add_argument("--mib", type=int, default=128)
+    ap.add_argument("--cap-mbit", type=float, default=200)
+    ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--modes", nargs="+", default=["star", "seed"], choices=["star", "seed"])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--fetch-args", default="", help="more arguments for every receiver's fetch")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "fanout.json"))
+    args = ap.parse_args(argv)
+    why = cl.reason()
+    if why:
+        sys.exit(f"fanout bench: {why}")
+    if args.cap_mbit * max(args.n) > 1600:
+        print(f"note: {max(args.n)} x {args.cap_mbit:g} Mbit/s is more than 2 cores relay (~1.6 Gbit/s)",
+              file=sys.stderr)
+    workdir = tempfile.mkdtemp(prefix="tl_fanout_")
+    ckpt = os.path.join(workdir, "ckpt")
+    tensor_bytes = make_checkpoint(ckpt, args.mib)
+    results = {"machine": {"cpu": platform.processor() or platform.machine(), "nproc": os.cpu_count()},
+               "bytes": tensor_bytes, "cap_mbit": args.cap_mbit, "runs": args.runs, "rows": []}
+    git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    results["commit"] = git.stdout.strip()
+    wire_s = tensor_bytes * 8 / (args.cap_mbit * 1e6)
+    print(f"fanout bench: {tensor_bytes / 2**20:.0f} MiB, links {args.cap_mbit:g} Mbit/s each way "
+          f"(one checkpoint's bytes on one link: {wire_s:.2f} s), {args.runs} runs per cell", flush=True)
+    t1_runs = []
+    for r in range(args.runs):
+        done, tx, _ = one_run(args, ckpt, tensor_bytes, 1, "star", workdir)
+        t1_runs.append(done[0])
+    t1 = statistics.median(t1_runs)
+    results["t1"] = median_spread(t1_runs)
+    print(f"T1 (one receiver alone): {t1:.2f} s (min {min(t1_runs):.2f}, max {max(t1_runs):.2f})", flush=True)
+    for n in args.n:
+        for mode in args.modes:
+            last, med, up = [], [], []
+            for r in range(args.runs):
+                done, tx, sources = one_run(args, ckpt, tensor_bytes, n, mode, workdir)
+                last.append(max(done))
+                med.append(statistics.median(done))
+                up.append(tx / tensor_bytes)
+            row = {"n": n, "mode": mode, "all_done_s": median_spread(last), "median_receiver_s": median_spread(med),
+                   "root_upload_x": median_spread(up), "sources_last_run": sources}
+            results["rows"].append(row)
+            print(f"N={n} {mode}: all done {statistics.median(last):.2f} s = {statistics.median(last) / t1:.2f}x T1 "
+                  f"(min {min(last) / t1:.2f}, max {max(last) / t1:.2f}); median receiver "
+                  f"{statistics.median(med) / t1:.2f}x; root sent {statistics.median(up):.2f}x the checkpoint",
+                  flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print("\n| N | mode | all done / T1 (min-max) | median receiver / T1 | root sent / checkpoint |")
+    print("|---|---|---|---|---|")
+    for row in results["rows"]:
+        a, m, u = row["all_done_s"], row["median_receiver_s"], row["root_upload_x"]
+        print(f"| {row['n']} | {row['mode']} | {a['median'] / t1:.2f}x ({a['min'] / t1:.2f}-{a['max'] / t1:.2f}) | "
+              f"{m['median'] / t1:.2f}x | {u['median']:.2f}x |")
+    print(f"\nT1 = {t1:.2f} s; written {args.out}")
+
+
+if __name__ == "__main__":
+    main()
