@@ -129,7 +129,12 @@ struct FetchArgs {
   double min_rate_mbps = 1;  // PeerLoadOptions::min_rate, in MB/s.
   // Then serve what was pulled (become a seed) until SIGINT/SIGTERM.
   bool seed = false;
-  std::string seed_host = "127.0.0.1";
+  // The address a seed or relay listens on and advertises; empty: 127.0.0.1
+  // for a seed, and for a relay the address toward the registry unless that
+  // is loopback (PeerLoadOptions::relay_host).
+  std::string seed_host;
+  bool no_relay = false;        // PeerLoadOptions::relay off.
+  double relay_rate_limit = 0;  // PeerLoadOptions::relay_rate_limit, in MB/s.
   int registry_ttl_s = 10;
   std::string ready_file;         // Written with the seed's URL once serving.
   std::string device = "cpu";     // Where the tensors go.

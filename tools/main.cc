@@ -270,9 +270,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   fetch->add_flag("--seed", fetch_args.seed,
                   "Then serve what was pulled (registered with --registry) until interrupted");
+  fetch->add_option("--seed-host", fetch_args.seed_host,
+                    "The address a seed (--seed) or relay listens on and advertises (default: "
+                    "127.0.0.1 for a seed; for a relay, this host's address toward the registry)");
+  fetch->add_flag("--no-relay", fetch_args.no_relay,
+                  "With --registry: do not relay (by default a pull serves what it has received "
+                  "to later pullers while it receives, and takes from earlier ones: "
+                  "docs/remote.md, \"Relaying\")");
   fetch
-      ->add_option("--seed-host", fetch_args.seed_host,
-                   "With --seed: the address to listen on and advertise")
+      ->add_option("--relay-rate-limit", fetch_args.relay_rate_limit,
+                   "MB/s a relay lets later pullers take from it in all (0: no limit)")
+      ->check(CLI::Range(0.0, 1e6))
       ->capture_default_str();
   fetch
       ->add_option("--registry-ttl", fetch_args.registry_ttl_s,

@@ -166,7 +166,7 @@ Result<PeerLoad> FetchStriped(const FetchArgs& args, const PeerKey& key, const s
   }
   if (args.seed) {
     ServeOptions so;
-    so.host = args.seed_host;
+    so.host = args.seed_host.empty() ? "127.0.0.1" : args.seed_host;
     so.registry = args.registry;
     so.registry_ttl_s = args.registry_ttl_s;
     so.token = token;
@@ -190,6 +190,11 @@ int RunFetch(const FetchArgs& args) {
     return Fail(
         InvalidArgumentError("fetch: --content checks one source's bytes; not with --stripe"),
         kExitUsage);
+  }
+  if (args.stripe && (args.no_relay || args.relay_rate_limit > 0)) {
+    return Fail(InvalidArgumentError("fetch --stripe does not relay: --no-relay and "
+                                     "--relay-rate-limit are for pulls with --registry"),
+                kExitUsage);
   }
   auto token = Token(args.token_file);
   if (!token.ok()) return Fail(token.status());
@@ -219,6 +224,15 @@ int RunFetch(const FetchArgs& args) {
   opts.handover_verify = args.handover_verify;
   opts.handover_copy_on_write = args.copy_on_write;
   opts.local = !args.no_local;
+  opts.relay = !args.no_relay;
+  opts.relay_host = args.seed_host;
+  opts.relay_rate_limit = static_cast<uint64_t>(args.relay_rate_limit * 1e6);
+  opts.seed.registry_ttl_s = args.registry_ttl_s;
+  if (args.no_relay && args.relay_rate_limit > 0) {
+    return Fail(
+        InvalidArgumentError("fetch: --relay-rate-limit limits a relay; not with --no-relay"),
+        kExitUsage);
+  }
   if (!args.out.empty() && !opts.device.on_host()) {
     return Fail(InvalidArgumentError("fetch: --out writes a host fetch: leave --device at cpu"),
                 kExitUsage);
@@ -233,7 +247,7 @@ int RunFetch(const FetchArgs& args) {
   if (args.seed) {
     set = BlockStopSignals();
     opts.become_seed = true;
-    opts.seed.host = args.seed_host;
+    opts.seed.host = args.seed_host.empty() ? "127.0.0.1" : args.seed_host;
     opts.seed.registry_ttl_s = args.registry_ttl_s;
   }
   std::string striped_from;
@@ -260,10 +274,22 @@ int RunFetch(const FetchArgs& args) {
                  report.seconds,
                  report.seconds > 0 ? loaded->total_bytes() / report.seconds / 1e9 : 0.0);
   }
-  for (const FileReport& f : loaded->files()) {
-    if (f.bytes)
-      std::fprintf(out, "  %s: %s, %llu bytes\n", f.path.c_str(), f.reason.c_str(),
-                   static_cast<unsigned long long>(f.bytes));
+  if (!report.relay.empty() || !report.sources.empty()) {
+    // A relaying pull: what each source gave (a working fan-out or a silent
+    // fallback to the root alone are told apart here).
+    std::fprintf(out, "relayed%s%s; from %zu source(s):\n", report.relay.empty() ? "" : " at ",
+                 report.relay.c_str(), report.sources.size());
+    for (const PeerLoadReport::Source& s : report.sources) {
+      std::fprintf(out, "  %s: %llu bytes%s%s\n", s.url.c_str(),
+                   static_cast<unsigned long long>(s.bytes),
+                   s.failure.empty() ? "" : ", dropped: ", s.failure.c_str());
+    }
+  } else {
+    for (const FileReport& f : loaded->files()) {
+      if (f.bytes)
+        std::fprintf(out, "  %s: %s, %llu bytes\n", f.path.c_str(), f.reason.c_str(),
+                     static_cast<unsigned long long>(f.bytes));
+    }
   }
   if (!args.out.empty()) {
     std::vector<TensorView> views;
@@ -292,6 +318,10 @@ int RunFetch(const FetchArgs& args) {
     std::fflush(stdout);
     return WaitServing(*pulled->seed, args.ready_file, set);
   }
+  // A relay serves the holders still pulling from it before the process goes.
+  std::fflush(out);
+  std::fflush(stdout);
+  WaitForRelays(120000);
   return kExitOk;
 }
 

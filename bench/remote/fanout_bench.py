@@ -6,10 +6,12 @@ root's link sent (its interface's counter, headers included) against the checkpo
 
 Modes (each receiver runs `tensorlift fetch --registry URL --model M --revision R` with
 --transports tcp):
-  star     the receivers list the registry's seeds (the root) and pull from them;
-  seed     the same with --seed: a receiver that is done serves what it got and registers, as
-           today's answer to fan-out ("doubling" when later receivers start after earlier ones
-           finish; here they all start together, as a scaling event starts them).
+  relay    the default: each receiver serves what it has received while it receives, and takes
+           from the two receivers registered before it (docs/remote.md, "Relaying");
+  star     --no-relay: the receivers list the registry's seeds (the root) and pull from them;
+  seed     --no-relay --seed: a receiver that is done serves what it got and registers ("doubling"
+           when later receivers start after earlier ones finish; here they all start together, as
+           a scaling event starts them).
 
     sudo .venv/bin/python bench/remote/fanout_bench.py --mib 128 --cap-mbit 200 --n 2 4 8 --runs 3
 
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -82,42 +85,57 @@ def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
         wait_file(ready, root)
         tx0 = tx_bytes(c, 0)
         env = dict(os.environ, UCX_TLS="tcp")
-        procs, readies = [], []
+        procs = []
         start = time.monotonic()
         for i in range(1, n + 1):
             argv = [args.cli, "fetch", "--registry", etcd, *MODEL, "--transports", "tcp", "--handover", "off",
-                    "--no-local", *args.fetch_args.split()]
+                    "--no-local", "--seed-host", c.addr(i), "--checksum", *args.fetch_args.split()]
+            if mode != "relay":
+                argv.append("--no-relay")
             if mode == "seed":
-                rf = os.path.join(workdir, f"seed-{i}")
-                if os.path.exists(rf):
-                    os.unlink(rf)
-                readies.append(rf)
-                argv += ["--seed", "--seed-host", c.addr(i), "--ready-file", rf]
-            procs.append(c.popen(i, argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+                argv += ["--seed"]
+            procs.append(c.popen(i, argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env))
         done = [None] * n
-        sources = [None] * n
+        errs = [[] for _ in range(n)]
+
+        def follow(k, p):
+            # A receiver is done when it says what it fetched (a relay then serves its children
+            # on until they are done, a seed until stopped).
+            for line in p.stderr:
+                errs[k].append(line)
+                if line.startswith("fetched ") and done[k] is None:
+                    done[k] = time.monotonic() - start
+
+        readers = [threading.Thread(target=follow, args=(k, p), daemon=True) for k, p in enumerate(procs)]
+        for t in readers:
+            t.start()
         deadline = start + args.timeout
         while any(d is None for d in done):
             for k, p in enumerate(procs):
-                if done[k] is not None:
-                    continue
-                finished = p.poll() is not None if mode == "star" else (
-                    os.path.exists(readies[k]) and open(readies[k]).read().strip())
-                if mode == "seed" and p.poll() is not None and not finished:
-                    raise RuntimeError(f"receiver {k + 1}: {p.stderr.read()}")
-                if finished:
-                    done[k] = time.monotonic() - start
+                if done[k] is None and p.poll() is not None:
+                    readers[k].join(timeout=5)
+                    if done[k] is None:
+                        raise RuntimeError(f"receiver {k + 1} exited {p.returncode}: {''.join(errs[k])}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"n={n} {mode}: not done after {args.timeout} s")
             time.sleep(0.01)
-        tx = tx_bytes(c, 0) - tx0
         for k, p in enumerate(procs):
             if mode == "seed":
                 c.stop(p)
-            out, err = p.communicate()
-            if mode == "star" and p.returncode != 0:
-                raise RuntimeError(f"receiver {k + 1} failed: {err}")
-            sources[k] = [line for line in err.splitlines() if " from " in line or "fallback" in line][-1:]
+            try:
+                p.wait(timeout=150)
+            except subprocess.TimeoutExpired:
+                c.stop(p)
+            readers[k].join(timeout=5)
+            if mode != "seed" and p.returncode != 0:
+                raise RuntimeError(f"receiver {k + 1} failed: {''.join(errs[k])}")
+        tx = tx_bytes(c, 0) - tx0
+        sources = [[line.rstrip() for line in e if " from " in line or "fallback" in line or line.startswith("  http")]
+                   for e in errs]
+        if args.verbose:
+            for k in range(n):
+                print(f"  receiver {k + 1} ({c.addr(k + 1)}): done at {done[k]:.2f} s; " +
+                      "; ".join(x.strip() for x in sources[k][1:]), flush=True)
         return done, tx, sources
 
 
@@ -131,9 +149,10 @@ def main(argv=None):
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--cap-mbit", type=float, default=200)
     ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--modes", nargs="+", default=["star", "seed"], choices=["star", "seed"])
+    ap.add_argument("--modes", nargs="+", default=["relay", "star", "seed"], choices=["relay", "star", "seed"])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--verbose", action="store_true", help="each receiver's time and sources")
     ap.add_argument("--fetch-args", default="", help="more arguments for every receiver's fetch")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "fanout.json"))
     args = ap.parse_args(argv)
@@ -155,7 +174,7 @@ def main(argv=None):
           f"(one checkpoint's bytes on one link: {wire_s:.2f} s), {args.runs} runs per cell", flush=True)
     t1_runs = []
     for r in range(args.runs):
-        done, tx, _ = one_run(args, ckpt, tensor_bytes, 1, "star", workdir)
+        done, tx, _ = one_run(args, ckpt, tensor_bytes, 1, "star", workdir)  # Alone: nothing to relay.
         t1_runs.append(done[0])
     t1 = statistics.median(t1_runs)
     results["t1"] = median_spread(t1_runs)

@@ -332,6 +332,25 @@ struct PeerLoadOptions {
   // (reads all of it, on up to 4 threads). Off, the sealed memory is
   // trusted as the seed checksummed it: nothing can write it since.
   bool handover_verify = false;
+  // Relaying (docs/remote.md, "Relaying"), with a registry: the pull
+  // registers at once as a relay (a partial seed: lease-bound, with its
+  // progress), serves every chunk it has received and checked, and takes
+  // chunks from the two holders that registered just before it (the root
+  // seed for the first), every chunk checked against the root's manifest
+  // wherever it came from; a holder that fails, stalls or serves a wrong
+  // chunk is dropped and the next earlier one taken. Whole tensors into host
+  // memory only (parallel.size 1, no device); other pulls, and pulls that
+  // find no whole seed, go as without it. Once its own load is done a relay
+  // serves the holders still pulling from it (at most a minute), then stops,
+  // unless become_seed: then it is the seed.
+  bool relay = true;
+  // The address a relay listens on and advertises; empty: seed.host unless
+  // that is loopback while the registry is not, then the local address of a
+  // connection to the registry (never 127.0.0.1 to other hosts).
+  std::string relay_host;
+  // Bytes per second a relay lets its children pull in all (0: no limit), so
+  // that a new instance's link is not all spent on others.
+  uint64_t relay_rate_limit = 0;
 };
 
 // What LoadFromPeer did.
@@ -342,6 +361,15 @@ struct PeerLoadReport {
   double seconds = 0;
   int source_ranks = 0;   // Source ranks read from (layout translation when != 1).
   bool handover = false;  // The tensors are the seed's memory, handed over on this host.
+  // A relaying pull (PeerLoadOptions::relay): its own relay's URL, and what
+  // each source (the root seed, relays) gave, with why it was dropped.
+  std::string relay;
+  struct Source {
+    std::string url;
+    uint64_t bytes = 0;
+    std::string failure;
+  };
+  std::vector<Source> sources;
 };
 
 // Pulls the tensors for options.parallel from the first compatible peer,
@@ -356,6 +384,12 @@ struct PeerLoad {
   std::unique_ptr<PeerServer> seed;  // Null unless become_seed.
 };
 Result<PeerLoad> LoadFromPeerAndSeed(const PeerKey& key, const PeerLoadOptions& options);
+
+// Waits until the relays of this process's finished pulls have stopped
+// (their children done, or a minute after their own load), at most
+// `timeout_ms`; how many still serve then. A process that exits after a
+// relaying pull (tensorlift fetch) calls it first.
+int WaitForRelays(int timeout_ms);
 
 }  // namespace tensorlift
 

@@ -165,6 +165,13 @@ class HostLoad {
     if (hooks_ && hooks_->placed) {
       for (auto loc : selected_) hooks_->placed(loc, Address(loc));
     }
+    if (hooks_ && hooks_->arenas) {
+      std::vector<std::shared_ptr<const Buffer>> arenas;
+      for (const auto& job : jobs_) {
+        if (job.arena) arenas.push_back(job.arena);
+      }
+      hooks_->arenas(std::move(arenas));
+    }
     out_.Reserve(selected_.size());
     for (auto loc : selected_) {
       const FileJob& job = jobs_[loc.shard];

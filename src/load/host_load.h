@@ -54,6 +54,10 @@ struct HostLoadHooks {
   // Called for every selected tensor, once placed and before any read: where
   // its bytes will be.
   std::function<void(Checkpoint::Location, const std::byte* data)> placed;
+  // Called once, after `placed` and before any read, with the files' host
+  // buffers the tensors are in: what keeps them alive for whoever serves them
+  // as they land (a relay, sources/relay.h).
+  std::function<void(std::vector<std::shared_ptr<const Buffer>> arenas)> arenas;
   // Called once per shard with selected tensors when all its bytes are in
   // (from an engine thread; for mapped files, when the reads start).
   std::function<void(uint32_t shard)> file_done;

@@ -7,6 +7,8 @@
 // peer_store.h (the pull as a store's file, loaded by Load), peer_content.h
 // (the content check); here, finding the sources, trying them, and the
 // fallback.
+#include "remote/peer_load.h"
+
 #include <algorithm>
 #include <chrono>
 #include <map>
@@ -300,40 +302,31 @@ Result<LoadedCheckpoint> LoadFromPeerWithShards(const PeerKey& key, const PeerLo
 
 }  // namespace remote
 
-Result<LoadedCheckpoint> LoadFromPeer(const PeerKey& key, const PeerLoadOptions& options,
-                                      PeerLoadReport* report) {
-  if (options.fallback_load.on_tensor) {
-    return InvalidArgumentError(
-        "peer loading: LoadOptions::on_tensor applies to Load, not to peer loads");
-  }
-  std::vector<remote::ShardOf> shards;
-  return remote::LoadFromPeerWithShards(key, options, report, &shards);
-}
+namespace remote {
 
-Result<PeerLoad> LoadFromPeerAndSeed(const PeerKey& key, const PeerLoadOptions& options) {
-  if (options.fallback_load.on_tensor) {
-    return InvalidArgumentError(
-        "peer loading: LoadOptions::on_tensor applies to Load, not to peer loads");
-  }
+Result<PeerLoad> PullAndSeed(const PeerKey& key, const PeerLoadOptions& options) {
   PeerLoad out;
-  std::vector<remote::ShardOf> shards;
+  std::vector<ShardOf> shards;
   TL_ASSIGN_OR_RETURN(LoadedCheckpoint loaded,
-                      remote::LoadFromPeerWithShards(key, options, &out.report, &shards));
+                      LoadFromPeerWithShards(key, options, &out.report, &shards));
   out.loaded = std::make_shared<const LoadedCheckpoint>(std::move(loaded));
   if (options.become_seed) {
-    ServeOptions seed = options.seed;
-    if (seed.registry.empty()) seed.registry = options.registry;
-    if (seed.token.empty()) seed.token = options.token;
-    if (seed.transports.empty()) seed.transports = options.transports;
-    seed.parallel = options.parallel;
-    TL_ASSIGN_OR_RETURN(out.seed, remote::ServeShards(out.loaded, std::move(shards), key, seed));
+    TL_ASSIGN_OR_RETURN(out.seed,
+                        ServeShards(out.loaded, std::move(shards), key, SeedOptions(options)));
   }
   return out;
 }
 
-}  // namespace tensorlift
+ServeOptions SeedOptions(const PeerLoadOptions& options) {
+  ServeOptions seed = options.seed;
+  if (seed.registry.empty()) seed.registry = options.registry;
+  if (seed.token.empty()) seed.token = options.token;
+  if (seed.transports.empty()) seed.transports = options.transports;
+  seed.parallel = options.parallel;
+  return seed;
+}
 
-namespace tensorlift {
+}  // namespace remote
 
 Result<PeerKey> PeerKeyForCheckpoint(const std::string& path) {
   TL_ASSIGN_OR_RETURN(Checkpoint ckpt, Checkpoint::Open(path));

@@ -48,7 +48,8 @@ Result<std::unique_ptr<PeerSession>> PeerSession::Dial(const std::string& url, c
   TL_RETURN_IF_ERROR(whole(said.parallel));
   TL_RETURN_IF_ERROR(s->Open(*s->own_control_, said, key, options.min_rate));
   TL_RETURN_IF_ERROR(whole(s->manifest.parallel));
-  TL_RETURN_IF_ERROR(s->Connect(options.transports, options.connect_timeout_ms));
+  if (options.connect)
+    TL_RETURN_IF_ERROR(s->Connect(options.transports, options.connect_timeout_ms));
   if (info) *info = std::move(said);
   return s;
 }

@@ -48,6 +48,10 @@ class PeerSession {
     // Only a source of tensor-parallel size 1 (every tensor whole), as a
     // striped load reads: kUnimplemented, before any session, otherwise.
     bool whole_only = false;
+    // Connect the data plane now; false: the caller connects (Connect) when
+    // it first reads, if ever (a relaying pull's root, asked for its manifest
+    // and read from only by the first relay).
+    bool connect = true;
   };
   static Result<std::unique_ptr<PeerSession>> Dial(const std::string& url, const PeerKey& key,
                                                    const DialOptions& options,

@@ -172,19 +172,13 @@ uint64_t Elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
-Result<std::shared_ptr<PeerStore>> PeerStore::Make(std::vector<Wanted> wanted,
-                                                   std::vector<PeerSession>* sources,
-                                                   const Options& options) {
-  std::shared_ptr<PeerStore> s(new PeerStore());
-  s->sources_ = sources;
-  s->options_ = options;
-  const int n = static_cast<int>(sources->size());
-  const std::string& url = (*sources)[0].url();
+Result<PullFile> MakePullFile(const std::vector<Wanted>& wanted, const std::string& url) {
   // The file: the tensors one after another, in name order.
+  PullFile f;
   std::string json = "{";
   uint64_t at = 0;
   for (const Wanted& w : wanted) {
-    s->begin_.push_back(at);
+    f.begins.push_back(at);
     if (!CheckedAdd(at, w.nbytes, &at) || at > ManifestLimits().max_total_bytes) {
       return CorruptionError(url + ": the tensors' bytes exceed the limit");
     }
@@ -195,7 +189,69 @@ Result<std::shared_ptr<PeerStore>> PeerStore::Make(std::vector<Wanted> wanted,
       json += (d ? "," : "") + std::to_string(w.shape[d]);
     }
     json +=
-        "],\"data_offsets\":[" + std::to_string(s->begin_.back()) + "," + std::to_string(at) + "]}";
+        "],\"data_offsets\":[" + std::to_string(f.begins.back()) + "," + std::to_string(at) + "]}";
+  }
+  json += '}';
+  json.append((8 - json.size() % 8) % 8, ' ');
+  const uint64_t len = json.size();
+  for (int i = 0; i < 8; ++i) f.header += static_cast<char>((len >> (8 * i)) & 0xff);
+  f.header += json;
+  f.size = f.header.size() + at;
+  return f;
+}
+
+namespace {
+
+// Opens the pull's file and nothing else; its reads are another store's.
+class PullFileStore final : public CheckpointStore {
+ public:
+  explicit PullFileStore(PullFile file) : file_(std::move(file)) {}
+  Result<bool> IsDirectory(const std::string& path) override {
+    if (path == PeerStore::kPath) return false;
+    return NotFoundError(path + ": not this pull's file");
+  }
+  Result<std::vector<Entry>> List(const std::string& path) override {
+    return NotFoundError(path + ": not a directory");
+  }
+  Result<std::string> ReadSmall(const std::string& path, uint64_t /*limit*/) override {
+    return NotFoundError(path + ": a pull's file is read as a checkpoint");
+  }
+  Result<Header> ReadHeader(const std::string& path, FileIdentity* identity) override {
+    TL_RETURN_IF_ERROR(IsDirectory(path).status());
+    auto h = Header::ParsePrefix(
+        {reinterpret_cast<const std::byte*>(file_.header.data()), file_.header.size()}, file_.size);
+    if (!h.ok()) return h.status().WithContext(path);
+    if (identity) {
+      *identity = FileIdentity();
+      identity->size = file_.size;
+    }
+    return h;
+  }
+
+ private:
+  PullFile file_;
+};
+
+}  // namespace
+
+Result<Checkpoint> OpenPullFile(const std::vector<Wanted>& wanted, const std::string& url) {
+  TL_ASSIGN_OR_RETURN(PullFile file, MakePullFile(wanted, url));
+  return Checkpoint::Open(PeerStore::kPath, std::make_shared<PullFileStore>(std::move(file)));
+}
+
+Result<std::shared_ptr<PeerStore>> PeerStore::Make(std::vector<Wanted> wanted,
+                                                   std::vector<PeerSession>* sources,
+                                                   const Options& options) {
+  std::shared_ptr<PeerStore> s(new PeerStore());
+  s->sources_ = sources;
+  s->options_ = options;
+  const int n = static_cast<int>(sources->size());
+  const std::string& url = (*sources)[0].url();
+  TL_ASSIGN_OR_RETURN(PullFile file, MakePullFile(wanted, url));
+  s->begin_ = std::move(file.begins);
+  s->header_ = std::move(file.header);
+  s->file_size_ = file.size;
+  for (const Wanted& w : wanted) {
     // What each source rank gives of it.
     std::vector<Part> parts(n);
     for (int r = 0; r < n; ++r) {
@@ -213,12 +269,6 @@ Result<std::shared_ptr<PeerStore>> PeerStore::Make(std::vector<Wanted> wanted,
     }
     s->parts_.push_back(std::move(parts));
   }
-  json += '}';
-  json.append((8 - json.size() % 8) % 8, ' ');
-  const uint64_t len = json.size();
-  for (int i = 0; i < 8; ++i) s->header_ += static_cast<char>((len >> (8 * i)) & 0xff);
-  s->header_ += json;
-  s->file_size_ = s->header_.size() + at;
   s->wanted_ = std::move(wanted);
   return s;
 }

@@ -42,6 +42,20 @@ struct Wanted {
 // The number of elements of a tensor of `shape`.
 uint64_t Elements(const std::vector<int64_t>& shape);
 
+// The pull's file (PeerStore::kPath): `wanted` one after another in name
+// order, as a safetensors header and the file's size; each tensor's offset in
+// the data section. `url` names the source in errors.
+struct PullFile {
+  std::string header;  // Its length and JSON.
+  uint64_t size = 0;
+  std::vector<uint64_t> begins;
+};
+Result<PullFile> MakePullFile(const std::vector<Wanted>& wanted, const std::string& url);
+// The pull's file opened through a store that only opens it (its reads are
+// another store's: Checkpoint::WithStore), e.g. a relaying pull's
+// (sources/relay.h).
+Result<Checkpoint> OpenPullFile(const std::vector<Wanted>& wanted, const std::string& url);
+
 struct FetchTarget;  // Where a fetch's gets land (peer_store.cc).
 
 class PeerStore final : public CheckpointStore {

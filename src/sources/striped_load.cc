@@ -108,13 +108,7 @@ std::vector<std::unique_ptr<Source>> JoinSources(const StripeOptions& options,
       report->failures.push_back(options.object_url + ": " + o.status().message());
     }
   }
-  remote::PeerSession::DialOptions dial;
-  dial.token = options.token;
-  dial.request_timeout_ms = options.request_timeout_ms;
-  dial.connect_timeout_ms = options.connect_timeout_ms;
-  dial.min_rate = options.min_rate;
-  dial.transports = options.transports;
-  dial.whole_only = true;
+  const remote::PeerSession::DialOptions dial = sources::WholeTensorDial(options);
   remote::UcxClient::GetOptions get;
   get.stall_timeout = std::chrono::milliseconds(options.stall_timeout_ms);
   get.min_rate = options.min_rate;

@@ -164,6 +164,7 @@ const remote::ManifestTensor* PeerSource::served(const LaidOut& t) const {
 }
 
 Status PeerSource::Fetch(const std::vector<const Piece*>& pieces) {
+  if (!session_->ucx) TL_RETURN_IF_ERROR(session_->Connect(lazy_transports_, lazy_timeout_ms_));
   std::vector<remote::UcxClient::Get> gets;
   for (const Piece* p : pieces) {
     std::byte* dst = p->dst;
@@ -189,6 +190,79 @@ Status PeerSource::Fetch(const std::vector<const Piece*>& pieces) {
   remote::UcxClient::GetOptions go = get_;
   go.on_done = [&](size_t i) { session_->pulled += gets[i].bytes; };
   return session_->GetAll(gets, go);
+}
+
+Result<std::unique_ptr<RelaySource>> RelaySource::Open(std::unique_ptr<remote::PeerSession> session,
+                                                       remote::Control control,
+                                                       const Layout& layout,
+                                                       const TensorFilter& filter, int take,
+                                                       remote::UcxClient::GetOptions get) {
+  const std::string url = session->url();
+  std::unique_ptr<RelaySource> r(new RelaySource(url));
+  r->take = take;
+  r->starts_ = remote::ChunkStarts(session->manifest);
+  r->first_ = session->manifest.tensors.data();
+  TL_ASSIGN_OR_RETURN(r->peer_,
+                      PeerSource::Open(std::move(session), layout, filter, take, std::move(get)));
+  r->control_ = std::make_unique<remote::Control>(std::move(control));
+  r->follower_ = std::thread([p = r.get()] { p->Follow(); });
+  return r;
+}
+
+RelaySource::~RelaySource() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (follower_.joinable()) follower_.join();
+}
+
+void RelaySource::Follow() {
+  constexpr int kWaitMs = 500;  // Each long poll; bounds how long stopping takes.
+  const uint64_t chunks = starts_.back();
+  for (;;) {
+    uint64_t after = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_ || held_.complete) return;
+      after = held_.version;
+    }
+    Result<std::string> text = control_->Send(
+        "GET", "/v1/have?after=" + std::to_string(after) + "&wait_ms=" + std::to_string(kWaitMs),
+        "", 64 + 2 * chunks);
+    Result<remote::HeldChunks> held = text.ok() ? remote::ParseHeldChunks(*text, chunks)
+                                                : Result<remote::HeldChunks>(text.status());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+      if (!held.ok()) {
+        lost_ = held.status().message();
+        held_ = remote::HeldChunks();
+      } else if (held->version >= held_.version) {
+        held_ = std::move(held).value();
+      }
+    }
+    if (changed) changed();
+    if (!held.ok()) return;
+  }
+}
+
+bool RelaySource::Holds(const Piece& p) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_.complete) return true;
+  for (const Unit& u : p.units) {
+    const remote::ManifestTensor* m = peer_->served(*u.tensor);
+    if (!m || u.chunk < 0) return false;
+    if (!held_.Has(starts_[static_cast<size_t>(m - first_)] + static_cast<uint64_t>(u.chunk)))
+      return false;
+  }
+  return true;
+}
+
+std::string RelaySource::lost() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lost_;
 }
 
 }  // namespace tensorlift::sources

@@ -7,18 +7,22 @@
 #define TENSORLIFT_SOURCES_STRIPED_SOURCES_H_
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "common/posix_file.h"
 #include "io/read_op.h"
 #include "objstore/s3_client.h"
+#include "remote/availability.h"
+#include "remote/control.h"
 #include "remote/peer_session.h"
 #include "sources/striped_plan.h"
 #include "tensorlift/checkpoint.h"
@@ -105,6 +109,21 @@ class ObjectSource final : public Source {
   std::vector<objstore::ObjectUrl> objects_;
 };
 
+// How a striped load dials a peer for whole tensors, from options that name a
+// token, time-outs, a minimum rate and transports (StripeOptions,
+// PeerLoadOptions).
+template <typename Options>
+remote::PeerSession::DialOptions WholeTensorDial(const Options& o) {
+  remote::PeerSession::DialOptions d;
+  d.token = o.token;
+  d.request_timeout_ms = o.request_timeout_ms;
+  d.connect_timeout_ms = o.connect_timeout_ms;
+  d.min_rate = o.min_rate;
+  d.transports = o.transports;
+  d.whole_only = true;
+  return d;
+}
+
 // A running peer serving the tensors whole (a session of its own,
 // remote/peer_session.h): one-sided gets straight into place.
 class PeerSource final : public Source {
@@ -116,6 +135,12 @@ class PeerSource final : public Source {
                                                   const Layout& layout, const TensorFilter& filter,
                                                   int take, remote::UcxClient::GetOptions get);
   const remote::Manifest& manifest() const { return session_->manifest; }
+  // Its session's data plane is connected at its first fetch, with these
+  // (for a session dialled without connecting: DialOptions::connect).
+  void ConnectOnFirstFetch(std::string transports, int timeout_ms) {
+    lazy_transports_ = std::move(transports);
+    lazy_timeout_ms_ = timeout_ms;
+  }
   // Its entry for a tensor of the layout; null: not served as the headers say.
   const remote::ManifestTensor* served(const LaidOut& t) const;
 
@@ -125,7 +150,42 @@ class PeerSource final : public Source {
   using Source::Source;
   std::unique_ptr<remote::PeerSession> session_;
   remote::UcxClient::GetOptions get_;
+  std::string lazy_transports_;
+  int lazy_timeout_ms_ = 5000;
   std::map<const LaidOut*, const remote::ManifestTensor*> served_;
+};
+
+// A relay (a puller serving what it has received, docs/remote.md,
+// "Relaying"): a peer source that holds only the chunks its GET /v1/have
+// lists, which a thread of its own follows (a long poll). Once the map
+// cannot be read (the relay is gone or cut off) it holds nothing and lost()
+// says why.
+class RelaySource final : public Source {
+ public:
+  // `session` is the relay's (its manifest the reference's chunks);
+  // `control` its control endpoint (for GET /v1/have).
+  static Result<std::unique_ptr<RelaySource>> Open(std::unique_ptr<remote::PeerSession> session,
+                                                   remote::Control control, const Layout& layout,
+                                                   const TensorFilter& filter, int take,
+                                                   remote::UcxClient::GetOptions get);
+  ~RelaySource() override;
+  Status Fetch(const std::vector<const Piece*>& pieces) override { return peer_->Fetch(pieces); }
+  bool Holds(const Piece& p) const override;
+  std::string lost() const;
+
+ private:
+  using Source::Source;
+  void Follow();
+  std::unique_ptr<PeerSource> peer_;
+  std::unique_ptr<remote::Control> control_;
+  std::vector<uint64_t> starts_;  // remote::ChunkStarts of its manifest.
+  const remote::ManifestTensor* first_ = nullptr;
+  mutable std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stop_ = false;
+  remote::HeldChunks held_;
+  std::string lost_;
+  std::thread follower_;
 };
 
 }  // namespace tensorlift::sources

@@ -69,11 +69,19 @@ Source* StripedStore::AddSource(std::unique_ptr<Source> source) {
   return src;
 }
 
-void StripedStore::Retire(Source* source) {
+bool StripedStore::Starved(Source* source) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !queue_.empty() && source->fetching == 0 && !HoldsAny(*source);
+}
+
+void StripedStore::Retire(Source* source) { SetRetired(source, true); }
+void StripedStore::Unretire(Source* source) { SetRetired(source, false); }
+
+void StripedStore::SetRetired(Source* source, bool retired) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& s : sources_) {
-      if (s.get() == source) s->retired = true;
+      if (s.get() == source) s->retired = retired;
     }
   }
   work_cv_.notify_all();
@@ -86,6 +94,9 @@ StripedStore::~StripedStore() {
   }
   work_cv_.notify_all();
   for (auto& t : threads_) t.join();
+  // Now, while the store is whole: a relay source's thread may be telling it
+  // that what the relay holds changed.
+  sources_.clear();
 }
 
 Result<bool> StripedStore::IsDirectory(const std::string& path) {
@@ -198,6 +209,7 @@ void StripedStore::PartsDelivered(const Piece& p, const Source* fetched_by) {
   if (done >= p.bytes) {  // Every part of the chunk has been asked for and delivered.
     delivered_.erase(key);
     kept_.erase(key);
+    if (options_.on_chunk) options_.on_chunk(*key.first, key.second);
     return;
   }
   if (fetched_by == nullptr || kept_.count(key)) return;
@@ -346,6 +358,11 @@ void StripedStore::Landed(Source& src, const std::vector<Queued>& mine) {
     Piece& p = q.read->pieces[q.piece];
     if (p.deliveries.empty()) {
       q.read->Landed(p.file_offset, p.bytes, p.run);
+      if (options_.on_chunk) {
+        for (const Unit& u : p.units) {
+          if (u.chunk >= 0) options_.on_chunk(*u.tensor, u.chunk);
+        }
+      }
     } else {
       for (const Delivery& d : p.deliveries) q.read->Landed(p.file_offset + d.from, d.bytes, d.run);
       PartsDelivered(p, &src);

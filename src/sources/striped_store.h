@@ -42,6 +42,9 @@ class StripedStore final : public CheckpointStore {
     // A read fails once nothing has landed for this long while no source
     // fetches its pieces (relays that stopped receiving); 0: it waits.
     std::chrono::milliseconds idle_timeout{0};
+    // Called (under the store's lock: it must not block) once a checked chunk
+    // of a tensor is whole in the loader's memory: a relay then serves it.
+    std::function<void(const LaidOut& tensor, int64_t chunk)> on_chunk;
   };
   // `layout`'s tensors are checked against `reference`'s entries (set by the
   // caller) when layout.chunk_bytes is not 0. Starts every source's workers.
@@ -68,6 +71,15 @@ class StripedStore final : public CheckpointStore {
   // A source that takes no more pieces (those it holds still land): a relay's
   // parent replaced by a closer one.
   void Retire(Source* source);
+  // Whether `source` holds none of the queued pieces and fetches none (a
+  // relay behind the pull that takes from it).
+  bool Starved(Source* source) const;
+  // A retired source takes pieces again (the closer relay that replaced it
+  // went away).
+  void Unretire(Source* source);
+
+  // The layout the pieces point into (a source joining maps its tensors).
+  const Layout& layout() const { return layout_; }
 
   // After the reads: each source's report, pieces fetched again after their
   // source failed, and pieces cut.
@@ -102,6 +114,7 @@ class StripedStore final : public CheckpointStore {
   bool HoldsAny(const Source& src) const;
   // What a source holds changed: its workers look at the queue again.
   void Changed();
+  void SetRetired(Source* source, bool retired);
   // A chunk fetched whole earlier for part of it: copies out what `p` needs.
   bool FromKept(Piece& p, Read& read);
   // Under mu_: `p`'s parts of its chunk are delivered; keeps the chunk

@@ -1,0 +1,224 @@
+"""Relaying pullers (docs/remote.md, "Relaying") on a cluster of namespaces (cluster.py): a root
+seed and etcd on host 0, receivers on the other hosts, every link capped. Every receiver gets the
+checkpoint's bytes; the relays feed each other (each receiver after the first takes from a relay,
+and the root's link sends about one checkpoint); a relay killed half way, one that serves
+corrupted chunks, and etcd restarted mid-transfer all end in the right bytes, with no disk
+fallback (none is given). Where bytes came from is read from each fetch's report."""
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from tensorlift._tensorlift import ucx_version
+
+import cluster
+
+pytestmark = pytest.mark.skipif(ucx_version() is None, reason="tensorlift was built without UCX (Debian libucx-dev)")
+
+MODEL = ["--model", "relayed", "--revision", "r1"]
+CAP = 100  # Mbit/s each way: 24 MiB take about 2 s a pull.
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """24 MiB in 12 tensors of 2 MiB (6 chunks of 4 MiB... each tensor is one chunk)."""
+    d = tmp_path_factory.mktemp("relay_ckpt")
+    g = torch.Generator().manual_seed(11)
+    save_file({f"layers.{i}.w": torch.randn(512, 1024, generator=g) for i in range(12)},
+              str(d / "model.safetensors"))
+    return d
+
+
+@pytest.fixture(scope="module")
+def want(cli, ckpt):
+    r = subprocess.run([str(cli), "load", str(ckpt), "--checksum", "--no-progress"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+@pytest.fixture()
+def hosts():
+    why = cluster.reason()
+    if why:
+        pytest.skip(why)
+    with cluster.Cluster(5, cap_mbit=CAP) as c:
+        yield c
+    assert c.namespaces_left() == []
+
+
+SEEDS = """
+import base64, json, sys, urllib.request
+prefix = "/tensorlift/seeds/"
+end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
+                   "range_end": base64.b64encode(end.encode()).decode()}).encode()
+reply = json.loads(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v3/kv/range", data=body),
+                                          timeout=5).read())
+print(json.dumps([(json.loads(base64.b64decode(kv["value"])), int(kv["create_revision"]))
+                  for kv in reply.get("kvs", [])]))
+"""
+
+
+def seeds(c, etcd_url):
+    """The registry's entries for every key, (value as a dict, create_revision), asked from host 0
+    (the cluster's addresses exist only in its namespaces)."""
+    r = subprocess.run(["ip", "netns", "exec", c.names[0], sys.executable, "-c", SEEDS, etcd_url],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def start_root(c, cli, ckpt, tmp_path, etcd):
+    ready = tmp_path / "root-url"
+    log = open(tmp_path / "root.log", "w")
+    root = c.popen(0, [cli, "serve", ckpt, *MODEL, "--host", c.addr(0), "--transports", "tcp", "--no-handover",
+                       "--registry", etcd, "--ready-file", ready], stdout=subprocess.DEVNULL, stderr=log)
+    deadline = time.monotonic() + 60
+    while not ready.exists() or not ready.read_text().strip():
+        assert root.poll() is None, (tmp_path / "root.log").read_text()
+        assert time.monotonic() < deadline, "the root seed did not start"
+        time.sleep(0.05)
+    return root, ready.read_text().strip()
+
+
+def start_receivers(c, cli, etcd, hosts, env=None):
+    procs = {}
+    for i in hosts:
+        procs[i] = c.popen(i, [cli, "fetch", "--registry", etcd, *MODEL, "--transports", "tcp", "--handover", "off",
+                               "--no-local", "--seed-host", c.addr(i), "--checksum", "--timeout-ms", "5000"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, UCX_TLS="tcp", **(env or {}).get(i, {})))
+    return procs
+
+
+def finish(procs, timeout=180):
+    out = {}
+    for i, p in procs.items():
+        o, e = p.communicate(timeout=timeout)
+        out[i] = (p.returncode, o, e)
+    return out
+
+
+def given(err):
+    """{source URL: bytes} from a relaying fetch's report."""
+    return {url: int(n) for url, n in re.findall(r"^  (http://\S+): (\d+) bytes", err, re.M)}
+
+
+def tx_bytes(c, host):
+    r = subprocess.run(["ip", "-n", c.names[host], "-s", "-j", "link", "show", "eth0"], capture_output=True,
+                       text=True, check=True)
+    return json.loads(r.stdout)[0]["stats64"]["tx"]["bytes"]
+
+
+def test_four_receivers_relay_to_each_other_and_the_root_sends_about_one_checkpoint(cli, ckpt, want, hosts,
+                                                                                    tmp_path):
+    c = hosts
+    etcd = c.etcd(0)
+    _, root_url = start_root(c, cli, ckpt, tmp_path, etcd)
+    tx0 = tx_bytes(c, 0)
+    results = finish(start_receivers(c, cli, etcd, [1, 2, 3, 4]))
+    sent = tx_bytes(c, 0) - tx0
+    from_relays = 0
+    for i, (rc, out, err) in results.items():
+        assert rc == 0, err
+        assert out == want, f"receiver {i}: {err}"
+        assert "relayed at http://" + c.addr(i) + ":" in err, err
+        g = given(err)
+        assert sum(g.values()) == os.path.getsize(ckpt / "model.safetensors") - _header_bytes(ckpt), err
+        if any(n > 0 for url, n in g.items() if url != root_url):
+            from_relays += 1
+    # The first to register takes from the root; each of the others from the relay before it.
+    assert from_relays == 3, results
+    tensor_bytes = 24 << 20
+    assert sent <= 1.5 * tensor_bytes, f"the root's link sent {sent} bytes for a {tensor_bytes}-byte checkpoint"
+
+
+def _header_bytes(ckpt):
+    with open(ckpt / "model.safetensors", "rb") as f:
+        return 8 + int.from_bytes(f.read(8), "little")
+
+
+def wait_progress(c, etcd, at_least, count=1, timeout=60):
+    """Until `count` relays are registered and one says it has `at_least` of its bytes; the relays'
+    entries."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        relays = [(v, rev) for v, rev in seeds(c, etcd) if v.get("partial")]
+        if len(relays) >= count and any(v["progress"] >= at_least for v, _ in relays):
+            return relays
+        time.sleep(0.05)
+    raise AssertionError(f"no relay reached {at_least}: {seeds(c, etcd)}")
+
+
+def test_a_relay_killed_half_way_its_children_re_attach_and_every_other_receiver_finishes(cli, ckpt, want, hosts,
+                                                                                          tmp_path):
+    c = hosts
+    etcd = c.etcd(0)
+    _, root_url = start_root(c, cli, ckpt, tmp_path, etcd)
+    procs = start_receivers(c, cli, etcd, [1, 2, 3, 4])
+    # The second relay to register, once the first is a third of the way: it has a child.
+    relays = sorted(wait_progress(c, etcd, 0.3, count=4), key=lambda e: e[1])
+    assert len(relays) == 4, relays
+    victim_url = relays[1][0]["url"]
+    victim = next(i for i in procs if f"//{c.addr(i)}:" in victim_url)
+    c.stop(procs.pop(victim))
+    results = finish(procs)
+    child_re_attached = False
+    for i, (rc, out, err) in results.items():
+        assert rc == 0, f"receiver {i} (killed: {victim_url}): {err}"
+        assert out == want, f"receiver {i}: {err}"
+        assert "fallback:" not in err or "no peer worked" not in err, err
+        g = given(err)
+        if victim_url in g and re.search(re.escape(victim_url) + r": \d+ bytes, dropped: ", err):
+            child_re_attached = True
+            assert any(n > 0 for url, n in g.items() if url != victim_url), err
+    assert child_re_attached, f"killed {victim_url}: " + "\n".join(e for _, _, e in results.values())
+
+
+def test_a_relay_serving_corrupted_chunks_is_dropped_and_the_loads_get_the_right_bytes(cli, ckpt, want, hosts,
+                                                                                       tmp_path):
+    c = hosts
+    etcd = c.etcd(0)
+    start_root(c, cli, ckpt, tmp_path, etcd)
+    # Host 1 registers first (it is started first and alone): it relays corrupted chunks.
+    liar = start_receivers(c, cli, etcd, [1], env={1: {"TENSORLIFT_RELAY_FAULTS": "corrupt"}})
+    wait_progress(c, etcd, 0.0)
+    procs = start_receivers(c, cli, etcd, [2, 3, 4])
+    results = finish(procs)
+    liar_url = None
+    for i, (rc, out, err) in results.items():
+        assert rc == 0, err
+        assert out == want, f"receiver {i}: {err}"
+        for url, n in given(err).items():
+            if f"//{c.addr(1)}:" in url:
+                liar_url = url
+                assert re.search(re.escape(url) + r": \d+ bytes, dropped: .*(checksum|XXH3|mismatch)", err, re.I), err
+    assert liar_url is not None, results
+    finish(liar)
+
+
+def test_the_registry_restarted_mid_transfer_the_transfers_go_on(cli, ckpt, want, hosts, tmp_path):
+    c = hosts
+    etcd = c.etcd(0)
+    start_root(c, cli, ckpt, tmp_path, etcd)
+    procs = start_receivers(c, cli, etcd, [1, 2, 3, 4])
+    wait_progress(c, etcd, 0.2, count=4)
+    c.stop(c.etcd_process())
+    time.sleep(1)
+    c.restart_etcd()
+    results = finish(procs)
+    relayed = 0
+    for i, (rc, out, err) in results.items():
+        assert rc == 0, err
+        assert out == want, f"receiver {i}: {err}"
+        relayed += "relayed at" in err
+    assert relayed == 4, results
