@@ -74,7 +74,10 @@ def wait_file(path, proc, timeout=120):
 
 def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
     """Seed + n receivers started together; (per-receiver seconds, root tx bytes, sources)."""
-    with cl.Cluster(n + 1, cap_mbit=args.cap_mbit) as c:
+    caps = [args.cap_mbit] * (n + 1)
+    if args.slow and n >= args.slow:
+        caps[args.slow] = args.cap_mbit / 4  # One receiver behind a link 4x slower.
+    with cl.Cluster(n + 1, cap_mbit=caps) as c:
         etcd = c.etcd(0)
         ready = os.path.join(workdir, "root-url")
         if os.path.exists(ready):
@@ -152,6 +155,8 @@ def main(argv=None):
     ap.add_argument("--modes", nargs="+", default=["relay", "star", "seed"], choices=["relay", "star", "seed"])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--slow", type=int, default=0,
+                    help="receiver K's link is 4x slower (0: none); the others' times are reported apart")
     ap.add_argument("--verbose", action="store_true", help="each receiver's time and sources")
     ap.add_argument("--fetch-args", default="", help="more arguments for every receiver's fetch")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "fanout.json"))
@@ -181,14 +186,22 @@ def main(argv=None):
     print(f"T1 (one receiver alone): {t1:.2f} s (min {min(t1_runs):.2f}, max {max(t1_runs):.2f})", flush=True)
     for n in args.n:
         for mode in args.modes:
-            last, med, up = [], [], []
+            last, med, up, slow_s = [], [], [], []
             for r in range(args.runs):
                 done, tx, sources = one_run(args, ckpt, tensor_bytes, n, mode, workdir)
+                if args.slow and n >= args.slow:
+                    # The others: does the slow receiver hold them back?
+                    slow_s.append(done[args.slow - 1])
+                    done = done[:args.slow - 1] + done[args.slow:]
                 last.append(max(done))
                 med.append(statistics.median(done))
                 up.append(tx / tensor_bytes)
             row = {"n": n, "mode": mode, "all_done_s": median_spread(last), "median_receiver_s": median_spread(med),
                    "root_upload_x": median_spread(up), "sources_last_run": sources}
+            if slow_s:
+                row["slow_receiver_s"] = median_spread(slow_s)
+                print(f"  the slow receiver (link at a quarter): {statistics.median(slow_s) / t1:.2f}x T1; "
+                      "the others below", flush=True)
             results["rows"].append(row)
             print(f"N={n} {mode}: all done {statistics.median(last):.2f} s = {statistics.median(last) / t1:.2f}x T1 "
                   f"(min {min(last) / t1:.2f}, max {max(last) / t1:.2f}); median receiver "

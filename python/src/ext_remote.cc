@@ -259,7 +259,12 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
                          int timeout_ms, const std::string& transports, bool become_seed,
                          const std::string& seed_host, uint64_t batch_bytes, int max_in_flight,
                          const std::string& device, const std::string& handover,
-                         bool handover_copy_on_write, bool handover_verify) {
+                         bool handover_copy_on_write, bool handover_verify, bool relay,
+                         const std::string& relay_host, double relay_rate_limit_mbps) {
+  if (!(relay_rate_limit_mbps >= 0 && relay_rate_limit_mbps <= 1e6))
+    throw nb::value_error("relay_rate_limit: MB/s in [0, 1e6]");
+  if (!relay && relay_rate_limit_mbps > 0)
+    throw nb::value_error("relay_rate_limit limits a relay; not with relay=False");
   PeerLoadOptions o;
   o.device = Unwrap(ParseDevice(device));  // A bad name is a ValueError before any I/O.
   o.peers = peers;
@@ -278,6 +283,9 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   o.handover = Unwrap(ParseHandoverMode(handover));
   o.handover_copy_on_write = handover_copy_on_write;
   o.handover_verify = handover_verify;
+  o.relay = relay;
+  o.relay_host = relay_host;
+  o.relay_rate_limit = static_cast<uint64_t>(relay_rate_limit_mbps * 1e6);
   const PeerKey k = KeyFromDict(key);
   Result<PeerLoad> r = InternalError("not run");
   {
@@ -292,6 +300,17 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   report["seconds"] = pl.report.seconds;
   report["source_ranks"] = pl.report.source_ranks;
   report["handover"] = pl.report.handover;
+  // A relaying pull: its relay's URL, and what each source gave.
+  report["relay"] = pl.report.relay.empty() ? nb::object(nb::none()) : nb::cast(pl.report.relay);
+  nb::list sources;
+  for (const PeerLoadReport::Source& s : pl.report.sources) {
+    nb::dict d;
+    d["url"] = s.url;
+    d["bytes"] = s.bytes;
+    d["failure"] = s.failure;
+    sources.append(d);
+  }
+  report["sources"] = sources;
   // The root the tensors received hash to: key.content once checked (a load
   // that succeeds with it was checked), else what a disk load computed.
   if (!k.content.empty())
@@ -380,6 +399,15 @@ void BindPeerLoading(nb::module_& m) {
         return KeyToDict(Unwrap(PeerKeyForCheckpoint(path)));
       },
       nb::arg("path"), "The default key of a checkpoint (its name and a digest of its headers).");
+  m.def(
+      "wait_for_relays",
+      [](int timeout_ms) {
+        nb::gil_scoped_release nogil;
+        return WaitForRelays(timeout_ms);
+      },
+      nb::arg("timeout_ms"),
+      "Waits until this process's relays have stopped (their children done), at most timeout_ms; "
+      "how many still serve.");
   m.def("load_from_peer", &LoadFromPeerPy, nb::arg("key"),
         nb::arg("peers") = std::vector<std::string>{}, nb::arg("registry") = "",
         nb::arg("token") = "", nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0,
@@ -388,6 +416,7 @@ void BindPeerLoading(nb::module_& m) {
         nb::arg("seed_host") = "127.0.0.1", nb::arg("batch_bytes") = uint64_t{8} << 20,
         nb::arg("max_in_flight") = 16, nb::arg("device") = "cpu", nb::arg("handover") = "auto",
         nb::arg("handover_copy_on_write") = true, nb::arg("handover_verify") = false,
+        nb::arg("relay") = true, nb::arg("relay_host") = "", nb::arg("relay_rate_limit") = 0.0,
         "Pulls from the first working peer (then the registry's seeds, then disk) onto "
         "`device`: (Loaded, report, seed or None).");
   m.def("load_striped", &LoadStripedPy, nb::arg("path") = "", nb::arg("object_url") = "",

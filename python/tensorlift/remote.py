@@ -19,6 +19,7 @@ next source is tried, then `fallback` is loaded from disk. `last_report()` says
 which source was used and why the others failed. docs/remote.md has the
 protocol; the C++ API is include/tensorlift/remote.h.
 """
+import atexit
 import os
 import re
 from typing import Callable, Dict, Iterable, Optional, Sequence, Union
@@ -219,6 +220,16 @@ def serve_tensors(tensors: Dict[str, object], *, model: str, revision: str, dtyp
     return Server(_tl.serve_buffers(specs, dict(tensors), key, **kwargs))
 
 
+
+def wait_for_relays(timeout: float = 120.0) -> int:
+    """Waits until the relays of this process's pulls have stopped (docs/remote.md, "Relaying": a
+    relay serves the pullers that registered after it until they are done, at most a minute); how
+    many still serve after `timeout` seconds. Called at exit."""
+    return _tl.wait_for_relays(int(timeout * 1000))
+
+
+atexit.register(wait_for_relays)
+
 class Peer:
     """A peer source for tensorlift.load (and load_from_peer): URLs and/or a registry, the key, a fallback."""
 
@@ -280,8 +291,11 @@ class Peer:
         self.handover_copy_on_write = bool(handover_copy_on_write)
         self.handover_verify = bool(handover_verify)
 
-    def pull(self, become_seed: bool = False, seed_host: str = "127.0.0.1"):
-        """(Loaded, report, seed Server or None)."""
+    def pull(self, become_seed: bool = False, seed_host: Optional[str] = None, relay: bool = True,
+             relay_rate_limit: float = 0):
+        """(Loaded, report, seed Server or None). seed_host: the address a seed or relay listens on
+        and advertises (None: 127.0.0.1 for a seed; for a relay this host's address toward the
+        registry)."""
         global _last_report
         if self.stripe:
             if not self.local and not self.buckets:
@@ -297,15 +311,16 @@ class Peer:
             _last_report = report
             seed = None
             if become_seed:
-                seed = Server(_tl.serve_loaded(loaded, self.key, host=seed_host, token=self.token,
+                seed = Server(_tl.serve_loaded(loaded, self.key, host=seed_host or "127.0.0.1", token=self.token,
                                                registry=self.registry, transports=self.transports))
             return loaded, report, seed
         loaded, report, seed = _tl.load_from_peer(
             self.key, peers=self.urls, registry=self.registry, token=self.token, tp_size=self.tp_size,
             tp_rank=self.tp_rank, fallback=self.fallback, mode=self.mode, timeout_ms=self.timeout_ms,
-            transports=self.transports, become_seed=become_seed, seed_host=seed_host, device=self.device,
-            handover=self.handover, handover_copy_on_write=self.handover_copy_on_write,
-            handover_verify=self.handover_verify)
+            transports=self.transports, become_seed=become_seed, seed_host=seed_host or "127.0.0.1",
+            device=self.device, handover=self.handover, handover_copy_on_write=self.handover_copy_on_write,
+            handover_verify=self.handover_verify, relay=relay, relay_host=seed_host or "",
+            relay_rate_limit=relay_rate_limit)
         _last_report = report
         return loaded, report, (Server(seed) if seed is not None else None)
 
@@ -327,11 +342,17 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
                    layout: str = "", registry: Optional[str] = None, fallback: Union[None, str, os.PathLike] = None,
                    token: Optional[str] = None, token_file: Optional[str] = None, tp_size: int = 1,
                    tp_rank: int = 0, timeout: float = 10.0, transports: Optional[str] = None,
-                   framework: str = "pt", become_seed: bool = False, seed_host: str = "127.0.0.1",
+                   framework: str = "pt", become_seed: bool = False, seed_host: Optional[str] = None,
                    device: str = "cpu", stripe: bool = False, use_page_cache: bool = True,
                    handover: str = "auto", handover_copy_on_write: bool = True, handover_verify: bool = False,
-                   content: Optional[str] = None):
+                   content: Optional[str] = None, relay: bool = True, relay_rate_limit: float = 0):
     """Pulls this rank's tensors from a peer; returns name -> tensor.
+
+    With a registry the pull relays (docs/remote.md, "Relaying"): it serves what it has received
+    to later pullers while it receives, and takes from the one registered before it; relay=False
+    turns it off, relay_rate_limit (MB/s) caps what its children take, seed_host is the address it
+    listens on and advertises (default: this host's address toward the registry).
+    last_report()["sources"] says what each source gave, ["relay"] this pull's relay.
 
     stripe=True: the peers and the fallback(s) (a local path and/or an s3:// URL) are used at once,
     sharing the load's ranges (see load_striped); the peers must serve whole tensors.
@@ -352,7 +373,8 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
                 use_page_cache=use_page_cache, handover=handover,
                 handover_copy_on_write=handover_copy_on_write, handover_verify=handover_verify,
                 content=content)
-    loaded, _, seed = peer.pull(become_seed=become_seed, seed_host=seed_host)
+    loaded, _, seed = peer.pull(become_seed=become_seed, seed_host=seed_host, relay=relay,
+                                relay_rate_limit=relay_rate_limit)
     out = {name: tensor_from(loaded, name, framework) for name in loaded.names()}
     if not become_seed:
         loaded.release()

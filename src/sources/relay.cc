@@ -37,7 +37,10 @@ namespace tensorlift::sources {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr bool kBypassBehind = false;
+// How far (a share of the checkpoint) a parent may fall behind its own
+// parent before this pull takes from that one too (a hop's lag is about one
+// chunk, a few percent; CPU stalls on a busy host add some).
+constexpr double kBehind = 0.15;
 using std::chrono::milliseconds;
 
 bool IsLoopback(const std::string& host) {
@@ -328,34 +331,25 @@ class Relay {
               [](const remote::SeedInfo* a, const remote::SeedInfo* b) {
                 return a->created > b->created;
               });
-    // The parent: the latest holder before this relay that is not behind it
-    // (one that has held none of what this pull still needs for a second,
-    // while this pull had nothing else to fetch, is passed over for a while:
-    // a relay behind a slow link, or one cut off from its own parent).
-    const auto now = Clock::now();
-    if (!parent_.empty()) {
-      auto it = using_.find(parent_);
-      if (it != using_.end() && store_->Starved(it->second) && kBypassBehind) {
-        if (starved_since_ == Clock::time_point()) starved_since_ = now;
-        if (now - starved_since_ >= std::chrono::seconds(1)) {
-          behind_until_[parent_] = now + std::chrono::seconds(5);
-          starved_since_ = Clock::time_point();
-        }
-      } else {
-        starved_since_ = Clock::time_point();
-      }
-    }
-    std::string parent = root_url_;
-    for (const remote::SeedInfo* s : before) {
-      auto b = behind_until_.find(s->url);
-      if (b != behind_until_.end() && now < b->second) continue;
-      parent = s->url;
-      break;
-    }
-    if (parent != parent_) starved_since_ = Clock::time_point();
-    parent_ = parent;
+    // The parent: the latest holder before this relay. A parent that falls
+    // behind its own parent (a relay behind a slower link) while this pull
+    // has caught up with it gets the holder before it as a second source for
+    // good: the pull then takes what the parent can give and the rest from
+    // the one before, and a slow relay slows no one after it.
+    std::string parent = before.empty() ? root_url_ : before[0]->url;
     std::set<std::string> want;
     if (!dead_.count(parent)) want.insert(parent);
+    if (before.size() >= 2 && !helpers_.count(before[0]->url)) {
+      const double total = static_cast<double>(reference_->total_bytes);
+      const double mine_p = total > 0 ? have_->held_bytes() / total : 1;
+      const remote::SeedInfo& p = *before[0];
+      const remote::SeedInfo& q = *before[1];
+      const double q_progress = q.partial ? q.progress : 1.0;
+      if (p.partial && q_progress - p.progress > kBehind && mine_p >= p.progress - kBehind / 3)
+        helpers_[p.url] = q.url;
+    }
+    if (auto h = helpers_.find(parent); h != helpers_.end() && !dead_.count(h->second))
+      want.insert(h->second);
     for (const std::string& url : want) {
       if (using_.count(url)) {
         if (retired_.erase(url)) store_->Unretire(using_[url]);
@@ -410,10 +404,9 @@ class Relay {
   std::map<std::string, Source*> using_;  // By URL: the sources joined (the store owns them).
   std::set<std::string> retired_;
   std::set<std::string> dead_;  // Holders passed over (failed, lost, refused).
-  std::string parent_;          // The holder this relay takes from now.
-  int64_t my_created_ = 0;      // This relay's place in the registry's order.
-  Clock::time_point starved_since_;
-  std::map<std::string, Clock::time_point> behind_until_;
+  // A parent found behind: the holder before it, taken from as well.
+  std::map<std::string, std::string> helpers_;
+  int64_t my_created_ = 0;  // This relay's place in the registry's order.
   std::vector<std::pair<Checkpoint::Location, const std::byte*>> placed_;
   std::map<const TensorInfo*, std::byte*> data_of_;  // Where each tensor lands.
   std::unique_ptr<PeerServer> relay_;

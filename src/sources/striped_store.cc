@@ -69,11 +69,6 @@ Source* StripedStore::AddSource(std::unique_ptr<Source> source) {
   return src;
 }
 
-bool StripedStore::Starved(Source* source) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !queue_.empty() && source->fetching == 0 && !HoldsAny(*source);
-}
-
 void StripedStore::Retire(Source* source) { SetRetired(source, true); }
 void StripedStore::Unretire(Source* source) { SetRetired(source, false); }
 

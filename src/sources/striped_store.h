@@ -71,9 +71,6 @@ class StripedStore final : public CheckpointStore {
   // A source that takes no more pieces (those it holds still land): a relay's
   // parent replaced by a closer one.
   void Retire(Source* source);
-  // Whether `source` holds none of the queued pieces and fetches none (a
-  // relay behind the pull that takes from it).
-  bool Starved(Source* source) const;
   // A retired source takes pieces again (the closer relay that replaced it
   // went away).
   void Unretire(Source* source);

@@ -184,6 +184,29 @@ def test_a_relay_killed_half_way_its_children_re_attach_and_every_other_receiver
     assert child_re_attached, f"killed {victim_url}: " + "\n".join(e for _, _, e in results.values())
 
 
+def test_a_relay_cut_off_half_way_its_children_re_attach_and_every_other_receiver_finishes(cli, ckpt, want, hosts,
+                                                                                           tmp_path):
+    """A partition (every packet to and from the relay's host dropped): its child's gets stall and
+    its chunk map cannot be read; after the time-out the child takes from the holder before."""
+    c = hosts
+    etcd = c.etcd(0)
+    start_root(c, cli, ckpt, tmp_path, etcd)
+    procs = start_receivers(c, cli, etcd, [1, 2, 3, 4])
+    relays = sorted(wait_progress(c, etcd, 0.3, count=4), key=lambda e: e[1])
+    victim_url = relays[1][0]["url"]
+    victim = next(i for i in procs if f"//{c.addr(i)}:" in victim_url)
+    c.partition(victim)
+    cut_off = procs.pop(victim)
+    results = finish(procs)
+    dropped = False
+    for i, (rc, out, err) in results.items():
+        assert rc == 0, f"receiver {i} (cut off: {victim_url}): {err}"
+        assert out == want, f"receiver {i}: {err}"
+        dropped |= bool(re.search(re.escape(victim_url) + r": \d+ bytes, dropped: ", err))
+    assert dropped, f"cut off {victim_url}: " + "\n".join(e for _, _, e in results.values())
+    c.stop(cut_off)
+
+
 def test_a_relay_serving_corrupted_chunks_is_dropped_and_the_loads_get_the_right_bytes(cli, ckpt, want, hosts,
                                                                                        tmp_path):
     c = hosts
@@ -222,3 +245,39 @@ def test_the_registry_restarted_mid_transfer_the_transfers_go_on(cli, ckpt, want
         assert out == want, f"receiver {i}: {err}"
         relayed += "relayed at" in err
     assert relayed == 4, results
+
+
+PY_RECEIVER = """
+import json, sys, torch
+from safetensors.torch import load_file
+from tensorlift import remote
+etcd, ckpt, host = sys.argv[1], sys.argv[2], sys.argv[3]
+got = remote.load_from_peer(model="relayed", revision="r1", registry=etcd, transports="tcp", handover="off",
+                            seed_host=host)
+want = load_file(ckpt + "/model.safetensors")
+assert sorted(got) == sorted(want)
+assert all(torch.equal(got[k], want[k]) for k in want)
+r = remote.last_report()
+print(json.dumps({"relay": r["relay"], "sources": r["sources"]}))
+"""
+
+
+def test_load_from_peer_relays_from_python_and_says_what_each_source_gave(cli, ckpt, want, hosts, tmp_path):
+    """Python's load_from_peer with a registry relays by default: the second receiver (Python)
+    takes from the first (the CLI), and last_report() names its relay and each source's bytes."""
+    c = hosts
+    etcd = c.etcd(0)
+    _, root_url = start_root(c, cli, ckpt, tmp_path, etcd)
+    first = start_receivers(c, cli, etcd, [1])
+    wait_progress(c, etcd, 0.0)
+    r = c.run(2, [sys.executable, "-c", PY_RECEIVER, etcd, ckpt, c.addr(2)],
+              env=dict(os.environ, UCX_TLS="tcp"), timeout=180)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["relay"].startswith(f"http://{c.addr(2)}:"), report
+    by = {s["url"]: s["bytes"] for s in report["sources"]}
+    relays = [u for u in by if f"//{c.addr(1)}:" in u]
+    assert relays and by[relays[0]] > 0, report
+    assert sum(by.values()) == 24 << 20, report
+    rc, out, err = finish(first)[1]
+    assert rc == 0 and out == want, err
