@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "remote/registry.h"
 
@@ -75,6 +76,19 @@ Status PeerSession::Connect(const std::string& transports, int connect_timeout_m
 Status PeerSession::GetAll(const std::vector<UcxClient::Get>& gets, UcxClient::GetOptions options) {
   if (gets.empty()) return Status::Ok();
   options.rate_limit = manifest.rate_limit;  // Its grant to this client.
+  if (options.rate_limit > 0) {
+    // A run paces its own gets from its start: runs one after another (a
+    // load's blocks, a striped load's pieces) wait here until the bytes of
+    // the runs before are due at the granted rate, or each run's first get
+    // would go at once and the grant would hold for none of them.
+    const auto now = std::chrono::steady_clock::now();
+    if (paced_bytes_ == 0) paced_since_ = now;
+    const auto due =
+        paced_since_ + std::chrono::nanoseconds(static_cast<int64_t>(
+                           static_cast<long double>(paced_bytes_) * 1e9L / options.rate_limit));
+    if (due > now) std::this_thread::sleep_until(due);
+    for (const UcxClient::Get& g : gets) paced_bytes_ += g.bytes;
+  }
   return ucx->GetAll(gets, options).WithContext(url());
 }
 

@@ -9,6 +9,7 @@
 #ifndef TENSORLIFT_REMOTE_PEER_SESSION_H_
 #define TENSORLIFT_REMOTE_PEER_SESSION_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -71,6 +72,9 @@ class PeerSession {
 
  private:
   std::unique_ptr<Control> own_control_;  // Dial's.
+  // The rate grant's pacing across GetAll calls: bytes asked for since.
+  std::chrono::steady_clock::time_point paced_since_;
+  uint64_t paced_bytes_ = 0;
   const Control* control_ = nullptr;
   std::string session_;
 };

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
 
@@ -210,6 +211,33 @@ TEST_F(RelayServerTest, ARelayOfOtherTensorsThanTheReferenceIsRefused) {
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(server.status().message(), HasSubstr("tensor 'b' is not the reference's"));
+}
+
+// A seed's rate grant holds across a session's runs (GetAll calls): a run
+// paces its own gets from its start and lets its first go at once, so a
+// striped load's or a relay's pull of one piece a run let every piece go at
+// once (a seed at --rate-limit 60 MB/s sent a relaying pull 1 GB/s). A lower
+// bound only, which the pacing forces: 8 runs of one get of tensor "a"
+// (12,388 bytes) at 64 KiB/s, the last waiting for the 7 before (1.3 s).
+TEST_F(RelayServerTest, ASeedsRateGrantHoldsAcrossASessionsRuns) {
+  ServeOptions o;
+  o.chunk_bytes = kChunk;
+  o.handover = false;
+  o.rate_limit = 64 << 10;
+  auto root = PeerServer::ServeBuffers(Over(root_bytes_), key_, o);
+  ASSERT_OK(root);
+  PeerSession::DialOptions dial;
+  auto session = PeerSession::Dial((*root)->url(), key_, dial);
+  ASSERT_OK(session);
+  const ManifestTensor& a = (*session)->manifest.tensors[0];
+  std::vector<uint8_t> got(kA, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int run = 0; run < 8; ++run) {
+    ASSERT_OK((*session)->GetAll({{(*session)->regions[a.region], a.offset, kA, got.data()}}, {}));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(0, std::memcmp(got.data(), root_bytes_.data(), kA));
+  EXPECT_GT(s, 1.2);
 }
 
 }  // namespace
