@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/charts.py --out bench/out/charts bench/out/load.json [more JSON...]
 
-Reads results of the load benchmark (bench/load/load_bench.py: bench/out/load.json) and of the
-GPU benchmark (bench/gpu/gpu_bench.py: DIR/results.json); any other file is skipped with a
-one-line message. Per result: the load time of every contender, cold and warm (and half cached
+Reads results of the load benchmark (bench/load/load_bench.py: bench/out/load.json), of the
+GPU benchmark (bench/gpu/gpu_bench.py: DIR/results.json) and of the fan-out benchmark
+(bench/remote/fanout_bench.py: bench/out/fanout.json, drawn as the curve of T(N)/T1 per mode,
+fanout.png); any other file is skipped with a one-line message. Per result: the load time of every contender, cold and warm (and half cached
 where measured) side by side, the median with the min-max of the runs as error bars, and the
 machine's limit in that state as a dashed line (its min-max as a band where it has one). When
 results for more than one checkpoint size are given: load time by size, per state and
@@ -123,6 +124,44 @@ def read_gpu(data):
             "xlabel": "seconds: first loader call to every tensor in device memory"}
 
 
+def read_fanout(data):
+    """The fan-out benchmark: per mode, N -> (median, min, max) of the time until all receivers
+    are done, over T1."""
+    t1 = data["t1"]["median"]
+    curves = {}
+    for row in data["rows"]:
+        a = row["all_done_s"]
+        curves.setdefault(row["mode"], []).append((row["n"], a["median"] / t1, a["min"] / t1, a["max"] / t1))
+    title = (f"{data['bytes'] / 2**20:.0f} MiB to N receivers at once, every link {data['cap_mbit']:g} Mbit/s "
+             f"(T1 = {t1:.2f} s; {data['runs']} runs a point)")
+    return {"kind": "fanout", "title": title, "tag": "fanout", "bytes": data["bytes"], "curves": curves,
+            "bars": [1], "commit": data.get("commit", "")}
+
+
+def chart_fanout(res, path):
+    """T(N)/T1 against N, a line per mode with min-max error bars; the ideal (1) dashed."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = {"relay": "relaying (default)", "star": "--no-relay (star)", "seed": "--no-relay --seed"}
+    top = 1.0
+    for mode, pts in sorted(res["curves"].items()):
+        pts = sorted(pts)
+        xs = [p[0] for p in pts]
+        ys = [p[1] for p in pts]
+        err = [[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=names.get(mode, mode))
+        top = max(top, max(p[3] for p in pts))
+    ax.axhline(1.0, color="gray", linestyle="--", linewidth=1, label="one pull's time (the bound)")
+    ax.set_xlabel("receivers started together (N)")
+    ax.set_ylabel("time until all are done / T1")
+    ax.set_ylim(0, top * 1.1)
+    ax.set_title(res["title"], fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
 def read_result(path):
     """(result, None) or (None, why it cannot be drawn)."""
     try:
@@ -133,13 +172,15 @@ def read_result(path):
     if not isinstance(data, dict):
         return None, "not a JSON object"
     try:
+        if "t1" in data and "rows" in data and all("mode" in r for r in data["rows"]):
+            return read_fanout(data), None
         if "rows" in data and "checkpoint" in data and "raw" in data:
             return read_load(data), None
         if "loads" in data and "limits" in data and "checkpoint" in data:
             return read_gpu(data), None
     except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
         return None, f"unexpected layout ({type(e).__name__}: {e})"
-    return None, "neither a load benchmark (bench/load) nor a GPU benchmark (bench/gpu) result"
+    return None, "not a load (bench/load), GPU (bench/gpu) or fan-out (bench/remote/fanout_bench.py) result"
 
 
 # The charts. -----------------------------------------------------------------------------
@@ -278,7 +319,7 @@ def main(argv=None):
             k += 1
         used.add(name)
         out = os.path.join(args.out, name + ".png")
-        chart_result(res, out)
+        (chart_fanout if res["kind"] == "fanout" else chart_result)(res, out)
         written.append(out)
     for kind in ("load", "gpu"):
         group = [r for r in results if r["kind"] == kind]

@@ -138,3 +138,24 @@ def test_what_the_charts_draw(tmp_path):
 def test_nothing_to_draw_fails(tmp_path, capsys):
     assert charts.main(["--out", str(tmp_path / "c"), write(tmp_path / "x.json", [1, 2])]) == 1
     assert "skipping" in capsys.readouterr().out
+
+
+def test_the_fan_out_curve(tmp_path):
+    """bench/remote/fanout_bench.py's result (its JSON's layout): T(N)/T1 per mode, a PNG."""
+    def row(n, mode, times):
+        spread = {"median": sorted(times)[1], "min": min(times), "max": max(times), "runs": times}
+        return {"n": n, "mode": mode, "all_done_s": spread, "median_receiver_s": spread,
+                "root_upload_x": {"median": 1.0, "min": 1.0, "max": 1.0, "runs": [1.0] * 3}, "sources_last_run": []}
+    data = {"machine": {"cpu": "x", "nproc": 2}, "bytes": 128 << 20, "cap_mbit": 200, "runs": 3, "commit": "abc",
+            "t1": {"median": 5.0, "min": 4.9, "max": 5.1, "runs": [4.9, 5.0, 5.1]},
+            "rows": [row(2, "relay", [6.0, 6.5, 7.0]), row(8, "relay", [8.0, 8.5, 9.0]),
+                     row(2, "star", [10.0, 10.0, 10.5]), row(8, "star", [40.0, 40.0, 41.0])]}
+    res, why = charts.read_result(write(tmp_path / "fanout.json", data))
+    assert why is None
+    assert res["curves"]["relay"] == [(2, pytest.approx(1.3), pytest.approx(1.2), pytest.approx(1.4)),
+                                      (8, pytest.approx(1.7), pytest.approx(1.6), pytest.approx(1.8))]
+    assert res["curves"]["star"][1][1] == pytest.approx(8.0)
+    out = tmp_path / "charts"
+    assert charts.main(["--out", str(out), str(tmp_path / "fanout.json")]) == 0
+    blob = (out / "fanout.png").read_bytes()
+    assert blob.startswith(PNG_MAGIC) and len(blob) > 5000
