@@ -306,7 +306,10 @@ class Relay {
     }
     for (const auto& [url, src] : using_) {
       auto* r = dynamic_cast<RelaySource*>(src);
-      if (r && !r->lost().empty()) dead_.insert(url);
+      if (r && !r->lost().empty() && !dead_.count(url)) {
+        store_->Drop(src, "its chunk map: " + r->lost());
+        dead_.insert(url);
+      }
     }
     Result<std::vector<remote::SeedInfo>> listed = registry_->List(key_.Digest());
     if (!listed.ok()) return;

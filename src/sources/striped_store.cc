@@ -69,6 +69,18 @@ Source* StripedStore::AddSource(std::unique_ptr<Source> source) {
   return src;
 }
 
+void StripedStore::Drop(Source* source, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (source->dead) return;
+    source->dead = true;
+    source->report.failure = why;
+    --alive_;
+  }
+  read_cv_.notify_all();
+  work_cv_.notify_all();
+}
+
 void StripedStore::Retire(Source* source) { SetRetired(source, true); }
 void StripedStore::Unretire(Source* source) { SetRetired(source, false); }
 

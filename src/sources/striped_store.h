@@ -71,6 +71,10 @@ class StripedStore final : public CheckpointStore {
   // A source that takes no more pieces (those it holds still land): a relay's
   // parent replaced by a closer one.
   void Retire(Source* source);
+  // A source found gone by other means than a fetch (a relay whose chunk map
+  // can no longer be read): dead, with `why` in its report, as a failed fetch
+  // leaves it.
+  void Drop(Source* source, const std::string& why);
   // A retired source takes pieces again (the closer relay that replaced it
   // went away).
   void Unretire(Source* source);
