@@ -11,7 +11,9 @@ Modes (each receiver runs `tensorlift fetch --registry URL --model M --revision 
   star     --no-relay: the receivers list the registry's seeds (the root) and pull from them;
   seed     --no-relay --seed: a receiver that is done serves what it got and registers ("doubling"
            when later receivers start after earlier ones finish; here they all start together, as
-           a scaling event starts them).
+           a scaling event starts them);
+  kill     relay, with the relay registered second killed once a relay is half way: the others'
+           times (none may fall back).
 
     sudo .venv/bin/python bench/remote/fanout_bench.py --mib 128 --cap-mbit 200 --n 2 4 8 --runs 3
 
@@ -93,7 +95,7 @@ def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
         for i in range(1, n + 1):
             argv = [args.cli, "fetch", "--registry", etcd, *MODEL, "--transports", "tcp", "--handover", "off",
                     "--no-local", "--seed-host", c.addr(i), "--checksum", *args.fetch_args.split()]
-            if mode != "relay":
+            if mode not in ("relay", "kill"):
                 argv.append("--no-relay")
             if mode == "seed":
                 argv += ["--seed"]
@@ -112,6 +114,20 @@ def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
         readers = [threading.Thread(target=follow, args=(k, p), daemon=True) for k, p in enumerate(procs)]
         for t in readers:
             t.start()
+        killed = None
+        if mode == "kill":
+            # The relay registered second (it has a child), once a relay is half way.
+            while True:
+                relays = sorted((rev, v) for v, rev in registry_entries(c, etcd) if v.get("partial"))
+                if len(relays) == n and max(v["progress"] for _, v in relays) >= 0.5:
+                    break
+                if time.monotonic() > start + args.timeout:
+                    raise RuntimeError("no relay got half way")
+                time.sleep(0.05)
+            victim_url = relays[1][1]["url"]
+            killed = next(k for k in range(n) if f"//{c.addr(k + 1)}:" in victim_url)
+            c.stop(procs[killed])
+            done[killed] = float("nan")
         deadline = start + args.timeout
         while any(d is None for d in done):
             for k, p in enumerate(procs):
@@ -123,6 +139,8 @@ def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
                 raise RuntimeError(f"n={n} {mode}: not done after {args.timeout} s")
             time.sleep(0.01)
         for k, p in enumerate(procs):
+            if k == killed:
+                continue
             if mode == "seed":
                 c.stop(p)
             try:
@@ -132,14 +150,41 @@ def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
             readers[k].join(timeout=5)
             if mode != "seed" and p.returncode != 0:
                 raise RuntimeError(f"receiver {k + 1} failed: {''.join(errs[k])}")
+            if mode == "kill" and any("relaying pull:" in line for line in errs[k]):
+                raise RuntimeError(f"receiver {k + 1} did not finish relaying: {''.join(errs[k])}")
         tx = tx_bytes(c, 0) - tx0
         sources = [[line.rstrip() for line in e if " from " in line or "fallback" in line or line.startswith("  http")]
                    for e in errs]
+        if killed is not None:
+            del done[killed]
+            del sources[killed]
         if args.verbose:
-            for k in range(n):
+            for k in range(len(done)):
                 print(f"  receiver {k + 1} ({c.addr(k + 1)}): done at {done[k]:.2f} s; " +
                       "; ".join(x.strip() for x in sources[k][1:]), flush=True)
         return done, tx, sources
+
+
+REGISTRY = """
+import base64, json, sys, urllib.request
+prefix = "/tensorlift/seeds/"
+end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
+                   "range_end": base64.b64encode(end.encode()).decode()}).encode()
+reply = json.loads(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v3/kv/range", data=body),
+                                          timeout=5).read())
+print(json.dumps([(json.loads(base64.b64decode(kv["value"])), int(kv["create_revision"]))
+                  for kv in reply.get("kvs", [])]))
+"""
+
+
+def registry_entries(c, etcd):
+    """The registry's seed entries (value, create_revision), asked from the root's host."""
+    r = subprocess.run(["ip", "netns", "exec", c.names[0], sys.executable, "-c", REGISTRY, etcd],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    return json.loads(r.stdout)
 
 
 def median_spread(xs):
@@ -152,7 +197,8 @@ def main(argv=None):
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--cap-mbit", type=float, default=200)
     ap.add_argument("--n", type=int, nargs="+", default=[2, 4, 8])
-    ap.add_argument("--modes", nargs="+", default=["relay", "star", "seed"], choices=["relay", "star", "seed"])
+    ap.add_argument("--modes", nargs="+", default=["relay", "star", "seed"],
+                    choices=["relay", "star", "seed", "kill"])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--slow", type=int, default=0,
