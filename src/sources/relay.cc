@@ -376,8 +376,13 @@ class Relay {
 
   // A holder joins the store: a relay (its chunk map followed), or a whole seed.
   Result<Source*> Join(const std::string& url) {
+    // Connected at its first fetch, as the root's: a holder joined and never
+    // read from (the pull ended, or a closer one came) leaves no endpoint in
+    // its wire-up, which UCX 1.13 aborts the holder over (docs/security.md).
+    remote::PeerSession::DialOptions dial = Dial(o_);
+    dial.connect = false;
     TL_ASSIGN_OR_RETURN(std::unique_ptr<remote::PeerSession> session,
-                        remote::PeerSession::Dial(url, key_, Dial(o_)));
+                        remote::PeerSession::Dial(url, key_, dial));
     for (const remote::ManifestTensor& t : session->manifest.tensors) {
       const remote::ManifestTensor* r = reference_->Find(t.name);
       if (!r || r->chunk_xxh3 != t.chunk_xxh3 ||
@@ -390,6 +395,7 @@ class Relay {
     TL_ASSIGN_OR_RETURN(std::unique_ptr<RelaySource> src,
                         RelaySource::Open(std::move(session), std::move(control), store_->layout(),
                                           TensorFilter(), /*take=*/1, Gets(o_)));
+    src->ConnectOnFirstFetch(o_.transports, o_.connect_timeout_ms);
     return store_->AddSource(std::move(src));
   }
 

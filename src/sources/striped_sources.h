@@ -172,6 +172,9 @@ class RelaySource final : public Source {
   Status Fetch(const std::vector<const Piece*>& pieces) override { return peer_->Fetch(pieces); }
   bool Holds(const Piece& p) const override;
   std::string lost() const;
+  void ConnectOnFirstFetch(std::string transports, int timeout_ms) {
+    peer_->ConnectOnFirstFetch(std::move(transports), timeout_ms);
+  }
 
  private:
   using Source::Source;
