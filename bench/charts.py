@@ -6,8 +6,9 @@ Reads results of the load benchmark (bench/load/load_bench.py: bench/out/load.js
 GPU benchmark (bench/gpu/gpu_bench.py: DIR/results.json) and of the fan-out benchmark
 (bench/remote/fanout_bench.py: bench/out/fanout.json, drawn as the curve of T(N)/T1 per mode,
 fanout.png); any other file is skipped with a one-line message. Per result: the load time of
-every contender, cold and warm (and half cached where measured) side by side, the median with the min-max of the runs as error bars, and the
-machine's limit in that state as a dashed line (its min-max as a band where it has one). When
+every contender, cold and warm (and half cached where measured) side by side, the median with
+the min-max of the runs as error bars, and the machine's limit in that state as a dashed line
+(its min-max as a band where it has one). When
 results for more than one checkpoint size are given: load time by size, per state and
 contender (load-by-size.png, gpu-by-size.png). Prints the path of every chart it writes; exits
 1 when it drew none.
