@@ -118,7 +118,7 @@ def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
         if mode == "kill":
             # The relay registered second (it has a child), once a relay is half way.
             while True:
-                relays = sorted((rev, v) for v, rev in registry_entries(c, etcd) if v.get("partial"))
+                relays = sorted((rev, v) for v, rev in c.seed_entries(etcd) if v.get("partial"))
                 if len(relays) == n and max(v["progress"] for _, v in relays) >= 0.5:
                     break
                 if time.monotonic() > start + args.timeout:
@@ -163,28 +163,6 @@ def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
                 print(f"  receiver {k + 1} ({c.addr(k + 1)}): done at {done[k]:.2f} s; " +
                       "; ".join(x.strip() for x in sources[k][1:]), flush=True)
         return done, tx, sources
-
-
-REGISTRY = """
-import base64, json, sys, urllib.request
-prefix = "/tensorlift/seeds/"
-end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
-                   "range_end": base64.b64encode(end.encode()).decode()}).encode()
-reply = json.loads(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v3/kv/range", data=body),
-                                          timeout=5).read())
-print(json.dumps([(json.loads(base64.b64decode(kv["value"])), int(kv["create_revision"]))
-                  for kv in reply.get("kvs", [])]))
-"""
-
-
-def registry_entries(c, etcd):
-    """The registry's seed entries (value, create_revision), asked from the root's host."""
-    r = subprocess.run(["ip", "netns", "exec", c.names[0], sys.executable, "-c", REGISTRY, etcd],
-                       capture_output=True, text=True, timeout=30)
-    if r.returncode != 0:
-        raise RuntimeError(r.stderr)
-    return json.loads(r.stdout)
 
 
 def median_spread(xs):

@@ -27,13 +27,29 @@ every namespace made is deleted, also when the caller fails. `reason()` says why
 cannot be made here (not root, no iproute2 or tc, namespaces or veth refused), else None.
 """
 
+import json
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 
 SUBNET = "10.77.0"
+
+# Run inside a host's namespace by Cluster.seed_entries: etcd's v3 JSON gateway, every key under
+# /tensorlift/seeds/.
+_SEED_ENTRIES = """
+import base64, json, sys, urllib.request
+prefix = "/tensorlift/seeds/"
+end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
+                   "range_end": base64.b64encode(end.encode()).decode()}).encode()
+reply = json.loads(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v3/kv/range", data=body),
+                                          timeout=5).read())
+print(json.dumps([(json.loads(base64.b64decode(kv["value"])), int(kv["create_revision"]))
+                  for kv in reply.get("kvs", [])]))
+"""
 
 
 def _run(argv, check=True):
@@ -190,6 +206,15 @@ class Cluster:
             if p.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"etcd on host {i} did not start")
             time.sleep(0.1)
+
+    def seed_entries(self, etcd_url, host=0):
+        """The tensorlift registry entries in the cluster's etcd, each (value as a dict, etcd's
+        create_revision), asked from `host` (the cluster's addresses exist only in its namespaces)."""
+        r = subprocess.run(["ip", "netns", "exec", self.names[host], sys.executable, "-c", _SEED_ENTRIES,
+                            etcd_url], capture_output=True, text=True, timeout=30)
+        if r.returncode != 0:
+            raise RuntimeError(f"registry entries from {etcd_url}: {r.stderr.strip()}")
+        return json.loads(r.stdout)
 
     def etcd_process(self):
         """The running etcd's Popen (for `stop`), or None."""

@@ -4,14 +4,12 @@ checkpoint's bytes; the relays feed each other (each receiver after the first ta
 and the root's link sends about one checkpoint); a relay killed half way, one that serves
 corrupted chunks, and etcd restarted mid-transfer all end in the right bytes, with no disk
 fallback (none is given). Where bytes came from is read from each fetch's report."""
-import base64
 import json
 import os
 import re
 import subprocess
 import sys
 import time
-import urllib.request
 
 import pytest
 import torch
@@ -63,28 +61,6 @@ def hosts():
     with cluster.Cluster(5, cap_mbit=CAP) as c:
         yield c
     assert c.namespaces_left() == []
-
-
-SEEDS = """
-import base64, json, sys, urllib.request
-prefix = "/tensorlift/seeds/"
-end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-body = json.dumps({"key": base64.b64encode(prefix.encode()).decode(),
-                   "range_end": base64.b64encode(end.encode()).decode()}).encode()
-reply = json.loads(urllib.request.urlopen(urllib.request.Request(sys.argv[1] + "/v3/kv/range", data=body),
-                                          timeout=5).read())
-print(json.dumps([(json.loads(base64.b64decode(kv["value"])), int(kv["create_revision"]))
-                  for kv in reply.get("kvs", [])]))
-"""
-
-
-def seeds(c, etcd_url):
-    """The registry's entries for every key, (value as a dict, create_revision), asked from host 0
-    (the cluster's addresses exist only in its namespaces)."""
-    r = subprocess.run(["ip", "netns", "exec", c.names[0], sys.executable, "-c", SEEDS, etcd_url],
-                       capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
-    return json.loads(r.stdout)
 
 
 def start_root(c, cli, ckpt, tmp_path, etcd):
@@ -162,11 +138,11 @@ def wait_progress(c, etcd, at_least, count=1, timeout=60):
     entries."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        relays = [(v, rev) for v, rev in seeds(c, etcd) if v.get("partial")]
+        relays = [(v, rev) for v, rev in c.seed_entries(etcd) if v.get("partial")]
         if len(relays) >= count and any(v["progress"] >= at_least for v, _ in relays):
             return relays
         time.sleep(0.05)
-    raise AssertionError(f"no relay reached {at_least}: {seeds(c, etcd)}")
+    raise AssertionError(f"no relay reached {at_least}: {c.seed_entries(etcd)}")
 
 
 def test_a_relay_killed_half_way_its_children_re_attach_and_every_other_receiver_finishes(
