@@ -1,7 +1,7 @@
 // A pull that relays (relay.h): the root's session and manifest, the pull's
 // file, a striped store over the root, the relay started once the loader has
-// placed the tensors, and a thread that follows the registry to take the two
-// holders registered just before this relay.
+// placed the tensors, and a thread that follows the registry to take the
+// holder registered just before this relay.
 #include "sources/relay.h"
 
 #include <arpa/inet.h>
@@ -37,10 +37,6 @@ namespace tensorlift::sources {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-// How far (a share of the checkpoint) a parent may fall behind its own
-// parent before this pull takes from that one too (a hop's lag is about one
-// chunk, a few percent; CPU stalls on a busy host add some).
-constexpr double kBehind = 0.15;
 using std::chrono::milliseconds;
 
 bool IsLoopback(const std::string& host) {
@@ -279,9 +275,10 @@ class Relay {
   }
 
   // Every 200 ms while the load runs (and once before its first read): the
-  // sources are the two holders registered just before this relay; the root
-  // seed only while no relay came before (it feeds the first relay, and each
-  // relay its two successors: every link carries the checkpoint about once).
+  // source is the holder registered just before this relay (and its own
+  // parent while it stays behind: BehindWatch); the root seed only while no
+  // relay came before (it feeds the first relay, and each relay its
+  // successor: every link carries the checkpoint about once).
   void Follow() {
     auto last_progress = Clock::now();
     for (;;) {
@@ -334,11 +331,11 @@ class Relay {
               [](const remote::SeedInfo* a, const remote::SeedInfo* b) {
                 return a->created > b->created;
               });
-    // The parent: the latest holder before this relay. A parent that falls
+    // The parent: the latest holder before this relay. A parent that stays
     // behind its own parent (a relay behind a slower link) while this pull
     // has caught up with it gets the holder before it as a second source for
-    // good: the pull then takes what the parent can give and the rest from
-    // the one before, and a slow relay slows no one after it.
+    // good (BehindWatch): the pull then takes what the parent can give and
+    // the rest from the one before, and a slow relay slows no one after it.
     std::string parent = before.empty() ? root_url_ : before[0]->url;
     std::set<std::string> want;
     if (!dead_.count(parent)) want.insert(parent);
@@ -347,8 +344,8 @@ class Relay {
       const double mine_p = total > 0 ? have_->held_bytes() / total : 1;
       const remote::SeedInfo& p = *before[0];
       const remote::SeedInfo& q = *before[1];
-      const double q_progress = q.partial ? q.progress : 1.0;
-      if (p.partial && q_progress - p.progress > kBehind && mine_p >= p.progress - kBehind / 3)
+      if (behind_.Behind(Clock::now(), p.url, p.partial ? p.progress : 1.0,
+                         q.partial ? q.progress : 1.0, mine_p))
         helpers_[p.url] = q.url;
     }
     if (auto h = helpers_.find(parent); h != helpers_.end() && !dead_.count(h->second))
@@ -415,6 +412,7 @@ class Relay {
   std::set<std::string> dead_;  // Holders passed over (failed, lost, refused).
   // A parent found behind: the holder before it, taken from as well.
   std::map<std::string, std::string> helpers_;
+  BehindWatch behind_;
   int64_t my_created_ = 0;  // This relay's place in the registry's order.
   std::vector<std::pair<Checkpoint::Location, const std::byte*>> placed_;
   std::map<const TensorInfo*, std::byte*> data_of_;  // Where each tensor lands.
