@@ -7,7 +7,7 @@ root's link sent (its interface's counter, headers included) against the checkpo
 Modes (each receiver runs `tensorlift fetch --registry URL --model M --revision R` with
 --transports tcp):
   relay    the default: each receiver serves what it has received while it receives, and takes
-           from the two receivers registered before it (docs/remote.md, "Relaying");
+           from the one registered before it (docs/remote.md, "Relaying");
   star     --no-relay: the receivers list the registry's seeds (the root) and pull from them;
   seed     --no-relay --seed: a receiver that is done serves what it got and registers ("doubling"
            when later receivers start after earlier ones finish; here they all start together, as
@@ -85,7 +85,7 @@ def one_run(args, ckpt, tensor_bytes, n, mode, workdir):
         if os.path.exists(ready):
             os.unlink(ready)
         root = c.popen(0, [args.cli, "serve", ckpt, *MODEL, "--host", c.addr(0), "--transports", "tcp",
-                           "--no-handover", "--registry", etcd, "--ready-file", ready],
+                           "--no-handover", "--registry", etcd, "--ready-file", ready, *args.serve_args.split()],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wait_file(ready, root)
         tx0 = tx_bytes(c, 0)
@@ -183,6 +183,7 @@ def main(argv=None):
                     help="receiver K's link is 4x slower (0: none); the others' times are reported apart")
     ap.add_argument("--verbose", action="store_true", help="each receiver's time and sources")
     ap.add_argument("--fetch-args", default="", help="more arguments for every receiver's fetch")
+    ap.add_argument("--serve-args", default="", help="more arguments for the root seed's serve")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "out", "fanout.json"))
     args = ap.parse_args(argv)
     why = cl.reason()
