@@ -100,8 +100,8 @@ struct ServeArgs {
   std::string registry;
   int registry_ttl_s = 10;
   std::string token_file;
-  double rate_limit_mbps = 0;         // MB/s for all clients; 0: none.
-  uint64_t chunk_bytes = 4ull << 20;  // ServeOptions::chunk_bytes.
+  double rate_limit_mbps = 0;  // MB/s for all clients; 0: none.
+  uint64_t chunk_bytes = 0;    // ServeOptions::chunk_bytes (0: AutoChunkBytes).
   int max_sessions = 16;
   uint64_t clients_per_worker = 1024;
   std::string ready_file;      // Written with the URL once serving.

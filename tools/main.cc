@@ -200,9 +200,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1e9));
   serve
       ->add_option("--chunk-bytes", serve_args.chunk_bytes,
-                   "Bytes per checksum chunk that clients check (4 KiB to 1 GiB)")
+                   "Bytes per checksum chunk that clients check (4 KiB to 1 GiB; 0: 4 MiB, "
+                   "smaller for checkpoints under 512 MiB, at least 128 chunks and 64 KiB)")
       ->capture_default_str()
-      ->check(CLI::Range(uint64_t{4096}, uint64_t{1} << 30));
+      ->check(CLI::IsMember({uint64_t{0}}) | CLI::Range(uint64_t{4096}, uint64_t{1} << 30));
   serve
       ->add_option("--device", serve_args.device,
                    "Serve from this device's memory: cpu, or cuda:N (GPU memory needs a UCX "

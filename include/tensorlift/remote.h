@@ -105,6 +105,11 @@ Result<PeerKey> PeerKeyForCheckpoint(const Checkpoint& checkpoint);
 // over 4 KiB, or readable by group/others (kPermissionDenied: "chmod 600 it").
 Result<std::string> ReadTokenFile(const std::string& path);
 
+// The chunk size a source serving `total_bytes` checks in when none is
+// given (ServeOptions::chunk_bytes = 0): 4 MiB, halved while that cuts the
+// bytes into fewer than 128 chunks, down to 64 KiB.
+uint64_t AutoChunkBytes(uint64_t total_bytes);
+
 // A tensor-parallel position: this process's rank among `size` ranks.
 struct ServeOptions {
   std::string host = "127.0.0.1";  // Address the control endpoint binds and advertises.
@@ -116,9 +121,12 @@ struct ServeOptions {
   // Bytes per second the source lets clients pull in all (0: no limit); each
   // session gets an equal share, and clients pace themselves to it.
   uint64_t rate_limit = 0;
-  int max_sessions = 16;              // Concurrent clients.
-  uint64_t chunk_bytes = 4ull << 20;  // Checksum granularity (4 KiB .. 1 GiB).
-  TensorParallel parallel;            // This source's position.
+  int max_sessions = 16;  // Concurrent clients.
+  // Checksum granularity (4 KiB .. 1 GiB); 0: AutoChunkBytes of the bytes
+  // served. A relay serves a chunk once it is whole and checked, so a chain
+  // of relays lags a chunk per hop: small checkpoints get small chunks.
+  uint64_t chunk_bytes = 0;
+  TensorParallel parallel;  // This source's position.
   // etcd endpoint ("http://host:2379"); empty: not registered.
   std::string registry;
   int registry_ttl_s = 10;  // Lease TTL; renewed every TTL/3.

@@ -216,12 +216,12 @@ nb::tuple ShareTensorsPy(const std::vector<BufferSpec>& specs, const std::string
 }  // namespace
 
 void BindServing(nb::module_& m) {
-#define TL_SERVE_ARGS                                                              \
-  nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("token") = "",       \
-  nb::arg("rate_limit") = 0, nb::arg("max_sessions") = 16, nb::arg("tp_size") = 1, \
-  nb::arg("tp_rank") = 0, nb::arg("registry") = "", nb::arg("transports") = "",    \
-  nb::arg("chunk_bytes") = uint64_t{4} << 20, nb::arg("registry_ttl") = 10,        \
-  nb::arg("handover") = true, nb::arg("resident") = false
+#define TL_SERVE_ARGS                                                                             \
+  nb::arg("host") = "127.0.0.1", nb::arg("port") = 0, nb::arg("token") = "",                      \
+  nb::arg("rate_limit") = 0, nb::arg("max_sessions") = 16, nb::arg("tp_size") = 1,                \
+  nb::arg("tp_rank") = 0, nb::arg("registry") = "", nb::arg("transports") = "",                   \
+  nb::arg("chunk_bytes") = uint64_t{0}, nb::arg("registry_ttl") = 10, nb::arg("handover") = true, \
+  nb::arg("resident") = false
   m.def("serve_checkpoint", &ServeCheckpointPy, nb::arg("path"), nb::arg("key"), TL_SERVE_ARGS,
         nb::arg("device") = "cpu",
         "Loads `path` (onto `device`) and serves this rank's tensors to peers.");

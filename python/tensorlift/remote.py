@@ -141,7 +141,7 @@ def serve(path: Union[str, os.PathLike], *, model: Optional[str] = None, revisio
           dtype: str = "as-stored", quantization: str = "none", layout: str = "", host: str = "127.0.0.1",
           port: int = 0, token: Optional[str] = None, token_file: Optional[str] = None, rate_limit: float = 0,
           max_sessions: int = 16, tp_size: int = 1, tp_rank: int = 0, registry: Optional[str] = None,
-          transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10,
+          transports: Optional[str] = None, chunk_bytes: int = 0, registry_ttl: int = 10,
           device: str = "cpu", handover: bool = True, resident: bool = False) -> Server:
     """Loads a checkpoint (this rank's slices under `layout`) and serves it.
 
@@ -153,6 +153,8 @@ def serve(path: Union[str, os.PathLike], *, model: Optional[str] = None, revisio
     tensors in sealed shared memory, handed to clients on this host (mapped, no
     copy; docs/remote.md "Same-host handover"). resident: found on this host by
     its key alone (clients need no URL), as `tensorlift serve --resident`.
+    chunk_bytes: the checksum granularity clients check (0: 4 MiB, smaller for
+    checkpoints under 512 MiB: at least 128 chunks of at least 64 KiB).
     """
     path = os.fspath(path)
     key = _key(model, revision, dtype, quantization, layout, path)
@@ -166,7 +168,7 @@ def serve_tensors(tensors: Dict[str, object], *, model: str, revision: str, dtyp
                   host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None,
                   token_file: Optional[str] = None, rate_limit: float = 0, max_sessions: int = 16,
                   tp_size: int = 1, tp_rank: int = 0, registry: Optional[str] = None,
-                  transports: Optional[str] = None, chunk_bytes: int = 4 << 20, registry_ttl: int = 10,
+                  transports: Optional[str] = None, chunk_bytes: int = 0, registry_ttl: int = 10,
                   handover: bool = False, resident: bool = False) -> Server:
     """Serves tensors you hold (torch tensors on the CPU or a GPU, or numpy arrays), by name.
 

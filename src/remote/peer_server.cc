@@ -35,6 +35,16 @@
 #include "tensorlift/checksum.h"
 #include "tensorlift/text.h"
 
+namespace tensorlift {
+
+uint64_t AutoChunkBytes(uint64_t total_bytes) {
+  uint64_t chunk = 4ull << 20;
+  while (chunk > (64u << 10) && total_bytes / chunk < 128) chunk /= 2;
+  return chunk;
+}
+
+}  // namespace tensorlift
+
 namespace tensorlift::remote {
 
 UcxMemory MemoryOf(const Device* device) {
@@ -72,7 +82,8 @@ class PeerServerImpl final : public PeerServer {
     }
     TL_RETURN_IF_ERROR(key_.Validate());
     TL_RETURN_IF_ERROR(CheckRank(options_.parallel, "serve"));
-    if (options_.chunk_bytes < 4096 || options_.chunk_bytes > (1ull << 30)) {
+    if (options_.chunk_bytes != 0 &&
+        (options_.chunk_bytes < 4096 || options_.chunk_bytes > (1ull << 30))) {
       return InvalidArgumentError("serve: chunk_bytes " + std::to_string(options_.chunk_bytes) +
                                   " is outside [4096, 1 GiB]");
     }
@@ -86,6 +97,11 @@ class PeerServerImpl final : public PeerServer {
       }
     }
     tensors_ = std::move(tensors);
+    if (options_.chunk_bytes == 0) {
+      uint64_t total = 0;
+      for (const Served& t : tensors_) total += t.nbytes;
+      options_.chunk_bytes = AutoChunkBytes(total);
+    }
 
     // Regions: the given ones (one per buffer), else the tensors' ranges with
     // touching or overlapping ones (in the same memory) merged.

@@ -31,7 +31,7 @@ from test_cli_remote import MODEL, Serving, etcd, etcd_keys, load_checksums, run
 
 pytestmark = pytest.mark.skipif(ucx_version() is None, reason="tensorlift was built without UCX (Debian libucx-dev)")
 
-CHUNK = 4 << 20  # The source's checksum granularity (ServeOptions::chunk_bytes' default).
+CHUNK = 4 << 20  # The source's checksum granularity (served with --chunk-bytes CHUNK).
 # Address space for a fetch (ulimit -v): an honest fetch of this checkpoint runs in 128 MiB here
 # (the CLI alone needs 96 MiB to start), the million-tensor manifest's 150 MB need more.
 VMEM_LIMIT = int(os.environ.get("TL_TEST_VMEM_LIMIT", 1 << 30))
@@ -61,7 +61,7 @@ def disk_checksums(cli, ckpt):
 
 @pytest.fixture(scope="module")
 def source(cli, ckpt):
-    s = Serving(cli, ckpt, *MODEL)
+    s = Serving(cli, ckpt, *MODEL, "--chunk-bytes", CHUNK)
     yield s
     s.stop()
 

@@ -240,5 +240,42 @@ TEST_F(RelayServerTest, ASeedsRateGrantHoldsAcrossASessionsRuns) {
   EXPECT_GT(s, 1.2);
 }
 
+TEST(AutoChunkTest, SmallCheckpointsAreCheckedInSmallerChunksSoAChainLagsLess) {
+  EXPECT_EQ(AutoChunkBytes(0), 64u << 10);
+  EXPECT_EQ(AutoChunkBytes(1 << 20), 64u << 10);
+  EXPECT_EQ(AutoChunkBytes(32ull << 20), 256u << 10);
+  EXPECT_EQ(AutoChunkBytes(128ull << 20), 1u << 20);
+  EXPECT_EQ(AutoChunkBytes((128ull << 20) - 1), 512u << 10);
+  EXPECT_EQ(AutoChunkBytes(512ull << 20), 4u << 20);
+  EXPECT_EQ(AutoChunkBytes(16ull << 30), 4u << 20);
+}
+
+TEST_F(RelayServerTest, ASourceGivenNoChunkSizeUsesTheAutomaticOneAndAGivenOneIsKept) {
+  // 16 MiB served: 128 chunks of 128 KiB.
+  std::vector<uint8_t> bytes(16 << 20, 7);
+  PeerServer::Tensor t;
+  t.name = "w";
+  t.shape = {int64_t(bytes.size())};
+  t.data = bytes.data();
+  ServeOptions o;
+  o.handover = false;
+  for (uint64_t given : {uint64_t{0}, uint64_t{1} << 20}) {
+    o.chunk_bytes = given;
+    auto server = PeerServer::ServeBuffers({t}, key_, o);
+    ASSERT_OK(server);
+    PeerSession::DialOptions dial;
+    dial.whole_only = true;
+    auto session = PeerSession::Dial((*server)->url(), key_, dial);
+    ASSERT_OK(session);
+    const uint64_t want = given ? given : 128u << 10;
+    EXPECT_EQ((*session)->manifest.chunk_bytes, want);
+    EXPECT_EQ((*session)->manifest.tensors[0].chunk_xxh3.size(), bytes.size() / want);
+  }
+  o.chunk_bytes = 1024;
+  auto refused = PeerServer::ServeBuffers({t}, key_, o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("chunk_bytes 1024 is outside"));
+}
+
 }  // namespace
 }  // namespace tensorlift::remote
