@@ -387,8 +387,12 @@ class Relay {
         return InvalidArgumentError(url + ": its chunks are not the root's (another checkpoint)");
       }
     }
-    TL_ASSIGN_OR_RETURN(remote::Control control,
-                        remote::Control::Make(url, o_.token, o_.request_timeout_ms + 1000));
+    // Its chunk map's long poll answers within kHaveWaitMs: one that takes
+    // 2.5 s (at most the request timeout) longer (a relay cut off or
+    // stalled) is lost, and the next round passes it over, sooner than its
+    // gets would stall.
+    const int answer_ms = RelaySource::kHaveWaitMs + std::min(o_.request_timeout_ms, 2500);
+    TL_ASSIGN_OR_RETURN(remote::Control control, remote::Control::Make(url, o_.token, answer_ms));
     TL_ASSIGN_OR_RETURN(std::unique_ptr<RelaySource> src,
                         RelaySource::Open(std::move(session), std::move(control), store_->layout(),
                                           TensorFilter(), /*take=*/1, Gets(o_)));

@@ -219,7 +219,7 @@ RelaySource::~RelaySource() {
 }
 
 void RelaySource::Follow() {
-  constexpr int kWaitMs = 500;  // Each long poll; bounds how long stopping takes.
+  constexpr int kWaitMs = kHaveWaitMs;  // Also bounds how long stopping takes.
   const uint64_t chunks = starts_.back();
   for (;;) {
     uint64_t after = 0;

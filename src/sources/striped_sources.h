@@ -162,6 +162,10 @@ class PeerSource final : public Source {
 // says why.
 class RelaySource final : public Source {
  public:
+  // Each long poll of GET /v1/have waits this long at most for a change, so
+  // a relay that does not answer within it and a margin (the control's
+  // timeout, set by the caller) is lost: cut off, stalled, or gone.
+  static constexpr int kHaveWaitMs = 500;
   // `session` is the relay's (its manifest the reference's chunks);
   // `control` its control endpoint (for GET /v1/have).
   static Result<std::unique_ptr<RelaySource>> Open(std::unique_ptr<remote::PeerSession> session,

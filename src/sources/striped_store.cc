@@ -168,7 +168,20 @@ Status StripedStore::ReadRanges(std::span<const Range> ranges,
     } else if (!read_cv_.wait_for(lock, options_.idle_timeout, ready) && read.in_flight == 0 &&
                Clock::now() - last_landed_ >= options_.idle_timeout) {
       // Nothing landed for idle_timeout and no source fetches this read's
-      // pieces: none holds them (relays that stopped receiving).
+      // pieces: none holds them (relays that stopped receiving). Retired
+      // sources still alive take pieces again first (a relay's root seed,
+      // while the chain above it went quiet).
+      bool revived = false;
+      for (auto& s : sources_) {
+        if (s->retired && !s->dead) revived = true;
+        if (!s->dead) s->retired = false;
+      }
+      if (revived) {
+        last_landed_ = Clock::now();
+        DealFirstBatches();
+        work_cv_.notify_all();
+        continue;
+      }
       std::erase_if(queue_, [&](const Queued& q) { return q.read == &read; });
       Forget(read);
       return UnavailableError("striped load: no source holds the pieces left (nothing landed for " +

@@ -40,7 +40,8 @@ class StripedStore final : public CheckpointStore {
     uint64_t piece_bytes = 8ull << 20;  // The most bytes one piece holds.
     std::function<void(const std::string& source, uint64_t bytes)> on_range;
     // A read fails once nothing has landed for this long while no source
-    // fetches its pieces (relays that stopped receiving); 0: it waits.
+    // fetches its pieces (relays that stopped receiving) and none is retired
+    // (retired ones alive take pieces again first); 0: it waits.
     std::chrono::milliseconds idle_timeout{0};
     // Called (under the store's lock: it must not block) once a checked chunk
     // of a tensor is whole in the loader's memory: a relay then serves it.
@@ -76,7 +77,7 @@ class StripedStore final : public CheckpointStore {
   // leaves it.
   void Drop(Source* source, const std::string& why);
   // A retired source takes pieces again (the closer relay that replaced it
-  // went away).
+  // went away; or, by the store itself, a read idle for idle_timeout).
   void Unretire(Source* source);
 
   // The layout the pieces point into (a source joining maps its tensors).

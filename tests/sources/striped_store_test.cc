@@ -439,5 +439,36 @@ TEST(StripedStoreTest, ReadsThatNoSourceHoldsFailAfterTheIdleTimeout) {
   EXPECT_THAT(read.message(), ::testing::HasSubstr("no source holds the pieces left"));
 }
 
+// A read whose source went quiet (a relay cut off, not yet found dead) while
+// the source that holds everything is retired (the root, replaced by that
+// relay): after idle_timeout the retired one takes the pieces again, and the
+// read ends whole instead of failing.
+TEST(StripedStoreTest, AnIdleReadTakesARetiredSourceBackBeforeItFails) {
+  ScratchDir dir("tl_striped_revive");
+  const std::string path = dir.File("m.safetensors");
+  testing::WriteRaw(path, {testing::Random("w", Dtype::kU8, {64 << 10}, 4)});
+  auto ckpt = Checkpoint::Open(path);
+  ASSERT_OK(ckpt);
+  const std::vector<std::string> files = {ReadAll(path)};
+  auto root_owned = std::make_unique<FakeSource>("root", files, 1, /*block=*/false);
+  FakeSource* root = root_owned.get();
+  auto relay_owned = std::make_unique<FakeSource>("relay", files, 1, /*block=*/false);
+  relay_owned->HoldOnly({});
+  std::vector<std::unique_ptr<Source>> sources;
+  sources.push_back(std::move(root_owned));
+  sources.push_back(std::move(relay_owned));
+  StripedStore::Options options;
+  options.idle_timeout = std::chrono::milliseconds(50);
+  StripedStore store(LayOut(*ckpt), std::move(sources), options);
+  store.Retire(root);
+  const Checkpoint::Shard& shard = ckpt->shards()[0];
+  const uint64_t begin = shard.header.data_offset();
+  std::vector<std::byte> into(shard.identity.size - begin);
+  const CheckpointStore::Range range{&shard.path, begin, into.size(), into.data()};
+  ASSERT_OK(store.ReadRanges({&range, 1}, {}));
+  EXPECT_EQ(std::memcmp(into.data(), files[0].data() + begin, into.size()), 0);
+  EXPECT_GE(root->fetched_pieces(), 1u);
+}
+
 }  // namespace
 }  // namespace tensorlift::sources
