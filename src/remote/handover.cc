@@ -438,6 +438,16 @@ LocalAnnouncement::~LocalAnnouncement() {
   if (stop_fd_ >= 0) ::close(stop_fd_);
 }
 
+bool HandoverReachable(const std::string& socket, int timeout_ms) {
+  sockaddr_un addr;
+  Result<socklen_t> len = AbstractAddress(socket, &addr);
+  if (!len.ok()) return false;
+  Fd fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (fd.fd < 0) return false;
+  SetTimeouts(fd.fd, timeout_ms);
+  return ::connect(fd.fd, reinterpret_cast<sockaddr*>(&addr), *len) == 0;
+}
+
 Result<std::string> FindLocalSeed(const std::string& digest, int rank, int size, int timeout_ms) {
   const std::string name = AnnouncementName(digest, rank, size);
   sockaddr_un addr;

@@ -83,6 +83,11 @@ class HandoverServer {
 Result<std::vector<int>> ReceiveHandover(const std::string& socket, const std::string& session,
                                          const std::string& token, int timeout_ms, size_t regions);
 
+// Whether `socket` (a manifest's handover socket) can be reached from here:
+// the seed is on this host and in this network namespace (a connection
+// opened and closed, nothing asked).
+bool HandoverReachable(const std::string& socket, int timeout_ms);
+
 // ReceiveHandover for device memory: each region's exported allocation
 // (device_id left empty), its descriptor owned by it. kCorruption for a
 // malformed record (every field bounded).

@@ -22,7 +22,9 @@ std::optional<sources::Relayed> TryRelay(const PeerKey& key, const PeerLoadOptio
   Result<sources::Relayed> r = sources::RelayPull(key, options, report);
   if (!r.ok()) {
     *met = report->failures;
-    met->push_back(r.status().message());
+    // A same-host root: handed over by the usual pull, not a failure.
+    if (r.status().code() != StatusCode::kUnimplemented) met->push_back(r.status().message());
+    *report = PeerLoadReport();
     return std::nullopt;
   }
   report->bytes = r->loaded.total_bytes();

@@ -24,6 +24,7 @@
 #include "load/host_load.h"
 #include "remote/availability.h"
 #include "remote/control.h"
+#include "remote/handover.h"
 #include "remote/peer_server.h"
 #include "remote/peer_session.h"
 #include "remote/peer_store.h"
@@ -183,6 +184,13 @@ class Relay {
       break;
     }
     if (!session) return UnavailableError("relaying pull: no whole seed answered");
+    const remote::Manifest& m = session->manifest;
+    if (o_.handover != HandoverMode::kOff && !m.handover_socket.empty() &&
+        m.handover_host == remote::HandoverHostId() &&
+        remote::HandoverReachable(m.handover_socket, o_.connect_timeout_ms)) {
+      return UnimplementedError("relaying pull: the root seed " + root_url_ +
+                                " is on this host: its memory is handed over");
+    }
     std::vector<remote::Wanted> wanted;
     for (const remote::ManifestTensor& t : session->manifest.tensors) {
       remote::Wanted w;

@@ -44,7 +44,9 @@ struct Relayed {
 
 // The relaying pull. kUnavailable when no whole seed could be reached (the
 // caller then loads as without relaying), or when the load failed (every
-// source, the root's included).
+// source, the root's included); kUnimplemented when the root seed is on this
+// host and hands its memory over (PeerLoadOptions::handover): the caller's
+// usual pull maps it, with nothing to relay.
 Result<Relayed> RelayPull(const PeerKey& key, const PeerLoadOptions& options,
                           PeerLoadReport* report);
 

@@ -27,7 +27,7 @@ CAP = 100  # Mbit/s each way: 24 MiB take about 2 s a pull.
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
-    """24 MiB in 12 tensors of 2 MiB (6 chunks of 4 MiB... each tensor is one chunk)."""
+    """24 MiB in 12 tensors of 2 MiB (served in chunks of 128 KiB: AutoChunkBytes)."""
     d = tmp_path_factory.mktemp("relay_ckpt")
     g = torch.Generator().manual_seed(11)
     save_file({f"layers.{i}.w": torch.randn(512, 1024, generator=g) for i in range(12)},
@@ -63,11 +63,12 @@ def hosts():
     assert c.namespaces_left() == []
 
 
-def start_root(c, cli, ckpt, tmp_path, etcd):
+def start_root(c, cli, ckpt, tmp_path, etcd, handover=False):
     ready = tmp_path / "root-url"
     log = open(tmp_path / "root.log", "w")
-    root = c.popen(0, [cli, "serve", ckpt, *MODEL, "--host", c.addr(0), "--transports", "tcp", "--no-handover",
-                       "--registry", etcd, "--ready-file", ready], stdout=subprocess.DEVNULL, stderr=log)
+    root = c.popen(0, [cli, "serve", ckpt, *MODEL, "--host", c.addr(0), "--transports", "tcp",
+                       *([] if handover else ["--no-handover"]), "--registry", etcd, "--ready-file", ready],
+                   stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 60
     while not ready.exists() or not ready.read_text().strip():
         assert root.poll() is None, (tmp_path / "root.log").read_text()
@@ -231,6 +232,27 @@ def test_the_registry_restarted_mid_transfer_the_transfers_go_on(cli, ckpt, want
         assert out == want, f"receiver {i}: {err}"
         relayed += "relayed at" in err
     assert relayed == 4, results
+
+
+def test_a_root_seed_on_the_receivers_host_is_handed_over_and_one_on_another_host_relayed(cli, ckpt, want, hosts,
+                                                                                        tmp_path):
+    """A root seed that hands its memory over: a fetch on its host (its network namespace) maps
+    it, with nothing relayed; a fetch on another host (the handover's socket out of reach)
+    relays as before. Both with the default --handover auto."""
+    c = hosts
+    etcd = c.etcd(0)
+    _, root_url = start_root(c, cli, ckpt, tmp_path, etcd, handover=True)
+    argv = [cli, "fetch", "--registry", etcd, *MODEL, "--transports", "tcp", "--no-local", "--checksum"]
+    here = c.run(0, argv, env=dict(os.environ, UCX_TLS="tcp"), timeout=120)
+    assert here.returncode == 0, here.stderr
+    assert here.stdout == want
+    assert f"from {root_url} (1 source ranks, handed over)" in here.stderr, here.stderr
+    assert "relayed at" not in here.stderr and "relaying pull" not in here.stderr, here.stderr
+    there = c.run(1, [*argv, "--seed-host", c.addr(1)], env=dict(os.environ, UCX_TLS="tcp"), timeout=120)
+    assert there.returncode == 0, there.stderr
+    assert there.stdout == want
+    assert "relayed at" in there.stderr and "handed over" not in there.stderr, there.stderr
+    assert given(there.stderr) == {root_url: 24 << 20}, there.stderr
 
 
 PY_RECEIVER = """
