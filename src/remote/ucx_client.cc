@@ -313,6 +313,12 @@ class UcxClientImpl final : public UcxClient {
         const auto allowed = run->start + std::chrono::nanoseconds(static_cast<int64_t>(ns));
         if (allowed > now) return allowed;
       }
+      // Nothing is posted on an endpoint found failed (UCX 1.22 aborted a
+      // process that posted a get on one its keepalive had timed out).
+      if (ep_status_ != UCS_OK) {
+        run->failure = ep_status_;
+        break;
+      }
       const Get& g = run->gets[run->next_get];
       const uint64_t piece = std::min(options.max_get_bytes, g.bytes - run->next_offset);
       void* req = PostGet(g, run->next_offset, piece);
