@@ -284,7 +284,7 @@ class Relay {
 
   // Every 200 ms while the load runs (and once before its first read): the
   // source is the holder registered just before this relay (and its own
-  // parent while it stays behind: BehindWatch); the root seed only while no
+  // parent while it is measured slow: SlowParentRule); the root seed only while no
   // relay came before (it feeds the first relay, and each relay its
   // successor: every link carries the checkpoint about once).
   void Follow() {
@@ -339,22 +339,34 @@ class Relay {
               [](const remote::SeedInfo* a, const remote::SeedInfo* b) {
                 return a->created > b->created;
               });
-    // The parent: the latest holder before this relay. A parent that stays
-    // behind its own parent (a relay behind a slower link) while this pull
-    // has caught up with it gets the holder before it as a second source for
-    // good (BehindWatch): the pull then takes what the parent can give and
-    // the rest from the one before, and a slow relay slows no one after it.
+    // The parent: the latest holder before this relay. A parent measured
+    // slow (a relay behind a slower link) while this pull waits on it gets
+    // the holder before it (the root for the first relay) as a second source
+    // for good (SlowParentRule): the pull then takes what the parent can give
+    // and the rest from the one before, and a slow relay slows no one after it.
     std::string parent = before.empty() ? root_url_ : before[0]->url;
     std::set<std::string> want;
     if (!dead_.count(parent)) want.insert(parent);
-    if (before.size() >= 2 && !helpers_.count(before[0]->url)) {
+    if (!before.empty() && before[0]->partial && !probed_.count(parent) &&
+        !helpers_.count(parent)) {
+      const std::string q = before.size() >= 2 ? before[1]->url : root_url_;
       const double total = static_cast<double>(reference_->total_bytes);
       const double mine_p = total > 0 ? have_->held_bytes() / total : 1;
-      const remote::SeedInfo& p = *before[0];
-      const remote::SeedInfo& q = *before[1];
-      if (behind_.Behind(Clock::now(), p.url, p.partial ? p.progress : 1.0,
-                         q.partial ? q.progress : 1.0, mine_p))
-        helpers_[p.url] = q.url;
+      if (probe_.first != parent) probe_ = {};
+      if (probe_.first.empty()) {
+        if (!dead_.count(q) && rule_.CaughtUpFor(Clock::now(), parent, before[0]->progress, mine_p))
+          probe_ = {parent, q};
+      } else if (dead_.count(q) || !using_.count(q) || !using_.count(parent)) {
+        probed_.insert(parent);  // The holder before it is gone: nothing to compare.
+        probe_ = {};
+      } else if (store_->Measured(using_[q]).second > 0) {
+        if (SlowParentRule::KeepProbed(store_->Measured(using_[parent]).first,
+                                       store_->Measured(using_[q]).first))
+          helpers_[parent] = q;
+        probed_.insert(parent);
+        probe_ = {};
+      }
+      if (!probe_.first.empty()) want.insert(probe_.second);
     }
     if (auto h = helpers_.find(parent); h != helpers_.end() && !dead_.count(h->second))
       want.insert(h->second);
@@ -424,8 +436,10 @@ class Relay {
   std::set<std::string> dead_;  // Holders passed over (failed, lost, refused).
   // A parent found behind: the holder before it, taken from as well.
   std::map<std::string, std::string> helpers_;
-  BehindWatch behind_;
-  int64_t my_created_ = 0;  // This relay's place in the registry's order.
+  SlowParentRule rule_;
+  std::set<std::string> probed_;               // Parents judged (once each).
+  std::pair<std::string, std::string> probe_;  // The parent, the holder probed for it.
+  int64_t my_created_ = 0;                     // This relay's place in the registry's order.
   std::vector<std::pair<Checkpoint::Location, const std::byte*>> placed_;
   std::map<const TensorInfo*, std::byte*> data_of_;  // Where each tensor lands.
   std::unique_ptr<PeerServer> relay_;

@@ -9,9 +9,9 @@
 // root seed for the first). Every link then carries the checkpoint about
 // once, the root's link included, and all receivers finish about one pull's
 // time (and a chunk per hop) after the first starts, whatever their number.
-// A parent that stays behind its own parent (a receiver behind a slow link)
-// while this pull waits on it gets that one added as a second source
-// (BehindWatch), so a slow receiver slows only the share its children take
+// A parent measured slow (a receiver behind a slow link) while this pull
+// waits on it gets the holder before it added as a second source
+// (SlowParentRule), so a slow receiver slows only the share its children take
 // from it. The registry holds membership and progress only: which chunks a
 // relay holds is asked of the relay (GET /v1/have).
 #ifndef TENSORLIFT_SOURCES_RELAY_H_
@@ -50,33 +50,46 @@ struct Relayed {
 Result<Relayed> RelayPull(const PeerKey& key, const PeerLoadOptions& options,
                           PeerLoadReport* report);
 
-// The rule that takes a parent's own parent as a second source: the parent
-// is kBehind (a share of the checkpoint) behind it while this pull has caught
-// up with the parent (it waits on it), and has stayed so for `hold`. The
-// registry's progress values are up to a second old (each relay writes its
-// own once a second), which on a small checkpoint is a gap as wide as
-// kBehind for a moment: only a parent whose own updates keep it behind (a
-// slow link) is helped. A pull's chain is otherwise left alone, since a
-// holder taken as a second source shares its upload between two children.
-class BehindWatch {
+// The rule that takes a second source for a slow parent (a relay behind a
+// slow link, which would hold every relay after it to its rate). Nothing in
+// the registry says how fast a parent could be fed (its own parent may be
+// the root, or slowed by it), so it is measured: once this pull has been
+// caught up with its parent (waiting on it) for `hold`, the holder before
+// the parent (the root for the first relay) is probed: it joins as a source
+// and gives a piece, and is kept for good only when it delivered at more
+// than kFaster times the parent's rate (the store's measures: bytes per
+// second while a source holds pieces). In a chain at full speed the probe
+// shares the holder's upload with the parent and comes out slower; behind a
+// link at a quarter it comes out about three times faster. Each parent is
+// probed once. A holder kept shares its upload between two children, which
+// is why a parent is not helped on a guess: the registry's progress values
+// are up to a second old, and a rule on them alone took second sources on
+// noise and slowed a chain of 8 hop by hop.
+class SlowParentRule {
  public:
   using Clock = std::chrono::steady_clock;
-  static constexpr double kBehind = 0.15;
-  explicit BehindWatch(std::chrono::milliseconds hold = std::chrono::milliseconds(2000))
+  static constexpr double kCaughtUp = 0.05;  // A share of the checkpoint.
+  static constexpr double kFaster = 2.0;
+  explicit SlowParentRule(std::chrono::milliseconds hold = std::chrono::milliseconds(1000))
       : hold_(hold) {}
-  // One look at the registry, at `now`: the parent's, its parent's and this
-  // pull's progress (0..1). True once the rule has held for `hold`.
-  bool Behind(Clock::time_point now, const std::string& parent, double parent_progress,
-              double grandparent_progress, double mine) {
-    const bool behind =
-        grandparent_progress - parent_progress > kBehind && mine >= parent_progress - kBehind / 3;
-    if (!behind || parent != parent_) {
+  // One look at the registry, at `now`: the parent's and this pull's
+  // progress (0..1). True once this pull has stayed within kCaughtUp of the
+  // parent for `hold` (time to probe the holder before it).
+  bool CaughtUpFor(Clock::time_point now, const std::string& parent, double parent_progress,
+                   double mine) {
+    const bool caught_up = mine >= parent_progress - kCaughtUp;
+    if (!caught_up || parent != parent_) {
       parent_ = parent;
       since_.reset();
-      if (!behind) return false;
+      if (!caught_up) return false;
     }
     if (!since_) since_ = now;
     return now - *since_ >= hold_;
+  }
+  // After the probe: whether the holder probed is kept (rates in bytes/s;
+  // a parent not measured yet is not judged).
+  static bool KeepProbed(double parent_rate, double probed_rate) {
+    return parent_rate > 0 && probed_rate > kFaster * parent_rate;
   }
 
  private:

@@ -489,6 +489,11 @@ std::vector<StripeSourceReport> StripedStore::SourceReports() const {
   return out;
 }
 
+std::pair<double, uint64_t> StripedStore::Measured(const Source* source) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {source->Rate(Clock::now()), source->report.bytes};
+}
+
 uint64_t StripedStore::refetched() const {
   std::lock_guard<std::mutex> lock(mu_);
   return refetched_;

@@ -80,6 +80,10 @@ class StripedStore final : public CheckpointStore {
   // went away; or, by the store itself, a read idle for idle_timeout).
   void Unretire(Source* source);
 
+  // A source's rate now (Source::Rate: bytes per second while it holds
+  // pieces; 0 before any landed) and the bytes it has delivered.
+  std::pair<double, uint64_t> Measured(const Source* source) const;
+
   // The layout the pieces point into (a source joining maps its tensors).
   const Layout& layout() const { return layout_; }
 

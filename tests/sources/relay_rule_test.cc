@@ -1,5 +1,6 @@
-// The relay's rule for taking a parent's parent as a second source
-// (sources/relay.h, BehindWatch), driven with chosen times and progress.
+// The relay's rule for taking a second source for a slow parent
+// (sources/relay.h, SlowParentRule), driven with chosen times, progress and
+// rates.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -7,52 +8,46 @@
 #include "sources/relay.h"
 
 namespace tensorlift::sources {
+
 namespace {
 
 using std::chrono::milliseconds;
-using Clock = BehindWatch::Clock;
+using Clock = SlowParentRule::Clock;
 
-TEST(BehindWatchTest, AParentBehindForAMomentOnlyIsNotHelped) {
-  // Progress read a second late: the parent looks 19 % behind until its next
-  // update, then level again; over and over, never for the whole hold.
-  BehindWatch w(milliseconds(2000));
+TEST(SlowParentRuleTest, AProbeIsDueOnceThisPullHasWaitedOnItsParentForTheHold) {
+  SlowParentRule rule(milliseconds(2000));
   const Clock::time_point t0{};
-  for (int round = 0; round < 20; ++round) {
-    const auto t = t0 + milliseconds(1000 * round);
-    EXPECT_FALSE(w.Behind(t, "p", 0.30, 0.49, 0.30)) << round;
-    EXPECT_FALSE(w.Behind(t + milliseconds(600), "p", 0.33, 0.52, 0.33)) << round;
-    EXPECT_FALSE(w.Behind(t + milliseconds(800), "p", 0.50, 0.52, 0.49)) << round;
-  }
+  EXPECT_FALSE(rule.CaughtUpFor(t0, "p", 0.10, 0.09));
+  EXPECT_FALSE(rule.CaughtUpFor(t0 + milliseconds(1000), "p", 0.30, 0.27));
+  EXPECT_FALSE(rule.CaughtUpFor(t0 + milliseconds(1999), "p", 0.40, 0.38));
+  EXPECT_TRUE(rule.CaughtUpFor(t0 + milliseconds(2000), "p", 0.45, 0.41));
 }
 
-TEST(BehindWatchTest, AParentThatStaysBehindIsHelpedOnceTheHoldHasPassed) {
-  BehindWatch w(milliseconds(2000));
+TEST(SlowParentRuleTest, NotWhileThisPullIsBehindItsParentAndAfreshForANewParent) {
+  SlowParentRule rule(milliseconds(2000));
   const Clock::time_point t0{};
-  EXPECT_FALSE(w.Behind(t0, "p", 0.10, 0.30, 0.10));
-  EXPECT_FALSE(w.Behind(t0 + milliseconds(1000), "p", 0.13, 0.50, 0.12));
-  EXPECT_FALSE(w.Behind(t0 + milliseconds(1999), "p", 0.16, 0.70, 0.16));
-  EXPECT_TRUE(w.Behind(t0 + milliseconds(2000), "p", 0.16, 0.70, 0.16));
+  EXPECT_FALSE(rule.CaughtUpFor(t0, "p", 0.10, 0.10));
+  // Behind its parent by more than kCaughtUp: it is not waiting on the
+  // parent, and the hold starts again once it is.
+  EXPECT_FALSE(rule.CaughtUpFor(t0 + milliseconds(1500), "p", 0.40, 0.20));
+  EXPECT_FALSE(rule.CaughtUpFor(t0 + milliseconds(2500), "p", 0.40, 0.39));
+  EXPECT_FALSE(rule.CaughtUpFor(t0 + milliseconds(4000), "p", 0.50, 0.49));
+  EXPECT_TRUE(rule.CaughtUpFor(t0 + milliseconds(4500), "p", 0.55, 0.53));
+  // A closer relay registered: its own hold.
+  EXPECT_FALSE(rule.CaughtUpFor(t0 + milliseconds(5000), "p2", 0.10, 0.53));
+  EXPECT_FALSE(rule.CaughtUpFor(t0 + milliseconds(6000), "p2", 0.60, 0.58));
+  EXPECT_TRUE(rule.CaughtUpFor(t0 + milliseconds(8000), "p2", 0.70, 0.69));
 }
 
-TEST(BehindWatchTest, NotWhileThisPullIsBehindItsParentNorOnLevelProgress) {
-  BehindWatch w(milliseconds(0));
-  const Clock::time_point t0{};
-  // The parent is behind its parent, but this pull is further behind still:
-  // the parent is not what holds it up.
-  EXPECT_FALSE(w.Behind(t0, "p", 0.40, 0.80, 0.20));
-  // Level (a chunk's lag per hop).
-  EXPECT_FALSE(w.Behind(t0, "p", 0.40, 0.43, 0.39));
-  EXPECT_TRUE(w.Behind(t0, "p", 0.40, 0.80, 0.39));
-}
-
-TEST(BehindWatchTest, ANewParentStartsItsHoldAfresh) {
-  BehindWatch w(milliseconds(2000));
-  const Clock::time_point t0{};
-  EXPECT_FALSE(w.Behind(t0, "p", 0.10, 0.50, 0.10));
-  // A closer relay registered: the rule's time starts again for it.
-  EXPECT_FALSE(w.Behind(t0 + milliseconds(2500), "p2", 0.10, 0.50, 0.10));
-  EXPECT_FALSE(w.Behind(t0 + milliseconds(4000), "p2", 0.10, 0.50, 0.10));
-  EXPECT_TRUE(w.Behind(t0 + milliseconds(4500), "p2", 0.10, 0.50, 0.10));
+TEST(SlowParentRuleTest, TheProbedHolderIsKeptOnlyWhenClearlyFasterThanTheParent) {
+  // A chain at full speed (25 MB/s): the probe shares the holder's upload
+  // with the parent and gets about half.
+  EXPECT_FALSE(SlowParentRule::KeepProbed(25e6, 12.5e6));
+  EXPECT_FALSE(SlowParentRule::KeepProbed(25e6, 25e6));
+  // The parent behind a link at a quarter: the holder gives the rest.
+  EXPECT_TRUE(SlowParentRule::KeepProbed(6.25e6, 18.75e6));
+  // A parent not measured yet is not judged.
+  EXPECT_FALSE(SlowParentRule::KeepProbed(0, 18.75e6));
 }
 
 }  // namespace
