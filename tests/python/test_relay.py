@@ -216,6 +216,57 @@ def test_a_relay_serving_corrupted_chunks_is_dropped_and_the_loads_get_the_right
     finish(liar)
 
 
+def test_the_root_killed_the_relays_finish_among_themselves_where_the_bytes_exist(cli, ckpt, want, newer_ucx,
+                                                                                   tmp_path):
+    """Receiver 1 (a fast link) registers first and has every byte while the three after it
+    (links at a quarter) have about a quarter: the root seed is killed then, and they finish from
+    the relays, none falling back (none is given)."""
+    why = cluster.reason()
+    if why:
+        pytest.skip(why)
+    with cluster.Cluster(5, cap_mbit=[CAP, CAP, CAP / 4, CAP / 4, CAP / 4]) as c:
+        etcd = c.etcd(0)
+        root, _ = start_root(c, cli, ckpt, tmp_path, etcd)
+        first = start_receivers(c, cli, etcd, [1])
+        wait_progress(c, etcd, 0.0)
+        procs = start_receivers(c, cli, etcd, [2, 3, 4])
+        deadline = time.monotonic() + 60
+        while not any(not v.get("partial") and f"//{c.addr(1)}:" in v["url"] for v, _ in c.seed_entries(etcd)):
+            assert time.monotonic() < deadline, c.seed_entries(etcd)
+            time.sleep(0.05)
+        behind = [v["progress"] for v, _ in c.seed_entries(etcd) if v.get("partial")]
+        c.stop(root)
+        results = finish(procs)
+        for i, (rc, out, err) in results.items():
+            assert rc == 0, f"receiver {i} (the root killed, the others at {behind}): {err}"
+            assert out == want, f"receiver {i}: {err}"
+            assert "relayed at" in err and "fallback" not in err, err
+        assert len(behind) == 3 and max(behind) < 0.9, behind  # they had most of it still to come
+        finish(first)
+    assert c.namespaces_left() == []
+
+
+def test_the_root_killed_before_any_relay_had_everything_the_pulls_fall_back(cli, ckpt, want, hosts, tmp_path):
+    """The root seed killed when the first relay has a third: the bytes after that exist nowhere,
+    so every pull falls back as it would without relaying (to --fallback, the local copy)."""
+    c = hosts
+    etcd = c.etcd(0)
+    root, _ = start_root(c, cli, ckpt, tmp_path, etcd)
+    procs = {}
+    for i in (1, 2, 3):
+        procs[i] = c.popen(i, [cli, "fetch", "--registry", etcd, *MODEL, "--transports", "tcp", "--handover",
+                               "off", "--no-local", "--seed-host", c.addr(i), "--checksum", "--timeout-ms", "3000",
+                               "--fallback", ckpt], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, UCX_TLS="tcp"))
+    wait_progress(c, etcd, 0.3, count=3)
+    c.stop(root)
+    for i, (rc, out, err) in finish(procs).items():
+        assert rc == 0, f"receiver {i}: {err}"
+        assert out == want, f"receiver {i}: {err}"
+        fetched = [x for x in err.splitlines() if x.startswith("fetched ")]
+        assert len(fetched) == 1 and f"from disk:{ckpt} " in fetched[0], err  # from the local copy
+
+
 def test_the_registry_restarted_mid_transfer_the_transfers_go_on(cli, ckpt, want, newer_ucx, hosts, tmp_path):
     c = hosts
     etcd = c.etcd(0)
