@@ -217,10 +217,15 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
 
 
 def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):
-    with servers.Seed(lambda opts: engine_command(llama, "tensorlift", opts), engine_env(), tmp_path) as seed:
+    """The seed registers in etcd; a new instance finds it there ({"registry": URL}) and, handover
+    off, pulls its parameters over UCX, relaying them while they arrive (on by default with a
+    registry). The same-host handover: tests/vllm's case (the same loader code)."""
+    with servers.etcd(tmp_path) as etcd, servers.Seed(lambda opts: engine_command(llama, "tensorlift", opts),
+                                                      engine_env(), tmp_path, serve={"registry": etcd}) as seed:
         assert seed.tokens == llama_reference
         # No fallback: the weights can only come from the seed.
-        got = run_engine(llama, "tensorlift", {"peer": seed.url, "fallback": False})
+        got = run_engine(llama, "tensorlift", {"registry": etcd, "fallback": False, "handover": "off"})
         assert got["tokens"] == llama_reference
         line = servers.weights_line(got["output"])
-        assert f"weights from {seed.url}" in line and "handed over" in line, line  # same host: mapped
+        assert f"weights from {seed.url}" in line and "handed over" not in line, line
+        assert "; relayed at http://127.0.0.1:" in line, line

@@ -121,6 +121,35 @@ def free_port():
 
 
 @contextlib.contextmanager
+def etcd(root):
+    """A real etcd on loopback (Debian's etcd-server), its data under `root`; yields its URL and
+    stops it by PID after."""
+    exe = shutil.which("etcd")
+    if exe is None:
+        import pytest
+        pytest.skip("etcd is not installed (Debian etcd-server)")
+    client, peer = free_port(), free_port()
+    url, peer_url = f"http://127.0.0.1:{client}", f"http://127.0.0.1:{peer}"
+    proc = subprocess.Popen([exe, "--data-dir", str(root / "etcd"), "--listen-client-urls", url,
+                             "--advertise-client-urls", url, "--listen-peer-urls", peer_url,
+                             "--initial-advertise-peer-urls", peer_url, "--initial-cluster", f"default={peer_url}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(url + "/version", timeout=1).read()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "etcd did not start"
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
 def s3_bucket(model, root, key):
     """`model` copied to bucket/key under `root` and served by rclone serve s3 (.venv-s3) on
     loopback, checking SigV4 signatures (S3_KEY, S3_SECRET); yields the endpoint URL. Started
@@ -212,10 +241,10 @@ class Seed:
     started with TL_HOLD=1: it loads with tensorlift, prints its tokens, serves its weights until
     stop() (or the end of a with block) closes its standard input."""
 
-    def __init__(self, command, env, tmp_path, timeout=400):
+    def __init__(self, command, env, tmp_path, timeout=400, serve=None):
         self.ready_file = tmp_path / "seed.url"
         self.log = open(tmp_path / "seed.log", "w+")
-        self.proc = subprocess.Popen(command({"serve": {"ready_file": str(self.ready_file)}}),
+        self.proc = subprocess.Popen(command({"serve": {"ready_file": str(self.ready_file), **(serve or {})}}),
                                      stdin=subprocess.PIPE, stdout=self.log, stderr=subprocess.STDOUT,
                                      env=dict(env, TL_HOLD="1"), start_new_session=True)
         deadline = time.monotonic() + timeout

@@ -289,11 +289,12 @@ def test_the_openai_server_serves_with_the_tensorlift_format(llama, llama_refere
         log.close()
 
 
-def Seed(model, tmp_path, extra=None, env=None):
+def Seed(model, tmp_path, extra=None, env=None, serve=None):
     """A vLLM instance (run_llm.py) that loaded with tensorlift and serves its weights (every
-    rank its own parameters; seed.urls lists them in rank order)."""
+    rank its own parameters; seed.urls lists them in rank order); `serve`: more serve options."""
     return servers.Seed(lambda opts: [sys.executable, str(HERE / "run_llm.py"), str(model), "tensorlift",
-                                      json.dumps(dict(opts, **(extra or {})))], env or engine_env(False), tmp_path)
+                                      json.dumps(dict(opts, **(extra or {})))], env or engine_env(False), tmp_path,
+                        serve=serve)
 
 
 def run_llm_output(model, load_format, extra, tp=1):
@@ -303,19 +304,23 @@ def run_llm_output(model, load_format, extra, tp=1):
 
 
 def test_a_new_instance_pulls_its_weights_from_a_running_one(llama, llama_reference, tmp_path):
-    with Seed(llama, tmp_path) as seed:
+    """The seed registers in etcd and new instances find it there ({"registry": URL}): on its host
+    its parameters are handed over; with handover off they are pulled over UCX by a relaying pull
+    (relaying is on by default with a registry: the instance serves what it receives)."""
+    with servers.etcd(tmp_path) as etcd, Seed(llama, tmp_path, serve={"registry": etcd}) as seed:
         assert seed.url.startswith("http://127.0.0.1:") and seed.tokens == llama_reference
         assert "serving the weights from shared memory at" in seed.output()  # a CPU model, same host
         # No fallback: the weights can only come from the seed's parameters, handed over (mapped).
-        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "fallback": False})
+        tokens, out = run_llm_output(llama, "tensorlift", {"registry": etcd, "fallback": False})
         assert tokens == llama_reference
         line = servers.weights_line(out)
-        assert f"weights from {seed.url}" in line and "handed over" in line, line
-        # Handover off: the same parameters copied over UCX.
-        tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "fallback": False, "handover": "off"})
+        assert f"weights from {seed.url}" in line and "handed over" in line and "relayed" not in line, line
+        # Handover off: the same parameters copied over UCX, relayed while they arrive.
+        tokens, out = run_llm_output(llama, "tensorlift", {"registry": etcd, "fallback": False, "handover": "off"})
         assert tokens == llama_reference
         line = servers.weights_line(out)
         assert f"weights from {seed.url}" in line and "handed over" not in line, line
+        assert "; relayed at http://127.0.0.1:" in line, line
     # The seed is gone: the same instance now falls back to its own files, with the same tokens.
     tokens, out = run_llm_output(llama, "tensorlift", {"peer": seed.url, "timeout": 2})
     assert tokens == llama_reference

@@ -497,8 +497,9 @@ def pull_parameters(model, model_dir: str, options: Dict[str, Any], key: Dict[st
             p.data = pulled[name]  # the pulled buffer is the parameter: no copy
         else:
             p.data.copy_(pulled[name])
-    log("tensorlift: weights from %s (%s bytes%s)%s", report.get("source"), report.get("bytes"),
+    log("tensorlift: weights from %s (%s bytes%s)%s%s", report.get("source"), report.get("bytes"),
         ", handed over: mapped, not copied" if report.get("handover") else "",
+        "; relayed at " + report["relay"] if report.get("relay") else "",
         "; " + "; ".join(report.get("failures") or []) if report.get("failures") else "")
     return True
 
