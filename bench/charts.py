@@ -143,7 +143,8 @@ def chart_fanout(res, path):
     """T(N)/T1 against N, a line per mode with min-max error bars; the ideal (1) dashed."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    names = {"relay": "relaying (default)", "star": "--no-relay (star)", "seed": "--no-relay --seed"}
+    names = {"relay": "relaying (default)", "star": "--no-relay (star)", "seed": "--no-relay --seed",
+             "kill": "relaying, a relay killed half way (the others)"}
     top = 1.0
     for mode, pts in sorted(res["curves"].items()):
         pts = sorted(pts)
