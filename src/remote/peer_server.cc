@@ -341,10 +341,6 @@ class PeerServerImpl final : public PeerServer {
     const bool whole = have_->held() == have_->chunks();
     return registration_->UpdateProgress(!whole, Progress());
   }
-  Status RequeueRelay() {
-    if (!registration_) return Status::Ok();
-    return registration_->Requeue();
-  }
 
  private:
   // Each tensor's chunk checksums into the manifest, on up to 4 threads:
@@ -644,12 +640,6 @@ Status UpdateRelayEntry(PeerServer& server) {
   auto* impl = dynamic_cast<PeerServerImpl*>(&server);
   if (impl == nullptr) return InvalidArgumentError("not a tensorlift peer server");
   return impl->UpdateRelay();
-}
-
-Status RequeueRelayEntry(PeerServer& server) {
-  auto* impl = dynamic_cast<PeerServerImpl*>(&server);
-  if (impl == nullptr) return InvalidArgumentError("not a tensorlift peer server");
-  return impl->RequeueRelay();
 }
 
 Status CorruptServedForTesting(PeerServer& server, const std::string& tensor, uint64_t offset,

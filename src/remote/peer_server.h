@@ -78,9 +78,6 @@ Result<std::unique_ptr<PeerServer>> StartPeerServer(const PeerKey& key, const Se
 // A relay's registry entry rewritten with its progress (whole once it holds
 // every chunk). OK for a server without a registry.
 Status UpdateRelayEntry(PeerServer& server);
-// A relay's registry entry moved to the end of the registry's order
-// (Registration::Requeue). OK for a server without a registry.
-Status RequeueRelayEntry(PeerServer& server);
 
 }  // namespace tensorlift::remote
 

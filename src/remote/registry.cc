@@ -8,7 +8,6 @@
 //   /v3/lease/keepalive  {"ID":"id"}                       -> {"result":{"TTL":".."}}
 //                        (no TTL, or "0": the lease is gone)
 //   /v3/lease/revoke     {"ID":"id"}
-//   /v3/kv/deleterange   {"key":b64}                       (Requeue)
 // Each request uses its own connection, with connect, read and write each
 // bounded by the timeout given to Connect, and a bounded response size.
 //
@@ -250,19 +249,6 @@ class EtcdRegistration final : public Registration {
     }
     std::lock_guard<std::mutex> op_lock(op_mu_);
     seed_.load = load;
-    bool lease_gone = false;
-    Status status = PutUnderLease(etcd_, key_, EntryValue(seed_), lease_.id, &lease_gone);
-    if (lease_gone) status = RegrantLocked();
-    return status;
-  }
-
-  Status Requeue() override {
-    constexpr std::string_view kPath = "/v3/kv/deleterange";
-    std::lock_guard<std::mutex> op_lock(op_mu_);
-    TL_ASSIGN_OR_RETURN(
-        EtcdGateway::Reply reply,
-        etcd_.Send(kPath, "{\"key\":\"" + Base64Encode(key_) + "\"}", kMaxSmallResponseBytes));
-    if (reply.http_status != 200) return etcd_.Fail(kPath, EtcdGateway::HttpProblem(reply));
     bool lease_gone = false;
     Status status = PutUnderLease(etcd_, key_, EntryValue(seed_), lease_.id, &lease_gone);
     if (lease_gone) status = RegrantLocked();

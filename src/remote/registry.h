@@ -30,10 +30,6 @@ class Registration {
   // Rewrites the value as a relay's (SeedInfo::partial, progress) or, with
   // partial false, a whole seed's.
   virtual Status UpdateProgress(bool partial, double progress) = 0;
-  // Deletes the entry and writes it again (same key, lease and value): etcd
-  // gives it a new create_revision, the last of the digest's, so a relay
-  // goes to the end of the chain (docs/remote.md, "Relaying").
-  virtual Status Requeue() = 0;
   // The renewal thread's last error, OK while renewals succeed.
   virtual Status health() const = 0;
 };

@@ -17,7 +17,6 @@
 #include <list>
 #include <map>
 #include <mutex>
-#include <optional>
 #include <set>
 #include <thread>
 
@@ -325,25 +324,6 @@ class Relay {
     }
     if (mine == 0) return;
     my_created_ = mine;
-    if (!requeued_) {
-      const double total = static_cast<double>(reference_->total_bytes);
-      const double mine_p = total > 0 ? have_->held_bytes() / total : 1;
-      bool overtaken = false;
-      for (const remote::SeedInfo& s : *listed) {
-        if (s.partial && s.created > mine && SlowParentRule::Overtaken(mine_p, s.progress))
-          overtaken = true;
-      }
-      if (!overtaken) {
-        overtaken_since_.reset();
-      } else if (!overtaken_since_) {
-        overtaken_since_ = Clock::now();
-      } else if (Clock::now() - *overtaken_since_ >= std::chrono::seconds(1)) {
-        requeued_ = true;
-        Status st = remote::RequeueRelayEntry(*relay_);
-        if (!st.ok()) report_->failures.push_back("relay: to the chain's end: " + st.message());
-        return;  // The next round finds this relay last.
-      }
-    }
     std::vector<const remote::SeedInfo*> before;
     for (const remote::SeedInfo& s : *listed) {
       if (s.partial && s.created > 0 && s.created < mine && s.world == 1 && !dead_.count(s.url))
@@ -457,10 +437,6 @@ class Relay {
   // A parent found behind: the holder before it, taken from as well.
   std::map<std::string, std::string> helpers_;
   SlowParentRule rule_;
-  // This relay overtaken by a later one since then (SlowParentRule::Overtaken);
-  // moved to the chain's end already.
-  std::optional<Clock::time_point> overtaken_since_;
-  bool requeued_ = false;
   std::set<std::string> probed_;               // Parents judged (once each).
   std::pair<std::string, std::string> probe_;  // The parent, the holder probed for it.
   int64_t my_created_ = 0;                     // This relay's place in the registry's order.

@@ -92,16 +92,6 @@ class SlowParentRule {
     return parent_rate > 0 && probed_rate > kFaster * parent_rate;
   }
 
-  // The slow relay's own side: a relay registered after this one is
-  // kOvertaken (a share of the checkpoint) ahead of it (its children went
-  // around it), by registry values that only understate the later one.
-  // After a second of it, the relay moves to the end of the chain
-  // (remote::RequeueRelayEntry), once: it then takes from the last relay,
-  // whose upload is free, instead of most of its parent's, which the
-  // relays after it need.
-  static constexpr double kOvertaken = 0.05;
-  static bool Overtaken(double mine, double later) { return later >= mine + kOvertaken; }
-
  private:
   const std::chrono::milliseconds hold_;
   std::string parent_;

@@ -285,31 +285,6 @@ TEST_F(RegistryTest, SortedByLoadAndUpdateLoadReorders) {
   EXPECT_LT(seeds[0].id, seeds[1].id);
 }
 
-TEST_F(RegistryTest, RequeueMovesAnEntryToTheEndOfTheRegistrationOrder) {
-  auto first = registry_->Register(Seed("http://first:1", 0), 10);
-  auto second = registry_->Register(Seed("http://second:1", 0), 10);
-  ASSERT_OK(first);
-  ASSERT_OK(second);
-  ASSERT_OK((*first)->UpdateProgress(true, 0.25));
-  auto created = [&](const std::string& url) {
-    for (const SeedInfo& s : ListOrDie()) {
-      if (s.url == url) return s.created;
-    }
-    return int64_t{0};
-  };
-  ASSERT_LT(created("http://first:1"), created("http://second:1"));
-  ASSERT_OK((*first)->Requeue());
-  EXPECT_GT(created("http://first:1"), created("http://second:1"));
-  const std::vector<SeedInfo> seeds = ListOrDie();
-  ASSERT_EQ(seeds.size(), 2u);
-  for (const SeedInfo& s : seeds) {
-    if (s.url != "http://first:1") continue;
-    EXPECT_TRUE(s.partial);  // The same value, under the same lease.
-    EXPECT_EQ(s.progress, 0.25);
-  }
-  EXPECT_OK((*first)->health());
-}
-
 // With a TTL of 600 s the entry would outlive the test unless revoked, and a
 // destructor that waited out the renewal thread's sleep (TTL/3: 200 s) would
 // take that long at least: the 60 s bound is a watchdog that such a wait

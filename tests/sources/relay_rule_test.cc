@@ -50,14 +50,5 @@ TEST(SlowParentRuleTest, TheProbedHolderIsKeptOnlyWhenClearlyFasterThanTheParent
   EXPECT_FALSE(SlowParentRule::KeepProbed(0, 18.75e6));
 }
 
-TEST(SlowParentRuleTest, ARelayIsOvertakenOnlyWhenALaterOneIsClearlyAhead) {
-  // A chain: the relays after this one are a chunk or so behind it.
-  EXPECT_FALSE(SlowParentRule::Overtaken(0.50, 0.49));
-  EXPECT_FALSE(SlowParentRule::Overtaken(0.50, 0.54));
-  // Behind a slow link, its children went around it.
-  EXPECT_TRUE(SlowParentRule::Overtaken(0.20, 0.25));
-  EXPECT_TRUE(SlowParentRule::Overtaken(0.20, 0.60));
-}
-
 }  // namespace
 }  // namespace tensorlift::sources
