@@ -359,12 +359,16 @@ class Relay {
       } else if (dead_.count(q) || !using_.count(q) || !using_.count(parent)) {
         probed_.insert(parent);  // The holder before it is gone: nothing to compare.
         probe_ = {};
-      } else if (store_->Measured(using_[q]).second > 0) {
-        if (SlowParentRule::KeepProbed(store_->Measured(using_[parent]).first,
-                                       store_->Measured(using_[q]).first))
-          helpers_[parent] = q;
-        probed_.insert(parent);
-        probe_ = {};
+      } else {
+        // Judged once both have delivered; the holder probed serves meanwhile.
+        const auto [p_rate, p_bytes] = store_->Measured(using_[parent]);
+        const auto [q_rate, q_bytes] = store_->Measured(using_[q]);
+        if (std::optional<bool> keep =
+                SlowParentRule::KeepProbed(p_rate, p_bytes, q_rate, q_bytes)) {
+          if (*keep) helpers_[parent] = q;
+          probed_.insert(parent);
+          probe_ = {};
+        }
       }
       if (!probe_.first.empty()) want.insert(probe_.second);
     }

@@ -18,6 +18,7 @@
 #define TENSORLIFT_SOURCES_RELAY_H_
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -86,10 +87,14 @@ class SlowParentRule {
     if (!since_) since_ = now;
     return now - *since_ >= hold_;
   }
-  // After the probe: whether the holder probed is kept (rates in bytes/s;
-  // a parent not measured yet is not judged).
-  static bool KeepProbed(double parent_rate, double probed_rate) {
-    return parent_rate > 0 && probed_rate > kFaster * parent_rate;
+  // After the probe: whether the holder probed is kept (rates in bytes/s,
+  // and the bytes each delivered); none until both have delivered (a parent
+  // with nothing to give yet is not measured, and judging it then kept no
+  // second source behind a slow relay at 512 MiB).
+  static std::optional<bool> KeepProbed(double parent_rate, uint64_t parent_bytes,
+                                        double probed_rate, uint64_t probed_bytes) {
+    if (parent_bytes == 0 || probed_bytes == 0 || parent_rate <= 0) return std::nullopt;
+    return probed_rate > kFaster * parent_rate;
   }
 
  private:

@@ -185,12 +185,16 @@ def test_a_relay_cut_off_half_way_its_children_re_attach_and_every_other_receive
     c.partition(victim)
     cut_off = procs.pop(victim)
     results = finish(procs)
-    dropped = False
+    went_on = False
     for i, (rc, out, err) in results.items():
         assert rc == 0, f"receiver {i} (cut off: {victim_url}): {err}"
         assert out == want, f"receiver {i}: {err}"
-        dropped |= bool(re.search(re.escape(victim_url) + r": \d+ bytes, dropped: ", err))
-    assert dropped, f"cut off {victim_url}: " + "\n".join(e for _, _, e in results.values())
+        g = given(err)
+        # Its child dropped it, or took the rest from a second source (the holder before it,
+        # probed as the cut-off parent stopped giving) and finished before dropping it.
+        went_on |= bool(re.search(re.escape(victim_url) + r": \d+ bytes, dropped: ", err)) or (
+            g.get(victim_url, 0) > 0 and any(n > 0 for url, n in g.items() if url != victim_url))
+    assert went_on, f"cut off {victim_url}: " + "\n".join(e for _, _, e in results.values())
     c.stop(cut_off)
 
 

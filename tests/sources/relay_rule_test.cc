@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
+#include <optional>
 
 #include "sources/relay.h"
 
@@ -40,14 +42,22 @@ TEST(SlowParentRuleTest, NotWhileThisPullIsBehindItsParentAndAfreshForANewParent
 }
 
 TEST(SlowParentRuleTest, TheProbedHolderIsKeptOnlyWhenClearlyFasterThanTheParent) {
+  constexpr uint64_t kPiece = 4 << 20;
   // A chain at full speed (25 MB/s): the probe shares the holder's upload
   // with the parent and gets about half.
-  EXPECT_FALSE(SlowParentRule::KeepProbed(25e6, 12.5e6));
-  EXPECT_FALSE(SlowParentRule::KeepProbed(25e6, 25e6));
+  EXPECT_EQ(SlowParentRule::KeepProbed(25e6, 2 * kPiece, 12.5e6, kPiece), false);
+  EXPECT_EQ(SlowParentRule::KeepProbed(25e6, 2 * kPiece, 25e6, kPiece), false);
   // The parent behind a link at a quarter: the holder gives the rest.
-  EXPECT_TRUE(SlowParentRule::KeepProbed(6.25e6, 18.75e6));
-  // A parent not measured yet is not judged.
-  EXPECT_FALSE(SlowParentRule::KeepProbed(0, 18.75e6));
+  EXPECT_EQ(SlowParentRule::KeepProbed(6.25e6, 2 * kPiece, 18.75e6, kPiece), true);
+}
+
+TEST(SlowParentRuleTest, NothingIsJudgedUntilBothHaveDelivered) {
+  constexpr uint64_t kPiece = 4 << 20;
+  // The slow parent has had nothing to give yet (the probe came first):
+  // judging now would keep no second source for good.
+  EXPECT_EQ(SlowParentRule::KeepProbed(0, 0, 18.75e6, kPiece), std::nullopt);
+  EXPECT_EQ(SlowParentRule::KeepProbed(6.25e6, kPiece, 0, 0), std::nullopt);
+  EXPECT_EQ(SlowParentRule::KeepProbed(6.25e6, kPiece, 18.75e6, kPiece), true);
 }
 
 }  // namespace
