@@ -277,8 +277,10 @@ int RunFetch(const FetchArgs& args) {
   if (!report.relay.empty() || !report.sources.empty()) {
     // A relaying pull: what each source gave (a working fan-out or a silent
     // fallback to the root alone are told apart here).
-    std::fprintf(out, "relayed%s%s; from %zu source(s):\n", report.relay.empty() ? "" : " at ",
-                 report.relay.c_str(), report.sources.size());
+    std::fprintf(out, "relayed%s%s%s; from %zu source(s):\n", report.relay.empty() ? "" : " at ",
+                 report.relay.c_str(),
+                 report.relay_behind ? " (behind its parent: moved to the chain's end)" : "",
+                 report.sources.size());
     for (const PeerLoadReport::Source& s : report.sources) {
       std::fprintf(out, "  %s: %llu bytes%s%s\n", s.url.c_str(),
                    static_cast<unsigned long long>(s.bytes),

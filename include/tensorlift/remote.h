@@ -372,6 +372,9 @@ struct PeerLoadReport {
   // A relaying pull (PeerLoadOptions::relay): its own relay's URL, and what
   // each source (the root seed, relays) gave, with why it was dropped.
   std::string relay;
+  // Its relay fell behind its parent (a slower link than the chain's) and
+  // moved to the end of the chain (docs/remote.md, "Relaying").
+  bool relay_behind = false;
   struct Source {
     std::string url;
     uint64_t bytes = 0;

@@ -302,6 +302,7 @@ nb::tuple LoadFromPeerPy(const nb::dict& key, const std::vector<std::string>& pe
   report["handover"] = pl.report.handover;
   // A relaying pull: its relay's URL, and what each source gave.
   report["relay"] = pl.report.relay.empty() ? nb::object(nb::none()) : nb::cast(pl.report.relay);
+  report["relay_behind"] = pl.report.relay_behind;
   nb::list sources;
   for (const PeerLoadReport::Source& s : pl.report.sources) {
     nb::dict d;

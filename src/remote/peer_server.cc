@@ -336,10 +336,10 @@ class PeerServerImpl final : public PeerServer {
 
  public:
   // A relay's registry entry: its progress, or whole once every chunk is held.
-  Status UpdateRelay() {
+  Status UpdateRelay(bool behind) {
     if (!registration_) return Status::Ok();
     const bool whole = have_->held() == have_->chunks();
-    return registration_->UpdateProgress(!whole, Progress());
+    return registration_->UpdateProgress(!whole, Progress(), behind);
   }
 
  private:
@@ -636,10 +636,10 @@ Result<std::unique_ptr<PeerServer>> StartPeerServer(const PeerKey& key, const Se
   return std::unique_ptr<PeerServer>(std::move(server));
 }
 
-Status UpdateRelayEntry(PeerServer& server) {
+Status UpdateRelayEntry(PeerServer& server, bool behind) {
   auto* impl = dynamic_cast<PeerServerImpl*>(&server);
   if (impl == nullptr) return InvalidArgumentError("not a tensorlift peer server");
-  return impl->UpdateRelay();
+  return impl->UpdateRelay(behind);
 }
 
 Status CorruptServedForTesting(PeerServer& server, const std::string& tensor, uint64_t offset,

@@ -76,8 +76,9 @@ Result<std::unique_ptr<PeerServer>> StartPeerServer(const PeerKey& key, const Se
                                                     const RelayOf* relay = nullptr);
 
 // A relay's registry entry rewritten with its progress (whole once it holds
-// every chunk). OK for a server without a registry.
-Status UpdateRelayEntry(PeerServer& server);
+// every chunk) and whether it fell behind its parent (SeedInfo::behind). OK
+// for a server without a registry.
+Status UpdateRelayEntry(PeerServer& server, bool behind = false);
 
 }  // namespace tensorlift::remote
 

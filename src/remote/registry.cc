@@ -255,7 +255,7 @@ class EtcdRegistration final : public Registration {
     return status;
   }
 
-  Status UpdateProgress(bool partial, double progress) override {
+  Status UpdateProgress(bool partial, double progress, bool behind) override {
     if (!std::isfinite(progress) || progress < 0 || progress > 1) {
       return InvalidArgumentError("registry: progress " + FormatDouble(progress) +
                                   " is not in [0, 1]");
@@ -263,6 +263,7 @@ class EtcdRegistration final : public Registration {
     std::lock_guard<std::mutex> op_lock(op_mu_);
     seed_.partial = partial;
     seed_.progress = partial ? progress : 1;
+    seed_.behind = behind;
     bool lease_gone = false;
     Status status = PutUnderLease(etcd_, key_, EntryValue(seed_), lease_.id, &lease_gone);
     if (lease_gone) status = RegrantLocked();

@@ -27,9 +27,9 @@ class Registration {
   virtual ~Registration() = default;  // Revokes the lease (best effort, bounded wait).
   // Rewrites the value with a new load (same lease).
   virtual Status UpdateLoad(double load) = 0;
-  // Rewrites the value as a relay's (SeedInfo::partial, progress) or, with
-  // partial false, a whole seed's.
-  virtual Status UpdateProgress(bool partial, double progress) = 0;
+  // Rewrites the value as a relay's (SeedInfo::partial, progress, behind)
+  // or, with partial false, a whole seed's.
+  virtual Status UpdateProgress(bool partial, double progress, bool behind = false) = 0;
   // The renewal thread's last error, OK while renewals succeed.
   virtual Status health() const = 0;
 };

@@ -153,7 +153,7 @@ std::string EntryValue(const SeedInfo& seed) {
          ",\"id\":" + JsonString(seed.id) +
          (seed.content.empty() ? "" : ",\"content\":" + JsonString(seed.content)) +
          (seed.partial ? ",\"partial\":true,\"progress\":" + FormatDouble(seed.progress) : "") +
-         "}";
+         (seed.behind ? ",\"behind\":true" : "") + "}";
 }
 
 std::string SeedProblem(const SeedInfo& s) {
@@ -226,6 +226,11 @@ bool ParseEntry(simdjson::dom::parser& parser, std::string_view digest, std::str
         obj["progress"].get(seed.progress) != simdjson::SUCCESS) {
       return false;
     }
+  }
+  simdjson::dom::element behind_el;
+  if (obj["behind"].get(behind_el) == simdjson::SUCCESS &&
+      behind_el.get(seed.behind) != simdjson::SUCCESS) {
+    return false;
   }
   if (!SeedProblem(seed).empty()) return false;
   if (key_suffix != std::to_string(seed.rank) + "/" + seed.id) return false;

@@ -31,6 +31,10 @@ struct SeedInfo {
   // in. Pullers that do not relay skip such entries.
   bool partial = false;
   double progress = 1;
+  // A relay that fell behind its parent (a slower link than the chain's,
+  // sources/relay.h BehindRule): the chain orders it after every relay that
+  // did not, so that it slows none of them.
+  bool behind = false;
   // etcd's create_revision of the entry (read back, never written): the
   // order relays registered in.
   int64_t created = 0;

@@ -139,17 +139,19 @@ class Relay {
     out.loaded = std::move(loaded).value();
     if (relay_) {
       have_->MarkAll();
-      Status st = remote::UpdateRelayEntry(*relay_);
+      Status st = remote::UpdateRelayEntry(*relay_, behind_);
       if (!st.ok()) report_->failures.push_back("relay: " + st.message());
       report_->relay = relay_->url();
       out.relay = std::move(relay_);
       // Whether a relay that registered after this one still receives (it may
       // be pulling from this one); true when the registry cannot say.
-      out.children_left = [registry = registry_, digest = key_.Digest(), mine = my_created_]() {
+      // Relays behind a slower link come after it whenever they registered.
+      out.children_left = [registry = registry_, digest = key_.Digest(), mine = my_created_,
+                           url = report_->relay]() {
         Result<std::vector<remote::SeedInfo>> listed = registry->List(digest);
         if (!listed.ok() || mine == 0) return true;
         for (const remote::SeedInfo& s : *listed) {
-          if (s.partial && s.created > mine) return true;
+          if (s.partial && s.url != url && (s.created > mine || s.behind)) return true;
         }
         return false;
       };
@@ -268,6 +270,14 @@ class Relay {
     auto keep = std::make_shared<std::vector<std::shared_ptr<const Buffer>>>(std::move(arenas));
     TL_ASSIGN_OR_RETURN(relay_, remote::StartPeerServer(key_, so, std::move(served), {},
                                                         std::move(keep), nullptr, &of));
+    // TENSORLIFT_RELAY_FAULTS=behind (tests): a relay that says at once it is
+    // behind a slower link (BehindRule), to move to the chain's end.
+    const char* faults = std::getenv("TENSORLIFT_RELAY_FAULTS");
+    if (faults && std::string(faults) == "behind") {
+      behind_ = true;
+      report_->relay_behind = true;
+      TL_RETURN_IF_ERROR(remote::UpdateRelayEntry(*relay_, behind_));
+    }
     Discover();  // Before the first read: the root is asked only if no relay came before.
     follower_ = std::thread([this] { Follow(); });
     return Status::Ok();
@@ -296,7 +306,7 @@ class Relay {
       }
       Discover();
       if (Clock::now() - last_progress >= std::chrono::seconds(1)) {
-        remote::UpdateRelayEntry(*relay_).IgnoreError();
+        remote::UpdateRelayEntry(*relay_, behind_).IgnoreError();
         last_progress = Clock::now();
       }
     }
@@ -324,27 +334,26 @@ class Relay {
     }
     if (mine == 0) return;
     my_created_ = mine;
-    std::vector<const remote::SeedInfo*> before;
-    for (const remote::SeedInfo& s : *listed) {
-      if (s.partial && s.created > 0 && s.created < mine && s.world == 1 && !dead_.count(s.url))
-        before.push_back(&s);
-    }
-    // Relays that finished are whole seeds now: they keep their place.
-    for (const remote::SeedInfo& s : *listed) {
-      if (!s.partial && s.url != root_url_ && s.created > 0 && s.created < mine && s.world == 1 &&
-          !dead_.count(s.url) && using_.count(s.url))
-        before.push_back(&s);
-    }
-    std::sort(before.begin(), before.end(),
-              [](const remote::SeedInfo* a, const remote::SeedInfo* b) {
-                return a->created > b->created;
-              });
+    std::vector<const remote::SeedInfo*> before = Before(*listed, mine);
     // The parent: the latest holder before this relay. A parent measured
     // slow (a relay behind a slower link) while this pull waits on it gets
     // the holder before it (the root for the first relay) as a second source
     // for good (SlowParentRule): the pull then takes what the parent can give
     // and the rest from the one before, and a slow relay slows no one after it.
     std::string parent = before.empty() ? root_url_ : before[0]->url;
+    // This relay slower than its parent (BehindRule): it goes to the chain's
+    // end, and says so at once, for its children to take from its parent.
+    if (!behind_ && !before.empty() && before[0]->partial && using_.count(parent)) {
+      auto* r = dynamic_cast<RelaySource*>(using_[parent]);
+      if (r && behind_rule_.Behind(Clock::now(), parent, r->held(), have_->held())) {
+        behind_ = true;
+        report_->relay_behind = true;
+        Status st = remote::UpdateRelayEntry(*relay_, behind_);
+        if (!st.ok()) report_->failures.push_back("relay: behind its parent: " + st.message());
+        before = Before(*listed, mine);
+        parent = before.empty() ? root_url_ : before[0]->url;
+      }
+    }
     std::set<std::string> want;
     if (!dead_.count(parent)) want.insert(parent);
     if (!before.empty() && before[0]->partial && !probed_.count(parent) &&
@@ -395,6 +404,31 @@ class Relay {
     }
   }
 
+  // The holders before this relay in the chain, the latest first: the
+  // registry's order (etcd's create_revision), with the relays behind a
+  // slower link (SeedInfo::behind, this one's own flag from behind_) after
+  // every other. Relays that finished are whole seeds now: they keep their
+  // place among the sources already taken.
+  std::vector<const remote::SeedInfo*> Before(const std::vector<remote::SeedInfo>& listed,
+                                              int64_t mine) const {
+    auto place = [&](const remote::SeedInfo& s) {
+      return std::pair<bool, int64_t>(s.url == relay_->url() ? behind_ : s.behind, s.created);
+    };
+    const std::pair<bool, int64_t> me(behind_, mine);
+    std::vector<const remote::SeedInfo*> before;
+    for (const remote::SeedInfo& s : listed) {
+      if (s.created <= 0 || s.world != 1 || s.url == relay_->url() || dead_.count(s.url) ||
+          !(place(s) < me))
+        continue;
+      if (s.partial || (s.url != root_url_ && using_.count(s.url))) before.push_back(&s);
+    }
+    std::sort(before.begin(), before.end(),
+              [&](const remote::SeedInfo* a, const remote::SeedInfo* b) {
+                return place(*a) > place(*b);
+              });
+    return before;
+  }
+
   // A holder joins the store: a relay (its chunk map followed), or a whole seed.
   Result<Source*> Join(const std::string& url) {
     // Connected at its first fetch, as the root's: a holder joined and never
@@ -441,7 +475,9 @@ class Relay {
   // A parent found behind: the holder before it, taken from as well.
   std::map<std::string, std::string> helpers_;
   SlowParentRule rule_;
-  std::set<std::string> probed_;               // Parents judged (once each).
+  BehindRule behind_rule_;
+  bool behind_ = false;           // This relay found behind its parent (BehindRule), for good.
+  std::set<std::string> probed_;  // Parents judged (once each).
   std::pair<std::string, std::string> probe_;  // The parent, the holder probed for it.
   int64_t my_created_ = 0;                     // This relay's place in the registry's order.
   std::vector<std::pair<Checkpoint::Location, const std::byte*>> placed_;
@@ -465,6 +501,29 @@ Lingering& Lingerers() {
 }
 
 }  // namespace
+
+bool BehindRule::Behind(Clock::time_point now, const std::string& parent, uint64_t parent_held,
+                        uint64_t mine) {
+  if (behind_) return true;
+  if (parent != parent_ || mine == 0) {  // A new parent, or nothing in yet: start over.
+    parent_ = parent;
+    looks_.clear();
+    in_a_row_ = 0;
+    if (mine == 0) return false;
+  }
+  looks_.push_back({now, parent_held, mine});
+  // The base: the latest look at least a window old.
+  while (looks_.size() >= 2 && now - looks_[1].at >= window_) looks_.pop_front();
+  const Look& base = looks_.front();
+  if (now - base.at < window_) return false;
+  const uint64_t parent_gained = parent_held > base.parent ? parent_held - base.parent : 0;
+  const uint64_t gained = mine > base.mine ? mine - base.mine : 0;
+  const bool slower = parent_held > mine && parent_gained >= kMinChunks &&
+                      static_cast<double>(gained) < kSlower * static_cast<double>(parent_gained);
+  in_a_row_ = slower ? in_a_row_ + 1 : 0;
+  behind_ = in_a_row_ >= 2;
+  return behind_;
+}
 
 std::string WhyNotRelay(const PeerKey& key, const PeerLoadOptions& o) {
   if (!o.relay) return "relaying is off";

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -101,6 +102,42 @@ class SlowParentRule {
   const std::chrono::milliseconds hold_;
   std::string parent_;
   std::optional<Clock::time_point> since_;
+};
+
+// The slow relay's own rule: a relay that gains chunks at less than kSlower
+// times its parent's rate (by the parent's own chunk map, which the relay
+// follows, so fresh) over `window`, at two looks in a row, while it is behind
+// the parent, is behind a slower link than the chain's. It says so in its
+// registry entry (SeedInfo::behind) and the chain orders it after every relay
+// that did not: its children then take from its parent, whose upload it no
+// longer shares, and it takes from the chain's last relay, whose upload is
+// free. Waiting on its parent (caught up with it), a relay gains what the
+// parent gains and is never found behind; a relay found behind by mistake
+// (a stall) loses a hop's time, its children none. Sticky: a relay moves at
+// most once.
+class BehindRule {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr double kSlower = 0.5;
+  // Parent gains of fewer chunks over the window are not judged (noise).
+  static constexpr uint64_t kMinChunks = 8;
+  explicit BehindRule(std::chrono::milliseconds window = std::chrono::milliseconds(500))
+      : window_(window) {}
+  // One look, at `now`: the parent's chunks held and this pull's. True from
+  // the look that finds this pull behind for the second time in a row.
+  bool Behind(Clock::time_point now, const std::string& parent, uint64_t parent_held,
+              uint64_t mine);
+
+ private:
+  struct Look {
+    Clock::time_point at;
+    uint64_t parent = 0, mine = 0;
+  };
+  const std::chrono::milliseconds window_;
+  std::string parent_;
+  std::deque<Look> looks_;
+  int in_a_row_ = 0;
+  bool behind_ = false;
 };
 
 // Keeps a finished pull's relay serving while holders may still pull from it

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 
 #include "io/faults.h"
@@ -258,6 +259,14 @@ bool RelaySource::Holds(const Piece& p) const {
       return false;
   }
   return true;
+}
+
+uint64_t RelaySource::held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (held_.complete) return starts_.back();
+  uint64_t n = 0;
+  for (uint8_t b : held_.bits) n += static_cast<uint64_t>(std::popcount(b));
+  return n;
 }
 
 std::string RelaySource::lost() const {

@@ -176,6 +176,8 @@ class RelaySource final : public Source {
   Status Fetch(const std::vector<const Piece*>& pieces) override { return peer_->Fetch(pieces); }
   bool Holds(const Piece& p) const override;
   std::string lost() const;
+  // Chunks its map lists (as of its last answer; every chunk once complete).
+  uint64_t held() const;
   void ConnectOnFirstFetch(std::string transports, int timeout_ms) {
     peer_->ConnectOnFirstFetch(std::move(transports), timeout_ms);
   }

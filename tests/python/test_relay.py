@@ -220,6 +220,36 @@ def test_a_relay_serving_corrupted_chunks_is_dropped_and_the_loads_get_the_right
     finish(liar)
 
 
+def test_a_relay_behind_a_slower_link_goes_to_the_chains_end(cli, ckpt, want, hosts, tmp_path):
+    """A relay that finds itself behind its parent (sources/relay.h, BehindRule) says so in its entry
+    (TENSORLIFT_RELAY_FAULTS=behind says it at once): the relays registered after it order it after
+    themselves, so none takes from it, and it takes from them, whose uploads are free."""
+    c = hosts
+    etcd = c.etcd(0)
+    start_root(c, cli, ckpt, tmp_path, etcd)
+    slow = start_receivers(c, cli, etcd, [1], env={1: {"TENSORLIFT_RELAY_FAULTS": "behind"}})
+    deadline = time.monotonic() + 60
+    while not any(v.get("behind") for v, _ in c.seed_entries(etcd)):
+        assert time.monotonic() < deadline, c.seed_entries(etcd)
+        time.sleep(0.05)
+    results = finish(start_receivers(c, cli, etcd, [2, 3, 4]))
+    results.update(finish(slow))
+    urls, moved = {}, {}
+    for i, (rc, out, err) in results.items():
+        assert rc == 0, err
+        assert out == want, f"receiver {i}: {err}"
+        relay = re.search(r"relayed at (http://\S+?)( \(behind its parent: moved to the chain's end\))?;", err)
+        assert relay, err
+        urls[i] = relay.group(1)
+        moved[i] = bool(relay.group(2))
+    assert moved[1], results[1][2]
+    # Those that did not move too (a relay stalled on this busy machine might) never took from it.
+    for i in (2, 3, 4):
+        if not moved[i]:
+            assert given(results[i][2]).get(urls[1], 0) == 0, results[i][2]
+    assert any(given(results[1][2]).get(urls[i], 0) > 0 for i in (2, 3, 4)), results[1][2]
+
+
 def test_the_root_killed_the_relays_finish_among_themselves_where_the_bytes_exist(cli, ckpt, want, newer_ucx,
                                                                                    tmp_path):
     """Receiver 1 (a fast link) registers first and has every byte while the three after it

@@ -211,5 +211,30 @@ TEST(RangePageTest, ARelaysEntryIsPartialWithItsProgressAndItsCreationOrder) {
   EXPECT_EQ(page->skipped, 1u);
 }
 
+// A relay behind a slower link says so (SeedInfo::behind, sources/relay.h
+// BehindRule); the flag is written only when set, and one that is not a
+// boolean makes the entry invalid.
+TEST(RangePageTest, ARelayBehindASlowerLinkSaysSo) {
+  SeedInfo relay;
+  relay.key_digest = "0123456789abcdef";
+  relay.url = "http://10.77.0.4:9000";
+  relay.id = "ab";
+  relay.partial = true;
+  relay.progress = 0.5;
+  EXPECT_THAT(EntryValue(relay), Not(HasSubstr("behind")));
+  relay.behind = true;
+  const std::string value = EntryValue(relay);
+  EXPECT_THAT(value, HasSubstr(R"("behind":true)"));
+  const std::string bad = R"({"url":"http://h:1","rank":0,"world":1,"load":0,"id":"ff",)"
+                          R"("partial":true,"progress":0.5,"behind":"yes"})";
+  auto page = ParseRangePage(R"({"kvs":[)" + Kv("0/ab", value) + "," + Kv("0/ff", bad) + "]}",
+                             "0123456789abcdef", 500);
+  ASSERT_OK(page);
+  ASSERT_EQ(page->seeds.size(), 1u);
+  EXPECT_TRUE(page->seeds[0].behind);
+  EXPECT_TRUE(page->seeds[0].partial);
+  EXPECT_EQ(page->skipped, 1u);
+}
+
 }  // namespace
 }  // namespace tensorlift::remote

@@ -60,5 +60,61 @@ TEST(SlowParentRuleTest, NothingIsJudgedUntilBothHaveDelivered) {
   EXPECT_EQ(SlowParentRule::KeepProbed(6.25e6, kPiece, 18.75e6, kPiece), true);
 }
 
+// BehindRule: a relay gaining chunks at less than half its parent's rate
+// over the window, at two looks in a row, while behind it, is behind.
+TEST(BehindRuleTest, ARelayGainingAtAQuarterOfItsParentsRateIsBehindAtTheSecondLook) {
+  BehindRule rule(milliseconds(500));
+  const Clock::time_point t0{};
+  // Nothing in yet: no look counts.
+  EXPECT_FALSE(rule.Behind(t0, "p", 40, 0));
+  // Its parent gains 40 chunks per 200 ms, this relay 10.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(200), "p", 80, 10));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(400), "p", 120, 20));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(600), "p", 160, 30));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(800), "p", 200, 40));  // Window full: once.
+  EXPECT_TRUE(rule.Behind(t0 + milliseconds(1000), "p", 240, 50));  // Twice in a row.
+  // For good, whatever comes after (a relay moves once).
+  EXPECT_TRUE(rule.Behind(t0 + milliseconds(1200), "q", 240, 240));
+}
+
+TEST(BehindRuleTest, ARelayWaitingOnItsParentOrLaggingItAtItsRateIsNotBehind) {
+  BehindRule rule(milliseconds(500));
+  const Clock::time_point t0{};
+  // A relay started late (or a hop behind) keeps the same gap: its rate is
+  // the parent's.
+  uint64_t parent = 100, mine = 1;
+  for (int i = 0; i <= 20; ++i) {
+    EXPECT_FALSE(rule.Behind(t0 + milliseconds(200 * i), "p", parent, mine)) << i;
+    parent += 40;
+    mine += 40;
+  }
+  // Its parent slow (a slow relay before it): this relay waits on it, its
+  // gains the parent's, and it is not the one behind.
+  for (int i = 21; i <= 30; ++i) {
+    EXPECT_FALSE(rule.Behind(t0 + milliseconds(200 * i), "p", parent, mine)) << i;
+    parent += 5;
+    mine += 5;
+  }
+}
+
+TEST(BehindRuleTest, OneSlowWindowIsNotEnoughNorAreAFewChunksNorANewParentsPast) {
+  BehindRule rule(milliseconds(500));
+  const Clock::time_point t0{};
+  EXPECT_FALSE(rule.Behind(t0, "p", 50, 10));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(600), "p", 90, 12));    // Slower: once.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(800), "p", 100, 40));   // Caught up again.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(1400), "p", 106, 40));  // Fewer than kMinChunks.
+  // Ahead of its parent (a parent behind it, as the chain's last relay is
+  // for a relay that moved there): not behind, whatever the rates.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(2000), "p", 110, 200));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(2600), "p", 160, 200));
+  // A new parent: looks at the old one do not count.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3000), "q", 400, 200));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3200), "q", 440, 201));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3400), "q", 480, 202));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3600), "q", 520, 203));  // Once.
+  EXPECT_TRUE(rule.Behind(t0 + milliseconds(3800), "q", 560, 204));
+}
+
 }  // namespace
 }  // namespace tensorlift::sources
