@@ -5,10 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "commands.h"
@@ -58,16 +63,58 @@ sigset_t BlockStopSignals() {
   return set;
 }
 
-// Writes the URL to `ready_file` (when given), then serves until a signal.
-int WaitServing(const PeerServer& server, const std::string& ready_file, const sigset_t& set) {
+// fetch's SIGINT and SIGTERM (blocked in every thread, BlockStopSignals):
+// its pulls stop cleanly (StopPeerPulls: no source is left replying into a
+// connection closed under it), and fetch exits with 128 + the signal; a
+// second signal, or 30 s without an exit, ends the process at once.
+class StopWatcher {
+ public:
+  explicit StopWatcher(const sigset_t& set) : set_(set) {
+    std::thread([this] {
+      int sig = 0;
+      if (sigwait(&set_, &sig) != 0) return;
+      StopPeerPulls();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        signal_ = sig;
+      }
+      cv_.notify_all();
+      const timespec grace{30, 0};
+      sigtimedwait(&set_, nullptr, &grace);
+      std::fprintf(stderr, "stopped (signal %d)\n", sig);
+      std::_Exit(128 + sig);
+    }).detach();  // Lives as long as the process (it refers to a static).
+  }
+  // The signal that came, or 0.
+  int signal() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return signal_;
+  }
+  // Blocks until one comes.
+  int Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return signal_ != 0; });
+    return signal_;
+  }
+
+ private:
+  const sigset_t set_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  int signal_ = 0;
+};
+
+// Writes the URL to `ready_file` (when given), then serves until a signal
+// (`wait` returns it).
+int WaitServing(const PeerServer& server, const std::string& ready_file,
+                const std::function<int()>& wait) {
   if (!ready_file.empty()) {
     const std::string tmp = ready_file + ".tmp";
     std::ofstream(tmp) << server.url() << "\n";
     if (std::rename(tmp.c_str(), ready_file.c_str()) != 0)
       return Fail(IOError("cannot write " + ready_file));
   }
-  int sig = 0;
-  sigwait(&set, &sig);
+  const int sig = wait();
   std::printf("stopping (signal %d): served %llu bytes\n", sig,
               static_cast<unsigned long long>(server.served_bytes()));
   return kExitOk;
@@ -107,7 +154,11 @@ int RunServe(const ServeArgs& args) {
   if (const std::string content = (*server)->content(); !content.empty())
     std::printf("content %s\n", content.c_str());
   std::fflush(stdout);
-  return WaitServing(**server, args.ready_file, set);
+  return WaitServing(**server, args.ready_file, [&set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    return sig;
+  });
 }
 
 // fetch --stripe: every source at once (LoadStriped), then, with --seed, serving
@@ -242,10 +293,9 @@ int RunFetch(const FetchArgs& args) {
                                      "(--no-local leaves no source)"),
                 kExitUsage);
   }
-  sigset_t set;
-  sigemptyset(&set);
+  // Before any thread starts; a static, as the watcher's thread outlives this call.
+  static StopWatcher stop(BlockStopSignals());
   if (args.seed) {
-    set = BlockStopSignals();
     opts.become_seed = true;
     opts.seed.host = args.seed_host.empty() ? "127.0.0.1" : args.seed_host;
     opts.seed.registry_ttl_s = args.registry_ttl_s;
@@ -253,6 +303,11 @@ int RunFetch(const FetchArgs& args) {
   std::string striped_from;
   auto pulled = args.stripe ? FetchStriped(args, *key, *token, &striped_from)
                             : LoadFromPeerAndSeed(*key, opts);
+  if (const int sig = stop.signal()) {
+    std::fprintf(stderr, "stopped (signal %d)%s%s\n", sig, pulled.ok() ? "" : ": ",
+                 pulled.ok() ? "" : pulled.status().message().c_str());
+    return 128 + sig;
+  }
   if (!pulled.ok()) return Fail(pulled.status());
   const PeerLoadReport& report = pulled->report;
   for (const std::string& f : report.failures) std::fprintf(stderr, "fallback: %s\n", f.c_str());
@@ -318,12 +373,13 @@ int RunFetch(const FetchArgs& args) {
     std::fprintf(out, "seeding at %s\n", pulled->seed->url().c_str());
     std::fflush(out);
     std::fflush(stdout);
-    return WaitServing(*pulled->seed, args.ready_file, set);
+    return WaitServing(*pulled->seed, args.ready_file, [] { return stop.Wait(); });
   }
   // A relay serves the holders still pulling from it before the process goes.
   std::fflush(out);
   std::fflush(stdout);
   WaitForRelays(120000);
+  if (const int sig = stop.signal()) return 128 + sig;
   return kExitOk;
 }
 

@@ -396,6 +396,17 @@ struct PeerLoad {
 };
 Result<PeerLoad> LoadFromPeerAndSeed(const PeerKey& key, const PeerLoadOptions& options);
 
+// Ends the peer pulls of this process, as a stop signal should (tensorlift
+// fetch calls it on SIGINT and SIGTERM): no get is posted any more, the gets
+// in flight land, their endpoints close, and each pull fails ("stopped")
+// without falling back to the disk; relays serving on after their load stop
+// (WaitForRelays returns). A process that exits with gets in flight can
+// abort its source: UCX's software RMA over TCP fails a fatal check when it
+// replies into a connection closed under it (docs/security.md). For the
+// rest of the process; async-signal-safe.
+void StopPeerPulls();
+bool PeerPullsStopped();
+
 // Waits until the relays of this process's finished pulls have stopped
 // (their children done, or a minute after their own load), at most
 // `timeout_ms`; how many still serve then. A process that exits after a

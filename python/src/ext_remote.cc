@@ -409,6 +409,9 @@ void BindPeerLoading(nb::module_& m) {
       nb::arg("timeout_ms"),
       "Waits until this process's relays have stopped (their children done), at most timeout_ms; "
       "how many still serve.");
+  m.def(
+      "stop_pulls", [] { StopPeerPulls(); },
+      "Ends this process's peer pulls cleanly, for good (StopPeerPulls).");
   m.def("load_from_peer", &LoadFromPeerPy, nb::arg("key"),
         nb::arg("peers") = std::vector<std::string>{}, nb::arg("registry") = "",
         nb::arg("token") = "", nb::arg("tp_size") = 1, nb::arg("tp_rank") = 0,

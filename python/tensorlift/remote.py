@@ -29,7 +29,8 @@ from ._sources import is_object_url as _is_object_url
 from ._sources import select_names as _select
 from ._tensors import tensor_from
 
-__all__ = ["Peer", "Server", "serve", "serve_tensors", "load_from_peer", "load_striped", "key_for", "last_report"]
+__all__ = ["Peer", "Server", "serve", "serve_tensors", "load_from_peer", "load_striped", "key_for", "last_report",
+           "stop_pulls"]
 
 _last_report: Optional[dict] = None
 
@@ -231,6 +232,15 @@ def wait_for_relays(timeout: float = 120.0) -> int:
 
 
 atexit.register(wait_for_relays)
+
+
+def stop_pulls() -> None:
+    """Ends this process's peer pulls cleanly, for the rest of the process (a SIGTERM handler's
+    job; `tensorlift fetch` does it on SIGINT and SIGTERM): no get is posted any more, the gets in
+    flight land, and each pull (load_from_peer, a Peer load) fails without falling back to the disk;
+    relays stop serving. A process that exits with gets in flight can abort its source (UCX's
+    software RMA over TCP: docs/security.md)."""
+    _tl.stop_pulls()
 
 class Peer:
     """A peer source for tensorlift.load (and load_from_peer): URLs and/or a registry, the key, a fallback."""

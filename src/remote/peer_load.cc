@@ -10,6 +10,7 @@
 #include "remote/peer_load.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <optional>
@@ -228,6 +229,7 @@ Result<LoadedCheckpoint> LoadFallback(const PeerKey& key, const ParallelLayout& 
                                       const PeerLoadOptions& options, std::optional<Dtype> dtype,
                                       const std::shared_ptr<Device>& device, PeerLoadReport* report,
                                       std::vector<ShardOf>* shards) {
+  if (PeerPullsStopped()) return UnavailableError("peer load: stopped (StopPeerPulls)");
   if (options.fallback_path.empty()) {
     std::string why;
     for (const auto& f : report->failures) why += "\n  " + f;
@@ -375,5 +377,12 @@ Result<HandoverMode> ParseHandoverMode(std::string_view name) {
 std::string_view HandoverModeName(HandoverMode mode) {
   return mode == HandoverMode::kOff ? "off" : "auto";
 }
+
+namespace {
+std::atomic<bool> pulls_stopped{false};  // StopPeerPulls.
+}  // namespace
+
+void StopPeerPulls() { pulls_stopped.store(true, std::memory_order_relaxed); }
+bool PeerPullsStopped() { return pulls_stopped.load(std::memory_order_relaxed); }
 
 }  // namespace tensorlift

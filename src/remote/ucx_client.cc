@@ -28,6 +28,7 @@
 #include "remote/frame.h"
 #include "remote/ucx_core.h"
 #include "remote/ucx_transport.h"
+#include "tensorlift/remote.h"
 
 namespace tensorlift::remote {
 namespace {
@@ -180,7 +181,7 @@ class UcxClientImpl final : public UcxClient {
     GetRun run(gets, options);
     run.SkipEmpty();
     while ((run.next_get < gets.size() || !run.in_flight.empty()) && run.failure == UCS_OK) {
-      if (options.cancelled && options.cancelled()) {
+      if ((options.cancelled && options.cancelled()) || PeerPullsStopped()) {
         run.failure = UCS_ERR_CANCELED;
         break;
       }

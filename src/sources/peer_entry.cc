@@ -57,6 +57,7 @@ Result<LoadedCheckpoint> LoadFromPeer(const PeerKey& key, const PeerLoadOptions&
     sources::Linger(*r, kLingerMs);
     return std::move(r->loaded);
   }
+  if (PeerPullsStopped()) return UnavailableError("peer load: stopped (StopPeerPulls)");
   std::vector<remote::ShardOf> shards;
   Result<LoadedCheckpoint> loaded = remote::LoadFromPeerWithShards(key, options, report, &shards);
   Lead(std::move(met), report);
@@ -79,6 +80,7 @@ Result<PeerLoad> LoadFromPeerAndSeed(const PeerKey& key, const PeerLoadOptions& 
     }
     return out;
   }
+  if (PeerPullsStopped()) return UnavailableError("peer load: stopped (StopPeerPulls)");
   Result<PeerLoad> plain = remote::PullAndSeed(key, options);
   if (plain.ok()) Lead(std::move(met), &plain->report);
   return plain;

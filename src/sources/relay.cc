@@ -560,7 +560,7 @@ void Linger(Relayed& relayed, int max_ms) {
     // sessions open; its registry entry goes with its lease).
     auto idle_since = Clock::now();
     auto asked = Clock::now() - std::chrono::seconds(1);
-    while (Clock::now() < deadline) {
+    while (Clock::now() < deadline && !PeerPullsStopped()) {
       if (server->active_sessions() > 0) idle_since = Clock::now();
       if (Clock::now() - idle_since >= milliseconds(500)) break;
       if (children_left && Clock::now() - asked >= milliseconds(200)) {

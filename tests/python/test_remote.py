@@ -1,6 +1,9 @@
 """tensorlift.remote: serving and pulling from Python, the same tensors as a
 disk load (tensorlift.load takes a Peer as its source), user buffers,
 fallbacks with their reasons, and a loaded instance becoming a seed."""
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -100,6 +103,25 @@ def test_default_key_and_fallback(ckpt):
         assert report["source"] == f"disk:{ckpt}"
         assert "revision: 'other' (ours)" in report["failures"][0]
         same(got, load_file(str(ckpt)))
+
+
+def test_stopped_pulls_fail_without_the_fallback(ckpt):
+    """stop_pulls (a SIGTERM handler's job): pulls after it fail at once, the disk fallback
+    refused too; in a process of its own, as it holds for the rest of the process."""
+    script = (
+        "import sys\n"
+        "from tensorlift import remote\n"
+        "with remote.serve(sys.argv[1], model='m', revision='r') as server:\n"
+        "    remote.load_from_peer(server.url, model='m', revision='r', fallback=sys.argv[1])\n"
+        "    remote.stop_pulls()\n"
+        "    try:\n"
+        "        remote.load_from_peer(server.url, model='m', revision='r', fallback=sys.argv[1])\n"
+        "    except ConnectionError as e:\n"
+        "        print('refused:', e)\n")
+    r = subprocess.run([sys.executable, "-c", script, str(ckpt)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "refused:" in r.stdout and "stopped" in r.stdout, r.stdout + r.stderr
 
 
 def test_errors_map_to_exceptions(ckpt):
