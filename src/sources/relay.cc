@@ -505,12 +505,14 @@ Lingering& Lingerers() {
 bool BehindRule::Behind(Clock::time_point now, const std::string& parent, uint64_t parent_held,
                         uint64_t mine) {
   if (behind_) return true;
-  if (parent != parent_ || mine == 0) {  // A new parent, or nothing in yet: start over.
+  if (parent != parent_) {  // A new parent: start over.
     parent_ = parent;
     looks_.clear();
     in_a_row_ = 0;
-    if (mine == 0) return false;
+    first_ = mine;
   }
+  // From the first chunk in after it: not the time to connect to it.
+  if (mine <= first_) return false;
   looks_.push_back({now, parent_held, mine});
   // The base: the latest look at least a window old.
   while (looks_.size() >= 2 && now - looks_[1].at >= window_) looks_.pop_front();

@@ -107,7 +107,8 @@ class SlowParentRule {
 // The slow relay's own rule: a relay that gains chunks at less than kSlower
 // times its parent's rate (by the parent's own chunk map, which the relay
 // follows, so fresh) over `window`, at two looks in a row, while it is behind
-// the parent, is behind a slower link than the chain's. It says so in its
+// the parent, is behind a slower link than the chain's. Looks start with the
+// first chunk in after the parent came (a new parent is connected to first). It says so in its
 // registry entry (SeedInfo::behind) and the chain orders it after every relay
 // that did not: its children then take from its parent, whose upload it no
 // longer shares, and it takes from the chain's last relay, whose upload is
@@ -135,6 +136,7 @@ class BehindRule {
   };
   const std::chrono::milliseconds window_;
   std::string parent_;
+  uint64_t first_ = 0;  // This pull's chunks when the parent came.
   std::deque<Look> looks_;
   int in_a_row_ = 0;
   bool behind_ = false;

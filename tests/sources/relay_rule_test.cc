@@ -108,12 +108,17 @@ TEST(BehindRuleTest, OneSlowWindowIsNotEnoughNorAreAFewChunksNorANewParentsPast)
   // for a relay that moved there): not behind, whatever the rates.
   EXPECT_FALSE(rule.Behind(t0 + milliseconds(2000), "p", 110, 200));
   EXPECT_FALSE(rule.Behind(t0 + milliseconds(2600), "p", 160, 200));
-  // A new parent: looks at the old one do not count.
+  // A new parent: looks at the old one do not count, nor those before the
+  // first chunk in after it came (the time to connect to it).
   EXPECT_FALSE(rule.Behind(t0 + milliseconds(3000), "q", 400, 200));
-  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3200), "q", 440, 201));
-  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3400), "q", 480, 202));
-  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3600), "q", 520, 203));  // Once.
-  EXPECT_TRUE(rule.Behind(t0 + milliseconds(3800), "q", 560, 204));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3200), "q", 440, 200));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3400), "q", 480, 200));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3600), "q", 520, 200));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(3800), "q", 560, 201));  // The first in.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(4000), "q", 600, 202));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(4200), "q", 640, 203));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(4400), "q", 680, 204));  // Once.
+  EXPECT_TRUE(rule.Behind(t0 + milliseconds(4600), "q", 720, 205));
 }
 
 }  // namespace
