@@ -514,13 +514,17 @@ bool BehindRule::Behind(Clock::time_point now, const std::string& parent, uint64
   // From the first chunk in after it: not the time to connect to it.
   if (mine <= first_) return false;
   looks_.push_back({now, parent_held, mine});
-  // The base: the latest look at least a window old.
-  while (looks_.size() >= 2 && now - looks_[1].at >= window_) looks_.pop_front();
-  const Look& base = looks_.front();
-  if (now - base.at < window_) return false;
-  const uint64_t parent_gained = parent_held > base.parent ? parent_held - base.parent : 0;
-  const uint64_t gained = mine > base.mine ? mine - base.mine : 0;
-  const bool slower = parent_held > mine && parent_gained >= kMinChunks &&
+  while (now - looks_.front().at > kKept) looks_.pop_front();
+  // The base: the latest look at least a window old since which the parent
+  // gained kMinChunks (a longer window where chunks are big for the rate).
+  const Look* base = nullptr;
+  for (auto it = looks_.rbegin(); it != looks_.rend() && !base; ++it) {
+    if (now - it->at >= window_ && parent_held >= it->parent + kMinChunks) base = &*it;
+  }
+  if (!base) return false;  // Not judged yet.
+  const uint64_t parent_gained = parent_held - base->parent;
+  const uint64_t gained = mine > base->mine ? mine - base->mine : 0;
+  const bool slower = parent_held > mine &&
                       static_cast<double>(gained) < kSlower * static_cast<double>(parent_gained);
   in_a_row_ = slower ? in_a_row_ + 1 : 0;
   behind_ = in_a_row_ >= 2;

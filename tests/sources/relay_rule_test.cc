@@ -97,17 +97,18 @@ TEST(BehindRuleTest, ARelayWaitingOnItsParentOrLaggingItAtItsRateIsNotBehind) {
   }
 }
 
-TEST(BehindRuleTest, OneSlowWindowIsNotEnoughNorAreAFewChunksNorANewParentsPast) {
+TEST(BehindRuleTest, OneSlowWindowIsNotEnoughNorANewParentsPast) {
   BehindRule rule(milliseconds(500));
   const Clock::time_point t0{};
   EXPECT_FALSE(rule.Behind(t0, "p", 50, 10));
-  EXPECT_FALSE(rule.Behind(t0 + milliseconds(600), "p", 90, 12));    // Slower: once.
-  EXPECT_FALSE(rule.Behind(t0 + milliseconds(800), "p", 100, 40));   // Caught up again.
-  EXPECT_FALSE(rule.Behind(t0 + milliseconds(1400), "p", 106, 40));  // Fewer than kMinChunks.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(200), "p", 60, 11));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(700), "p", 100, 12));  // Slower: once.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(900), "p", 140, 60));  // As fast again.
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(1100), "p", 150, 70));
   // Ahead of its parent (a parent behind it, as the chain's last relay is
   // for a relay that moved there): not behind, whatever the rates.
-  EXPECT_FALSE(rule.Behind(t0 + milliseconds(2000), "p", 110, 200));
-  EXPECT_FALSE(rule.Behind(t0 + milliseconds(2600), "p", 160, 200));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(2000), "p", 160, 200));
+  EXPECT_FALSE(rule.Behind(t0 + milliseconds(2600), "p", 170, 200));
   // A new parent: looks at the old one do not count, nor those before the
   // first chunk in after it came (the time to connect to it).
   EXPECT_FALSE(rule.Behind(t0 + milliseconds(3000), "q", 400, 200));
@@ -119,6 +120,21 @@ TEST(BehindRuleTest, OneSlowWindowIsNotEnoughNorAreAFewChunksNorANewParentsPast)
   EXPECT_FALSE(rule.Behind(t0 + milliseconds(4200), "q", 640, 203));
   EXPECT_FALSE(rule.Behind(t0 + milliseconds(4400), "q", 680, 204));  // Once.
   EXPECT_TRUE(rule.Behind(t0 + milliseconds(4600), "q", 720, 205));
+}
+
+// Big chunks for the rate (512 MiB in 4 MiB chunks at 200 Mbit/s: about 6
+// a second): the parent's gains are judged once they are kMinChunks, over
+// as long a window as that takes.
+TEST(BehindRuleTest, WithBigChunksTheWindowGrowsUntilTheParentGainedEnough) {
+  BehindRule rule(milliseconds(500));
+  const Clock::time_point t0{};
+  EXPECT_FALSE(rule.Behind(t0, "p", 10, 1));
+  // The parent gains a chunk per 200 ms, this relay one per 800 ms.
+  const uint64_t mine[] = {2, 2, 2, 2, 3, 3, 3};
+  for (int i = 1; i <= 7; ++i) {
+    EXPECT_FALSE(rule.Behind(t0 + milliseconds(200 * i), "p", 10 + i, mine[i - 1])) << i;
+  }
+  EXPECT_TRUE(rule.Behind(t0 + milliseconds(1600), "p", 18, 3));  // Twice in a row.
 }
 
 }  // namespace
