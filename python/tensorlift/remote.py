@@ -364,7 +364,8 @@ def load_from_peer(urls: Union[None, str, Sequence[str]] = None, *, model: Optio
     to later pullers while it receives, and takes from the one registered before it; relay=False
     turns it off, relay_rate_limit (MB/s) caps what its children take, seed_host is the address it
     listens on and advertises (default: this host's address toward the registry).
-    last_report()["sources"] says what each source gave, ["relay"] this pull's relay.
+    last_report()["sources"] says what each source gave, ["relay"] this pull's relay, and
+    ["relay_behind"] whether it found itself behind a slower link and moved to the chain's end.
 
     stripe=True: the peers and the fallback(s) (a local path and/or an s3:// URL) are used at once,
     sharing the load's ranges (see load_striped); the peers must serve whole tensors.

@@ -372,7 +372,7 @@ want = load_file(ckpt + "/model.safetensors")
 assert sorted(got) == sorted(want)
 assert all(torch.equal(got[k], want[k]) for k in want)
 r = remote.last_report()
-print(json.dumps({"relay": r["relay"], "sources": r["sources"]}))
+print(json.dumps({"relay": r["relay"], "relay_behind": r["relay_behind"], "sources": r["sources"]}))
 """
 
 
@@ -389,6 +389,7 @@ def test_load_from_peer_relays_from_python_and_says_what_each_source_gave(cli, c
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["relay"].startswith(f"http://{c.addr(2)}:"), report
+    assert isinstance(report["relay_behind"], bool), report  # Moved to the chain's end (BehindRule).
     by = {s["url"]: s["bytes"] for s in report["sources"]}
     relays = [u for u in by if f"//{c.addr(1)}:" in u]
     assert relays and by[relays[0]] > 0, report
