@@ -406,14 +406,12 @@ class Relay {
 
   // The holders before this relay in the chain, the latest first: the
   // registry's order (etcd's create_revision), with the relays behind a
-  // slower link (SeedInfo::behind, this one's own flag from behind_) after
-  // every other. Relays that finished are whole seeds now: they keep their
-  // place among the sources already taken.
+  // slower link (SeedInfo::behind; this one's own flag is behind_, which its
+  // entry may not show yet) after every other. Relays that finished are whole
+  // seeds now: they keep their place among the sources already taken.
   std::vector<const remote::SeedInfo*> Before(const std::vector<remote::SeedInfo>& listed,
                                               int64_t mine) const {
-    auto place = [&](const remote::SeedInfo& s) {
-      return std::pair<bool, int64_t>(s.url == relay_->url() ? behind_ : s.behind, s.created);
-    };
+    auto place = [](const remote::SeedInfo& s) { return std::pair(s.behind, s.created); };
     const std::pair<bool, int64_t> me(behind_, mine);
     std::vector<const remote::SeedInfo*> before;
     for (const remote::SeedInfo& s : listed) {

@@ -108,14 +108,13 @@ class SlowParentRule {
 // times its parent's rate (by the parent's own chunk map, which the relay
 // follows, so fresh) over `window`, at two looks in a row, while it is behind
 // the parent, is behind a slower link than the chain's. Looks start with the
-// first chunk in after the parent came (a new parent is connected to first). It says so in its
-// registry entry (SeedInfo::behind) and the chain orders it after every relay
-// that did not: its children then take from its parent, whose upload it no
-// longer shares, and it takes from the chain's last relay, whose upload is
-// free. Waiting on its parent (caught up with it), a relay gains what the
-// parent gains and is never found behind; a relay found behind by mistake
-// (a stall) loses a hop's time, its children none. Sticky: a relay moves at
-// most once.
+// first chunk in after the parent came (a new parent is connected to first).
+// It says so in its registry entry (SeedInfo::behind) and the chain orders
+// it after every relay that did not: its children then take from its
+// parent, whose upload it no longer shares, and it takes from the chain's
+// last relay, whose upload is free. Waiting on its parent (caught up with it), a relay gains what
+// the parent gains and is never found behind; a relay found behind by mistake (a stall) loses a
+// hop's time, its children none. Sticky: a relay moves at most once.
 class BehindRule {
  public:
   using Clock = std::chrono::steady_clock;
